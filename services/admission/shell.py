@@ -1,0 +1,96 @@
+"""Admission's shell: a `nats.micro` endpoint on `llm.v1.submit` (queue group `admission`, so
+replicas share the load). For each request: decode (MessagePack, or JSON by header), ask the
+core, then either answer `rejected` on the reply subject, or answer `accepted` and publish
+the AdmittedRequest to JetStream (`llm.v1.queue`, `Nats-Msg-Id` = request id, so a retried
+publish is dropped as a duplicate).
+
+`accepted` goes out before the JetStream publish, on the same connection: every later event
+of the request (a worker's chunks) is caused by that publish, so the client sees `accepted`
+first. If the publish fails, the client gets an `error` event and nothing was queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from nats.aio.client import Client
+from nats.micro.request import Request
+from nats.micro.service import Service
+
+from services.admission.core import AdmissionConfig, AdmissionCore
+from shared import codec, natsutil, schemas, subjects, telemetry
+from shared.service import new_instance_id
+from shared.tokenizer import Tokenizer
+
+log = telemetry.logger("admission")
+
+
+class AdmissionShell:
+    kind = "admission"
+
+    def __init__(self, cfg: AdmissionConfig, tokenizer: Tokenizer):
+        self.core = AdmissionCore(cfg, tokenizer)
+        self.instance_id = new_instance_id(self.kind)
+        self.nc: Client | None = None
+        self._inflight: set[asyncio.Task] = set()
+
+    async def start(self, nc: Client, service: Service) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        await natsutil.ensure_queue_stream(nc)
+        await service.add_endpoint(
+            name="submit", subject=subjects.SUBMIT, queue_group=subjects.GROUP_ADMISSION, handler=self._on_submit
+        )
+
+    async def stop(self) -> None:
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _on_submit(self, req: Request) -> None:
+        # The micro endpoint awaits handlers one by one; admit concurrently so one slow
+        # JetStream round trip does not hold up the requests behind it.
+        task = asyncio.create_task(self._admit(req))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _admit(self, req: Request) -> None:
+        headers = req.headers or {}
+        json = codec.is_json(headers) or req.data[:1] == b"{"
+        reply_to = req._msg.reply  # the request's stream: every later hop publishes here
+        with telemetry.span(self.kind, "process", subjects.SUBMIT, headers) as span:
+            try:
+                body = codec.decode(req.data, schemas.GenerateRequest, json=json)
+            except codec.DecodeError as e:
+                verdict: schemas.AdmittedRequest | schemas.Rejected = schemas.Rejected(
+                    request_id="", status=400, code="invalid_request_error", message=f"malformed request: {e}"
+                )
+            else:
+                verdict = self.core.admit(
+                    body, reply_to=reply_to or "", json=json, headers=headers, now=time.time(), new_id=uuid.uuid4().hex
+                )
+            span.set_attribute("messaging.message.id", verdict.request_id)
+            if isinstance(verdict, schemas.Rejected):
+                span.set_attribute("tokenyard.outcome", schemas.Outcome.REJECTED_INVALID)
+                log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
+                if reply_to:
+                    await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))
+                return
+            accepted = schemas.Accepted(
+                request_id=verdict.request_id, priority=verdict.priority, prompt_tokens=verdict.prompt_len
+            )
+            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+            try:
+                await self.js.publish(
+                    subjects.QUEUE,
+                    codec.encode(verdict),
+                    headers=telemetry.inject({"Nats-Msg-Id": verdict.request_id}),
+                    timeout=5.0,
+                )
+            except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
+                log.warning("enqueue_failed", request_id=verdict.request_id, error=repr(e))
+                error = schemas.Error(request_id=verdict.request_id, status=503, message=f"queue unavailable: {e!r}")
+                await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                return
+            span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)

@@ -1,0 +1,181 @@
+"""The priority queue's shell: a durable JetStream pull consumer on LLM_QUEUE feeds the core;
+a dispatch loop sends what the core releases to the router (`llm.v1.route`, request/reply)
+and acks a JetStream message only once the router answered `routed`. A crash before that
+loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
+replica runs. Messages held longer than half of `ack_wait` are kept alive with
+`in_progress`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig
+from nats.micro.request import Request
+from nats.micro.service import Service
+from opentelemetry.trace import SpanKind
+
+from services.priority_queue.core import QueueConfig, QueueCore
+from services.priority_queue.policies.base import QueuePolicy
+from shared import codec, natsutil, schemas, subjects, telemetry
+from shared.service import new_instance_id
+
+log = telemetry.logger("queue")
+
+ACK_WAIT_S = 30.0
+ROUTE_TIMEOUT_S = 5.0
+
+
+class QueueShell:
+    kind = "queue"
+
+    def __init__(self, cfg: QueueConfig, policy: QueuePolicy, fetch_batch: int = 256):
+        self.core = QueueCore(cfg, policy)
+        self.instance_id = new_instance_id(self.kind)
+        self.fetch_batch = fetch_batch
+        self.held: dict[str, Msg] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._routes: set[asyncio.Task] = set()
+        self._running = False
+
+    async def start(self, nc: Client, service: Service) -> None:
+        self.nc = nc
+        await natsutil.ensure_queue_stream(nc)
+        js = nc.jetstream()
+        self.psub = await js.pull_subscribe(
+            subjects.QUEUE,
+            durable=subjects.QUEUE_CONSUMER,
+            stream=subjects.QUEUE_STREAM,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_ack_pending=-1),
+        )
+        await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
+        await nc.subscribe(subjects.ABORT, cb=self._on_abort)
+        await service.add_endpoint(name="stats", subject=subjects.QUEUE_STATS, handler=self._on_stats)
+        self._running = True
+        self._tasks = [
+            asyncio.create_task(self._fetch_loop()),
+            asyncio.create_task(self._dispatch_loop()),
+            asyncio.create_task(self._keepalive_loop()),
+        ]
+
+    async def stop(self) -> None:
+        self._running = False
+        self._wake.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._routes:  # let routes in flight finish, so their acks go out
+            await asyncio.gather(*self._routes, return_exceptions=True)
+        # Held, unrouted messages stay unacked: JetStream redelivers them to the next queue.
+
+    async def _fetch_loop(self) -> None:
+        while self._running:
+            try:
+                msgs = await self.psub.fetch(self.fetch_batch, timeout=1.0)
+            except (TimeoutError, NatsTimeout):
+                continue
+            except Exception as e:  # connection hiccup: back off and retry
+                log.warning("fetch_failed", error=repr(e))
+                await asyncio.sleep(0.2)
+                continue
+            now = time.time()
+            for msg in msgs:
+                try:
+                    req = codec.decode(msg.data, schemas.AdmittedRequest)
+                except codec.DecodeError as e:
+                    log.error("undecodable_message", error=str(e))
+                    await msg.term()
+                    continue
+                self.held[req.request_id] = msg  # a redelivery replaces the older delivery
+                self.core.offer(req, now)
+            self._wake.set()
+
+    async def _dispatch_loop(self) -> None:
+        while self._running:
+            await self._wake.wait()
+            self._wake.clear()
+            now = time.time()
+            for req in self.core.dispatchable(now):
+                task = asyncio.create_task(self._route(req))
+                self._routes.add(task)
+                task.add_done_callback(self._routes.discard)
+            if len(self.core) and self.core.paused_until > now:
+                asyncio.get_running_loop().call_later(self.core.paused_until - now, self._wake.set)
+
+    async def _route(self, req: schemas.AdmittedRequest) -> None:
+        msg = self.held.get(req.request_id)
+        headers = msg.headers if msg else None
+        decision: schemas.RouteDecision | None = None
+        with telemetry.span(
+            self.kind, "process", subjects.QUEUE, headers, request_id=req.request_id,
+            attributes={"tokenyard.priority": req.priority},
+        ) as span:
+            try:
+                with telemetry.span(self.kind, "send", subjects.ROUTE, kind=SpanKind.PRODUCER, request_id=req.request_id):
+                    reply = await self.nc.request(
+                        subjects.ROUTE, codec.encode(req), timeout=ROUTE_TIMEOUT_S, headers=telemetry.inject()
+                    )
+                decision = codec.decode(reply.data, schemas.RouteDecision)
+            except (TimeoutError, NatsTimeout, msgspec.DecodeError, Exception) as e:
+                log.warning("route_failed", request_id=req.request_id, error=repr(e))
+            outcome = decision.outcome if decision else schemas.Outcome.FAILED
+            span.set_attribute("tokenyard.outcome", outcome)
+        if decision is not None and decision.outcome == schemas.Outcome.ROUTED:
+            self.core.on_routed(req.request_id, decision.worker_id)
+            msg = self.held.pop(req.request_id, None)
+            if msg is not None:
+                await msg.ack()
+        elif decision is not None and decision.outcome == schemas.Outcome.ABORTED:
+            self.core.on_not_routed(req.request_id, time.time(), aborted=True)
+            await self._finish_aborted(req)
+        else:
+            self.core.on_not_routed(req.request_id, time.time())
+        self._wake.set()
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            hb = codec.decode(msg.data, schemas.Heartbeat)
+        except codec.DecodeError:
+            return
+        self.core.on_heartbeat(hb, time.time())
+        if len(self.core):
+            self._wake.set()
+
+    async def _on_abort(self, msg: Msg) -> None:
+        try:
+            abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
+        except codec.DecodeError:
+            return
+        req = self.core.abort(abort.request_id)
+        if req is not None:
+            await self._finish_aborted(req)
+
+    async def _finish_aborted(self, req: schemas.AdmittedRequest) -> None:
+        """An aborted request that never reached a worker: end its stream here, drop its message."""
+        msg = self.held.pop(req.request_id, None)
+        if msg is not None:
+            await msg.ack()
+        usage = schemas.Usage(prompt_tokens=req.prompt_len, completion_tokens=0, total_tokens=req.prompt_len)
+        done = schemas.Finished(request_id=req.request_id, seq=0, finish_reason="abort", usage=usage)
+        await self.nc.publish(req.reply_to, codec.encode(done, json=req.json), headers=codec.content_headers(req.json))
+
+    async def _keepalive_loop(self) -> None:
+        while self._running:
+            await asyncio.sleep(ACK_WAIT_S / 3)
+            for msg in list(self.held.values()):
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+    async def _on_stats(self, req: Request) -> None:
+        stats = {"depth": len(self.core), "in_flight": len(self.core.in_flight), "held": len(self.held),
+                 "headroom": self.core.headroom(time.time()), "policy": self.core.policy.name}
+        await req.respond(msgspec.json.encode(stats))

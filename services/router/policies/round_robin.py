@@ -1,0 +1,17 @@
+"""Round robin: every candidate in turn. Score = the decision number at which the worker was
+last chosen (−1 if never), so the least recently chosen wins and the fleet is cycled; ties
+(never chosen) break on worker id. Blind to load and cache: the baseline floor."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from services.router.fleet import FleetView
+from shared.schemas import AdmittedRequest
+
+
+class RoundRobinScorer:
+    name = "round-robin"
+
+    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+        return view.last_chosen[cand].astype(np.float64)

@@ -1,0 +1,126 @@
+"""The worker's core: the bookkeeping around its engine, pure.
+
+* offer(req)  → accept, or refuse with a reason: draining; wrong model; full (more than
+  `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
+  request: answered `aborted` so the router stops trying). A request id seen before is
+  accepted again without a second generation (a queue redelivery after a crash).
+* Per request, chunk numbering (seq 0, 1, …) and the finished event with usage.
+* heartbeat(stats) → the Heartbeat published every ~100 ms.
+Remembered ids are bounded (LRU of `remember` entries).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from services.worker.engine import EngineOutput, EngineStats
+from shared import schemas
+from shared.schemas import AdmittedRequest, Outcome, Phase
+from shared.tokenizer import Tokenizer
+
+
+@dataclass
+class WorkerConfig:
+    worker_id: str
+    model: str
+    engine: str = "sim"
+    max_waiting: int = 256
+    remember: int = 50_000
+
+
+@dataclass
+class _Stream:
+    req: AdmittedRequest
+    seq: int = 0
+    tokens: int = 0
+    cached_tokens: int = 0
+
+
+class WorkerCore:
+    def __init__(self, cfg: WorkerConfig, tokenizer: Tokenizer):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.phase = Phase.MIXED
+        self.macro_id = ""
+        self.draining = False
+        self.healthy = True
+        self.streams: dict[str, _Stream] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._aborted: OrderedDict[str, None] = OrderedDict()
+        self._hb_seq = 0
+
+    def _remember(self, lru: OrderedDict[str, None], rid: str) -> None:
+        lru[rid] = None
+        lru.move_to_end(rid)
+        while len(lru) > self.cfg.remember:
+            lru.popitem(last=False)
+
+    def offer(self, req: AdmittedRequest, stats: EngineStats) -> tuple[schemas.GenerateReply, bool]:
+        """The reply to the router, and whether to start generating."""
+        rid = req.request_id
+        if rid in self._aborted:
+            return schemas.GenerateReply(rid, False, Outcome.ABORTED), False
+        if rid in self.streams or rid in self._seen:
+            return schemas.GenerateReply(rid, True, "duplicate"), False
+        if self.draining or not self.healthy:
+            return schemas.GenerateReply(rid, False, "draining"), False
+        if req.model != self.cfg.model:
+            return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
+        if stats.waiting >= self.cfg.max_waiting:
+            return schemas.GenerateReply(rid, False, "full"), False
+        self.streams[rid] = _Stream(req)
+        self._remember(self._seen, rid)
+        return schemas.GenerateReply(rid, True), True
+
+    def on_abort(self, request_id: str) -> bool:
+        """True if the request is running here (the shell aborts it in the engine)."""
+        self._remember(self._aborted, request_id)
+        return request_id in self.streams
+
+    def on_output(self, out: EngineOutput) -> list[schemas.Chunk | schemas.Finished]:
+        """The stream events one engine output makes, numbered."""
+        st = self.streams[out.request_id]
+        events: list[schemas.Chunk | schemas.Finished] = []
+        st.cached_tokens = out.num_cached_tokens
+        if out.new_token_ids:
+            events.append(schemas.Chunk(out.request_id, st.seq, self.tokenizer.decode(out.new_token_ids), list(out.new_token_ids)))
+            st.seq += 1
+            st.tokens += len(out.new_token_ids)
+        if out.finished:
+            p = st.req.prompt_len
+            usage = schemas.Usage(p, st.tokens, p + st.tokens, st.cached_tokens)
+            events.append(
+                schemas.Finished(out.request_id, st.seq, out.finish_reason or "stop", usage, self.cfg.worker_id)
+            )
+            del self.streams[out.request_id]
+        return events
+
+    def on_control(self, ctl: schemas.WorkerControl) -> None:
+        self.phase = Phase(ctl.phase)
+        self.macro_id = ctl.macro_id
+        self.draining = ctl.drain
+
+    def heartbeat(self, stats: EngineStats, now: float) -> schemas.Heartbeat:
+        self._hb_seq += 1
+        return schemas.Heartbeat(
+            worker_id=self.cfg.worker_id,
+            model=self.cfg.model,
+            seq=self._hb_seq,
+            ts=now,
+            running=stats.running,
+            waiting=stats.waiting,
+            queued_prefill_tokens=stats.queued_prefill_tokens,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_free=stats.kv_blocks_free,
+            block_size=stats.block_size,
+            phase=self.phase,
+            healthy=self.healthy,
+            step_time_ms=stats.step_time_ms,
+            prefix_hits=stats.prefix_hits,
+            prefix_queries=stats.prefix_queries,
+            preemptions=stats.preemptions,
+            engine=self.cfg.engine,
+            draining=self.draining,
+            macro_id=self.macro_id,
+        )

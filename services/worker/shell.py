@@ -1,0 +1,153 @@
+"""The worker's shell: binds an Engine and the WorkerCore to NATS.
+
+* `llm.v1.worker.<id>.generate` (micro endpoint): the core accepts or refuses; an accepted
+  request streams its engine outputs as numbered chunks, then `finished`, straight to the
+  request's reply subject (the client's inbox or the edge), in the client's encoding.
+* `llm.v1.abort` (fan-out): abort in the engine if the request runs here.
+* `llm.v1.worker.<id>.control`: phase and drain from the macro-instance.
+* Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
+  soon as a step made some (polled every `kv_poll_s`).
+The span of a generation carries OpenTelemetry GenAI attributes (model, input and output
+tokens, time to first token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.micro.request import Request
+from nats.micro.service import Service
+
+from services.worker.core import WorkerConfig, WorkerCore
+from services.worker.engine import Engine
+from shared import codec, config, schemas, subjects, telemetry
+from shared.tokenizer import Tokenizer
+
+log = telemetry.logger("worker")
+
+
+class WorkerShell:
+    kind = "worker"
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        heartbeat_s: float = config.HEARTBEAT_INTERVAL_S,
+        kv_poll_s: float = 0.02,
+    ):
+        self.core = WorkerCore(cfg, tokenizer)
+        self.engine = engine
+        self.instance_id = cfg.worker_id
+        self.heartbeat_s = heartbeat_s
+        self.kv_poll_s = kv_poll_s
+        self._streams: dict[str, asyncio.Task] = {}
+        self._timers: list[asyncio.Task] = []
+
+    async def start(self, nc: Client, service: Service) -> None:
+        self.nc = nc
+        wid = self.core.cfg.worker_id
+        await self.engine.start()
+        await nc.subscribe(subjects.ABORT, cb=self._on_abort)
+        await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
+        await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self._on_generate)
+        await self._publish_heartbeat()
+        self._timers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._kv_loop())]
+
+    async def stop(self) -> None:
+        """Drain: refuse new work, let running generations finish, then stop the engine."""
+        self.core.draining = True
+        await self._publish_heartbeat()
+        if self._streams:
+            await asyncio.gather(*self._streams.values(), return_exceptions=True)
+        for t in self._timers:
+            t.cancel()
+        await self._publish_kv_events()
+        await self.engine.stop()
+
+    async def _on_generate(self, req: Request) -> None:
+        try:
+            ar = codec.decode(req.data, schemas.AdmittedRequest)
+        except codec.DecodeError as e:
+            await req.respond(codec.encode(schemas.GenerateReply("", False, f"bad request: {e}")))
+            return
+        reply, start = self.core.offer(ar, self.engine.stats())
+        if start:
+            task = asyncio.create_task(self._generate(ar, req.headers))
+            self._streams[ar.request_id] = task
+            task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))
+        await req.respond(codec.encode(reply))
+
+    async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None) -> None:
+        subject = subjects.worker_generate(self.core.cfg.worker_id)
+        attrs = {
+            "gen_ai.operation.name": "chat" if ar.kind == "chat" else "text_completion",
+            "gen_ai.system": self.engine.name,
+            "gen_ai.request.model": ar.model,
+            "gen_ai.request.max_tokens": ar.max_tokens,
+            "gen_ai.usage.input_tokens": ar.prompt_len,
+            "tokenyard.worker_id": self.core.cfg.worker_id,
+        }
+        hdrs = codec.content_headers(ar.json)
+        with telemetry.span(self.kind, "process", subject, headers, request_id=ar.request_id, attributes=attrs) as span:
+            t0 = time.monotonic()
+            ttft_ms = None
+            try:
+                async for out in self.engine.generate(ar):
+                    for event in self.core.on_output(out):
+                        if isinstance(event, schemas.Chunk) and ttft_ms is None:
+                            ttft_ms = (time.monotonic() - t0) * 1000.0
+                            span.set_attribute("gen_ai.server.time_to_first_token", ttft_ms / 1000.0)
+                        if isinstance(event, schemas.Finished):
+                            event.ttft_ms = ttft_ms
+                            span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
+                            span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason])
+                        await self.nc.publish(ar.reply_to, codec.encode(event, json=ar.json), headers=hdrs)
+            except Exception as e:
+                log.exception("generation_failed", request_id=ar.request_id)
+                self.core.streams.pop(ar.request_id, None)
+                error = schemas.Error(ar.request_id, 500, f"engine failed: {e!r}")
+                await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=hdrs)
+
+    async def _on_abort(self, msg: Msg) -> None:
+        try:
+            abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
+        except codec.DecodeError:
+            return
+        if self.core.on_abort(abort.request_id):
+            await self.engine.abort(abort.request_id)
+
+    async def _on_control(self, msg: Msg) -> None:
+        try:
+            self.core.on_control(codec.decode(msg.data, schemas.WorkerControl))
+        except (codec.DecodeError, ValueError) as e:
+            log.warning("bad_control", error=str(e))
+            return
+        await self._publish_heartbeat()
+
+    async def _publish_heartbeat(self) -> None:
+        hb = self.core.heartbeat(self.engine.stats(), time.time())
+        await self.nc.publish(subjects.heartbeat(self.core.cfg.worker_id), codec.encode(hb))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            with contextlib.suppress(Exception):
+                await self._publish_heartbeat()
+
+    async def _publish_kv_events(self) -> None:
+        events = self.engine.drain_kv_events()
+        if events:
+            batch = schemas.KVEventBatch(ts=time.time(), events=events)
+            await self.nc.publish(subjects.kv_events(self.core.cfg.worker_id), codec.encode(batch))
+
+    async def _kv_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.kv_poll_s)
+            with contextlib.suppress(Exception):
+                await self._publish_kv_events()

@@ -1,0 +1,82 @@
+"""The simulated engine on a real clock: the async adapter that makes SimEngineCore an
+`Engine`. A step loop runs while there is work: plan a step, wait its duration ÷ speed
+(against a running deadline, so sleep overshoot does not accumulate), then deliver the
+step's outputs to each request's stream. `speed` = simulated seconds per wall second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from services.worker.engine import EngineOutput, EngineStats
+from services.worker.sim.core import SimEngineCore
+from shared.schemas import AdmittedRequest, KVEvent
+
+
+class SimEngine:
+    name = "sim"
+
+    def __init__(self, core: SimEngineCore, speed: float = 1.0):
+        if speed <= 0:
+            raise ValueError("speed must be positive")
+        self.core = core
+        self.speed = speed
+        self._streams: dict[str, asyncio.Queue[EngineOutput]] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+
+    async def generate(self, req: AdmittedRequest) -> AsyncIterator[EngineOutput]:
+        queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self.core.add(req)
+        self._streams[req.request_id] = queue
+        self._wake.set()
+        try:
+            while True:
+                out = await queue.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            self._streams.pop(req.request_id, None)
+            if req.request_id in self.core.seqs:  # the consumer went away: free the slot
+                self.core.abort(req.request_id)
+                self._wake.set()
+
+    async def abort(self, request_id: str) -> None:
+        if self.core.abort(request_id):
+            self._wake.set()
+
+    def stats(self) -> EngineStats:
+        return self.core.stats()
+
+    def drain_kv_events(self) -> list[KVEvent]:
+        return self.core.pool.drain_events()
+
+    async def _run(self) -> None:
+        deadline = time.monotonic()
+        while True:
+            if not self.core.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = time.monotonic()
+            result = self.core.step()
+            deadline = max(deadline, time.monotonic() - 0.05) + result.duration_s / self.speed
+            delay = deadline - time.monotonic()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            for out in result.outputs:
+                queue = self._streams.get(out.request_id)
+                if queue is not None:
+                    queue.put_nowait(out)

@@ -1,0 +1,117 @@
+"""A small Python client for tokenyard over NATS.
+
+    async with await TokenyardClient.connect("nats://127.0.0.1:4222") as client:
+        async for event in client.stream(GenerateRequest(model="tokenyard-sim", prompt="Hi", max_tokens=8)):
+            ...                                  # Accepted, Chunk…, then Finished (or Rejected / Error)
+        result = await client.generate(GenerateRequest(prompt="Hi", max_tokens=8))
+        await client.abort(request_id)
+
+The protocol underneath, for clients in other languages: subscribe to an inbox, publish the
+request on `llm.v1.submit` with that inbox as reply subject (MessagePack, or JSON with
+header `Content-Type: application/json`), then read events tagged by `type` until one of
+`rejected`, `finished`, `error`. Chunks carry `seq` 0, 1, 2 …; drop a seq seen before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+
+from shared import codec, natsutil, schemas, subjects, telemetry
+
+
+@dataclass
+class Completion:
+    """What `generate` gathers from one stream."""
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: schemas.Usage | None = None
+    accepted: schemas.Accepted | None = None
+    rejected: schemas.Rejected | None = None
+    error: schemas.Error | None = None
+    worker_id: str = ""
+
+
+class TokenyardClient:
+    def __init__(self, nc: Client, owns_connection: bool = False):
+        self.nc = nc
+        self._owns = owns_connection
+
+    @classmethod
+    async def connect(cls, url: str, name: str = "tokenyard-client") -> TokenyardClient:
+        return cls(await natsutil.connect(url, name), owns_connection=True)
+
+    async def close(self) -> None:
+        if self._owns and not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def __aenter__(self) -> TokenyardClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def stream(
+        self,
+        request: schemas.GenerateRequest,
+        *,
+        json: bool = False,
+        headers: dict[str, str] | None = None,
+        idle_timeout_s: float = 60.0,
+    ) -> AsyncIterator[schemas.StreamEvent]:
+        """Submit and yield the request's events in order, ending with a terminal one."""
+        if not request.request_id:
+            request.request_id = uuid.uuid4().hex
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        try:
+            hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
+            await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox, headers=hdrs)
+            next_seq = 0
+            while True:
+                msg = await sub.next_msg(timeout=idle_timeout_s)
+                event = codec.decode_event(msg.data, msg.headers)
+                if isinstance(event, schemas.Chunk):
+                    if event.seq < next_seq:
+                        continue  # a duplicate (redelivery after a migration)
+                    next_seq = event.seq + 1
+                yield event
+                if isinstance(event, schemas.TERMINAL_EVENTS):
+                    return
+        except asyncio.CancelledError:
+            await self.abort(request.request_id, reason="client_cancelled")
+            raise
+        finally:
+            await sub.unsubscribe()
+
+    async def generate(self, request: schemas.GenerateRequest, **kwargs) -> Completion:
+        """Submit and wait for the whole completion."""
+        out = Completion(request_id=request.request_id or "")
+        parts: list[str] = []
+        async for event in self.stream(request, **kwargs):
+            out.request_id = event.request_id
+            match event:
+                case schemas.Accepted():
+                    out.accepted = event
+                case schemas.Chunk():
+                    parts.append(event.text)
+                    out.token_ids.extend(event.token_ids)
+                case schemas.Finished():
+                    out.finish_reason, out.usage, out.worker_id = event.finish_reason, event.usage, event.worker_id
+                case schemas.Rejected():
+                    out.rejected = event
+                case schemas.Error():
+                    out.error = event
+        out.text = "".join(parts)
+        return out
+
+    async def abort(self, request_id: str, reason: str = "client") -> None:
+        await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(request_id=request_id, reason=reason)))
+        await self.nc.flush()

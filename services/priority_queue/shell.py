@@ -2,7 +2,7 @@
 a dispatch loop sends what the core releases to the router (`llm.v1.route`, request/reply)
 and acks a JetStream message only once the router answered `routed`. A crash before that
 loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
-replica runs. Messages held longer than half of `ack_wait` are kept alive with
+replica runs. Messages held long are kept alive with
 `in_progress`.
 """
 
@@ -28,7 +28,6 @@ from shared.service import new_instance_id
 
 log = telemetry.logger("queue")
 
-ACK_WAIT_S = 30.0
 ROUTE_TIMEOUT_S = 5.0
 
 
@@ -49,11 +48,12 @@ class QueueShell:
         self.nc = nc
         await natsutil.ensure_queue_stream(nc)
         js = nc.jetstream()
+        cfg = self.core.cfg
         self.psub = await js.pull_subscribe(
             subjects.QUEUE,
             durable=subjects.QUEUE_CONSUMER,
             stream=subjects.QUEUE_STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_ack_pending=-1),
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=cfg.ack_wait_s, max_ack_pending=-1),
         )
         await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
@@ -75,7 +75,12 @@ class QueueShell:
                 await t
         if self._routes:  # let routes in flight finish, so their acks go out
             await asyncio.gather(*self._routes, return_exceptions=True)
-        # Held, unrouted messages stay unacked: JetStream redelivers them to the next queue.
+        # Hand back what was never routed: a standby replica gets it at once. (After a crash
+        # instead, JetStream redelivers the unacked messages once ack_wait has passed.)
+        for msg in self.held.values():
+            with contextlib.suppress(Exception):
+                await msg.nak()
+        self.held.clear()
 
     async def _fetch_loop(self) -> None:
         while self._running:
@@ -170,7 +175,7 @@ class QueueShell:
 
     async def _keepalive_loop(self) -> None:
         while self._running:
-            await asyncio.sleep(ACK_WAIT_S / 3)
+            await asyncio.sleep(self.core.cfg.ack_wait_s / 3)
             for msg in list(self.held.values()):
                 with contextlib.suppress(Exception):
                     await msg.in_progress()

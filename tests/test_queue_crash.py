@@ -1,0 +1,72 @@
+"""A crash of the priority queue loses no admitted request: the requests it held unacked
+are redelivered by JetStream to the replica that takes over, and every client still gets
+its tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from services.admission.core import AdmissionConfig
+from services.admission.shell import AdmissionShell
+from services.priority_queue.core import QueueConfig
+from services.priority_queue.policies.fcfs import FCFS
+from services.priority_queue.shell import QueueShell
+from services.router.core import RouterConfig
+from services.router.shell import RouterShell
+from services.worker.core import WorkerConfig
+from services.worker.shell import WorkerShell
+from services.worker.sim.core import SimEngineCore
+from services.worker.sim.engine import SimEngine
+from services.worker.sim.latency import profile
+from shared import natsutil, schemas
+from shared.client import TokenyardClient
+from shared.service import ServiceHost
+from shared.tokenizer import ByteTokenizer
+
+
+async def crash(host: ServiceHost) -> None:
+    """Die without a word: no acks, no naks, the connection just goes."""
+    for t in host.shell._tasks:
+        t.cancel()
+    with contextlib.suppress(Exception):
+        await host.nc.close()
+
+
+async def test_queue_crash_loses_no_admitted_request():
+    server = await natsutil.NatsServer().start()
+    hosts = []
+    try:
+        url = server.url
+        tok = ByteTokenizer()
+        for shell in (AdmissionShell(AdmissionConfig(), tok), RouterShell(RouterConfig())):
+            hosts.append(await ServiceHost(shell, url).start())
+        qcfg = QueueConfig(ack_wait_s=1.0)
+        first = await ServiceHost(QueueShell(qcfg, FCFS()), url).start()
+
+        nc = await natsutil.connect(url, "client")
+        client = TokenyardClient(nc)
+        # No worker yet: the queue admits and holds every request.
+        pending = [
+            asyncio.create_task(client.generate(schemas.GenerateRequest(prompt=f"keep me {i}", max_tokens=2)))
+            for i in range(5)
+        ]
+        while json.loads((await nc.request("llm.v1.pq.stats", b"", timeout=2)).data)["held"] < 5:
+            await asyncio.sleep(0.02)
+        await crash(first)
+
+        hosts.append(await ServiceHost(QueueShell(qcfg, FCFS()), url).start())
+        engine = SimEngine(SimEngineCore(profile("zero")))
+        hosts.append(await ServiceHost(WorkerShell(WorkerConfig("w-late", "tokenyard-sim"), engine, tok), url).start())
+
+        done = await asyncio.wait_for(asyncio.gather(*pending), timeout=20)
+        assert [d.finish_reason for d in done] == ["length"] * 5
+        assert all(d.accepted is not None and d.usage.completion_tokens == 2 for d in done)
+        info = await nc.jetstream().stream_info("LLM_QUEUE")
+        assert info.state.messages == 0  # every message acked once routed
+        await nc.drain()
+    finally:
+        for h in reversed(hosts):
+            await h.stop()
+        server.stop()

@@ -1,0 +1,39 @@
+"""One trace per request: edge → admission → queue → router → worker under one trace id,
+with messaging attributes on every hop and GenAI attributes on the worker's span."""
+
+from __future__ import annotations
+
+from opentelemetry.trace import SpanKind
+
+from shared import schemas, subjects, telemetry
+from shared.client import TokenyardClient
+
+
+async def test_one_trace_from_client_to_worker(fleet, spans):
+    spans.clear()
+    client = TokenyardClient(fleet.nats)
+    with telemetry.span("edge", "publish", subjects.SUBMIT, kind=SpanKind.PRODUCER) as root:
+        completion = await client.generate(schemas.GenerateRequest(prompt="trace me please", max_tokens=3))
+    trace_id = root.get_span_context().trace_id
+    assert completion.finish_reason == "length"
+
+    mine = [s for s in spans.get_finished_spans() if s.context.trace_id == trace_id]
+    hops = {s.attributes["tokenyard.service"] for s in mine}
+    assert hops == {"edge", "admission", "queue", "router", "worker"}
+    by_service = {s.attributes["tokenyard.service"]: s for s in mine if s.kind == SpanKind.CONSUMER}
+    worker = by_service["worker"]
+    assert worker.attributes["gen_ai.request.model"] == "tokenyard-sim"
+    assert worker.attributes["gen_ai.usage.input_tokens"] == len("trace me please")
+    assert worker.attributes["gen_ai.usage.output_tokens"] == 3
+    assert worker.attributes["gen_ai.server.time_to_first_token"] >= 0
+    assert by_service["admission"].attributes["messaging.destination.name"] == subjects.SUBMIT
+    assert by_service["admission"].attributes["messaging.system"] == "nats"
+    # Each hop's span is a descendant of the one before it.
+    ids = {s.context.span_id: s for s in mine}
+
+    def ancestors(s):
+        while s.parent is not None and s.parent.span_id in ids:
+            s = ids[s.parent.span_id]
+            yield s.attributes["tokenyard.service"]
+
+    assert set(ancestors(worker)) >= {"router", "queue", "admission", "edge"}

@@ -1,0 +1,39 @@
+"""`tokenyard edge --nats URL [--host H] [--http-port P] [--model NAME ...]`: the OpenAI-compatible
+HTTP edge as its own process (services/edge/shell.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from shared import config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "edge", help="OpenAI-compatible HTTP edge (/v1/completions, /v1/chat/completions)"
+    )
+    p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS URL (env TOKENYARD_NATS_URL)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP port (0: any free one)")
+    p.add_argument(
+        "--model",
+        action="append",
+        dest="models",
+        metavar="NAME",
+        help=f"a served model name, repeatable (default: {config.DEFAULT_MODEL})",
+    )
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds a request may take")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> None:
+    from services.edge.shell import EdgeConfig, EdgeShell
+    from shared import service
+
+    cfg = EdgeConfig(
+        host=args.host,
+        http_port=args.http_port,
+        models=args.models or [config.DEFAULT_MODEL],
+        request_timeout_s=args.request_timeout,
+    )
+    service.run(EdgeShell(cfg), args.nats)

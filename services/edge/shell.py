@@ -1,0 +1,368 @@
+"""The edge's shell: an aiohttp server speaking OpenAI's HTTP API, one NATS stream per request.
+
+    POST /v1/completions, /v1/chat/completions
+        read body ─ core.parse_request ─ TokenyardClient.stream (publish on llm.v1.submit)
+        wait for the first event: Rejected/Error → that status as an OpenAI error body;
+        Accepted → stream=true: SSE 200, one frame per event (core.Renderer)
+                   stream=false: gather until Finished, answer one JSON object
+    GET /v1/models[/{model}], /health (NATS connected?), /metrics (Prometheus text)
+
+The HTTP status is decided before any byte goes out, hence the wait for the first event.
+A client that goes away aborts its request: aiohttp cancels the handler (handler_cancellation)
+and the cancellation reaches `TokenyardClient.stream`, which publishes `Abort`; where the
+request ends any other way without a terminal event (a failed write, a timeout) the shell
+publishes the Abort itself. Each request runs in a PRODUCER span, child of an incoming
+`traceparent`, so the context `stream` injects links admission's span to the caller's trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+from aiohttp import web
+from nats.aio.client import Client
+from nats.micro.request import Request as MicroRequest
+from nats.micro.service import Service
+from opentelemetry.trace import SpanKind
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from services.edge import core
+from services.edge.core import ApiError, Endpoint
+from shared import config, schemas, subjects, telemetry
+from shared.client import TokenyardClient
+from shared.schemas import Outcome
+from shared.service import new_instance_id
+
+TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def health_subject(instance_id: str) -> str:
+    """The nats.micro endpoint an edge instance answers its status on."""
+    return f"{subjects.PREFIX}.edge.{instance_id}.health"
+
+
+@dataclass
+class EdgeConfig:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    """0 picks a free port; the bound one is `EdgeShell.port` after start."""
+    models: list[str] = field(default_factory=lambda: [config.DEFAULT_MODEL])
+    """Served model names (`/v1/models`); a request naming another gets 404. Empty: any."""
+    request_timeout_s: float = 600.0
+    """Whole-request deadline, and the longest silence between two events."""
+    max_body_bytes: int = 4 * 1024 * 1024
+    accept_timeout_s: float = 30.0
+    """How long admission may take to accept or reject before the edge answers 503."""
+    shutdown_timeout_s: float = 30.0
+    """How long `stop()` lets in-flight HTTP requests finish before cancelling them."""
+
+
+class EdgeMetrics:
+    """Prometheus metrics in a registry of their own (several edges may share a process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "tokenyard_edge_requests",
+            "Generation requests by endpoint and outcome.",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "tokenyard_edge_ttft_seconds",
+            "HTTP request received → first token chunk.",
+            ["endpoint"],
+            buckets=TTFT_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "tokenyard_edge_in_flight_requests", "Generation requests in flight.", registry=self.registry
+        )
+
+
+@dataclass
+class _Call:
+    """One HTTP generation request's bookkeeping."""
+
+    request_id: str
+    endpoint: Endpoint
+    started: float
+    outcome: Outcome = Outcome.FAILED
+    terminal: bool = False
+    """A terminal event arrived: nothing left to abort."""
+    aborted: bool = False
+    """The client stream published the Abort (cancelled while waiting for an event)."""
+    first_token: bool = False
+    response: web.StreamResponse | None = None
+    """The SSE response once its headers went out."""
+
+
+class EdgeShell:
+    kind = "edge"
+
+    def __init__(self, cfg: EdgeConfig | None = None, instance_id: str | None = None):
+        self.config = cfg or EdgeConfig()
+        self.instance_id = instance_id or new_instance_id(self.kind)
+        self.metrics = EdgeMetrics()
+        self.port: int | None = None
+        self.in_flight = 0
+        self.log = telemetry.logger(self.kind)
+        self._nc: Client | None = None
+        self._client: TokenyardClient | None = None
+        self._runner: web.AppRunner | None = None
+        self._started_at = 0
+
+    # ── lifecycle ──
+
+    async def start(self, nc: Client, service: Service) -> None:
+        self._nc = nc
+        self._client = TokenyardClient(nc)
+        self._started_at = int(time.time())
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors])
+        app.add_routes(
+            [
+                web.post("/v1/completions", self._completions),
+                web.post("/v1/chat/completions", self._chat),
+                web.get("/v1/models", self._models),
+                web.get("/v1/models/{model:.+}", self._model),
+                web.get("/health", self._health),
+                web.get("/metrics", self._metrics),
+            ]
+        )
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=self.config.shutdown_timeout_s, access_log=None
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.http_port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        await service.add_endpoint(
+            name="health", subject=health_subject(self.instance_id), handler=self._micro_health
+        )
+        self.log.info("http listening", host=self.config.host, port=self.port, models=self.config.models)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ── generation ──
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.COMPLETIONS)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, Endpoint.CHAT)
+
+    async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        try:
+            request_id = core.request_id_from(request.headers.get("x-request-id"), uuid.uuid4().hex)
+        except ApiError as e:
+            self.metrics.requests.labels(endpoint.value, e.outcome().value).inc()
+            return _error_response(e, None)
+        call = _Call(request_id, endpoint, time.monotonic())
+        parent = {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}
+        self.metrics.in_flight.inc()
+        self.in_flight += 1
+        try:
+            with telemetry.span(
+                "edge",
+                "publish",
+                subjects.SUBMIT,
+                headers=parent or None,
+                kind=SpanKind.PRODUCER,
+                request_id=request_id,
+                attributes={"http.route": request.path},
+            ) as span:
+                response = await self._serve(request, call)
+                span.set_attribute("http.response.status_code", response.status)
+                return response
+        except asyncio.CancelledError:
+            call.outcome = Outcome.ABORTED
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            self.in_flight -= 1
+            self.metrics.requests.labels(endpoint.value, call.outcome.value).inc()
+
+    async def _serve(self, request: web.Request, call: _Call) -> web.StreamResponse:
+        try:
+            body = await self._read_body(request)
+            req = core.parse_request(body, call.endpoint, self.config.models, call.request_id)
+        except ApiError as e:
+            call.outcome = e.outcome()
+            return _error_response(e, call.request_id)
+        assert self._client is not None
+        renderer = core.Renderer(call.endpoint, req, created=int(time.time()))
+        events = self._client.stream(
+            req, headers=core.nats_headers(request.headers), idle_timeout_s=self.config.request_timeout_s
+        )
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                try:
+                    async with asyncio.timeout(self.config.accept_timeout_s):
+                        first = await self._next(call, events)
+                except TimeoutError:
+                    raise ApiError(
+                        503, "admission did not answer in time", code="admission_unavailable"
+                    ) from None
+                if isinstance(first, schemas.Rejected | schemas.Error):
+                    raise core.error_from_event(first)
+                if req.stream:
+                    return await self._stream_sse(request, call, renderer, first, events)
+                renderer.feed(first)
+                while not call.terminal:
+                    renderer.feed(await self._next(call, events))
+                call.outcome = Outcome.FINISHED
+                return web.json_response(
+                    renderer.response(), dumps=_dumps, headers={"x-request-id": call.request_id}
+                )
+        except ApiError as e:
+            call.outcome = e.outcome() if call.terminal else Outcome.FAILED
+            return await self._fail(call, e)
+        except TimeoutError:
+            call.outcome = Outcome.FAILED
+            return await self._fail(
+                call, ApiError(504, f"no answer within {self.config.request_timeout_s:g} s", code="timeout")
+            )
+        except ConnectionResetError:
+            call.outcome = Outcome.ABORTED
+            return call.response or web.Response(status=499)
+        finally:
+            if not call.terminal and not call.aborted:
+                with contextlib.suppress(Exception):
+                    await self._client.abort(call.request_id, reason="edge_" + call.outcome.value)
+            await events.aclose()
+
+    async def _fail(self, call: _Call, err: ApiError) -> web.StreamResponse:
+        """An error answer: a JSON body while the status is still open, else an SSE error frame."""
+        if call.response is None:
+            return _error_response(err, call.request_id)
+        with contextlib.suppress(ConnectionResetError):
+            await call.response.write(core.sse(err.error_dict()) + core.SSE_DONE)
+        return call.response
+
+    async def _stream_sse(
+        self, request, call: _Call, renderer: core.Renderer, first, events
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "x-request-id": call.request_id,
+            },
+        )
+        await response.prepare(request)
+        call.response = response
+        event = first
+        while True:
+            frames = renderer.frames(event)
+            if frames:
+                await response.write(b"".join(frames))
+            if call.terminal:
+                break
+            event = await self._next(call, events)
+        call.outcome = Outcome.FINISHED if isinstance(event, schemas.Finished) else Outcome.FAILED
+        await response.write_eof()
+        return response
+
+    async def _next(self, call: _Call, events) -> schemas.StreamEvent:
+        """The next event; a cancellation here has reached the client stream, which aborts."""
+        try:
+            event = await anext(events)
+        except asyncio.CancelledError:
+            call.aborted = True
+            raise
+        except StopAsyncIteration:
+            raise ApiError(502, "the request's stream ended without a result") from None
+        if isinstance(event, schemas.TERMINAL_EVENTS):
+            call.terminal = True
+        elif isinstance(event, schemas.Chunk) and not call.first_token:
+            call.first_token = True
+            self.metrics.ttft.labels(call.endpoint.value).observe(time.monotonic() - call.started)
+        return event
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        too_big = ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
+        if request.content_length is not None and request.content_length > limit:
+            raise too_big
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_big from None
+
+    # ── the rest of the API ──
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(core.models_list(self.config.models, self._started_at), dumps=_dumps)
+
+    async def _model(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        if model not in self.config.models:
+            return _error_response(
+                ApiError(404, f"The model `{model}` does not exist.", code="model_not_found"), None
+            )
+        return web.json_response(core.model_card(model, self._started_at), dumps=_dumps)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self._nc is not None and self._nc.is_connected:
+            return web.json_response({"status": "ok"})
+        return web.json_response({"status": "nats_disconnected"}, status=503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _micro_health(self, req: MicroRequest) -> None:
+        status = {
+            "status": "ok" if self._nc is not None and self._nc.is_connected else "nats_disconnected",
+            "instance": self.instance_id,
+            "http": f"http://{self.config.host}:{self.port}",
+            "models": self.config.models,
+            "in_flight": self.in_flight,
+        }
+        await req.respond(msgspec.json.encode(status))
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        """aiohttp's own errors (404, 405, 413) and crashes as OpenAI error bodies."""
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
+            message = f"{request.method} {request.path}: {e.reason}"
+            response = _error_response(ApiError(e.status, message, code=code), None)
+            if "Allow" in e.headers:
+                response.headers["Allow"] = e.headers["Allow"]
+            return response
+        except Exception:
+            self.log.exception("edge handler failed", path=request.path)
+            return _error_response(ApiError(500, "internal error in the edge", code="internal_error"), None)
+
+
+def _dumps(obj) -> str:
+    return msgspec.json.encode(obj).decode()
+
+
+def _error_response(err: ApiError, request_id: str | None) -> web.Response:
+    headers = err.headers()
+    if request_id:
+        headers["x-request-id"] = request_id
+    return web.Response(status=err.status, body=err.body(), content_type="application/json", headers=headers)

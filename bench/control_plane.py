@@ -1,0 +1,282 @@
+"""Control-plane benchmark: what tokenyard itself costs, with the engine's cost taken out.
+
+    python -m bench.control_plane [--workers 2] [--json results/control_plane.json]
+    python -m bench.control_plane --nats nats://H:P --http http://H:P    # an already running fleet
+
+It brings a fleet up with `tokenyard.launcher.FleetProcesses(workers=2, profile="zero")`:
+simulated workers whose every step takes zero time, so whatever latency a client sees is the
+control plane's (edge → admission → queue → router → worker → back to the client).
+
+(a) Time added to first token. `bench serve` with max_tokens = 1, short prompts, at a low
+    Poisson rate (default 20 req/s, so requests do not queue behind each other), after a
+    warm-up run that is discarded; once from a NATS client (llm.v1.submit) and once over HTTP
+    through the edge. TTFT p50 and p99 are the control plane's added latency.
+    Targets: p50 ≤ 2 ms, p99 ≤ 10 ms.
+
+(b) Highest sustained request rate. The offered Poisson rate steps up (default 250, 500,
+    1000, 1500, 2000 req/s), each step max(--min-prompts, rate × --step-seconds) requests
+    of short prompts with max_tokens = 4, over NATS. A step holds when
+
+        achieved = completed / duration  ≥  0.95 × offered,   failed = 0
+
+    where offered = (N − 1) / (last arrival offset), the rate the seeded schedule actually
+    realised (a Poisson schedule's own rate is off the nominal one by ~1/√N). The result is
+    the highest held step; stepping stops at the first step that does not hold.
+    Target: ≥ 1,000 req/s.
+    `max_send_lag_ms` per step shows when the load generator itself fell behind its
+    schedule (one Python process); a step missed with a large lag is client-bound.
+
+Exit code 0 when every target is met, 1 when one is missed, 2 when the run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from loadgen.config import BenchConfig
+from loadgen.report import write_result_json
+from loadgen.serve import run_bench
+from shared import config as shared_config
+
+TTFT_P50_MS = 2.0
+TTFT_P99_MS = 10.0
+RATE_GOAL = 1000.0
+HOLD_FRACTION = 0.95
+DEFAULT_RATES = (250.0, 500.0, 1000.0, 1500.0, 2000.0)
+
+
+async def ttft_overhead(target: str, args: argparse.Namespace) -> dict[str, Any]:
+    """TTFT with max_tokens = 1 at a low rate, after a discarded warm-up."""
+
+    def cfg(n: int, seed: int) -> BenchConfig:
+        return BenchConfig(
+            target=target,
+            model=args.model,
+            num_prompts=n,
+            input_len=args.input_len,
+            output_len=1,
+            rate=args.ttft_rate,
+            seed=seed,
+            progress=False,
+            request_timeout_s=30.0,
+        )
+
+    if args.warmup:
+        await run_bench(cfg(args.warmup, seed=1))
+    r = await run_bench(cfg(args.ttft_prompts, seed=0))
+    return {
+        "target": target,
+        "num_prompts": args.ttft_prompts,
+        "rate": args.ttft_rate,
+        "completed": r["completed"],
+        "failed": r["failed"],
+        "errors": r["errors"],
+        "p50_ttft_ms": r["median_ttft_ms"],
+        "p90_ttft_ms": r["p90_ttft_ms"],
+        "p99_ttft_ms": r["p99_ttft_ms"],
+        "mean_ttft_ms": r["mean_ttft_ms"],
+    }
+
+
+async def rate_steps(target: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    for i, rate in enumerate(args.rates):
+        n = max(args.min_prompts, int(rate * args.step_seconds))
+        r = await run_bench(
+            BenchConfig(
+                target=target,
+                model=args.model,
+                num_prompts=n,
+                input_len=args.input_len,
+                output_len=4,
+                rate=rate,
+                seed=100 + i,
+                progress=False,
+                request_timeout_s=30.0,
+            )
+        )
+        offered = realised_rate(n, r["arrival_span_s"], rate)
+        achieved = r["request_throughput"]
+        held = holds(offered, achieved, r["failed"])
+        steps.append(
+            {
+                "rate": rate,
+                "num_prompts": n,
+                "offered": offered,
+                "achieved": achieved,
+                "completed": r["completed"],
+                "failed": r["failed"],
+                "errors": r["errors"],
+                "p50_ttft_ms": r["median_ttft_ms"],
+                "p99_ttft_ms": r["p99_ttft_ms"],
+                "p99_e2el_ms": r["p99_e2el_ms"],
+                "max_send_lag_ms": r["max_send_lag_ms"],
+                "held": held,
+            }
+        )
+        if not held:
+            break
+    return steps
+
+
+def realised_rate(n: int, arrival_span_s: float, nominal: float) -> float:
+    """The rate a schedule of n arrivals over `arrival_span_s` actually offers: (n − 1) / span."""
+    return (n - 1) / arrival_span_s if n > 1 and arrival_span_s > 0 else nominal
+
+
+def holds(offered: float, achieved: float, failed: int) -> bool:
+    return failed == 0 and achieved >= HOLD_FRACTION * offered
+
+
+def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """(what, measured, goal, met) for each target."""
+    out = []
+    for path in ("nats", "http"):
+        t = result["ttft"].get(path)
+        if t is None:
+            continue
+        ok = t["failed"] == 0
+        out.append(
+            _verdict(
+                f"{path} TTFT p50 (ms)",
+                t["p50_ttft_ms"],
+                f"≤ {TTFT_P50_MS:g}",
+                ok and t["p50_ttft_ms"] <= TTFT_P50_MS,
+            )
+        )
+        out.append(
+            _verdict(
+                f"{path} TTFT p99 (ms)",
+                t["p99_ttft_ms"],
+                f"≤ {TTFT_P99_MS:g}",
+                ok and t["p99_ttft_ms"] <= TTFT_P99_MS,
+            )
+        )
+    best = result["sustained_rate"]
+    out.append(_verdict("sustained rate (req/s)", best, f"≥ {RATE_GOAL:,.0f}", best >= RATE_GOAL))
+    return out
+
+
+def _verdict(what: str, measured: float, goal: str, met: bool) -> dict[str, Any]:
+    return {"what": what, "measured": measured, "goal": goal, "met": bool(met)}
+
+
+def print_report(result: dict[str, Any], console: Console) -> None:
+    t = Table(
+        title="TTFT through the control plane (max_tokens = 1, zero-latency workers)", box=box.SIMPLE_HEAD
+    )
+    for col in ("path", "requests", "failed", "p50 (ms)", "p90 (ms)", "p99 (ms)"):
+        t.add_column(col, justify="left" if col == "path" else "right")
+    for path, r in result["ttft"].items():
+        t.add_row(
+            path,
+            str(r["completed"] + r["failed"]),
+            str(r["failed"]),
+            f"{r['p50_ttft_ms']:.3f}",
+            f"{r['p90_ttft_ms']:.3f}",
+            f"{r['p99_ttft_ms']:.3f}",
+        )
+    console.print(t)
+
+    t = Table(title="Offered rate steps (NATS, max_tokens = 4; req/s and ms)", box=box.SIMPLE_HEAD)
+    columns = (
+        "rate",
+        "offered",
+        "achieved",
+        "failed",
+        "TTFT\np50",
+        "TTFT\np99",
+        "E2EL\np99",
+        "send\nlag",
+        "held",
+    )
+    for col in columns:
+        t.add_column(col, justify="right", no_wrap=True)
+    for s in result["steps"]:
+        t.add_row(
+            f"{s['rate']:g}",
+            f"{s['offered']:.0f}",
+            f"{s['achieved']:.0f}",
+            str(s["failed"]),
+            f"{s['p50_ttft_ms']:.1f}",
+            f"{s['p99_ttft_ms']:.1f}",
+            f"{s['p99_e2el_ms']:.1f}",
+            f"{s['max_send_lag_ms']:.1f}",
+            "[green]yes" if s["held"] else "[red]no",
+        )
+    console.print(t)
+
+    t = Table(title="Control-plane targets", box=box.SIMPLE_HEAD)
+    for col in ("target", "measured", "goal", ""):
+        t.add_column(col, justify="left" if col == "target" else "right")
+    for v in result["verdicts"]:
+        t.add_row(v["what"], f"{v['measured']:.2f}", v["goal"], "[green]met" if v["met"] else "[red]missed")
+    console.print(t)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.nats:
+        return await measure(args.nats, args.http, args)
+    from tokenyard.launcher import FleetProcesses
+
+    async with FleetProcesses(workers=args.workers, profile="zero", http_port=0, model=args.model) as fleet:
+        return await measure(fleet.nats_url, fleet.http_url, args)
+
+
+async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"workers": args.workers, "nats_url": nats_url, "http_url": http_url, "ttft": {}}
+    result["ttft"]["nats"] = await ttft_overhead(nats_url, args)
+    if http_url:
+        result["ttft"]["http"] = await ttft_overhead(http_url, args)
+    result["steps"] = await rate_steps(nats_url, args)
+    result["sustained_rate"] = max((s["rate"] for s in result["steps"] if s["held"]), default=0.0)
+    result["verdicts"] = verdicts(result)
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.control_plane", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--model", default=shared_config.DEFAULT_MODEL)
+    p.add_argument("--nats", help="benchmark this running fleet instead of starting one")
+    p.add_argument("--http", help="its edge (with --nats); the HTTP TTFT is skipped without it")
+    p.add_argument("--input-len", type=int, default=32, help="prompt tokens of every request")
+    p.add_argument("--ttft-prompts", type=int, default=300)
+    p.add_argument("--ttft-rate", type=float, default=20.0)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RATES))
+    p.add_argument("--step-seconds", type=float, default=3.0, help="each rate step lasts about this long")
+    p.add_argument("--min-prompts", type=int, default=500)
+    p.add_argument("--json", help="write the result here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    try:
+        result = asyncio.run(run(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        console.print(f"[red]control-plane benchmark failed: {type(e).__name__}: {e}")
+        return 2
+    print_report(result, console)
+    if args.json:
+        write_result_json(result, args.json)
+    return 0 if all(v["met"] for v in result["verdicts"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

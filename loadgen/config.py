@@ -1,0 +1,126 @@
+"""What one `bench serve` run is: target, workload, arrival process and SLOs, in one dataclass
+that the CLI, the fleet launcher (`tokenyard up --bench-prompts N`) and bench/ scripts all
+build. Parsing of the compound options (`--priority-mix a,b,c,d`, `--goodput ttft:MS …`)
+lives here too, so every caller validates the same way."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import config as shared_config
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+DEFAULT_PRIORITY_MIX = (0.0, 1.0, 0.0, 0.0)
+"""All requests P1 (online), the class of an ordinary API call."""
+
+
+@dataclass
+class BenchConfig:
+    target: str = field(default_factory=shared_config.nats_url_from_env)
+    """`nats://HOST:PORT` (TokenyardClient on llm.v1.submit) or `http://HOST:PORT` (the edge)."""
+    model: str = shared_config.DEFAULT_MODEL
+    workload: str = "synthetic"
+    """`synthetic`; later `chatbot`, `api`, `coder`, `trace:PATH`."""
+    num_prompts: int = 1000
+    input_len: int = 1024
+    output_len: int = 128
+    range_ratio: float = 0.0
+    """Lengths are uniform integers in [len·(1−r), len·(1+r)] (vllm's random dataset)."""
+    rate: float = math.inf
+    """Offered requests per second; inf sends every request at once."""
+    burstiness: float = 1.0
+    """Gamma shape of the inter-arrival gaps: 1 = Poisson, < 1 burstier, > 1 more regular."""
+    concurrency: int | None = None
+    """Cap on requests in flight; None = no cap."""
+    priority_mix: tuple[float, float, float, float] = DEFAULT_PRIORITY_MIX
+    """Fractions of P0..P3 (normalised)."""
+    goodput: dict[str, float] = field(default_factory=dict)
+    """SLOs in ms by metric (`ttft`, `tpot`, `e2el`); a request is good if it meets all."""
+    seed: int = 0
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    """How long to try reaching a NATS target before giving up on the run."""
+    progress: bool = True
+    """Show a rich progress bar on stderr."""
+    tenant: str | None = None
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad option."""
+        if self.num_prompts < 0:
+            raise ValueError("--num-prompts must be >= 0")
+        if self.input_len < 1:
+            raise ValueError("--input-len must be >= 1")
+        if self.output_len < 1:
+            raise ValueError("--output-len must be >= 1")
+        if not 0.0 <= self.range_ratio < 1.0:
+            raise ValueError("--range-ratio must be in [0, 1)")
+        if not self.rate > 0:
+            raise ValueError("--rate must be > 0 (inf sends everything at once)")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise ValueError("--burstiness must be a positive number")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("--concurrency must be >= 1")
+        if not self.request_timeout_s > 0:
+            raise ValueError("--request-timeout must be > 0")
+        check_priority_mix(self.priority_mix)
+        for key, value in self.goodput.items():
+            if key not in GOODPUT_METRICS or not value >= 0:
+                raise ValueError(f"bad goodput SLO {key}:{value}")
+        if not self.target.startswith(("nats://", "tls://", "http://", "https://")):
+            raise ValueError(f"--target must start with nats:// or http:// (got {self.target!r})")
+
+    def describe(self) -> dict[str, Any]:
+        """The run's settings as they go into the result JSON (`inf` as a string, as vllm)."""
+        return {
+            "target": self.target,
+            "model": self.model,
+            "workload": self.workload,
+            "num_prompts": self.num_prompts,
+            "input_len": self.input_len,
+            "output_len": self.output_len,
+            "range_ratio": self.range_ratio,
+            "rate": "inf" if math.isinf(self.rate) else self.rate,
+            "burstiness": self.burstiness,
+            "concurrency": self.concurrency,
+            "priority_mix": list(self.priority_mix),
+            "goodput_slos_ms": dict(self.goodput),
+            "seed": self.seed,
+            "request_timeout_s": self.request_timeout_s,
+        }
+
+
+def check_priority_mix(mix: tuple[float, ...]) -> None:
+    if len(mix) != 4 or any(not (x >= 0 and math.isfinite(x)) for x in mix) or sum(mix) <= 0:
+        raise ValueError(
+            "--priority-mix takes four non-negative fractions a,b,c,d (P0..P3) with a positive sum"
+        )
+
+
+def parse_priority_mix(text: str) -> tuple[float, float, float, float]:
+    try:
+        parts = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--priority-mix: not numbers: {text!r}") from None
+    check_priority_mix(parts)
+    return parts  # type: ignore[return-value]
+
+
+def parse_goodput(items: list[str] | None) -> dict[str, float]:
+    """`["ttft:500", "tpot:50"]` → `{"ttft": 500.0, "tpot": 50.0}` (vllm's --goodput)."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        key, sep, value = item.partition(":")
+        if not sep or key not in GOODPUT_METRICS:
+            raise ValueError(
+                f"--goodput takes KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)} (got {item!r})"
+            )
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput {key}: {value!r} is not a number") from None
+        if not ms >= 0:
+            raise ValueError(f"--goodput {key} must be >= 0")
+        out[key] = ms
+    return out

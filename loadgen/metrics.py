@@ -1,0 +1,109 @@
+"""The result dict of a run, with vllm bench serve's definitions and key names.
+
+Over the successful requests (RequestRecord: ttft, itl, e2el, tpot):
+
+    TTFT  first chunk − send                       per request
+    TPOT  (e2el − ttft) / (output_tokens − 1)      per request with > 1 output token
+    ITL   gaps between consecutive chunks          pooled over all requests
+    E2EL  last chunk − send                        per request
+
+each summarised as mean_/median_/std_/p90_/p95_/p99_<metric>_ms (numpy's mean, median,
+population std, linear-interpolated percentile; 0 for an empty set, as vllm).
+
+    completed, failed            successful / failed request counts
+    duration                     seconds from the first send to the last request's end
+    request_throughput           completed / duration
+    output_throughput            Σ output tokens of completed / duration
+    total_token_throughput       (Σ input + Σ output tokens of completed) / duration
+    request_goodput              good / duration, a request being good if it meets every given
+                                 SLO (ttft, tpot, e2el in ms; a request with ≤ 1 output token
+                                 has tpot 0, as vllm); None when no SLO was given
+    by_priority["P0".."P3"]      the same block over one declared class
+    errors                       failed requests counted by reason label
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loadgen.records import NO_OUTPUT, RequestRecord
+
+PERCENTILES = (90, 95, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def summarise(
+    name: str, values_s: Sequence[float], percentiles: Sequence[float] = PERCENTILES
+) -> dict[str, float]:
+    """mean/median/std/pN of `values_s` (seconds) in ms, keyed as vllm does (`p99_ttft_ms`)."""
+    arr = np.asarray(values_s, dtype=float) if len(values_s) else np.zeros(1)
+    out = {
+        f"mean_{name}_ms": float(np.mean(arr) * 1000),
+        f"median_{name}_ms": float(np.median(arr) * 1000),
+        f"std_{name}_ms": float(np.std(arr) * 1000),
+    }
+    for p in percentiles:
+        word = str(int(p)) if int(p) == p else str(p)
+        out[f"p{word}_{name}_ms"] = float(np.percentile(arr, p) * 1000)
+    return out
+
+
+def is_good(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
+    """Meets every SLO given (vllm: `slo >= value`); only meaningful for a successful record."""
+    values_ms = {
+        "ttft": record.ttft * 1000,
+        "tpot": (record.tpot or 0.0) * 1000,
+        "e2el": record.e2el * 1000,
+    }
+    return all(values_ms[k] <= slo for k, slo in slos_ms.items())
+
+
+def block(
+    records: Sequence[RequestRecord], duration_s: float, goodput_ms: dict[str, float] | None
+) -> dict[str, Any]:
+    """Counts, throughputs and latency summaries over `records`."""
+    ok = [r for r in records if r.success]
+    total_input = sum(r.prompt_tokens for r in ok)
+    total_output = sum(r.output_tokens for r in ok)
+    dur = duration_s if duration_s > 0 else float("nan")
+    out: dict[str, Any] = {
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": _rate(len(ok), dur),
+        "request_goodput": _rate(sum(is_good(r, goodput_ms) for r in ok), dur) if goodput_ms else None,
+        "output_throughput": _rate(total_output, dur),
+        "total_token_throughput": _rate(total_input + total_output, dur),
+    }
+    series = {
+        "ttft": [r.ttft for r in ok],
+        "tpot": [t for r in ok if (t := r.tpot) is not None],
+        "itl": [gap for r in ok for gap in r.itl],
+        "e2el": [r.e2el for r in ok],
+    }
+    for name in LATENCY_METRICS:
+        out.update(summarise(name, series[name]))
+    return out
+
+
+def compute_metrics(
+    records: Sequence[RequestRecord], duration_s: float, goodput_ms: dict[str, float] | None = None
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"duration": duration_s, **block(records, duration_s, goodput_ms)}
+    classes = sorted({r.priority for r in records})
+    result["by_priority"] = {
+        f"P{p}": block([r for r in records if r.priority == p], duration_s, goodput_ms) for p in classes
+    }
+    result["errors"] = dict(sorted(Counter(r.error or NO_OUTPUT for r in records if not r.success).items()))
+    return result
+
+
+def _rate(count: float, duration_s: float) -> float:
+    """count / duration, 0 for a zero-length run (nothing can be said about its rate)."""
+    value = count / duration_s
+    return float(value) if np.isfinite(value) else 0.0

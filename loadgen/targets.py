@@ -3,9 +3,9 @@
 * `nats://…`: `shared.client.TokenyardClient.stream(GenerateRequest)` on one shared
   connection; events Accepted, Chunk (seq, text, token_ids), then Finished (usage,
   finish_reason), or Rejected / Error. A Rejected counts as a failure labelled by its
-  status (`status_429`), an Error as `error_<status>`, an undecodable message as
-  `bad_event` (what nats-server's "no responders" status turns into when no admission
-  listens).
+  status (`status_429`; `status_503` when no admission listens: the client turns nats's
+  "no responders" into a 503 rejection), an Error as `error_<status>`, an undecodable
+  message as `bad_event`.
 * `http://…`: POST `/v1/completions` with `stream: true` and
   `stream_options.include_usage`, read as SSE until `data: [DONE]`. A non-200 answer is a
   failure `status_<code>`; an `{"error": …}` frame mid-stream is `error_<code>`. A choice
@@ -32,7 +32,7 @@ from nats.aio.client import Client
 from loadgen.records import RequestRecord
 from loadgen.sse import SSEReader
 from loadgen.workload import BenchRequest
-from shared import schemas
+from shared import natsutil, schemas
 from shared.client import TokenyardClient
 
 
@@ -89,12 +89,8 @@ class NatsTarget:
         try:
             await self._read(stream, record)
         except msgspec.DecodeError as e:
-            # nats-server answers a publish nobody subscribes to with an empty 503 status
-            # message, which the client cannot decode as an event.
-            first = record.accepted_s is None and not record.chunk_s
-            hint = " (no admission subscribed to llm.v1.submit?)" if first else ""
             record.end_s = perf_counter()
-            record.fail("bad_event", f"{e}{hint}")
+            record.fail("bad_event", str(e))
 
     @staticmethod
     async def _read(stream, record: RequestRecord) -> None:
@@ -124,33 +120,7 @@ class NatsTarget:
 
 
 async def connect_nats(url: str, timeout_s: float) -> Client:
-    """shared.natsutil.connect's settings (reconnect forever once connected), but the first
-    connection is bounded: with unlimited reconnects nats-py retries an unreachable server
-    forever, and a benchmark pointed at the wrong port must fail, not hang."""
-    nc = Client()
-    connected = False
-
-    async def on_error(e: Exception) -> None:
-        # Before the first connection nats-py would log a traceback per failed attempt.
-        if connected:
-            log.warning("nats error: %s", e)
-
-    try:
-        async with asyncio.timeout(timeout_s):
-            await nc.connect(
-                url,
-                name="tokenyard-bench",
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                connect_timeout=min(5.0, timeout_s),
-                pending_size=64 * 1024 * 1024,
-                error_cb=on_error,
-            )
-    except TimeoutError:
-        await nc.close()
-        raise ConnectionError(f"cannot reach NATS at {url} within {timeout_s:g} s") from None
-    connected = True
-    return nc
+    return await natsutil.connect(url, "tokenyard-bench", first_connect_timeout_s=timeout_s)
 
 
 _json_decode = msgspec.json.Decoder().decode

@@ -14,26 +14,45 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nats
 from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from shared import subjects
+from shared import subjects, telemetry
+
+log = telemetry.logger("nats")
 
 QUEUE_DUPLICATE_WINDOW_S = 120.0
 """JetStream drops a second publish of the same request id within this window."""
 
 
-async def connect(url: str, name: str) -> Client:
-    return await nats.connect(
-        url,
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,
-        connect_timeout=5,
-        pending_size=64 * 1024 * 1024,
-    )
+async def connect(url: str, name: str, first_connect_timeout_s: float = 10.0) -> Client:
+    """Reconnect forever once connected, but bound the first connection: with unlimited
+    reconnects nats-py would retry an unreachable server forever, and a service or client
+    pointed at the wrong port must fail with a clear error, not hang."""
+    nc = Client()
+    connected = False
+
+    async def on_error(e: Exception) -> None:
+        if connected:  # before the first connection nats-py reports every failed attempt
+            log.warning("nats_error", name=name, error=repr(e))
+
+    try:
+        async with asyncio.timeout(first_connect_timeout_s):
+            await nc.connect(
+                url,
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                connect_timeout=min(5.0, first_connect_timeout_s),
+                pending_size=64 * 1024 * 1024,
+                error_cb=on_error,
+            )
+    except TimeoutError:
+        await nc.close()
+        raise ConnectionError(f"cannot reach NATS at {url} within {first_connect_timeout_s:g} s") from None
+    connected = True
+    return nc
 
 
 def free_port() -> int:

@@ -120,7 +120,7 @@ async def test_request_timeout_fails_only_the_hanging_requests(nats_url):
 
 async def test_no_admission_fails_each_request_fast(nats_url):
     result = await run_bench(small(nats_url, num_prompts=3))
-    assert (result["completed"], result["errors"]) == (0, {"bad_event": 3})
+    assert (result["completed"], result["errors"]) == (0, {"status_503": 3})
 
 
 async def test_unreachable_nats_fails_fast():

@@ -28,6 +28,7 @@ from shared.tokenizer import ByteTokenizer
 
 async def crash(host: ServiceHost) -> None:
     """Die without a word: no acks, no naks, the connection just goes."""
+    host.shell._running = False
     for t in host.shell._tasks:
         t.cancel()
     with contextlib.suppress(Exception):
@@ -63,8 +64,10 @@ async def test_queue_crash_loses_no_admitted_request():
         done = await asyncio.wait_for(asyncio.gather(*pending), timeout=20)
         assert [d.finish_reason for d in done] == ["length"] * 5
         assert all(d.accepted is not None and d.usage.completion_tokens == 2 for d in done)
-        info = await nc.jetstream().stream_info("LLM_QUEUE")
-        assert info.state.messages == 0  # every message acked once routed
+        # Every message is acked once routed (acks are asynchronous publishes: await them).
+        async with asyncio.timeout(5):
+            while (await nc.jetstream().stream_info("LLM_QUEUE")).state.messages:
+                await asyncio.sleep(0.01)
         await nc.drain()
     finally:
         for h in reversed(hosts):

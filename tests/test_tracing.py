@@ -3,6 +3,8 @@ with messaging attributes on every hop and GenAI attributes on the worker's span
 
 from __future__ import annotations
 
+import asyncio
+
 from opentelemetry.trace import SpanKind
 
 from shared import schemas, subjects, telemetry
@@ -17,9 +19,17 @@ async def test_one_trace_from_client_to_worker(fleet, spans):
     trace_id = root.get_span_context().trace_id
     assert completion.finish_reason == "length"
 
-    mine = [s for s in spans.get_finished_spans() if s.context.trace_id == trace_id]
+    # The client can have its last token before the queue's span (closed once the router
+    # answered) ends: wait for every hop's consumer span to be exported.
+    want = {"edge", "admission", "queue", "router", "worker"}
+    async with asyncio.timeout(5):
+        while True:
+            mine = [s for s in spans.get_finished_spans() if s.context.trace_id == trace_id]
+            if {s.attributes["tokenyard.service"] for s in mine if s.kind == SpanKind.CONSUMER} >= want - {"edge"}:
+                break
+            await asyncio.sleep(0.01)
     hops = {s.attributes["tokenyard.service"] for s in mine}
-    assert hops == {"edge", "admission", "queue", "router", "worker"}
+    assert hops == want
     by_service = {s.attributes["tokenyard.service"]: s for s in mine if s.kind == SpanKind.CONSUMER}
     worker = by_service["worker"]
     assert worker.attributes["gen_ai.request.model"] == "tokenyard-sim"

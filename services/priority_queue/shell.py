@@ -68,11 +68,18 @@ class QueueShell:
     async def stop(self) -> None:
         self._running = False
         self._wake.set()
-        for t in self._tasks:
+        fetch, *others = self._tasks
+        # Let the fetch in progress end by itself (≤ 1 s): a pull request cancelled midway
+        # leaves its inbox subscription undrainable, and NATS's drain then waits 30 s.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(fetch, timeout=2.0)
+        for t in others:
             t.cancel()
-        for t in self._tasks:
+        for t in others:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        with contextlib.suppress(Exception):
+            await self.psub.unsubscribe()
         if self._routes:  # let routes in flight finish, so their acks go out
             await asyncio.gather(*self._routes, return_exceptions=True)
         # Hand back what was never routed: a standby replica gets it at once. (After a crash

@@ -18,7 +18,6 @@ A target only fills records; timeouts and failures of the transport are the call
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from contextlib import aclosing

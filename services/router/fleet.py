@@ -47,7 +47,7 @@ class FleetView:
         i = self.slot.get(hb.worker_id)
         if i is None:
             if self.n == len(self.running):
-                self._alloc(2 * self.n)
+                self._alloc(max(1, 2 * self.n))
             i = self.n
             self.n += 1
             self.ids.append(hb.worker_id)

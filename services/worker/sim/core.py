@@ -9,9 +9,10 @@ One step, as vLLM's scheduler builds it (token budget = max_num_batched_tokens):
      if a block cannot be had, the newest running request is preempted (recompute: its
      blocks are freed and it goes back to the head of the waiting line, to re-prefill
      prompt + generated tokens);
-  2. then waiting requests, FCFS, while budget and max_num_seqs allow: on first schedule a
-     request takes a reference on its longest cached prefix (at least one token is always
-     computed), then its first chunk.
+  2. then waiting requests, FCFS, while budget and max_num_seqs allow: a request takes a
+     reference on its longest cached prefix (at least one token is always computed) and the
+     blocks of its first chunk, both or neither (a waiting request holds no blocks, as in
+     vLLM's allocate_slots: one stuck at the head must not pin blocks the running need).
   After the step: full prompt blocks a chunk completed become cached (BlockStored); a
   request whose prefill completed emits its first token; each decode emits one token; a
   request reaching max_tokens finishes ("length") and releases its blocks.
@@ -45,7 +46,10 @@ class _Seq:
     """Chain hashes this request holds a reference on (prefix hit, then committed blocks)."""
     private: int = 0
     cached_tokens: int = 0
+    """Prompt tokens its first schedule found cached (vLLM's num_cached_tokens: a re-prefill
+    after a preemption does not change it)."""
     started: bool = False
+    """Scheduled at least once."""
 
     @property
     def rid(self) -> str:
@@ -133,11 +137,14 @@ class SimEngineCore:
 
         while self.waiting and budget > 0 and len(self.running) < self.prof.max_num_seqs:
             seq = self.waiting[0]
-            if not seq.started:
-                self._match_prefix(seq)
-            n = min(seq.target - seq.computed, budget)
-            if not self._grow(seq, seq.computed + n):
+            hit = self._prefix_hit(seq)
+            n = min(seq.target - hit * self.block_size, budget)
+            need = _cdiv(hit * self.block_size + n, self.block_size) - hit
+            pinned = sum(1 for h in seq.req.block_hashes[:hit] if self.pool.ref[h] == 0)
+            if need > self.pool.available - pinned:
                 break
+            self._match_prefix(seq, hit)
+            self._grow(seq, seq.computed + n)  # cannot fail: checked above
             self.waiting.popleft()
             self.running.append(seq)
             chunks.append((seq, n))
@@ -152,21 +159,26 @@ class SimEngineCore:
         for seq, n in chunks:
             self._advance_prefill(seq, n, outputs)
         for seq in decodes:
-            self._emit(seq, outputs)
+            self._emit(seq, outputs, decoded=True)
         return StepResult(dur, outputs, self.prof.max_num_batched_tokens - budget)
 
     # ── internals ──
-    def _match_prefix(self, seq: _Seq) -> None:
-        seq.started = True
-        chain = seq.req.block_hashes
-        hit = self.pool.match_prefix(chain)
+    def _prefix_hit(self, seq: _Seq) -> int:
+        """Leading blocks of the request's chain that are cached now."""
+        hit = self.pool.match_prefix(seq.req.block_hashes)
         # vLLM always computes at least the last prompt token, so a full hit gives back a block.
-        hit = min(hit, (seq.target - 1) // self.block_size)
+        return min(hit, (seq.target - 1) // self.block_size)
+
+    def _match_prefix(self, seq: _Seq, hit: int) -> None:
+        chain = seq.req.block_hashes
         self.pool.acquire(chain[:hit])
         seq.cached = list(chain[:hit])
-        seq.computed = seq.cached_tokens = hit * self.block_size
-        self.prefix_hits += seq.cached_tokens
-        self.prefix_queries += seq.req.prompt_len
+        seq.computed = hit * self.block_size
+        if not seq.started:  # a re-prefill after a preemption is not a new lookup
+            seq.started = True
+            seq.cached_tokens = seq.computed
+            self.prefix_hits += seq.cached_tokens
+            self.prefix_queries += seq.req.prompt_len
 
     def _grow(self, seq: _Seq, tokens: int) -> bool:
         extra = _cdiv(tokens, self.block_size) - seq.blocks
@@ -183,7 +195,6 @@ class SimEngineCore:
         self._free(victim)
         victim.target = victim.req.prompt_len + victim.generated
         victim.computed = 0
-        victim.started = False
         self.waiting.appendleft(victim)
         self.preemptions += 1
 
@@ -204,13 +215,15 @@ class SimEngineCore:
             seq.private -= len(new)
             seq.cached.extend(new)
         if seq.computed >= seq.target:
-            self._emit(seq, outputs)
+            self._emit(seq, outputs, decoded=False)
 
-    def _emit(self, seq: _Seq, outputs: list[EngineOutput]) -> None:
+    def _emit(self, seq: _Seq, outputs: list[EngineOutput], decoded: bool) -> None:
         pos = seq.generated
         seq.generated += 1
-        if seq.generated > 1:
-            seq.computed += 1  # the previous token's KV is now in the cache
+        if decoded:
+            # A decode step computed the previous token's KV. A prefill (also the re-prefill
+            # of prompt + generated tokens after a preemption) already counted what it computed.
+            seq.computed += 1
         token = _FILLER[(len(seq.rid) + pos) % len(_FILLER)]
         done = seq.generated >= seq.req.max_tokens
         outputs.append(EngineOutput(seq.rid, [token], done, "length" if done else None, seq.cached_tokens))

@@ -125,12 +125,19 @@ class BlockPool:
                 self.lru[h] = None
 
     def clear(self) -> None:
-        """Forget every evictable cached block (vLLM's reset_prefix_cache)."""
-        for h in self.lru:
+        """Forget every evictable cached block (vLLM's reset_prefix_cache). Blocks in use stay
+        cached, so then the event names what was forgotten: AllBlocksCleared would tell the
+        router's index that nothing is cached here."""
+        forgotten = list(self.lru)
+        for h in forgotten:
             del self.ref[h]
-        self.free += len(self.lru)
+        self.free += len(forgotten)
         self.lru.clear()
-        self.events.append(AllBlocksCleared())
+        if self.ref:
+            if forgotten:
+                self.events.append(BlockRemoved(block_hashes=forgotten, medium=MEDIUM))
+        else:
+            self.events.append(AllBlocksCleared())
 
     def drain_events(self) -> list[KVEvent]:
         out, self.events = self.events, []

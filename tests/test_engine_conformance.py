@@ -1,0 +1,198 @@
+"""Conformance suite of the `Engine` port (services/worker/engine.py): every engine a worker
+can host must pass it. Add a factory to ENGINES and the whole suite runs against it (issue 4:
+the vLLM engine, built with the same limits).
+
+Each factory builds an engine, not yet started, with room for at least 6 requests of 4 000
+tokens at once and at most MAX_SEQS requests running at a time (vLLM's max_num_seqs), so that
+`waiting` can be observed. The suite awaits the events it checks; its timeouts only turn a
+hang into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from services.worker.engine import Engine, EngineOutput
+from services.worker.sim.core import SimEngineCore
+from services.worker.sim.engine import SimEngine
+from services.worker.sim.latency import profile
+from shared import hashing
+from shared.schemas import AdmittedRequest, BlockStored
+
+MAX_SEQS = 4
+BLOCK_SIZE = 16
+TIMEOUT_S = 10.0
+
+
+def sim(profile_name: str, speed: float, num_blocks: int) -> Callable[[], Engine]:
+    def make() -> Engine:
+        prof = dataclasses.replace(profile(profile_name), max_num_seqs=MAX_SEQS)
+        return SimEngine(SimEngineCore(prof, BLOCK_SIZE, num_blocks), speed=speed)
+
+    make.__name__ = f"sim-{profile_name}"
+    return make
+
+
+ENGINES: list[Callable[[], Engine]] = [
+    sim("zero", 1.0, 4096),
+    sim("a100-llama3-8b", 1000.0, 2048),
+]
+
+
+@pytest.fixture(params=ENGINES, ids=lambda f: f.__name__)
+async def engine(request) -> AsyncIterator[Engine]:
+    eng = request.param()
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+def req(rid: str, prompt_len: int, max_tokens: int, first_token: int = 0) -> AdmittedRequest:
+    tokens = [(first_token + k) % 250 for k in range(prompt_len)]
+    return AdmittedRequest(
+        request_id=rid,
+        reply_to=f"inbox.{rid}",
+        model="m",
+        prompt_token_ids=tokens,
+        prompt_len=prompt_len,
+        block_hashes=hashing.hash_chain(tokens, BLOCK_SIZE),
+        block_size=BLOCK_SIZE,
+        max_tokens=max_tokens,
+        priority=1,
+        arrival_s=0.0,
+    )
+
+
+async def collect(engine: Engine, r: AdmittedRequest) -> list[EngineOutput]:
+    async with asyncio.timeout(TIMEOUT_S):
+        return [out async for out in engine.generate(r)]
+
+
+def check_stream(outs: list[EngineOutput], rid: str) -> None:
+    assert outs, "an empty stream"
+    assert all(o.request_id == rid for o in outs)
+    assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    assert all(o.finish_reason is None for o in outs[:-1])
+
+
+async def test_a_stream_ends_with_length_after_exactly_max_tokens(engine):
+    outs = await collect(engine, req("r1", 40, 7))
+    check_stream(outs, "r1")
+    assert outs[-1].finish_reason == "length"
+    assert sum(len(o.new_token_ids) for o in outs) == 7
+    assert outs[-1].num_cached_tokens == 0
+
+
+async def test_a_one_token_request(engine):
+    outs = await collect(engine, req("r1", 5, 1))
+    check_stream(outs, "r1")
+    assert (outs[-1].finish_reason, sum(len(o.new_token_ids) for o in outs)) == ("length", 1)
+
+
+async def test_concurrent_streams_each_get_their_own_tokens(engine):
+    rs = [req(f"r{k}", 20 + 10 * k, 3 + k, first_token=50 * k) for k in range(3)]
+    streams = await asyncio.gather(*(collect(engine, r) for r in rs))
+    for r, outs in zip(rs, streams, strict=True):
+        check_stream(outs, r.request_id)
+        assert outs[-1].finish_reason == "length"
+        assert sum(len(o.new_token_ids) for o in outs) == r.max_tokens
+
+
+async def test_the_same_prompt_again_hits_the_prefix_cache(engine):
+    await collect(engine, req("first", 64, 2))
+    outs = await collect(engine, req("second", 64, 2))
+    assert outs[-1].finish_reason == "length"
+    # whole blocks, and never the last prompt token
+    assert outs[-1].num_cached_tokens == 48
+
+
+async def test_abort_mid_stream_ends_it_with_abort(engine):
+    r = req("r1", 30, 4000)
+    got: list[EngineOutput] = []
+    async with asyncio.timeout(TIMEOUT_S):
+        async for out in engine.generate(r):
+            got.append(out)
+            if len(got) == 1:
+                await engine.abort("r1")
+    check_stream(got, "r1")
+    assert got[-1].finish_reason == "abort"
+    assert sum(len(o.new_token_ids) for o in got) < 4000
+    s = engine.stats()
+    assert (s.running, s.waiting) == (0, 0)
+
+
+async def test_abort_of_an_unknown_request_is_harmless(engine):
+    await engine.abort("nobody")
+    outs = await collect(engine, req("r1", 10, 2))
+    assert outs[-1].finish_reason == "length"
+
+
+async def test_stats_reflect_running_and_waiting(engine):
+    s = engine.stats()
+    assert (s.running, s.waiting, s.queued_prefill_tokens, s.kv_blocks_used) == (0, 0, 0, 0)
+    assert s.block_size == BLOCK_SIZE
+    total_blocks = s.kv_blocks_free
+
+    n = MAX_SEQS + 2
+    started = asyncio.Event()
+    first: set[str] = set()
+    ends: dict[str, str | None] = {}
+
+    async def consume(r: AdmittedRequest) -> None:
+        async for out in engine.generate(r):
+            if out.new_token_ids and r.request_id not in first:
+                first.add(r.request_id)
+                if len(first) == MAX_SEQS:
+                    started.set()
+            if out.finished:
+                ends[r.request_id] = out.finish_reason
+
+    tasks = [asyncio.create_task(consume(req(f"r{k}", 24, 4000, first_token=40 * k))) for k in range(n)]
+    async with asyncio.timeout(TIMEOUT_S):
+        await started.wait()
+        s = engine.stats()
+        assert (s.running, s.waiting) == (MAX_SEQS, n - MAX_SEQS)
+        assert s.queued_prefill_tokens == 24 * (n - MAX_SEQS)
+        assert 0 < s.kv_blocks_used <= total_blocks - s.kv_blocks_free
+        for k in range(n):
+            await engine.abort(f"r{k}")
+        await asyncio.gather(*tasks)
+    assert ends == {f"r{k}": "abort" for k in range(n)}
+    s = engine.stats()
+    assert (s.running, s.waiting, s.queued_prefill_tokens, s.kv_blocks_used) == (0, 0, 0, 0)
+    assert s.kv_blocks_free == total_blocks
+
+
+async def test_closing_a_stream_early_frees_its_request(engine):
+    stream = engine.generate(req("r1", 30, 4000))
+    async with asyncio.timeout(TIMEOUT_S):
+        first = await anext(stream)
+        assert first.new_token_ids and not first.finished
+        await stream.aclose()
+    s = engine.stats()
+    assert (s.running, s.waiting) == (0, 0)
+    outs = await collect(engine, req("r2", 10, 2))  # the engine goes on serving
+    assert outs[-1].finish_reason == "length"
+
+
+async def test_kv_events_report_the_blocks_a_long_prompt_stored(engine):
+    engine.drain_kv_events()
+    r = req("r1", 70, 2, first_token=7)  # four full blocks and 6 tokens
+    await collect(engine, r)
+    stored = [e for e in engine.drain_kv_events() if isinstance(e, BlockStored)]
+    assert stored, "no BlockStored event"
+    assert stored[0].parent_block_hash is None
+    hashes = [h for e in stored for h in e.block_hashes]
+    tokens = [t for e in stored for t in e.token_ids]
+    assert len(hashes) == len(set(hashes)) == 4
+    assert tokens == r.prompt_token_ids[:64]
+    for prev, e in zip(stored, stored[1:], strict=False):
+        assert e.parent_block_hash == prev.block_hashes[-1]
+    for e in stored:
+        assert e.block_size == BLOCK_SIZE
+        assert len(e.token_ids) == len(e.block_hashes) * BLOCK_SIZE
+    assert engine.drain_kv_events() == []

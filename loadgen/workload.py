@@ -2,8 +2,8 @@
 
 A workload is anything with a `name` and a `requests()` iterator of `BenchRequest`s, each
 carrying its prompt (text, or block hashes + length for a trace replay), `max_tokens`,
-priority class and arrival offset. `make_workload(config)` picks one by `--workload`;
-chatbot / api / coder / trace:PATH arrive in later issues behind the same interface.
+priority class and arrival offset. `make_workload(config)` picks one by `--workload`:
+`synthetic` below, or chatbot / api / coder / trace:PATH from loadgen.workloads.
 
 `synthetic` (vllm's random dataset): for request i
 
@@ -128,10 +128,38 @@ def _synthetic(config: BenchConfig, arg: str) -> Workload:
     )
 
 
-WORKLOADS: dict[str, Callable[[BenchConfig, str], Workload]] = {"synthetic": _synthetic}
+def _block_workload(name: str) -> Callable[[BenchConfig, str], Workload]:
+    """chatbot / api / coder / trace:PATH (loadgen.workloads), prompt text synthesised per
+    block id so equal ids give identical token blocks. `--rate` is the synthetic workload's
+    base rate (inf: its DEFAULT_RATE, not all at once: a conversation needs its pacing);
+    a trace replays at its own rate, scaled to `--rate` when one is given; `--num-prompts`
+    takes that many requests (the first of a trace)."""
+
+    def factory(config: BenchConfig, arg: str) -> Workload:
+        from loadgen.workloads import BlockBenchWorkload, open_workload, trace_rate
+
+        spec = f"{name}:{arg}" if name == "trace" else (name + (f":{arg}" if arg else ""))
+        rate = None if math.isinf(config.rate) else config.rate
+        kw = dict(num_requests=config.num_prompts, priority_mix=config.priority_mix, seed=config.seed)
+        if name == "trace":
+            inner = open_workload(spec, **kw)
+            own = trace_rate(inner.items())
+            if rate is not None and math.isfinite(own):  # a trace sent all at once stays so
+                inner = open_workload(spec, rate_scale=rate / own, **kw)
+        else:
+            inner = open_workload(spec, rate=rate, burstiness=config.burstiness, **kw)
+        return BlockBenchWorkload(inner, seed=config.seed)
+
+    return factory
+
+
+WORKLOADS: dict[str, Callable[[BenchConfig, str], Workload]] = {
+    "synthetic": _synthetic,
+    **{n: _block_workload(n) for n in ("chatbot", "api", "coder", "trace")},
+}
 """name → factory(config, argument after `name:`)."""
 
-PLANNED_WORKLOADS = ("chatbot", "api", "coder", "trace")
+PLANNED_WORKLOADS: tuple[str, ...] = ()
 
 
 def make_workload(config: BenchConfig) -> Workload:

@@ -93,6 +93,10 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
     tenant: str | None = None
     block_hashes: list[int] | None = None
     prompt_len: int | None = None
+    ttft_slo_ms: float | None = None
+    """The client's own TTFT deadline (ms after admission); default: its class's target."""
+    tpot_slo_ms: float | None = None
+    """The client's TPOT SLO (ms per output token) for SCORPIO's engine scheduling."""
 
 
 # ───────────────────────────── stream events ─────────────────────────────
@@ -122,6 +126,8 @@ class Rejected(msgspec.Struct, tag="rejected", tag_field="type"):
     message: str
     param: str | None = None
     retry_after_s: float | None = None
+    queue_depth: int | None = None
+    """Requests waiting in the priority queue when admission refused (429 / 503)."""
 
 
 class Chunk(msgspec.Struct, tag="chunk", tag_field="type"):
@@ -189,6 +195,11 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     kind: str = "completion"
     """`completion` or `chat`: what the edge renders back."""
+    deadline_s: float = 0.0
+    """Absolute TTFT deadline (unix seconds) the client asked for; 0 = none (the queue then
+    uses arrival + its class's target)."""
+    tpot_slo_ms: float = 0.0
+    """Per-request TPOT SLO (SCORPIO); 0 = none."""
 
 
 class RouteDecision(msgspec.Struct, omit_defaults=True):
@@ -241,6 +252,25 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     engine: str = "sim"
     draining: bool = False
     macro_id: str = ""
+    tpot_slack_ms: float | None = None
+    """EcoServe: saved TPOT slack of the running decodes (the minimum over them, ms): how far
+    ahead of its TPOT SLO the tightest one runs. None: nothing is decoding."""
+    compute_util: float = 0.0
+    """Share of the last step's token budget that was scheduled (EcoServe's saturation test)."""
+    prefill_ms_per_token: float = 0.0
+    """The engine's prefill cost per token at a full chunk, for EcoServe's prefill-time
+    estimate (pending tokens × this); 0: unknown."""
+    kv_host_blocks_used: int = 0
+    """Host-memory KV tier (warm): blocks holding demoted prefixes or swapped requests;
+    kv_blocks_used / kv_blocks_free above are the GPU tier's."""
+    kv_host_blocks_free: int = 0
+    vbs: float = 0.0
+    """SCORPIO: the running set's virtual batch size Σ TRP(r); 0: none runs (or no SCORPIO)."""
+    min_tpot_slo_ms: float = 0.0
+    """SCORPIO: the tightest TPOT SLO of the running set; 0: none."""
+    vbs_limit: float = 0.0
+    """SCORPIO: the largest VBS whose estimated TPOT still meets min_tpot_slo_ms (router's
+    VBS filter); 0: unknown."""
 
 
 class WorkerControl(msgspec.Struct, omit_defaults=True):
@@ -265,6 +295,9 @@ class MacroState(msgspec.Struct, omit_defaults=True):
     """Workers new requests may go to now (all of them in NoDG)."""
     epoch: int
     ts: float
+    ttft_slo_ms: float = 0.0
+    """EcoServe: the SLOs the router's constraint check holds this group's workers to."""
+    tpot_slo_ms: float = 0.0
 
 
 # ───────────────────────────── KV events (vLLM's shapes) ─────────────────────────────
@@ -299,3 +332,25 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     ts: float
     events: list[KVEvent]
     data_parallel_rank: int | None = None
+
+
+# ───────────────────────────── queue state ─────────────────────────────
+
+
+class QueueStats(msgspec.Struct, omit_defaults=True):
+    """A priority-queue replica's state on `llm.v1.pq.state` (~every 100 ms), which admission
+    reads for SLO feasibility: the work waiting per class and how fast the fleet takes it."""
+
+    instance_id: str
+    ts: float
+    policy: str
+    depth: list[int]
+    """Requests waiting, per class P0..P3."""
+    work_tokens: list[int]
+    """Σ (prompt + max_tokens) of the waiting requests, per class P0..P3."""
+    in_flight: int = 0
+    drain_tokens_per_s: float = 0.0
+    """Recent rate of work leaving for the fleet (routed), prompt + max_tokens per second."""
+    drain_requests_per_s: float = 0.0
+    headroom: int = 0
+    """Free worker slots the queue may still fill (> 0: the queue is not the bottleneck)."""

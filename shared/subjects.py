@@ -19,6 +19,9 @@ QUEUE_CONSUMER = "priority-queue"
 QUEUE_STATS = f"{PREFIX}.pq.stats"
 """priority-queue: depth and in-flight counts (micro endpoint)."""
 
+QUEUE_STATE = f"{PREFIX}.pq.state"
+"""priority-queue → admission: QueueStats (work waiting per class, drain rate), ~100 ms."""
+
 ROUTE = f"{PREFIX}.route"
 """priority-queue → router: core request/reply, queue group."""
 

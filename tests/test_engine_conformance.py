@@ -37,9 +37,22 @@ def sim(profile_name: str, speed: float, num_blocks: int) -> Callable[[], Engine
     return make
 
 
+def sim_tiered(profile_name: str, speed: float, num_blocks: int) -> Callable[[], Engine]:
+    """With a host KV tier and `auto` preemption (swap when cheaper)."""
+
+    def make() -> Engine:
+        prof = dataclasses.replace(profile(profile_name), max_num_seqs=MAX_SEQS)
+        core = SimEngineCore(prof, BLOCK_SIZE, num_blocks, host_blocks=num_blocks, preemption_mode="auto")
+        return SimEngine(core, speed=speed)
+
+    make.__name__ = f"sim-tiered-{profile_name}"
+    return make
+
+
 ENGINES: list[Callable[[], Engine]] = [
     sim("zero", 1.0, 4096),
     sim("a100-llama3-8b", 1000.0, 2048),
+    sim_tiered("h100-qwen3-30b-a3b", 1000.0, 2048),
 ]
 
 

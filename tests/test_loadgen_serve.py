@@ -261,7 +261,7 @@ def test_cli_parses_vllm_spellings():
 
 
 @pytest.mark.parametrize(
-    "bad", [["--priority-mix", "1,2"], ["--workload", "chatbot"], ["--goodput", "foo:1"]]
+    "bad", [["--priority-mix", "1,2"], ["--workload", "no-such-workload"], ["--goodput", "foo:1"]]
 )
 def test_cli_bad_options_exit_2(bad, capsys):
     args = parser().parse_args(["bench", "serve", "--no-progress", *bad])

@@ -122,9 +122,8 @@ def test_infinite_rate_and_empty():
 
 def test_make_workload():
     assert make_workload(BenchConfig(workload="synthetic")).name == "synthetic"
-    with pytest.raises(ValueError, match="not implemented yet"):
-        make_workload(BenchConfig(workload="chatbot"))
-    with pytest.raises(ValueError, match="not implemented yet"):
+    assert make_workload(BenchConfig(workload="chatbot")).name == "chatbot"  # issue 6
+    with pytest.raises(ValueError, match="does not exist"):
         make_workload(BenchConfig(workload="trace:/tmp/x.jsonl"))
     with pytest.raises(ValueError, match="unknown workload"):
         make_workload(BenchConfig(workload="nope"))

@@ -34,8 +34,8 @@ def seen(c: MacroCore, now: float, *workers: str) -> None:
 
 
 def test_bad_config_is_refused():
-    with pytest.raises(ValueError, match="unknown mode 'ecoserve'; known: nodg"):
-        MacroCore(MacroConfig(mode="ecoserve"))
+    with pytest.raises(ValueError, match="unknown mode 'pd'; known: nodg, ecoserve"):
+        MacroCore(MacroConfig(mode="pd"))
     with pytest.raises(ValueError, match="macro-instance size must be ≥ 1"):
         MacroCore(MacroConfig(size=0))
 

@@ -197,4 +197,77 @@ def test_every_offered_request_is_in_exactly_one_place(script):
             if state.get(rid) == "waiting":
                 state[rid] = "done"
         assert len(q) == sum(s == "waiting" for s in state.values())
+        assert sum(q.depth) == len(q) and sum(q.work) == 12 * len(q)
         assert set(q.in_flight) == {r for r, s in state.items() if s == "flying"}
+
+
+# ───────────────────────────── P0 reserve, stats, drain rate ─────────────────────────────
+
+
+def classed(rid: str, cls: int, arrival: float = 0.0, prompt_len: int = 8) -> AdmittedRequest:
+    return AdmittedRequest(rid, f"inbox.{rid}", "m", [], prompt_len, [], 16, 4, cls, arrival)
+
+
+def test_p0_is_dispatched_from_its_reserve_once_the_headroom_is_spent():
+    from services.priority_queue.policies.registry import make_policy
+
+    q = QueueCore(QueueConfig(slots_per_worker=1, p0_reserve_per_worker=2), make_policy("hybrid"))
+    q.on_heartbeat(hb("w0"), 0.0)
+    for rid, cls in [("a", 1), ("b", 1), ("z0", 0), ("z1", 0), ("z2", 0)]:
+        q.offer(classed(rid, cls), 0.0)
+    # one ordinary slot (z0 wins it: P0 is strict), then two reserved slots for P0 only
+    assert ids(q.dispatchable(0.0)) == ["z0", "z1", "z2"]
+    assert q.dispatchable(0.0) == []
+    q.on_routed("z0", "w0")
+    q.on_routed("z1", "w0")
+    q.on_routed("z2", "w0")
+    q.on_heartbeat(hb("w0", waiting=0), 0.1)
+    assert ids(q.dispatchable(0.1)) == ["a"]  # P1 only ever gets the ordinary slot
+
+
+def test_fcfs_has_no_reserve_to_give():
+    q = QueueCore(QueueConfig(slots_per_worker=1, p0_reserve_per_worker=2), FCFS())
+    q.on_heartbeat(hb("w0"), 0.0)
+    for rid in ("a", "b"):
+        q.offer(classed(rid, 0), 0.0)
+    assert ids(q.dispatchable(0.0)) == ["a"]
+
+
+def test_stats_count_waiting_work_per_admitted_class_and_the_drain_rate():
+    q = QueueCore(QueueConfig(slots_per_worker=2, drain_window_s=2.0), FCFS())
+    q.on_heartbeat(hb("w0"), 0.0)
+    q.offer(classed("a", 0, 0.0, prompt_len=10), 0.0)  # cost 14
+    q.offer(classed("b", 2, 1.0, prompt_len=100), 0.0)  # cost 104
+    q.offer(classed("c", 2, 2.0, prompt_len=20), 0.0)  # cost 24
+    s = q.stats("pq-1", 0.0)
+    assert (s.depth, s.work_tokens, s.in_flight, s.policy) == ([1, 0, 2, 0], [14, 0, 128, 0], 0, "fcfs")
+    assert ids(q.dispatchable(0.0)) == ["a", "b"]
+    q.on_routed("a", "w0", now=0.5)
+    q.on_routed("b", "w0", now=1.5)
+    s = q.stats("pq-1", 2.0)
+    assert (s.depth, s.work_tokens, s.in_flight) == ([0, 0, 1, 0], [0, 0, 24, 0], 0)
+    assert (s.drain_tokens_per_s, s.drain_requests_per_s) == (59.0, 1.0)  # 118 tokens / 2 s
+    assert q.drain_rate(2.5) == (52.0, 0.5)  # a (at 0.5) has left the window
+    q.on_not_routed("zz", 3.0)
+    assert q.drain_rate(9.0) == (0.0, 0.0)
+
+
+def test_aborted_and_put_back_requests_keep_the_counts_right():
+    q = QueueCore(QueueConfig(slots_per_worker=1), FCFS())
+    q.on_heartbeat(hb("w0"), 0.0)
+    q.offer(classed("a", 1), 0.0)
+    q.offer(classed("b", 3), 0.0)
+    q.dispatchable(0.0)
+    q.on_not_routed("a", 0.1)
+    assert q.depth == [0, 1, 0, 1] and q.work == [0, 12, 0, 12]
+    q.abort("b")
+    assert q.depth == [0, 1, 0, 0]
+
+
+def test_a_batch_cap_counts_running_requests_too():
+    q = QueueCore(QueueConfig(slots_per_worker=8, batch_cap_per_worker=10), FCFS())
+    q.on_heartbeat(Heartbeat("w0", "m", 1, 0.0, 7, 1, 0, 0, 100, 16), 0.0)  # 7 running, 1 waiting
+    q.on_heartbeat(Heartbeat("w1", "m", 1, 0.0, 0, 3, 0, 0, 100, 16), 0.0)
+    assert q.headroom(0.0) == 2 + 5  # w0: min(8 − 1, 10 − 8); w1: min(8 − 3, 10 − 3)
+    q.on_heartbeat(Heartbeat("w0", "m", 2, 0.0, 12, 0, 0, 0, 100, 16), 0.1)  # over its cap: 0
+    assert q.headroom(0.1) == 5

@@ -396,9 +396,24 @@ def router(policy: str, stale: float = 1.0) -> RouterCore:
 
 
 def test_policies_registry():
-    assert set(POLICIES) == {"round-robin", "least-loaded"}
-    with pytest.raises(ValueError, match="unknown policy 'best'; known: round-robin, least-loaded"):
+    assert list(POLICIES) == [
+        "multiplicative",
+        "multiplicative-exact",
+        "multiplicative-unguarded",
+        "dynamo",
+        "llmd",
+        "llmd-token-load",
+        "sglang",
+        "least-loaded",
+        "round-robin",
+    ]
+    assert RouterConfig().policy == "multiplicative"
+    with pytest.raises(
+        ValueError, match="unknown policy 'best'; known: multiplicative, multiplicative-exact"
+    ):
         router("best")
+    with pytest.raises(ValueError, match="unknown index mode 'x'; known: auto, precise, approximate"):
+        RouterCore(RouterConfig(index_mode="x"))
 
 
 def test_round_robin_cycles_all_healthy_workers():

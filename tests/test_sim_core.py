@@ -136,9 +136,9 @@ def test_stats_count_running_waiting_and_blocks():
     core.add(req("b", list(range(50, 55)), 4))
     assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS)
     core.step()  # a: 8 of 12
-    assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12)
+    assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12, compute_util=1.0)
     core.step()  # a: last 4 (first token); b: 4 of 5
-    assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17)
+    assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17, tpot_slack_ms=0.0, compute_util=1.0)
 
 
 # ───────────────────────────── prefix cache ─────────────────────────────
@@ -426,21 +426,20 @@ def test_kv_events_replayed_reproduce_the_cached_set(mix, eng):
 # ───────────────────────────── latency ─────────────────────────────
 
 
-def test_a100_step_time_is_the_closed_form():
+def test_a100_step_time_is_the_vidur_model():
     p = PROFILES["a100-llama3-8b"]
-    # overhead 1.2 + decode (10.47 + 0.0349·8 + 76.6e-6·4000) + prefill (6.04 + Σ 0.0657·N + 2.96e-6·N²/2 + 4.67e-6·N·K)
-    decode = 10.47 + 0.0349 * 8 + 0.0000766 * 4000
-    prefill = (
-        6.04
-        + (0.0657 * 512 + 0.00000296 * 512 * 512 / 2 + 0.00000467 * 512 * 1024)
-        + (0.0657 * 100 + 0.00000296 * 100 * 100 / 2)
-    )
-    assert p.step_s(8, 4000, [(512, 1024), (100, 0)]) == pytest.approx(
-        (1.2 + decode + prefill) / 1000.0, rel=1e-12
-    )
-    assert p.step_s(8, 4000, [(512, 1024), (100, 0)]) == pytest.approx(0.06135519808, rel=1e-9)  # 61.36 ms
-    assert p.step_s(1, 100, []) == pytest.approx((1.2 + 10.47 + 0.0349 + 0.00766) / 1000.0, rel=1e-12)
-    assert p.step_s(0, 0, [(1, 0)]) == pytest.approx((1.2 + 6.04 + 0.0657 + 0.00000148) / 1000.0, rel=1e-12)
+    # data/vidur.json: Vidur's A100 Llama-3-8B linear ops per layer at 616 and 624 tokens
+    # (1.4485, 1.497 ms), interpolated at 620 = 8 decodes + 512 + 100 prefill tokens, × 32 layers;
+    # attention fit per layer: p0 0.00649837, p1 5.59578e-05, p2 8.79409e-08, p3 1.45325e-07,
+    # d0 0.0192919, d2 2.45579e-06 (ms), × 32 layers; overhead 1.2 ms
+    linear = 32 * (1.4485 + (1.497 - 1.4485) * 4 / 8)
+    chunk = lambda n, k: 32 * (0.00649837 + 5.59578e-05 * n + 8.79409e-08 * n * n / 2 + 1.45325e-07 * n * k)  # noqa: E731
+    decode = 32 * (0.0192919 + 2.45579e-06 * 4000)
+    expected = (1.2 + linear + chunk(512, 1024) + chunk(100, 0) + decode) / 1000.0
+    assert p.step_s(8, 4000, [(512, 1024), (100, 0)]) == pytest.approx(expected, rel=1e-12)
+    assert p.step_s(8, 4000, [(512, 1024), (100, 0)]) == pytest.approx(0.0535925254830336, rel=1e-9)  # 53.59 ms
+    assert p.step_s(1, 100, []) == pytest.approx((1.2 + 32 * 0.303 + 32 * (0.0192919 + 2.45579e-06 * 100)) / 1000.0, rel=1e-12)
+    assert p.step_s(0, 0, [(1, 0)]) == pytest.approx((1.2 + 32 * 0.303 + chunk(1, 0)) / 1000.0, rel=1e-12)
 
 
 def test_an_empty_step_takes_no_time():
@@ -461,5 +460,7 @@ def test_profiles_by_name():
 
 
 def test_the_engine_uses_the_profiles_block_count_by_default():
+    # (0.9 × 80 GiB − 16.06 GB of bf16 weights) / 128 KiB per token = 467,291 tokens
     core = SimEngineCore(PROFILES["a100-llama3-8b"])
-    assert (core.block_size, core.pool.total) == (16, 27_343)
+    assert (core.block_size, core.pool.total) == (16, 29_205)
+    assert SimEngineCore(PROFILES["a100-llama3-8b"], block_size=512).pool.total == 912

@@ -17,12 +17,14 @@ def build_parser() -> argparse.ArgumentParser:
     from services.priority_queue import cli as queue_cli
     from services.router import cli as router_cli
     from services.worker import cli as worker_cli
+    from simulator import cli as sim_cli
     from tokenyard import launcher
+    from tuning import cli as tune_cli
 
     parser = argparse.ArgumentParser(prog="tokenyard", description="Control plane of an LLM serving fleet.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     launcher.register(sub)
-    for module in (edge_cli, admission_cli, queue_cli, router_cli, macro_cli, worker_cli, loadgen_cli):
+    for module in (edge_cli, admission_cli, queue_cli, router_cli, macro_cli, worker_cli, loadgen_cli, sim_cli, tune_cli):
         module.register(sub)
     return parser
 

@@ -43,6 +43,8 @@ class FleetProcesses:
     log_dir: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 60.0
+    macro_args: list[str] = field(default_factory=list)
+    """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
 
     def __post_init__(self) -> None:
         self.server: natsutil.NatsServer | None = None
@@ -58,10 +60,10 @@ class FleetProcesses:
         url = ["--nats", self.nats_url or ""]
         cmds = [
             ("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model]),
-            ("admission", [*base, "admission", *url, "--model", self.model]),
+            ("admission", [*base, "admission", *url, "--model", self.model, *self._tokenizer_args()]),
             ("queue", [*base, "queue", *url]),
             ("router", [*base, "router", *url, "--policy", self.router_policy]),
-            ("macro", [*base, "macro", *url, "--macro-size", str(self.macro_size)]),
+            ("macro", [*base, "macro", *url, "--macro-size", str(self.macro_size), *self.macro_args]),
         ]
         for i in range(self.workers):
             cmds.append((
@@ -70,6 +72,10 @@ class FleetProcesses:
                  "--speed", str(self.speed), "--id", f"w{i}", "--model", self.model],
             ))
         return cmds
+
+    def _tokenizer_args(self) -> list[str]:
+        """With vLLM, `model` is the model's path: admission tokenizes with its tokenizer."""
+        return ["--tokenizer", self.model] if self.engine == "vllm" else []
 
     async def start(self) -> FleetProcesses:
         if not self.nats_url:
@@ -169,7 +175,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("up", help="start nats-server and every service as processes")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--engine", choices=("sim",), default="sim")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                   help="vllm: --model is the model's path (also the name served)")
     p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b")
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--nats", help="use this NATS server instead of starting one")
@@ -177,6 +184,10 @@ def register(sub) -> None:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--policy", default="least-loaded", help="router policy")
     p.add_argument("--macro-size", type=int, default=4)
+    p.add_argument("--macro-mode", choices=("nodg", "ecoserve"), default="nodg",
+                   help="ecoserve: rolling prefill activation inside each macro-instance")
+    p.add_argument("--macro-scale", action="store_true",
+                   help="mitosis scaling: the macro controller starts/stops worker processes")
     p.add_argument("--model", default=config.DEFAULT_MODEL)
     p.add_argument("--log-dir", help="write each service's log here")
     p.add_argument("--bench-prompts", type=int, default=0,
@@ -189,11 +200,23 @@ def main(args) -> int:
     return asyncio.run(_up(args))
 
 
+def _macro_args(args) -> list[str]:
+    out = ["--mode", args.macro_mode]
+    if args.macro_scale:
+        out += ["--scale", "--worker-engine", args.engine, "--worker-profile", args.profile,
+                "--worker-speed", str(args.speed), "--worker-model", args.model]
+    return out
+
+
 async def _up(args) -> int:
+    if args.engine == "vllm" and args.model == config.DEFAULT_MODEL:
+        raise SystemExit("tokenyard up --engine vllm needs --model PATH (the model's local path)")
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
         nats_url=args.nats, nats_port=args.nats_port, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
+        ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
+        macro_args=_macro_args(args),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,4 +1,5 @@
-"""`tokenyard admission --nats URL [--model NAME …] [--tokenizer PATH]`."""
+"""`tokenyard admission --nats URL [--model NAME …] [--tokenizer PATH] [--tenants FILE.toml]
+[--global-rate TOKENS_PER_S] [--no-slo-check]` (tenant file format: services/admission/tenants.py)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,34 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", help="path of a tokenizer.json (default: the built-in byte tokenizer)")
     p.add_argument("--max-model-len", type=int, default=config.MAX_MODEL_LEN)
     p.add_argument("--block-size", type=int, default=config.BLOCK_SIZE)
+    p.add_argument("--tenants", help="TOML file of tenant policies, API keys and rates")
+    p.add_argument("--global-rate", type=float, help="fleet-wide token bucket rate, tokens/s (prompt + max_tokens)")
+    p.add_argument("--global-burst", type=float, help="fleet-wide bucket capacity (default 2 × rate)")
+    p.add_argument("--no-slo-check", action="store_true", help="admit whatever the predicted wait")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
+    import tomllib
+
     from services.admission.core import AdmissionConfig
     from services.admission.shell import AdmissionShell
+    from services.admission.tenants import TenantTable, load_tenants
     from shared.service import run
     from shared.tokenizer import load_tokenizer
 
+    if args.tenants:
+        with open(args.tenants, "rb") as f:
+            table = load_tenants(tomllib.load(f))
+    else:
+        table = AdmissionConfig().table() if args.global_rate else None
+    if args.global_rate:
+        table = table or TenantTable()
+        table.global_rate_tokens_per_s = args.global_rate
+        table.global_burst_tokens = args.global_burst or 2 * args.global_rate
     cfg = AdmissionConfig(
-        models=args.model or [config.DEFAULT_MODEL], max_model_len=args.max_model_len, block_size=args.block_size
+        models=args.model or [config.DEFAULT_MODEL], max_model_len=args.max_model_len, block_size=args.block_size,
+        tenants=table, slo_check=not args.no_slo_check,
     )
     run(AdmissionShell(cfg, load_tokenizer(args.tokenizer)), args.nats)
     return 0

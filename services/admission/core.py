@@ -1,19 +1,26 @@
-"""Admission's core: validate, tokenize once, hash, resolve the priority class.
+"""Admission's core: validate, price, rate-limit, judge SLO feasibility, tokenize once, hash.
 
     verdict = admit(request, headers, now)  →  AdmittedRequest | Rejected
 
 Checks run in order, and the first failure is the answer (nothing is half-admitted: a
-rejected request leaves no trace in any queue):
+rejected request leaves no trace in any queue, bucket or counter):
   1. shape: exactly one of prompt / messages, or block_hashes + prompt_len (trace replay);
      n = 1; request id well-formed;
   2. model served (404 model_not_found);
   3. sampling values in range (temperature ∈ [0, 2], top_p ∈ (0, 1], max_tokens ≥ 1);
-  4. prompt tokens in the vocabulary; prompt + max_tokens ≤ max_model_len
-     (400 context_length_exceeded, as OpenAI answers).
-Then the prompt is tokenized, its block-hash chain computed (shared.hashing), and the class
-resolved: tier header `x-request-tier` if given, else the declared `priority` (vLLM's field,
-clamped to P0…P3), never above the tenant's ceiling (a tenant cannot lift itself to P0).
-Rate limits and SLO feasibility (issue 7) land here as further checks.
+  4. tenant (tenants.py: an API key maps to its tenant; 401 for an unknown key when keys
+     are configured) and class: tenant pin, else `x-request-tier`, else the declared
+     `priority` (vLLM's field, clamped to P0…P3), else the tenant's default, never above
+     the tenant's ceiling (a tenant cannot lift itself to P0);
+  5. SLO feasibility (feasibility.py): the predicted wait for the class against the TTFT
+     deadline → 503 overloaded, Retry-After, queue depth. Before any tokenizing, so the
+     refusals an overload produces in bulk cost microseconds;
+  6. token buckets, first on a lower bound of the price (max_tokens + 1) so a client over
+     its rate is also refused before tokenizing: 429 (tenant's bucket) or 503 (global);
+  7. tokenize, block-hash chain (shared.hashing); prompt tokens in the vocabulary;
+     prompt + max_tokens ≤ max_model_len (400 context_length_exceeded);
+  8. token buckets on the exact price prompt + max_tokens; both are charged together only
+     now, when the request is admitted.
 """
 
 from __future__ import annotations
@@ -21,13 +28,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from services.admission.feasibility import FleetView
+from services.admission.tenants import TenantPolicy, TenantTable
+from services.admission.token_bucket import TokenBucket
 from shared import config, hashing, schemas
-from shared.schemas import GenerateRequest, PriorityClass, Rejected
+from shared.schemas import GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
 from shared.tokenizer import Tokenizer, content_text, render_chat
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_\-.:]{1,128}$")
 TIER_HEADER = "x-request-tier"
 TENANT_HEADER = "x-tenant"
+API_KEY_HEADER = "x-api-key"
 
 
 @dataclass
@@ -39,14 +50,40 @@ class AdmissionConfig:
     default_chat_max_tokens: int = config.DEFAULT_CHAT_MAX_TOKENS
     default_class: PriorityClass = PriorityClass.P1
     tenant_ceiling: dict[str, PriorityClass] = field(default_factory=dict)
-    """tenant → the highest class it may reach; tenants not listed get default_ceiling."""
+    """tenant → the highest class it may reach; tenants not listed get default_ceiling
+    (shorthand for TenantTable entries that only set a ceiling)."""
     default_ceiling: PriorityClass = PriorityClass.P1
+    tenants: TenantTable | None = None
+    """Tenant policies, API keys and rates (tenants.py); None: built from the fields above."""
+    slo_check: bool = True
+
+    def table(self) -> TenantTable:
+        if self.tenants is not None:
+            return self.tenants
+        default = TenantPolicy(ceiling=self.default_ceiling, default_class=self.default_class)
+        per_tenant = {t: TenantPolicy(ceiling=c, default_class=self.default_class) for t, c in self.tenant_ceiling.items()}
+        return TenantTable(tenants=per_tenant, default=default)
 
 
 class AdmissionCore:
     def __init__(self, cfg: AdmissionConfig, tokenizer: Tokenizer):
         self.cfg = cfg
         self.tokenizer = tokenizer
+        self.table = cfg.table()
+        self.fleet = FleetView()
+        t = self.table
+        self.global_bucket = (
+            TokenBucket(t.global_rate_tokens_per_s, t.global_burst_tokens or 2 * t.global_rate_tokens_per_s)
+            if t.global_rate_tokens_per_s else None
+        )
+        self.buckets: dict[str, TokenBucket] = {}
+        """Per-tenant buckets, created on a tenant's first admitted request."""
+
+    def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
+        self.fleet.on_heartbeat(hb, now)
+
+    def on_queue_stats(self, stats: QueueStats, now: float) -> None:
+        self.fleet.on_queue_stats(stats, now)
 
     def admit(
         self,
@@ -86,6 +123,33 @@ class AdmissionCore:
             return bad(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
 
         kind = "chat" if req.messages is not None else "completion"
+        if req.ttft_slo_ms is not None and req.ttft_slo_ms <= 0:
+            return bad("ttft_slo_ms must be positive", "ttft_slo_ms")
+        if req.tpot_slo_ms is not None and req.tpot_slo_ms <= 0:
+            return bad("tpot_slo_ms must be positive", "tpot_slo_ms")
+
+        key = headers.get(API_KEY_HEADER)
+        if key is not None and self.table.api_keys and key not in self.table.api_keys:
+            return bad("Incorrect API key provided", None, "invalid_api_key", 401)
+        tenant = (self.table.api_keys.get(key or "") or headers.get(TENANT_HEADER) or req.tenant
+                  or req.user or "")
+        policy = self.table.policy(tenant)
+        priority = self._priority_class(req, headers, policy)
+        if isinstance(priority, str):
+            return bad(priority, TIER_HEADER)
+
+        deadline_s = req.ttft_slo_ms / 1000.0 if req.ttft_slo_ms is not None else None
+        if self.cfg.slo_check:
+            verdict = self.fleet.judge(int(priority), deadline_s, now)
+            if verdict is not None and not verdict.feasible:
+                return self._overloaded(rid, priority, verdict.wait_s, verdict.deadline_s,
+                                        verdict.retry_after_s, verdict.depth, now)
+
+        floor = (max_tokens or 0) + 1  # the least this request can cost
+        refusal = self._rate_check(rid, tenant, policy, floor, now)
+        if refusal is not None:
+            return refusal
+
         try:
             tokens, prompt_len, chain = self._tokens(req)
         except ValueError as e:
@@ -102,11 +166,13 @@ class AdmissionCore:
                 "messages" if kind == "chat" else "prompt",
                 "context_length_exceeded",
             )
+        price = prompt_len + max_tokens
+        refusal = self._rate_check(rid, tenant, policy, price, now)
+        if refusal is not None:
+            return refusal
+        self._charge(tenant, policy, price, now)
+        self.fleet.on_admitted(int(priority), price)
 
-        tenant = headers.get(TENANT_HEADER) or req.tenant or req.user or ""
-        priority = self._priority_class(req, headers, tenant)
-        if isinstance(priority, str):
-            return bad(priority, TIER_HEADER)
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
         return schemas.AdmittedRequest(
             request_id=rid,
@@ -126,7 +192,64 @@ class AdmissionCore:
                 temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos
             ),
             kind=kind,
+            deadline_s=now + deadline_s if deadline_s is not None else 0.0,
+            tpot_slo_ms=req.tpot_slo_ms or 0.0,
         )
+
+    # ── refusals: computed from state, changing none ──
+    def _overloaded(self, rid: str, priority: PriorityClass, wait: float, deadline: float,
+                    retry_after: float, depth: int, now: float) -> Rejected:
+        wait_text = "no capacity to serve it" if wait == float("inf") else f"a predicted wait of {wait:.2f} s"
+        return Rejected(
+            request_id=rid, status=503, code="overloaded",
+            message=f"Fleet saturated: a P{int(priority)} request faces {wait_text} against its "
+                    f"{deadline:g} s TTFT target ({depth} requests queued); retry later",
+            retry_after_s=retry_after if retry_after != float("inf") else self.fleet.stale_after_s,
+            queue_depth=depth,
+        )
+
+    def _tenant_bucket(self, tenant: str, policy: TenantPolicy) -> TokenBucket | None:
+        if policy.rate_tokens_per_s is None:
+            return None
+        bucket = self.buckets.get(tenant)
+        if bucket is None:  # a fresh bucket is full: not stored until the tenant is charged
+            bucket = TokenBucket(policy.rate_tokens_per_s, policy.burst_tokens or 2 * policy.rate_tokens_per_s)
+        return bucket
+
+    def _rate_check(self, rid: str, tenant: str, policy: TenantPolicy, price: float, now: float) -> Rejected | None:
+        bucket = self._tenant_bucket(tenant, policy)
+        if bucket is not None:
+            wait = bucket.wait(price, now)
+            if wait > 0:
+                if wait == float("inf"):
+                    return Rejected(
+                        request_id=rid, status=413, code="request_too_large",
+                        message=f"The request costs {price} tokens, more than tenant '{tenant}' may spend at once "
+                                f"({bucket.burst:g})",
+                    )
+                return Rejected(
+                    request_id=rid, status=429, code="rate_limit_exceeded",
+                    message=f"Rate limit reached for tenant '{tenant}': {bucket.rate:g} tokens/s; the request "
+                            f"costs {price} tokens (prompt + max_tokens)",
+                    retry_after_s=wait, queue_depth=self.fleet.depth(now),
+                )
+        if self.global_bucket is not None:
+            wait = self.global_bucket.wait(price, now)
+            if wait > 0:
+                return Rejected(
+                    request_id=rid, status=503, code="overloaded",
+                    message=f"Fleet saturated: the global budget of {self.global_bucket.rate:g} tokens/s is spent",
+                    retry_after_s=wait if wait != float("inf") else None, queue_depth=self.fleet.depth(now),
+                )
+        return None
+
+    def _charge(self, tenant: str, policy: TenantPolicy, price: float, now: float) -> None:
+        bucket = self._tenant_bucket(tenant, policy)
+        if bucket is not None:
+            bucket.take(price, now)
+            self.buckets[tenant] = bucket
+        if self.global_bucket is not None:
+            self.global_bucket.take(price, now)
 
     def _tokens(self, req: GenerateRequest) -> tuple[list[int], int, list[int]]:
         """Token ids, prompt length and block-hash chain; raises ValueError on bad content."""
@@ -153,16 +276,18 @@ class AdmissionCore:
                 raise ValueError(f"prompt token ids must be in [0, {vocab})")
         return tokens, len(tokens), hashing.hash_chain(tokens, self.cfg.block_size)
 
-    def _priority_class(self, req: GenerateRequest, headers: dict[str, str], tenant: str) -> PriorityClass | str:
+    def _priority_class(self, req: GenerateRequest, headers: dict[str, str], policy: TenantPolicy) -> PriorityClass | str:
         tier = headers.get(TIER_HEADER)
         if tier is not None:
             name = tier.strip().upper().removeprefix("P")
             if name not in ("0", "1", "2", "3"):
                 return f"{TIER_HEADER} must be one of P0, P1, P2, P3; got '{tier}'"
-            wanted = PriorityClass(int(name))
+        if policy.pinned_class is not None:
+            wanted = policy.pinned_class
+        elif tier is not None:
+            wanted = PriorityClass(int(tier.strip().upper().removeprefix("P")))
         elif req.priority != 0:  # 0 is vLLM's default: "not declared"
             wanted = PriorityClass(min(max(req.priority, 0), 3))
         else:
-            wanted = self.cfg.default_class
-        ceiling = self.cfg.tenant_ceiling.get(tenant, self.cfg.default_ceiling)
-        return PriorityClass(max(wanted, ceiling))
+            wanted = policy.default_class
+        return PriorityClass(max(wanted, policy.ceiling))

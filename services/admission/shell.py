@@ -7,6 +7,9 @@ publish is dropped as a duplicate).
 `accepted` goes out before the JetStream publish, on the same connection: every later event
 of the request (a worker's chunks) is caused by that publish, so the client sees `accepted`
 first. If the publish fails, the client gets an `error` event and nothing was queued.
+
+For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
+state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class AdmissionShell:
         self.nc = nc
         self.js = nc.jetstream()
         await natsutil.ensure_queue_stream(nc)
+        await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
+        await nc.subscribe(subjects.QUEUE_STATE, cb=self._on_queue_state)
         await service.add_endpoint(
             name="submit", subject=subjects.SUBMIT, queue_group=subjects.GROUP_ADMISSION, handler=self._on_submit
         )
@@ -47,6 +52,18 @@ class AdmissionShell:
     async def stop(self) -> None:
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _on_heartbeat(self, msg) -> None:
+        try:
+            self.core.on_heartbeat(codec.decode(msg.data, schemas.Heartbeat), time.time())
+        except codec.DecodeError:
+            pass
+
+    async def _on_queue_state(self, msg) -> None:
+        try:
+            self.core.on_queue_stats(codec.decode(msg.data, schemas.QueueStats), time.time())
+        except codec.DecodeError:
+            pass
 
     async def _on_submit(self, req: Request) -> None:
         # The micro endpoint awaits handlers one by one; admit concurrently so one slow
@@ -72,7 +89,9 @@ class AdmissionShell:
                 )
             span.set_attribute("messaging.message.id", verdict.request_id)
             if isinstance(verdict, schemas.Rejected):
-                span.set_attribute("tokenyard.outcome", schemas.Outcome.REJECTED_INVALID)
+                outcome = {429: schemas.Outcome.REJECTED_RATE, 503: schemas.Outcome.REJECTED_CAPACITY}.get(
+                    verdict.status, schemas.Outcome.REJECTED_INVALID)
+                span.set_attribute("tokenyard.outcome", outcome)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
                 if reply_to:
                     await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))

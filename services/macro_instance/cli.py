@@ -1,4 +1,8 @@
-"""`tokenyard macro --nats URL [--macro-size K] [--mode nodg]`."""
+"""`tokenyard macro --nats URL [--macro-size K] [--mode nodg|ecoserve] [--ttft-slo-ms T]
+[--tpot-slo-ms T] [--scale --n-lower L --n-upper U --max-workers N --worker-profile P]`.
+
+With `--scale`, mitosis scaling starts and stops `tokenyard worker` processes on this
+machine (LocalProcessProvisioner); without it the fleet is what the heartbeats show."""
 
 from __future__ import annotations
 
@@ -12,13 +16,37 @@ def register(sub) -> None:
     p.add_argument("--nats", default=config.nats_url_from_env())
     p.add_argument("--macro-size", type=int, default=4)
     p.add_argument("--mode", choices=MODES, default="nodg")
+    p.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="EcoServe constraint check: TTFT SLO")
+    p.add_argument("--tpot-slo-ms", type=float, default=100.0, help="EcoServe constraint check: TPOT SLO")
+    p.add_argument("--min-phase-s", type=float, default=1.0, help="EcoServe: shortest prefill or decode phase")
+    p.add_argument("--stagger-s", type=float, default=1.0, help="EcoServe: interval between two activations")
+    p.add_argument("--scale", action="store_true", help="mitosis scaling with local worker processes")
+    p.add_argument("--n-lower", type=int, default=2)
+    p.add_argument("--n-upper", type=int, default=8)
+    p.add_argument("--max-workers", type=int, default=16)
+    p.add_argument("--worker-engine", default="sim")
+    p.add_argument("--worker-profile", default="a100-llama3-8b")
+    p.add_argument("--worker-speed", type=float, default=1.0)
+    p.add_argument("--worker-model", default=config.DEFAULT_MODEL)
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
     from services.macro_instance.core import MacroConfig
+    from services.macro_instance.mitosis import MitosisConfig
+    from services.macro_instance.provisioner import LocalProcessProvisioner
+    from services.macro_instance.rolling import RollingConfig
     from services.macro_instance.shell import MacroShell
+    from shared.ecoserve import EcoConfig
     from shared.service import run
 
-    run(MacroShell(MacroConfig(size=args.macro_size, mode=args.mode)), args.nats)
+    eco = EcoConfig(ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms)
+    cfg = MacroConfig(size=args.macro_size, mode=args.mode,
+                      rolling=RollingConfig(eco, min_phase_s=args.min_phase_s, stagger_s=args.stagger_s))
+    provisioner = None
+    if args.scale:
+        cfg.scaling = MitosisConfig(n_lower=args.n_lower, n_upper=args.n_upper, max_workers=args.max_workers)
+        provisioner = LocalProcessProvisioner(args.nats, args.worker_engine, args.worker_profile, args.worker_speed,
+                                              args.worker_model)
+    run(MacroShell(cfg, provisioner=provisioner), args.nats)
     return 0

@@ -1,7 +1,7 @@
 """The macro-instance controller's shell: heartbeats in; every `plan_s` ask the core for a
 plan, publish changed states on `llm.v1.macro.<id>.state`, write them to the JetStream KV
-bucket `tokenyard_topology` (key `macro.<id>`), and send WorkerControl to workers whose
-phase or group must change. All states are re-published every `republish_s`, so a router
+bucket `tokenyard_topology` (key `macro.<id>`), send WorkerControl to workers whose
+phase or group must change, and hand mitosis scaling's ProvisionOps to the Provisioner. All states are re-published every `republish_s`, so a router
 that starts late learns the topology without reading the bucket.
 """
 
@@ -18,6 +18,7 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 
 from services.macro_instance.core import MacroConfig, MacroCore
+from services.macro_instance.provisioner import NoProvisioner, Provisioner
 from shared import codec, natsutil, schemas, subjects, telemetry
 from shared.service import new_instance_id
 
@@ -29,8 +30,10 @@ TOPOLOGY = f"{subjects.PREFIX}.macro.topology"
 class MacroShell:
     kind = "macro"
 
-    def __init__(self, cfg: MacroConfig, plan_s: float = 0.25, republish_s: float = 2.0):
+    def __init__(self, cfg: MacroConfig, plan_s: float = 0.25, republish_s: float = 2.0,
+                 provisioner: Provisioner | None = None):
         self.core = MacroCore(cfg)
+        self.provisioner = provisioner or NoProvisioner()
         self.instance_id = new_instance_id(self.kind)
         self.plan_s = plan_s
         self.republish_s = republish_s
@@ -48,6 +51,9 @@ class MacroShell:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        close = getattr(self.provisioner, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         with contextlib.suppress(codec.DecodeError):
@@ -65,6 +71,12 @@ class MacroShell:
                     log.info("macro_state", macro=state.macro_id, workers=state.workers, epoch=state.epoch)
                 for ctl in plan.controls:
                     await self.nc.publish(subjects.worker_control(ctl.worker_id), codec.encode(ctl))
+                for op in plan.provision:
+                    log.info("scale", op=op.kind, macro=op.macro_id, worker=op.worker_id)
+                    if op.kind == "add":
+                        self.provisioner.add(op.macro_id)
+                    else:
+                        self.provisioner.remove(op.worker_id)
                 if now - last_full >= self.republish_s:
                     last_full = now
                     for state in self.core.states.values():

@@ -1,24 +1,25 @@
-"""`tokenyard queue --nats URL [--policy fcfs]`."""
+"""`tokenyard queue --nats URL [--policy hybrid] [--aging 30,15,5] [--bubble-width W]`.
+
+`make_policy(name)` is the one registry of queue policies (services.priority_queue.policies
+.registry), shared with `tokenyard sim --queue-policy`."""
 
 from __future__ import annotations
 
+from services.priority_queue.policies.registry import POLICY_NAMES, make_policy, parse_aging  # noqa: F401
 from shared import config
-
-POLICIES = ("fcfs",)
 
 
 def register(sub) -> None:
     p = sub.add_parser("queue", help="the priority queue between admission and the router")
     p.add_argument("--nats", default=config.nats_url_from_env())
-    p.add_argument("--policy", choices=POLICIES, default="fcfs")
+    p.add_argument("--policy", "--queue-policy", dest="policy", choices=POLICY_NAMES, default="hybrid")
+    p.add_argument("--aging", default="30,15,5", help="seconds in P1,P2,P3 before moving up a class, or 'off'")
+    p.add_argument("--bubble-width", type=float, default=1024.0, help="width of a bubble queue, in tokens")
     p.add_argument("--slots-per-worker", type=int, default=64, help="waiting requests a worker may hold")
+    p.add_argument("--batch-cap", type=int, default=0,
+                   help="a worker is full at this many running + waiting requests (0: no cap)")
+    p.add_argument("--p0-reserve", type=int, default=4, help="extra slots per worker only P0 may use")
     p.set_defaults(func=main)
-
-
-def make_policy(name: str):
-    from services.priority_queue.policies.fcfs import FCFS
-
-    return {"fcfs": FCFS}[name]()
 
 
 def main(args) -> int:
@@ -26,5 +27,8 @@ def main(args) -> int:
     from services.priority_queue.shell import QueueShell
     from shared.service import run
 
-    run(QueueShell(QueueConfig(slots_per_worker=args.slots_per_worker), make_policy(args.policy)), args.nats)
+    policy = make_policy(args.policy, aging_s=parse_aging(args.aging), bubble_width=args.bubble_width)
+    cfg = QueueConfig(slots_per_worker=args.slots_per_worker, p0_reserve_per_worker=args.p0_reserve,
+                      batch_cap_per_worker=args.batch_cap)
+    run(QueueShell(cfg, policy), args.nats)
     return 0

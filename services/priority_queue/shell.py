@@ -3,7 +3,8 @@ a dispatch loop sends what the core releases to the router (`llm.v1.route`, requ
 and acks a JetStream message only once the router answered `routed`. A crash before that
 loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
 replica runs. Messages held long are kept alive with
-`in_progress`.
+`in_progress`. Every `stats_interval_s` it publishes its QueueStats on `llm.v1.pq.state`
+(work waiting per class, drain rate), which admission reads for SLO feasibility.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ ROUTE_TIMEOUT_S = 5.0
 class QueueShell:
     kind = "queue"
 
-    def __init__(self, cfg: QueueConfig, policy: QueuePolicy, fetch_batch: int = 256):
+    def __init__(self, cfg: QueueConfig, policy: QueuePolicy, fetch_batch: int = 256,
+                 stats_interval_s: float = 0.1):
         self.core = QueueCore(cfg, policy)
         self.instance_id = new_instance_id(self.kind)
         self.fetch_batch = fetch_batch
+        self.stats_interval_s = stats_interval_s
         self.held: dict[str, Msg] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -63,6 +66,7 @@ class QueueShell:
             asyncio.create_task(self._fetch_loop()),
             asyncio.create_task(self._dispatch_loop()),
             asyncio.create_task(self._keepalive_loop()),
+            asyncio.create_task(self._stats_loop()),
         ]
 
     async def stop(self) -> None:
@@ -142,7 +146,7 @@ class QueueShell:
             outcome = decision.outcome if decision else schemas.Outcome.FAILED
             span.set_attribute("tokenyard.outcome", outcome)
         if decision is not None and decision.outcome == schemas.Outcome.ROUTED:
-            self.core.on_routed(req.request_id, decision.worker_id)
+            self.core.on_routed(req.request_id, decision.worker_id, time.time())
             msg = self.held.pop(req.request_id, None)
             if msg is not None:
                 await msg.ack()
@@ -187,7 +191,17 @@ class QueueShell:
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
 
+    async def _stats_loop(self) -> None:
+        while self._running:
+            await asyncio.sleep(self.stats_interval_s)
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subjects.QUEUE_STATE, codec.encode(self.core.stats(self.instance_id, time.time())))
+
     async def _on_stats(self, req: Request) -> None:
+        now = time.time()
+        s = self.core.stats(self.instance_id, now)
         stats = {"depth": len(self.core), "in_flight": len(self.core.in_flight), "held": len(self.held),
-                 "headroom": self.core.headroom(time.time()), "policy": self.core.policy.name}
+                 "headroom": self.core.headroom(now), "policy": self.core.policy.name,
+                 "depth_by_class": s.depth, "work_tokens_by_class": s.work_tokens,
+                 "drain_tokens_per_s": s.drain_tokens_per_s}
         await req.respond(msgspec.json.encode(stats))

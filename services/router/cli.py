@@ -1,4 +1,5 @@
-"""`tokenyard router --nats URL [--policy least-loaded|round-robin]`."""
+"""`tokenyard router --nats URL [--policy multiplicative|multiplicative-exact|dynamo|llmd|sglang|…]
+[--index-mode auto|precise|approximate] [--prefill-tokens-per-s R] [--bs-cap N]`."""
 
 from __future__ import annotations
 
@@ -6,11 +7,25 @@ from shared import config
 
 
 def register(sub) -> None:
-    from services.router.core import POLICIES
+    from services.router.core import INDEX_MODES, POLICIES, RouterConfig
 
     p = sub.add_parser("router", help="pick the worker for each request")
     p.add_argument("--nats", default=config.nats_url_from_env())
-    p.add_argument("--policy", choices=sorted(POLICIES), default="least-loaded")
+    d = RouterConfig()
+    p.add_argument("--policy", choices=list(POLICIES), default=d.policy)
+    p.add_argument(
+        "--index-mode",
+        choices=INDEX_MODES,
+        default=d.index_mode,
+        help="precise: workers' KV events; approximate: predicted from routing, with a TTL",
+    )
+    p.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=d.prefill_tokens_per_s,
+        help="one instance's prefill rate, for the TTFT guard",
+    )
+    p.add_argument("--bs-cap", type=int, default=None, help="batch-size cap of the multiplicative policies")
     p.set_defaults(func=main)
 
 
@@ -19,5 +34,11 @@ def main(args) -> int:
     from services.router.shell import RouterShell
     from shared.service import run
 
-    run(RouterShell(RouterConfig(policy=args.policy)), args.nats)
+    cfg = RouterConfig(
+        policy=args.policy,
+        index_mode=args.index_mode,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        bs_cap=args.bs_cap,
+    )
+    run(RouterShell(cfg), args.nats)
     return 0

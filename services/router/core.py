@@ -1,64 +1,234 @@
-"""The router's core: a FleetView fed by heartbeats and macro-instance states, and a policy
-pipeline (filter → scorer → picker) that picks the worker for each request.
+"""The router's core: a FleetView fed by heartbeats and macro-instance states, a KV block index
+fed by workers' KV events (or by its own predictions), and a policy pipeline
+(filters → guards → scorer → picker) that picks the worker for each request.
 
-    route(req, now, exclude) → Choice(worker_id | None, reason)
+    route(req, now, exclude) → Choice(worker_id | None, reason, P, BS, hit, …)
 
-On a choice the view is updated optimistically (FleetView.note_routed); if the worker then
-refuses, the shell asks again with that worker excluded. Policies are built by name
-(`POLICIES`); issue 5 adds the KV-aware ones behind the same pipeline.
+One decision:
+  1. hit(r, i) for every row from one walk of r's hash chain in the index (view.hit);
+  2. the hot-spot detector counts r's prefix and raises its stage-1 warning;
+  3. the policy's pipeline decides (round robin instead while the detector's fallback holds);
+  4. the chosen row is updated optimistically (FleetView.note_routed), the detector's stage 2
+     sees the choice, and for a worker that publishes no KV events the index records r's
+     chain as predicted cache contents with a TTL (approximate mode).
+If the worker then refuses, the shell asks again with that worker excluded.
+
+Policies are built by name (`POLICIES`), each with its source's defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from services.router.filters import AcceptingFilter, HealthyFilter, ModelFilter
+import numpy as np
+
+from services.router.filters import AcceptingFilter, EcoServeFilter, HealthyFilter, ModelFilter, VbsFilter
 from services.router.fleet import FleetView
-from services.router.pipeline import ArgminPicker, Choice, Pipeline, Scorer
+from services.router.guards import PREFILL_TOKENS_PER_S, TTFT_BUDGET_S, BatchCapFilter, PrefillBudgetFilter
+from services.router.hotspot import HotspotConfig, HotspotDetector, HotspotFilter
+from services.router.index import BlockIndex
+from services.router.pipeline import ArgminPicker, Choice, Filter, Guard, Picker, Pipeline, Scorer
+from services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
 from services.router.policies.least_loaded import LeastLoadedScorer
+from services.router.policies.llmd import LlmdAffinityGuard, LlmdTokenLoadScorer, LlmdWeightedScorer
+from services.router.policies.multiplicative import MultiplicativeScorer
 from services.router.policies.round_robin import RoundRobinScorer
+from services.router.policies.sglang import SglangCacheAwareScorer
 from shared import config
-from shared.schemas import AdmittedRequest, Heartbeat, MacroState
+from shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch, MacroState
 
-POLICIES: dict[str, Callable[[], Scorer]] = {
-    "round-robin": RoundRobinScorer,
-    "least-loaded": LeastLoadedScorer,
-}
+INDEX_MODES = ("auto", "precise", "approximate")
 
 
 @dataclass
 class RouterConfig:
-    policy: str = "least-loaded"
+    policy: str = "multiplicative"
     stale_after_s: float = config.STALE_AFTER_S
     forget_after_s: float = 60.0
+    index_mode: str = "auto"
+    """auto: precise for workers that publish KV events, predicted (TTL) for the others;
+    precise: events only; approximate: predictions only, events ignored."""
+    approx_ttl_s: float = 120.0
+    """Dynamo's approximate-mode default (`router_ttl_secs`)."""
+    max_index_blocks: int = 8_000_000
+    prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S
+    ttft_budget_s: tuple[float, ...] = TTFT_BUDGET_S
+    budget_slack: float = 0.25
+    bs_cap: int | None = None
+    """Seed 000's batch-size cap (multiplicative policies); None = no cap."""
+    log_smooth_above: float | None = None
+    """Seed 000's log-smoothing of P above this many tokens (multiplicative policies)."""
+    hotspot: HotspotConfig | None = field(default_factory=HotspotConfig)
+    """The hot-spot detector of the multiplicative policies; None turns it off."""
+    dynamo_temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class Policy:
+    scorer: Scorer
+    picker: Picker = field(default_factory=ArgminPicker)
+    guards: list[Guard] = field(default_factory=list)
+    filters: list[Filter] = field(default_factory=list)
+    hotspot: bool = False
+
+
+def _multiplicative(exact: bool, guarded: bool) -> Callable[[RouterConfig, np.random.Generator], Policy]:
+    def build(cfg: RouterConfig, rng: np.random.Generator) -> Policy:
+        guards: list[Guard] = []
+        if guarded:
+            guards.append(PrefillBudgetFilter(cfg.prefill_tokens_per_s, cfg.ttft_budget_s, cfg.budget_slack))
+        filters: list[Filter] = [BatchCapFilter(cfg.bs_cap)] if cfg.bs_cap is not None else []
+        scorer = MultiplicativeScorer(exact=exact, log_smooth_above=cfg.log_smooth_above)
+        return Policy(scorer, guards=guards, filters=filters, hotspot=cfg.hotspot is not None)
+
+    return build
+
+
+POLICIES: dict[str, Callable[[RouterConfig, np.random.Generator], Policy]] = {
+    "multiplicative": _multiplicative(exact=False, guarded=True),
+    "multiplicative-exact": _multiplicative(exact=True, guarded=False),
+    "multiplicative-unguarded": lambda cfg, rng: Policy(MultiplicativeScorer()),
+    "dynamo": lambda cfg, rng: Policy(DynamoScorer(), SoftmaxPicker(cfg.dynamo_temperature, rng)),
+    "llmd": lambda cfg, rng: Policy(LlmdWeightedScorer()),
+    "llmd-token-load": lambda cfg, rng: Policy(LlmdTokenLoadScorer(), guards=[LlmdAffinityGuard()]),
+    "sglang": lambda cfg, rng: Policy(SglangCacheAwareScorer()),
+    "least-loaded": lambda cfg, rng: Policy(LeastLoadedScorer()),
+    "round-robin": lambda cfg, rng: Policy(RoundRobinScorer()),
+}
+"""multiplicative: P × (BS + 1) with the prefill-budget guard and the hot-spot detector;
+multiplicative-exact: the seed's P × BS with its own remedies (detector, BS cap, smoothing);
+multiplicative-unguarded: the bare P × (BS + 1), to show what the guards prevent."""
 
 
 class RouterCore:
     def __init__(self, cfg: RouterConfig):
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown policy '{cfg.policy}'; known: {', '.join(POLICIES)}")
+        if cfg.index_mode not in INDEX_MODES:
+            raise ValueError(f"unknown index mode '{cfg.index_mode}'; known: {', '.join(INDEX_MODES)}")
         self.cfg = cfg
         self.view = FleetView()
-        self.pipeline = Pipeline(
-            name=cfg.policy,
-            filters=[HealthyFilter(cfg.stale_after_s), AcceptingFilter(), ModelFilter()],
-            scorer=POLICIES[cfg.policy](),
-            picker=ArgminPicker(),
-        )
+        self.index = BlockIndex(cfg.max_index_blocks)
+        self.rng = np.random.default_rng(cfg.seed)
+        spec = POLICIES[cfg.policy](cfg, self.rng)
+        self.detector = HotspotDetector(cfg.hotspot) if spec.hotspot and cfg.hotspot is not None else None
+        filters: list[Filter] = [
+            HealthyFilter(cfg.stale_after_s),
+            AcceptingFilter(),
+            ModelFilter(),
+            VbsFilter(),
+            *spec.filters,
+        ]
+        if self.detector is not None:
+            filters.append(HotspotFilter(self.detector))
+        self.ecoserve = EcoServeFilter(refused={})
+        guards = [self.ecoserve, *spec.guards]  # EcoServe first: a no-op on a fleet without it
+        self.pipeline = Pipeline(cfg.policy, filters, spec.scorer, spec.picker, guards)
+        self.fallback = Pipeline("round-robin", filters, RoundRobinScorer(), ArgminPicker(), guards)
+        self._budget = next((g for g in spec.guards if isinstance(g, PrefillBudgetFilter)), None)
+        self._row_slot = np.zeros(0, dtype=np.int64)
+        self._row_slot_key = (-1, -1)
+        self._last_event: dict[str, float] = {}
 
+    # ── inputs ──
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.view.upsert(hb, now)
 
+    def on_kv_events(self, worker_id: str, batch: KVEventBatch, now: float) -> None:
+        if self.cfg.index_mode == "approximate":
+            return
+        self.index.apply(worker_id, batch)
+        self._last_event[worker_id] = now
+
     def on_macro_state(self, state: MacroState) -> None:
+        eco = state.mode == "ecoserve"
         for wid in state.workers:
             self.view.set_accepting(wid, wid in state.accepting)
+            self.view.set_ecoserve(wid, eco, state.ttft_slo_ms)
+
+    # ── the decision ──
+    def hit_blocks(self, req: AdmittedRequest) -> np.ndarray | None:
+        """Cached-prefix length of req's chain, in blocks, on every FleetView row; None when
+        no instance holds even its first block."""
+        chain = req.block_hashes
+        if not chain or self.index.holders.get(chain[0]) is None:
+            return None
+        per_slot = self.index.match(chain, pad=1)  # the padding entry (0): rows with no slot
+        return per_slot[self._rows_to_slots()]
 
     def route(self, req: AdmittedRequest, now: float, exclude: frozenset[str] = frozenset()) -> Choice:
-        choice = self.pipeline.choose(req, self.view, now, exclude)
-        if choice.worker_id is not None:
-            self.view.note_routed(self.view.slot[choice.worker_id], req.prompt_len)
+        view, det = self.view, self.detector
+        n = view.n
+        if n == 0:
+            return Choice(None, "no workers known", policy=self.cfg.policy)
+        if self.index._ttl:
+            self.index.expire(now)
+        blocks = self.hit_blocks(req)
+        hit, new = view.hit[:n], view.new[:n]
+        if blocks is None:
+            hit[:] = 0
+            new[:] = max(req.prompt_len, 1)
+        else:
+            np.multiply(blocks, req.block_size, out=hit)
+            np.minimum(hit, req.prompt_len, out=hit)
+            np.subtract(req.prompt_len, hit, out=new)
+            np.maximum(new, 1, out=new)
+        np.add(view.queued_prefill[:n], new, out=view.p[:n])
+        key, holders, warned = None, 0, False
+        if det is not None:
+            key = det.key(req)
+            det.observe(key, now)
+            if key is not None and blocks is not None:
+                holders = int(np.count_nonzero(blocks >= det.cfg.prefix_blocks))
+                warned = det.warning(key, holders, n)
+        pipeline = self.fallback if det is not None and det.fallback(now) else self.pipeline
+        if isinstance(pipeline.scorer, SglangCacheAwareScorer):
+            pipeline.scorer.tree_blocks = np.append(self.index.blocks_held(), 0)[self._rows_to_slots()]
+        choice = pipeline.choose(req, view, now, exclude)
+        choice.hot_warning = warned
+        choice.fallback = "round-robin" if pipeline is self.fallback else ""
+        if choice.worker_id is None:
+            choice.policy = pipeline.name
+            return choice
+        i = choice.row
+        new = int(view.new[i])
+        choice.hit_tokens = int(view.hit[i])
+        choice.p_tokens = float(view.p[i])
+        choice.batch_size = int(view.bs[i])
+        choice.over_budget = self._budget is not None and self._budget.over_budget
+        view.note_routed(i, new, -(-new // max(req.block_size, 1)))
+        if det is not None:
+            det.record(key, choice.worker_id, warned, holders, now)
+        if req.block_hashes and self._predicts(choice.worker_id):
+            self.index.predict(choice.worker_id, req.block_hashes, now + self.cfg.approx_ttl_s)
         return choice
 
     def housekeeping(self, now: float) -> list[str]:
-        return self.view.forget_silent(now, self.cfg.forget_after_s)
+        """Forget workers silent for `forget_after_s` (rows and index entries) and expire
+        predicted blocks; returns the forgotten workers."""
+        gone = self.view.forget_silent(now, self.cfg.forget_after_s)
+        for wid in gone:
+            self.index.forget(wid)
+            self._last_event.pop(wid, None)
+        for wid in list(self.index.slot_of):
+            if wid not in self.view.slot and now - self._last_event.get(wid, now) > self.cfg.forget_after_s:
+                self.index.forget(wid)
+                del self._last_event[wid]
+        self.index.expire(now)
+        return gone
+
+    # ── internals ──
+    def _predicts(self, worker_id: str) -> bool:
+        mode = self.cfg.index_mode
+        return mode == "approximate" or (mode == "auto" and worker_id not in self.index.reported)
+
+    def _rows_to_slots(self) -> np.ndarray:
+        """Row → index slot, −1 (the padding entry) for a worker the index does not know."""
+        key = (self.view.layout, self.index.version)
+        if key != self._row_slot_key:
+            get = self.index.slot_of.get
+            self._row_slot = np.fromiter((get(w, -1) for w in self.view.ids), np.int64, self.view.n)
+            self._row_slot_key = key
+        return self._row_slot

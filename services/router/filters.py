@@ -4,6 +4,12 @@
 * Accepting: the worker's macro-instance lets it take new requests now (every worker in
   NoDG; only those in their prefill phase under EcoServe, issue 8).
 * Same model as the request.
+* EcoServe (issue 8, a Guard: it narrows the candidates the filters left): on rows of an
+  EcoServe macro-instance, keep the workers that pass seed 002's constraint check
+  (shared.ecoserve.refusals: TTFT, TPOT, memory) for this request; among those, the ones
+  holding the longest cached prefix of it (the worker that served the session last — its
+  previous turn's KV is there); if none passes, the least loaded one (running + waiting).
+  The scorer then picks among what is kept. Rows outside EcoServe pass untouched.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import numpy as np
 
 from services.router.fleet import FleetView
 from shared import config
+from shared.ecoserve import EcoConfig, Refusal, refusals
 from shared.schemas import AdmittedRequest
 
 
@@ -42,3 +49,77 @@ class ModelFilter:
 
     def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray:
         return view.model[: view.n] == view.model_codes.get(req.model, -1)
+
+
+@dataclass
+class EcoServeFilter:
+    name: str = "ecoserve"
+    refused: dict[str, int] | None = None
+    """Refusals counted by reason (Refusal names), for metrics and tests."""
+
+    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+        eco = view.eco[cand]
+        if not eco.any():
+            return np.ones(len(cand), dtype=np.bool_)
+        rows = cand[eco]
+        # Per-row SLOs come from each macro-instance's state; TPOT is the decodes' (their slack).
+        why = np.zeros(len(rows), dtype=np.int8)
+        for ttft in np.unique(view.eco_ttft_ms[rows]):
+            same = view.eco_ttft_ms[rows] == ttft
+            r = rows[same]
+            why[same] = refusals(
+                view.queued_prefill[r],
+                view.ms_per_token[r],
+                view.slack_ms[r],
+                view.kv_free[r],
+                view.block_size[r],
+                view.new[r],
+                req.prompt_len,
+                req.max_tokens,
+                EcoConfig(ttft_slo_ms=float(ttft)),
+            )
+        if self.refused is not None:
+            for code in why[why != Refusal.OK]:
+                name = Refusal(int(code)).name.lower()
+                self.refused[name] = self.refused.get(name, 0) + 1
+        ok = why == Refusal.OK
+        keep = ~eco  # rows outside EcoServe stay
+        if ok.any():
+            passing = rows[ok]
+            hit = view.hit[passing]
+            if hit.max() > 0:  # the session's worker: the longest cached prefix
+                passing = passing[hit == hit.max()]
+            keep |= np.isin(cand, passing)
+        else:
+            load = view.running[rows] + view.waiting[rows]
+            least = rows[load == load.min()]
+            keep |= cand == min(least, key=lambda i: view.ids[i])
+        return keep
+
+
+@dataclass
+class VbsFilter:
+    """SCORPIO's VBS admission (services/worker/sim/scorpio.py) seen from the router: worker i
+    reports its running set's VBS_i, tightest SLO m_i and VBS limit V_i (the largest VBS whose
+    estimated TPOT meets m_i). With r's SLO s and m' = min(m_i, s):
+        VBS' = VBS_i · m'/m_i + m'/s           (every TRP rescales to the new minimum)
+        V'   = V_i · m'/m_i                    (an affine TPOT model with a positive intercept
+                                                shrinks the limit at least this much: optimistic,
+                                                the worker's own admission has the last word)
+        keep ⇔ VBS' ≤ V'
+    Requests without a TPOT SLO, and workers that report none (V_i = 0), are not filtered."""
+
+    name: str = "vbs"
+
+    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray | bool:
+        s = req.tpot_slo_ms
+        if s <= 0:
+            return True
+        n = view.n
+        limit = view.vbs_limit[:n]
+        m = view.min_stp_ms[:n]
+        known = (limit > 0) & (m > 0)
+        m_safe = np.where(known, m, 1.0)
+        m_new = np.minimum(m_safe, s)
+        vbs_new = view.vbs[:n] * m_new / m_safe + m_new / s
+        return ~known | (vbs_new <= limit * m_new / m_safe)

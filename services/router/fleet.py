@@ -2,10 +2,17 @@
 scorer computes over all instances at once (no per-instance Python loop on the hot path).
 
 Rows are set from heartbeats and corrected optimistically at each decision:
-    routed to i  ⇒  waiting[i] += 1, queued_prefill[i] += new tokens of the request
+    routed to i  ⇒  waiting[i] += 1, bs[i] += 1, queued_prefill[i] += new tokens,
+                    kv_used[i] += new blocks
 so requests between two heartbeats do not herd onto one instance; the next heartbeat
-overwrites the guess with the truth. Rows of workers silent for `forget_after_s` are
-dropped (bounded memory); a row is a candidate only while fresh (`stale_after_s`).
+overwrites the guess with the truth. `bs` is the batch size the KV-aware scorers use:
+BS(i) = running(i) + requests routed to i since its last heartbeat. `hit`, `new` and `p`
+are per-decision scratch, set by the core before the filters and scorers run: the current
+request's cached prefix on each row in tokens (looked up once in the KV block index), its
+uncached tokens there, new = max(len − hit, 1) (an engine always computes at least one), and
+P = queued_prefill + new.
+Rows of workers silent for `forget_after_s` are dropped (bounded memory); a row is a
+candidate only while fresh (`stale_after_s`).
 """
 
 from __future__ import annotations
@@ -18,9 +25,34 @@ PHASES = {Phase.MIXED: 0, Phase.PREFILL: 1, Phase.DECODE: 2}
 
 
 class FleetView:
-    _FLOAT = ("queued_prefill", "seen_s", "step_ms")
-    _INT = ("running", "waiting", "kv_used", "kv_free", "last_chosen", "model")
-    _BOOL = ("healthy", "accepting")
+    _FLOAT = (
+        "queued_prefill",
+        "seen_s",
+        "step_ms",
+        "p",
+        "slack_ms",
+        "ms_per_token",
+        "eco_ttft_ms",
+        "vbs",
+        "min_stp_ms",
+        "vbs_limit",
+    )
+    _INT = (
+        "running",
+        "waiting",
+        "kv_used",
+        "kv_free",
+        "last_chosen",
+        "model",
+        "bs",
+        "hit",
+        "new",
+        "block_size",
+    )
+    _BOOL = ("healthy", "accepting", "eco")
+    """`eco`, `eco_ttft_ms`, `slack_ms`, `ms_per_token`: EcoServe's constraint check (issue 8):
+    the row's macro-instance runs EcoServe with this TTFT SLO; its decodes' saved TPOT slack
+    (NaN: none decodes) and its prefill cost per token, from heartbeats."""
 
     def __init__(self, capacity: int = 16):
         self.n = 0
@@ -31,6 +63,8 @@ class FleetView:
         """model name → the code stored in the `model` column."""
         self._alloc(capacity)
         self.decisions = 0
+        self.layout = 0
+        """Bumped whenever rows are added or moved (callers cache row maps on it)."""
 
     def _alloc(self, capacity: int) -> None:
         old = {name: getattr(self, name, None) for name in (*self._FLOAT, *self._INT, *self._BOOL, "phase")}
@@ -53,6 +87,7 @@ class FleetView:
             self.ids.append(hb.worker_id)
             self.macro.append(hb.macro_id)
             self.slot[hb.worker_id] = i
+            self.layout += 1
             self.last_chosen[i] = -1
             self.accepting[i] = True
         self.model[i] = self.model_codes.setdefault(hb.model, len(self.model_codes))
@@ -61,11 +96,16 @@ class FleetView:
         self.waiting[i] = hb.waiting
         self.kv_used[i] = hb.kv_blocks_used
         self.kv_free[i] = hb.kv_blocks_free
+        self.block_size[i] = hb.block_size
+        self.bs[i] = hb.running
         self.step_ms[i] = hb.step_time_ms
         self.healthy[i] = hb.healthy and not hb.draining
         self.phase[i] = PHASES.get(hb.phase, 0)
         self.seen_s[i] = now
         self.macro[i] = hb.macro_id
+        self.slack_ms[i] = np.nan if hb.tpot_slack_ms is None else hb.tpot_slack_ms
+        self.ms_per_token[i] = hb.prefill_ms_per_token
+        self.vbs[i], self.min_stp_ms[i], self.vbs_limit[i] = hb.vbs, hb.min_tpot_slo_ms, hb.vbs_limit
         return i
 
     def set_accepting(self, worker_id: str, accepting: bool) -> None:
@@ -73,11 +113,23 @@ class FleetView:
         if i is not None:
             self.accepting[i] = accepting
 
-    def note_routed(self, i: int, new_tokens: int) -> None:
+    def set_ecoserve(self, worker_id: str, on: bool, ttft_slo_ms: float) -> None:
+        i = self.slot.get(worker_id)
+        if i is not None:
+            self.eco[i] = on
+            self.eco_ttft_ms[i] = ttft_slo_ms
+
+    def note_routed(self, i: int, new_tokens: int, new_blocks: int = 0) -> None:
         self.waiting[i] += 1
+        self.bs[i] += 1
         self.queued_prefill[i] += new_tokens
+        self.kv_used[i] += new_blocks
         self.last_chosen[i] = self.decisions
         self.decisions += 1
+
+    def batch_size(self, rows: np.ndarray | slice) -> np.ndarray:
+        """BS = running + routed since the last heartbeat."""
+        return self.bs[rows]
 
     def fresh(self, now: float, stale_after_s: float) -> np.ndarray:
         return (now - self.seen_s[: self.n]) <= stale_after_s
@@ -96,4 +148,5 @@ class FleetView:
             self.ids.pop()
             self.macro.pop()
             self.n -= 1
+            self.layout += 1
         return gone

@@ -2,16 +2,20 @@
 WorkerScorer / WorkerPicker), each a one-method port:
 
     candidates = ∩ filters            (boolean masks over the fleet's rows)
+    candidates = guards(candidates)   (narrowings that compare candidates with each other)
     scores     = scorer(candidates)   (finite, lower is better — checked here, not by scorers)
     choice     = picker(scores)       (default: argmin, ties → least recently chosen → worker id)
 
-Scorers read the FleetView arrays (and, from issue 5, prefix-hit lengths the shell looked up
-once and attached to the request's snapshot); they never query an index themselves.
+Scorers read the FleetView arrays, including the prefix-hit lengths the core looked up once
+for this request (`view.hit`); they never query an index themselves. A scorer may also set
+`self.tiebreak` (one value per candidate) during score(): the picker breaks score ties on it
+(lower first) before recency.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -24,7 +28,16 @@ class Filter(Protocol):
     name: str
 
     def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray:
-        """A boolean mask over rows 0…view.n-1: which workers stay candidates."""
+        """A boolean mask over rows 0…view.n-1 (or a scalar True: all of them): which workers
+        stay candidates."""
+
+
+class Guard(Protocol):
+    name: str
+
+    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+        """A boolean mask over `cand` (row indices): which candidates stay. A guard that
+        would keep none must keep some (it narrows, it does not refuse)."""
 
 
 class Scorer(Protocol):
@@ -35,15 +48,27 @@ class Scorer(Protocol):
 
 
 class Picker(Protocol):
-    def pick(self, view: FleetView, cand: np.ndarray, scores: np.ndarray) -> int:
+    def pick(
+        self, view: FleetView, cand: np.ndarray, scores: np.ndarray, tiebreak: np.ndarray | None = None
+    ) -> int:
         """The chosen row among `cand`."""
 
 
 class ArgminPicker:
-    """Lowest score; ties → least recently chosen (never chosen first) → smallest worker id."""
+    """Lowest score; ties → lowest tiebreak (if the scorer gave one) → least recently chosen
+    (never chosen first) → smallest worker id."""
 
-    def pick(self, view: FleetView, cand: np.ndarray, scores: np.ndarray) -> int:
-        best = cand[scores == scores.min()]
+    def pick(
+        self, view: FleetView, cand: np.ndarray, scores: np.ndarray, tiebreak: np.ndarray | None = None
+    ) -> int:
+        j = int(scores.argmin())
+        tied = scores == scores[j]
+        if np.count_nonzero(tied) == 1:
+            return int(cand[j])
+        if tiebreak is not None:
+            tb = np.where(tied, tiebreak, np.inf)
+            tied = tb == tb.min()
+        best = cand[tied]
         if len(best) == 1:
             return int(best[0])
         lc = view.last_chosen[best]
@@ -53,9 +78,30 @@ class ArgminPicker:
 
 @dataclass
 class Choice:
+    """A routing decision and its inputs (the shell puts them on its span, the simulator
+    records them). P, BS and hit are the chosen instance's, whatever the policy scored."""
+
     worker_id: str | None
     reason: str = ""
     candidates: int = 0
+    row: int = -1
+    """The chosen row of the FleetView at decision time (−1 if none)."""
+    score: float = 0.0
+    """The policy's score of the chosen instance (lower is better)."""
+    policy: str = ""
+    """The pipeline that decided: the configured policy, or `round-robin` in fallback."""
+    p_tokens: float = 0.0
+    """P: prefill tokens queued on the instance + the request's uncached tokens there."""
+    batch_size: int = 0
+    """BS: the instance's running sequences + those routed to it since its last heartbeat."""
+    hit_tokens: int = 0
+    """Prompt tokens of the request cached on the instance (whole blocks)."""
+    fallback: str = ""
+    """`round-robin` while the hot-spot detector's fallback holds, else empty."""
+    hot_warning: bool = False
+    """Stage 1 of the hot-spot detector warned for this request's prefix."""
+    over_budget: bool = False
+    """No candidate could meet the request's TTFT budget; the guard kept the least-queued ones."""
 
 
 @dataclass
@@ -64,25 +110,45 @@ class Pipeline:
     filters: list[Filter]
     scorer: Scorer
     picker: Picker
+    guards: list[Guard] = field(default_factory=list)
 
     def choose(
         self, req: AdmittedRequest, view: FleetView, now: float, exclude: frozenset[str] = frozenset()
     ) -> Choice:
         if view.n == 0:
-            return Choice(None, "no workers known")
+            return Choice(None, "no workers known", policy=self.name)
+        masks = [f.keep(req, view, now) for f in self.filters]
         mask = np.ones(view.n, dtype=np.bool_)
-        for f in self.filters:
-            mask &= f.keep(req, view, now)
-            if not mask.any():
-                return Choice(None, f"no candidate passed filter '{f.name}'")
-        for wid in exclude:
-            i = view.slot.get(wid)
-            if i is not None:
-                mask[i] = False
+        for m in masks:
+            if m is not np.True_:
+                mask &= m
         cand = np.flatnonzero(mask)
-        if len(cand) == 0:
-            return Choice(None, "every candidate refused")
+        if len(cand) == 0:  # name the filter that emptied the candidates (the rare path)
+            mask[:] = True
+            for f, m in zip(self.filters, masks, strict=True):
+                mask &= m
+                if not mask.any():
+                    return Choice(None, f"no candidate passed filter '{f.name}'", policy=self.name)
+        if exclude:
+            for wid in exclude:
+                i = view.slot.get(wid)
+                if i is not None:
+                    mask[i] = False
+            cand = np.flatnonzero(mask)
+            if len(cand) == 0:
+                return Choice(None, "every candidate refused", policy=self.name)
+        for g in self.guards:
+            kept = cand[g.narrow(req, view, cand)]
+            if len(kept) == 0:
+                raise ValueError(f"guard '{g.name}' kept no candidate")
+            cand = kept
         scores = np.asarray(self.scorer.score(req, view, cand), dtype=np.float64)
-        if scores.shape != cand.shape or not np.isfinite(scores).all():
+        # One sum catches any nan or ±inf (finite scores here are far from overflowing it).
+        if scores.shape != cand.shape or not math.isfinite(scores.sum()):
             raise ValueError(f"scorer '{self.scorer.name}' must return one finite score per candidate")
-        return Choice(view.ids[self.picker.pick(view, cand, scores)], candidates=len(cand))
+        tiebreak = getattr(self.scorer, "tiebreak", None)
+        if tiebreak is not None and (tiebreak.shape != cand.shape or not math.isfinite(tiebreak.sum())):
+            raise ValueError(f"scorer '{self.scorer.name}' must give one finite tiebreak per candidate")
+        k = self.picker.pick(view, cand, scores, tiebreak)
+        score = float(scores[np.searchsorted(cand, k)])
+        return Choice(view.ids[k], candidates=len(cand), row=k, score=score, policy=self.name)

@@ -1,6 +1,6 @@
 """The router's shell: a `nats.micro` endpoint on `llm.v1.route` (queue group `router`: each
-replica keeps its own fleet view from the fan-out subjects and takes a share of the
-decisions). For each request: the core picks a worker, the shell offers the request to it
+replica keeps its own fleet view and KV block index from the fan-out subjects — heartbeats,
+KV events `llm.v1.kv.<id>`, macro states — and takes a share of the decisions). For each request: the core picks a worker, the shell offers the request to it
 (`llm.v1.worker.<id>.generate`, request/reply); on a refusal or a timeout it asks the core
 again without that worker, up to `max_attempts`, then answers `no_capacity`.
 """
@@ -39,6 +39,7 @@ class RouterShell:
         self.nc = nc
         await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
         await nc.subscribe(subjects.MACRO_STATE_ALL, cb=self._on_macro_state)
+        await nc.subscribe(subjects.KV_EVENTS_ALL, cb=self._on_kv_events)
         await service.add_endpoint(
             name="route", subject=subjects.ROUTE, queue_group=subjects.GROUP_ROUTER, handler=self._on_route
         )
@@ -55,6 +56,14 @@ class RouterShell:
             self.core.on_heartbeat(codec.decode(msg.data, schemas.Heartbeat), time.time())
         except codec.DecodeError as e:
             log.warning("bad_heartbeat", subject=msg.subject, error=str(e))
+
+    async def _on_kv_events(self, msg: Msg) -> None:
+        try:
+            batch = codec.decode(msg.data, schemas.KVEventBatch)
+        except codec.DecodeError as e:
+            log.warning("bad_kv_events", subject=msg.subject, error=str(e))
+            return
+        self.core.on_kv_events(subjects.last_token(msg.subject), batch, time.time())
 
     async def _on_macro_state(self, msg: Msg) -> None:
         try:
@@ -73,18 +82,22 @@ class RouterShell:
         except codec.DecodeError as e:
             await req.respond_error("400", f"bad route request: {e}")
             return
-        with telemetry.span(self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id) as span:
-            decision = await self._place(ar)
+        with telemetry.span(
+            self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id
+        ) as span:
+            decision = await self._place(ar, span)
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
                 span.set_attribute("tokenyard.worker_id", decision.worker_id)
         await req.respond(codec.encode(decision))
 
-    async def _place(self, ar: schemas.AdmittedRequest) -> schemas.RouteDecision:
+    async def _place(self, ar: schemas.AdmittedRequest, span=None) -> schemas.RouteDecision:
         refused: set[str] = set()
         reason = ""
         for _ in range(self.max_attempts):
             choice = self.core.route(ar, time.time(), frozenset(refused))
+            if span is not None:
+                span.set_attributes(span_attributes(choice))
             if choice.worker_id is None:
                 reason = choice.reason
                 break
@@ -101,7 +114,9 @@ class RouterShell:
         subject = subjects.worker_generate(worker_id)
         with telemetry.span(self.kind, "send", subject, kind=SpanKind.PRODUCER, request_id=ar.request_id):
             try:
-                msg = await self.nc.request(subject, codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject())
+                msg = await self.nc.request(
+                    subject, codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject()
+                )
                 return codec.decode(msg.data, schemas.GenerateReply)
             except Exception as e:
                 log.warning("offer_failed", request_id=ar.request_id, worker=worker_id, error=repr(e))
@@ -112,3 +127,27 @@ class RouterShell:
             await asyncio.sleep(5.0)
             for wid in self.core.housekeeping(time.time()):
                 log.info("worker_forgotten", worker=wid)
+
+
+def span_attributes(choice) -> dict[str, str | int | float | bool]:
+    """The decision's inputs, as span attributes (the last attempt's, if a worker refused)."""
+    attrs: dict[str, str | int | float | bool] = {
+        "tokenyard.router.policy": choice.policy,
+        "tokenyard.router.candidates": choice.candidates,
+        "tokenyard.router.fallback": choice.fallback,
+        "tokenyard.router.hot_warning": choice.hot_warning,
+    }
+    if choice.worker_id is None:
+        attrs["tokenyard.router.reason"] = choice.reason
+        return attrs
+    attrs.update(
+        {
+            "tokenyard.router.instance": choice.worker_id,
+            "tokenyard.router.p_tokens": choice.p_tokens,
+            "tokenyard.router.batch_size": choice.batch_size,
+            "tokenyard.router.hit_tokens": choice.hit_tokens,
+            "tokenyard.router.score": choice.score,
+            "tokenyard.router.over_budget": choice.over_budget,
+        }
+    )
+    return attrs

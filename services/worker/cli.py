@@ -1,4 +1,10 @@
-"""`tokenyard worker --nats URL --engine sim [--profile P] [--speed X] [--id ID] [--model NAME]`."""
+"""`tokenyard worker --nats URL --engine sim [--profile P] [--speed X] [--id ID] [--model NAME]`
+`tokenyard worker --nats URL --engine vllm --model PATH [vLLM settings]`
+
+With `--engine vllm`, `--model` is the model's local path and, as with `vllm serve`, also the
+name the fleet routes on unless `--served-model-name` says otherwise; output text is decoded
+with the model's own tokenizer.json unless `--tokenizer` names another.
+"""
 
 from __future__ import annotations
 
@@ -12,32 +18,105 @@ def register(sub) -> None:
 
     p = sub.add_parser("worker", help="host an engine (simulated or vLLM) as a fleet member")
     p.add_argument("--nats", default=config.nats_url_from_env())
-    p.add_argument("--engine", choices=("sim",), default="sim", help="vllm arrives with issue 4")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    p.add_argument("--http", type=int, metavar="PORT",
+                   help="also serve OpenAI /v1/completions, /v1/chat/completions, /v1/models, /health and "
+                        "/metrics from this engine, like `vllm serve` (0: any free port)")
+    p.add_argument("--http-host", default="127.0.0.1", help="address of the --http front")
     p.add_argument("--id", dest="worker_id", help="worker id (default: a random one)")
-    p.add_argument("--model", default=config.DEFAULT_MODEL, help="the model name it serves")
-    p.add_argument("--tokenizer", help="tokenizer.json for output text (default: built-in byte tokenizer)")
-    p.add_argument("--num-blocks", type=int, help="KV blocks (default: the profile's)")
-    p.add_argument("--block-size", type=int, default=config.BLOCK_SIZE)
+    p.add_argument("--model", default=None,
+                   help=f"sim: the model name it serves (default {config.DEFAULT_MODEL}); vllm: the model's path")
+    p.add_argument("--tokenizer", help="tokenizer.json for output text (default: the model's with vllm, "
+                                       "else the built-in byte tokenizer)")
+    p.add_argument("--num-blocks", type=int, help="sim: KV blocks (default: the profile's)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help=f"sim: KV block size (default {config.BLOCK_SIZE}); vllm: vLLM's KV block size "
+                        "(default: the platform's, 128 on CPU, where it must be a multiple of 32)")
+    v = p.add_argument_group("vLLM engine (--engine vllm)")
+    v.add_argument("--served-model-name", help="the name the fleet routes on (default: --model)")
+    v.add_argument("--dtype", default="auto", help="weights/activations dtype: auto, float16, bfloat16, float32")
+    v.add_argument("--kv-cache-dtype", default="auto", help="auto, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2")
+    v.add_argument("--quantization", help="weight quantization, e.g. fp8_per_block, fp8_per_channel, awq")
+    v.add_argument("--kv-offload-gb", type=float, default=0.0,
+                   help="host-memory KV tier through vLLM's offloading connector (CUDA/ROCm/XPU only)")
+    v.add_argument("--preemption-mode", choices=("recompute", "swap", "auto"), default="recompute",
+                   help="swap = keep a preempted request's KV in the offload tier (needs --kv-offload-gb); "
+                        "auto (sim only) = swap when it costs under 0.3 x the recompute")
+    v.add_argument("--max-num-seqs", type=int, help="running batch cap")
+    v.add_argument("--max-num-batched-tokens", type=int, help="per-step token budget")
+    v.add_argument("--max-model-len", type=int, help="default: the model's")
+    v.add_argument("--kv-cache-memory-gb", type=float, help="KV cache size (default: vLLM's for the platform)")
+    v.add_argument("--gpu-memory-utilization", type=float)
+    v.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (faster start)")
+    v.add_argument("--scheduler-cls", help="module.Class, a subclass of vLLM's V1 Scheduler (engine-side policy)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--fleet-block-size", type=int, default=config.BLOCK_SIZE,
+                   help="block size of the fleet's hash chain that KV events are relayed in")
     p.set_defaults(func=main)
+
+
+def vllm_settings(args):
+    from services.worker.vllm.settings import VllmSettings
+
+    if not args.model:
+        raise SystemExit("tokenyard worker --engine vllm needs --model PATH")
+    return VllmSettings(
+        model=args.model, served_model_name=args.served_model_name, dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization, kv_offload_gb=args.kv_offload_gb,
+        preemption_mode=args.preemption_mode, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
+        kv_cache_memory_gb=args.kv_cache_memory_gb, gpu_memory_utilization=args.gpu_memory_utilization,
+        scheduler_cls=args.scheduler_cls, seed=args.seed, fleet_block_size=args.fleet_block_size,
+    )
 
 
 def build(args):
     from services.worker.core import WorkerConfig
     from services.worker.shell import WorkerShell
-    from services.worker.sim.core import SimEngineCore
+    from shared.tokenizer import HFTokenizer, load_tokenizer
+
+    worker_id = args.worker_id or f"w-{uuid.uuid4().hex[:8]}"
+    if args.engine == "vllm":
+        from services.worker.vllm.engine import VllmEngine, platform_name
+        from services.worker.vllm.settings import engine_kwargs
+
+        settings = vllm_settings(args)
+        engine_kwargs(settings, platform_name(), "ipc://check")  # refuse now, not after the engine starts
+        engine = VllmEngine(settings)
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else HFTokenizer(settings.model)
+        shell = WorkerShell(WorkerConfig(worker_id=worker_id, model=settings.name, engine="vllm"), engine, tokenizer)
+        return _with_http(args, shell, settings.fleet_block_size)
+
     from services.worker.sim.engine import SimEngine
     from services.worker.sim.latency import profile
-    from shared.tokenizer import load_tokenizer
+    from services.worker.sim.settings import sim_core
 
-    engine = SimEngine(SimEngineCore(profile(args.profile), args.block_size, args.num_blocks), speed=args.speed)
-    cfg = WorkerConfig(worker_id=args.worker_id or f"w-{uuid.uuid4().hex[:8]}", model=args.model, engine="sim")
-    return WorkerShell(cfg, engine, load_tokenizer(args.tokenizer))
+    block_size = args.block_size or config.BLOCK_SIZE
+    engine = SimEngine(sim_core(profile(args.profile), block_size, args), speed=args.speed)
+    cfg = WorkerConfig(worker_id=worker_id, model=args.model or config.DEFAULT_MODEL, engine="sim")
+    return _with_http(args, WorkerShell(cfg, engine, load_tokenizer(args.tokenizer)), block_size)
+
+
+def _with_http(args, shell, block_size: int):
+    """The worker's own OpenAI front (--http PORT), beside its NATS endpoints."""
+    if args.http is None:
+        return shell
+    from services.worker.http import HttpFrontConfig, WithHttpFront, WorkerHttp
+
+    cfg = HttpFrontConfig(port=args.http, host=args.http_host, model=shell.core.cfg.model, block_size=block_size)
+    return WithHttpFront(shell, WorkerHttp(shell.engine, shell.core.tokenizer, cfg))
 
 
 def main(args) -> int:
+    from services.worker.vllm.settings import SettingsError
     from shared.service import run
 
-    run(build(args), args.nats)
+    try:
+        shell = build(args)
+    except SettingsError as e:
+        raise SystemExit(f"tokenyard worker: {e}") from None
+    run(shell, args.nats)
     return 0

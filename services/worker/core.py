@@ -1,7 +1,8 @@
 """The worker's core: the bookkeeping around its engine, pure.
 
-* offer(req)  → accept, or refuse with a reason: draining; wrong model; full (more than
-  `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
+* offer(req)  → accept, or refuse with a reason: draining; in its decode phase (EcoServe:
+  a decode-phase worker takes no new request; the router retries one in its prefill
+  phase); wrong model; full (more than `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
   request: answered `aborted` so the router stops trying). A request id seen before is
   accepted again without a second generation (a queue redelivery after a crash).
 * Per request, chunk numbering (seq 0, 1, …) and the finished event with usage.
@@ -65,6 +66,8 @@ class WorkerCore:
             return schemas.GenerateReply(rid, True, "duplicate"), False
         if self.draining or not self.healthy:
             return schemas.GenerateReply(rid, False, "draining"), False
+        if self.phase == Phase.DECODE:
+            return schemas.GenerateReply(rid, False, "decode phase"), False
         if req.model != self.cfg.model:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
@@ -101,6 +104,15 @@ class WorkerCore:
         self.macro_id = ctl.macro_id
         self.draining = ctl.drain
 
+    def engine_phase(self, stats: EngineStats) -> Phase:
+        """The phase to run the engine in (EcoServe): the commanded one, except that a
+        worker told to decode first finishes the prefills it already accepted (the ≤ 2
+        requests the switch rule allows; parking them would add a whole rotation to their
+        TTFT). It takes no new request meanwhile (offer refuses in the decode phase)."""
+        if self.phase == Phase.DECODE and stats.queued_prefill_tokens > 0:
+            return Phase.PREFILL
+        return self.phase
+
     def heartbeat(self, stats: EngineStats, now: float) -> schemas.Heartbeat:
         self._hb_seq += 1
         return schemas.Heartbeat(
@@ -123,4 +135,12 @@ class WorkerCore:
             engine=self.cfg.engine,
             draining=self.draining,
             macro_id=self.macro_id,
+            tpot_slack_ms=stats.tpot_slack_ms,
+            compute_util=stats.compute_util,
+            prefill_ms_per_token=stats.prefill_ms_per_token,
+            kv_host_blocks_used=stats.kv_host_blocks_used,
+            kv_host_blocks_free=stats.kv_host_blocks_free,
+            vbs=stats.vbs,
+            min_tpot_slo_ms=stats.min_tpot_slo_ms,
+            vbs_limit=stats.vbs_limit,
         )

@@ -41,6 +41,19 @@ class EngineStats(msgspec.Struct):
     prefix_queries: int = 0
     """Prompt tokens looked up, summed over requests."""
     preemptions: int = 0
+    kv_host_blocks_used: int = 0
+    """Host-memory KV tier (warm): blocks holding cached prefixes or swapped requests."""
+    kv_host_blocks_free: int = 0
+    tpot_slack_ms: float | None = None
+    """EcoServe: saved TPOT slack of the running decodes (their minimum); None: none decodes."""
+    compute_util: float = 0.0
+    """Share of the last step's token budget that was scheduled."""
+    prefill_ms_per_token: float = 0.0
+    """Prefill cost per token at a full chunk (the engine's own estimate); 0: unknown."""
+    vbs: float = 0.0
+    """SCORPIO (services/worker/sim/scorpio.py): virtual batch size, min TPOT SLO, VBS limit."""
+    min_tpot_slo_ms: float = 0.0
+    vbs_limit: float = 0.0
 
 
 class Engine(Protocol):

@@ -130,7 +130,15 @@ class WorkerShell:
             return
         await self._publish_heartbeat()
 
+    def _sync_phase(self) -> None:
+        """EcoServe: run the engine in the phase the core says (engines without phases, such
+        as vLLM's, only stop taking new requests in their decode phase)."""
+        set_phase = getattr(self.engine, "set_phase", None)
+        if set_phase is not None:
+            set_phase(self.core.engine_phase(self.engine.stats()))
+
     async def _publish_heartbeat(self) -> None:
+        self._sync_phase()
         hb = self.core.heartbeat(self.engine.stats(), time.time())
         await self.nc.publish(subjects.heartbeat(self.core.cfg.worker_id), codec.encode(hb))
 

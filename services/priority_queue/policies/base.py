@@ -1,12 +1,43 @@
-"""The ordering-policy port of the priority queue: every policy (FCFS now; strict/WFQ/aging,
-bubble queues in issue 7) implements these methods, and one conformance suite
-(tests/test_queue_policies.py) runs against each."""
+"""The ordering-policy port of the priority queue: every policy (FCFS, strict, DRR, WFQ,
+hybrid, bubble queues and their baselines) implements these methods, and one conformance
+suite (tests/test_queue_policies.py) runs against each.
+
+Shared vocabulary of the class-aware policies (DESIGN.md §3.2-§3.3):
+    cost(r)      = prompt_len + max_tokens            the work r asks for, in tokens
+    deadline(r)  = r.deadline_s if the client set one, else arrival_s + TARGET_S[class]
+    line key     = (deadline(r), arrival_s, request_id)   least deadline first within a class;
+                   requests without deadlines of one class are then served in arrival order.
+"""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from shared.schemas import AdmittedRequest
+
+NUM_CLASSES = 4
+WFQ_WEIGHTS: tuple[float, ...] = (16.0, 8.0, 4.0, 2.0)
+"""P0..P3 weights of weighted fair queueing (seed 001 §3.3)."""
+TARGET_S: tuple[float, ...] = (0.5, 5.0, 60.0, 3600.0)
+"""TTFT targets of P0..P2 (DESIGN §3.2); P3 has none: an hour stands in, so LDF stays FIFO."""
+AGING_S: tuple[float, ...] = (float("inf"), 30.0, 15.0, 5.0)
+"""Time in class P1, P2, P3 after which a waiting request moves up one class."""
+
+
+def cost(req: AdmittedRequest) -> int:
+    return req.prompt_len + req.max_tokens
+
+
+def klass(req: AdmittedRequest) -> int:
+    return min(max(req.priority, 0), NUM_CLASSES - 1)
+
+
+def deadline(req: AdmittedRequest, cls: int) -> float:
+    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + TARGET_S[cls]
+
+
+def line_key(req: AdmittedRequest, cls: int) -> tuple[float, float, str]:
+    return (deadline(req, cls), req.arrival_s, req.request_id)
 
 
 class QueuePolicy(Protocol):
@@ -24,3 +55,10 @@ class QueuePolicy(Protocol):
     def __contains__(self, request_id: str) -> bool: ...
 
     def __len__(self) -> int: ...
+
+
+class RealtimePolicy(QueuePolicy, Protocol):
+    """A class-aware policy: the queue may dispatch P0 from capacity reserved for it."""
+
+    def pop_realtime(self, now: float) -> AdmittedRequest | None:
+        """The next P0 request (after aging), removed; None when no P0 waits."""

@@ -62,6 +62,12 @@ class SimEngine:
     def stats(self) -> EngineStats:
         return self.core.stats()
 
+    def set_phase(self, phase: str) -> None:
+        """EcoServe (issue 8): decode-only or not; a switch may unblock parked prefills."""
+        if phase != self.core.phase:
+            self.core.set_phase(phase)
+            self._wake.set()
+
     def drain_kv_events(self) -> list[KVEvent]:
         return self.core.pool.drain_events()
 
@@ -73,6 +79,12 @@ class SimEngine:
                 await self._wake.wait()
                 deadline = time.monotonic()
             result = self.core.step()
+            if result.scheduled_tokens == 0 and not result.outputs:
+                # Nothing could run (decode phase with only prefills waiting): wait for a change.
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = time.monotonic()
+                continue
             deadline = max(deadline, time.monotonic() - 0.05) + result.duration_s / self.speed
             delay = deadline - time.monotonic()
             await asyncio.sleep(delay if delay > 0 else 0)

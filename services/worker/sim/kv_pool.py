@@ -8,7 +8,8 @@ Every block is in exactly one state:
     total = free + private + cached(ref > 0) + cached(ref = 0)        (conserved)
 
 Allocation takes free blocks first, then evicts the least recently released cached block
-(BlockRemoved). A request's full prompt blocks become cached as its prefill computes them
+(BlockRemoved), which a host tier below, when there is one, takes in (kv_tiers.py).
+A request's full prompt blocks become cached as its prefill computes them
 (BlockStored, carrying the parent hash, like vLLM's events). Events queue up in `events`
 for the shell to publish; the pool itself does no I/O.
 """
@@ -17,8 +18,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+if TYPE_CHECKING:
+    from services.worker.sim.kv_tiers import HostTier
 
 MEDIUM = "GPU"
 
@@ -33,6 +38,8 @@ class BlockPool:
         """cached block hash → reference count (ref-0 blocks also sit in `lru`)."""
         self.lru: OrderedDict[int, None] = OrderedDict()
         self.events: list[KVEvent] = []
+        self.host: HostTier | None = None
+        """Where evicted cached blocks are demoted (None: they are gone)."""
 
     @property
     def used(self) -> int:
@@ -71,6 +78,8 @@ class BlockPool:
             self.free += 1
         if evicted:
             self.events.append(BlockRemoved(block_hashes=evicted, medium=MEDIUM))
+            if self.host is not None:
+                self.host.demote(evicted)
         self.free -= n
         self.private += n
         return True
@@ -141,4 +150,6 @@ class BlockPool:
 
     def drain_events(self) -> list[KVEvent]:
         out, self.events = self.events, []
+        if self.host is not None:
+            self.host.events = self.events  # one list: events come out in the order they happened
         return out

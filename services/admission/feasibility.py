@@ -1,0 +1,118 @@
+"""SLO feasibility: will a request of class c meet its TTFT deadline if admitted now?
+
+    wait(c)   = ahead(c) / D
+    refuse    ⇔ wait(c) > deadline (the request's ttft_slo_ms, else its class target:
+                P0 0.5 s, P1 5 s, P2 60 s; P3 has none and is never refused here)
+    Retry-After = wait(c) − deadline   (when, at this drain rate, the backlog would fit)
+
+D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue routed per
+second over its last few seconds, summed over fresh queue replicas: the queue releases work
+only into the headroom the workers' heartbeats report, so D is what the fleet absorbs. While
+a queue reports free headroom it is not the bottleneck (what waits is about to leave):
+wait = 0. With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
+
+ahead(c), the work that leaves before a class-c request, follows the queue's policy over the
+waiting work W_k per class (weights w = 16/8/4/2; aging ignored, so it errs against the low
+classes, which have the loosest targets):
+    fcfs, unknown        Σ_k W_k
+    strict               Σ_{k ≤ c} W_k
+    wfq, drr             W_c + Σ_{k ≠ c} min(W_k, W_c · w_k / w_c)
+    hybrid family        P0: W_0;  P3: Σ W;  P1, P2: W_0 + W_c + min(W_o, W_c · w_o / w_c),
+                         o the other of P1 / P2
+Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
+wait is unbounded (every class with a deadline is refused: 503). Work admitted since the last queue
+state is added to W at once, so a burst between two states cannot all slip in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared import config
+from shared.schemas import Heartbeat, QueueStats
+
+NUM_CLASSES = 4
+WEIGHTS = (16.0, 8.0, 4.0, 2.0)
+TARGET_S = (0.5, 5.0, 60.0, float("inf"))
+HYBRID_FAMILY = ("hybrid", "bubble", "fixed", "sjf")
+
+
+def work_ahead(policy: str, work: list[float], c: int) -> float:
+    if policy == "strict":
+        return sum(work[: c + 1])
+    if policy in ("wfq", "drr"):
+        return work[c] + sum(min(work[k], work[c] * WEIGHTS[k] / WEIGHTS[c]) for k in range(NUM_CLASSES) if k != c)
+    if policy in HYBRID_FAMILY:
+        if c == 0:
+            return work[0]
+        if c == 3:
+            return sum(work)
+        o = 3 - c  # the other fair class: 1 ↔ 2
+        return work[0] + work[c] + min(work[o], work[c] * WEIGHTS[o] / WEIGHTS[c])
+    return sum(work)
+
+
+@dataclass
+class Verdict:
+    wait_s: float
+    deadline_s: float
+    depth: int
+
+    @property
+    def feasible(self) -> bool:
+        return self.wait_s <= self.deadline_s
+
+    @property
+    def retry_after_s(self) -> float:
+        return self.wait_s - self.deadline_s
+
+
+@dataclass
+class FleetView:
+    stale_after_s: float = config.STALE_AFTER_S
+    queues: dict[str, tuple[float, QueueStats]] = field(default_factory=dict)
+    workers: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    """worker id → (seen at, healthy and not draining)."""
+    admitted_work: list[float] = field(default_factory=lambda: [0.0] * NUM_CLASSES)
+    admitted_depth: int = 0
+
+    def on_queue_stats(self, s: QueueStats, now: float) -> None:
+        self.queues[s.instance_id] = (now, s)
+        self.admitted_work = [0.0] * NUM_CLASSES
+        self.admitted_depth = 0
+
+    def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
+        self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
+
+    def on_admitted(self, c: int, cost: float) -> None:
+        self.admitted_work[c] += cost
+        self.admitted_depth += 1
+
+    def _fresh_queues(self, now: float) -> list[QueueStats]:
+        return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
+
+    def fleet_down(self, now: float) -> bool:
+        return bool(self.workers) and not any(
+            ok and now - seen <= self.stale_after_s for seen, ok in self.workers.values()
+        )
+
+    def depth(self, now: float) -> int:
+        return sum(sum(s.depth) for s in self._fresh_queues(now)) + self.admitted_depth
+
+    def judge(self, c: int, deadline_s: float | None, now: float) -> Verdict | None:
+        """None when there is nothing to predict from (no fresh queue state)."""
+        qs = self._fresh_queues(now)
+        if not qs:
+            return None
+        deadline = TARGET_S[c] if deadline_s is None else deadline_s
+        depth = sum(sum(s.depth) for s in qs) + self.admitted_depth
+        work = [sum(s.work_tokens[k] for s in qs) + self.admitted_work[k] for k in range(NUM_CLASSES)]
+        ahead = work_ahead(qs[0].policy, work, c)
+        drain = sum(s.drain_tokens_per_s for s in qs)
+        if self.fleet_down(now):
+            wait = float("inf")
+        elif ahead <= 0 or any(s.headroom > 0 for s in qs):
+            wait = 0.0
+        else:
+            wait = ahead / drain if drain > 0 else float("inf")
+        return Verdict(wait, deadline, depth)

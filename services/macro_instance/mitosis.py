@@ -1,0 +1,137 @@
+"""Mitosis scaling (seed 002 §3.2, DESIGN.md §3.4): grow, split, shrink and merge
+macro-instances from their utilisation and SLO-violation histories. Pure: samples and `now`
+come in, decisions go out; the controller applies them to its groups and hands worker
+additions/removals to a Provisioner.
+
+Per macro-instance m, every tick adds a sample (t, u, v):
+  u = mean compute utilisation of its workers (heartbeat `compute_util`)
+  v = share of its workers missing an SLO now: saved TPOT slack < 0, or pending prefill
+      time > the TTFT SLO (a heartbeat-side proxy for the SLO-violation rate)
+Over a window W the history "stays" above a level when it spans W and its mean is above it.
+  grow    mean v > 5% or mean u > 85% over W_grow (5 min)    → one worker more for m
+  split   |m| > N_upper                                       → its last N_lower workers
+                                                                form a new macro-instance
+  shrink  mean u < 40% over W_shrink (10 min), |m| > 1        → its last worker is drained
+                                                                and removed
+  merge   |m| ≤ N_lower after a shrink, and a neighbour n (the macro-instances in id
+          order, the next one first) with mean u < 40% and |m| + |n| ≤ N_upper
+                                                              → m's workers join n
+After an action on m, its history restarts (a new window must build up before the next).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class MitosisConfig:
+    n_lower: int = 2
+    n_upper: int = 8
+    grow_violation: float = 0.05
+    grow_util: float = 0.85
+    grow_window_s: float = 300.0
+    shrink_util: float = 0.40
+    shrink_window_s: float = 600.0
+    max_workers: int = 1 << 20
+    """The fleet never grows past this many workers."""
+    min_workers: int = 1
+    """…nor shrinks below this many."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_lower < self.n_upper:
+            raise ValueError("mitosis needs 1 ≤ N_lower < N_upper")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One scaling action. `kind`: `grow` (add a worker to `macro_id`), `split` (move
+    `workers` out of `macro_id` into a new macro-instance), `shrink` (remove `workers[0]` from
+    `macro_id`), `merge` (move all of `macro_id`'s workers into `into`)."""
+
+    kind: str
+    macro_id: str
+    workers: tuple[str, ...] = ()
+    into: str = ""
+
+
+@dataclass
+class _History:
+    samples: deque[tuple[float, float, float]] = field(default_factory=deque)
+
+    def add(self, t: float, u: float, v: float, keep_s: float) -> None:
+        self.samples.append((t, u, v))
+        while self.samples and t - self.samples[0][0] > keep_s:
+            self.samples.popleft()
+
+    def mean_over(self, now: float, window_s: float) -> tuple[float, float] | None:
+        """Mean (u, v) over the last `window_s`, if the history spans the whole window."""
+        if not self.samples or now - self.samples[0][0] < window_s:
+            return None
+        recent = [(u, v) for t, u, v in self.samples if now - t <= window_s]
+        return sum(u for u, _ in recent) / len(recent), sum(v for _, v in recent) / len(recent)
+
+
+class Mitosis:
+    def __init__(self, cfg: MitosisConfig):
+        self.cfg = cfg
+        self.hist: dict[str, _History] = {}
+
+    def observe(self, macro_id: str, now: float, util: float, violation: float) -> None:
+        keep = max(self.cfg.grow_window_s, self.cfg.shrink_window_s)
+        self.hist.setdefault(macro_id, _History()).add(now, util, violation, keep)
+
+    def forget(self, macro_id: str) -> None:
+        self.hist.pop(macro_id, None)
+
+    def _mean(self, mid: str, now: float, window_s: float) -> tuple[float, float] | None:
+        h = self.hist.get(mid)
+        return h.mean_over(now, window_s) if h else None
+
+    def decide(self, groups: dict[str, list[str]], now: float) -> list[Decision]:
+        """The actions for this tick, given the groups (macro id → workers, in order)."""
+        cfg = self.cfg
+        total = sum(len(ws) for ws in groups.values())
+        out: list[Decision] = []
+        acted: set[str] = set()
+        for mid in sorted(groups):
+            if mid in acted:  # a merge target this tick
+                continue
+            ws = groups[mid]
+            if len(ws) > cfg.n_upper:
+                out.append(Decision("split", mid, tuple(ws[-cfg.n_lower:])))
+                acted.add(mid)
+                continue
+            hot = self._mean(mid, now, cfg.grow_window_s)
+            if hot and (hot[1] > cfg.grow_violation or hot[0] > cfg.grow_util) and total < cfg.max_workers:
+                out.append(Decision("grow", mid))
+                total += 1
+                acted.add(mid)
+                continue
+            cold = self._mean(mid, now, cfg.shrink_window_s)
+            if cold and cold[0] < cfg.shrink_util and len(ws) > 1 and total > cfg.min_workers:
+                out.append(Decision("shrink", mid, (ws[-1],)))
+                total -= 1
+                acted.add(mid)
+                if len(ws) - 1 <= cfg.n_lower:
+                    into = self._merge_target(groups, mid, len(ws) - 1, now, acted)
+                    if into:
+                        out.append(Decision("merge", mid, tuple(ws[:-1]), into))
+                        acted.add(into)
+        for mid in acted:
+            self.forget(mid)
+        return out
+
+    def _merge_target(self, groups: dict[str, list[str]], mid: str, size: int, now: float,
+                      acted: set[str]) -> str | None:
+        order = sorted(groups)
+        i = order.index(mid)
+        for j in (i + 1, i - 1):
+            if not 0 <= j < len(order) or order[j] in acted:
+                continue
+            n = order[j]
+            light = self._mean(n, now, self.cfg.shrink_window_s)
+            if light and light[0] < self.cfg.shrink_util and size + len(groups[n]) <= self.cfg.n_upper:
+                return n
+        return None

@@ -1,0 +1,201 @@
+"""Bubble queues (seed 004): length partitions within a class, each served in its turn.
+
+Length L(r) = prompt + max_tokens. A class's requests sit in partitions [lo, hi) of L, kept
+sorted by lo, initially the log-spaced bounds [0,512) [512,2k) [2k,8k) [8k,∞). Service is
+round robin in ascending length: a round visits the non-empty partitions shortest first and
+takes up to quantum_i requests from each (least deadline first inside), so short requests
+still go first and a long one waits at most one round, however many short ones arrive:
+    quantum_i = max(1, round(L̄ / L̄_i)) · (2 if hot else 1)
+L̄ the mean length of all waiting requests, L̄_i that of partition i: a partition of short
+requests gives several per turn (their turns are cheap), one of long requests gives one.
+
+Dynamics (`dynamic=True`; `fixed` partitions turn them all off):
+  * a partition that empties is dropped, leaving a gap (when the whole class empties the base
+    bounds come back, as length anchors until they too have served and emptied);
+  * a request whose L lies in a gap [g_lo, g_hi) between partitions gets a temporary bubble
+    queue of width w = min(bubble_width, g_hi − g_lo) centred on L, shifted to fit the gap;
+  * load_i = n_i / mean_j(n_j) over the non-empty partitions (n = requests waiting: a turn
+    serves requests, whatever their length); a partition turns hot when load_i > 1.10 and
+    cools when load_i < 0.90 (hysteresis); a hot one takes 2 per round;
+  * adjacent non-empty partitions both under 50% load merge into one covering both (and the
+    gap between), so lightly used ranges do not each cost a turn.
+`ShortestLine` (lines.py) is the SJF baseline that starves long requests under sustained
+short load; `fixed` is the static-partition baseline (the base bounds for ever, one request
+per partition per round).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.priority_queue.policies.base import cost
+from services.priority_queue.policies.lines import DeadlineLine
+from shared.schemas import AdmittedRequest
+
+BASE_BOUNDS: tuple[float, ...] = (0.0, 512.0, 2048.0, 8192.0, float("inf"))
+HOT, COOL, MERGE = 1.10, 0.90, 0.50
+
+
+@dataclass
+class Partition:
+    lo: float
+    hi: float
+    bubble: bool = False
+    hot: bool = False
+    tokens: int = 0
+    """Σ L of the requests waiting here."""
+    line: DeadlineLine = field(default_factory=DeadlineLine)
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+
+class BubbleLine:
+    def __init__(self, bubble_width: float = 1024.0, bounds: Sequence[float] = BASE_BOUNDS,
+                 dynamic: bool = True) -> None:
+        self.bubble_width = float(bubble_width)
+        self.bounds = tuple(bounds)
+        self.dynamic = dynamic
+        self.parts: list[Partition] = []
+        self._reset()
+        self._home: dict[str, tuple[Partition, int]] = {}
+        """request id → (its partition, the class it was keyed in)."""
+        self.cursor = -1.0
+        """lo of the partition being served this round (−1: a round starts)."""
+        self.taken = 0
+        """Requests the partition at the cursor has given this round."""
+        self.bubbles_made = 0
+        self.tokens = 0
+        self.merges = 0
+
+    def _reset(self) -> None:
+        self.parts = [Partition(lo, hi) for lo, hi in zip(self.bounds, self.bounds[1:], strict=False)]
+
+    # ── line port ──
+    def push(self, req: AdmittedRequest, cls: int) -> None:
+        part = self._partition_for(cost(req))
+        part.line.push(req, cls)
+        part.tokens += cost(req)
+        self.tokens += cost(req)
+        self._home[req.request_id] = (part, cls)
+        self._rebalance()
+
+    def peek(self) -> AdmittedRequest | None:
+        turn = self._turn()
+        return None if turn is None else turn[0].line.peek()
+
+    def pop(self) -> AdmittedRequest | None:
+        turn = self._turn()
+        if turn is None:
+            return None
+        part, same_turn = turn
+        req = part.line.pop()
+        assert req is not None
+        self.cursor, self.taken = part.lo, (self.taken + 1 if same_turn else 1)
+        self._forget(req, part)
+        return req
+
+    def remove(self, request_id: str) -> AdmittedRequest | None:
+        home = self._home.get(request_id)
+        if home is None:
+            return None
+        req = home[0].line.remove(request_id)
+        assert req is not None
+        self._forget(req, home[0])
+        return req
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._home
+
+    def __len__(self) -> int:
+        return len(self._home)
+
+    # ── internals ──
+    def _forget(self, req: AdmittedRequest, part: Partition) -> None:
+        del self._home[req.request_id]
+        part.tokens -= cost(req)
+        self.tokens -= cost(req)
+        if self.dynamic:
+            if not len(part):
+                self.parts.remove(part)
+                if not self.parts:
+                    self._reset()
+            self._rebalance()
+
+    def _turn(self) -> tuple[Partition, bool] | None:
+        """Whose turn it is: the partition at the cursor while its quantum lasts (True: the
+        same turn goes on), else the next non-empty one above it, else (a new round) the
+        shortest non-empty one."""
+        first = None
+        live = sum(1 for p in self.parts if len(p))
+        for p in self.parts:
+            if not len(p):
+                continue
+            if first is None:
+                first = p
+            if p.lo == self.cursor and self.taken < self._quantum(p, live):
+                return p, True
+            if p.lo > self.cursor:
+                return p, False
+        return None if first is None else (first, False)
+
+    def _quantum(self, p: Partition, live: int) -> int:
+        """Requests a partition may give in one turn: the mean waiting length over its own
+        mean length, rounded, at least 1; twice that when hot. Fixed partitions: 1."""
+        if not self.dynamic:
+            return 1
+        q = max(1, round((self.tokens / len(self._home)) / (p.tokens / len(p))))
+        return 2 * q if p.hot else q
+
+    def _partition_for(self, length: float) -> Partition:
+        los = [p.lo for p in self.parts]
+        i = bisect.bisect_right(los, length) - 1
+        if i >= 0 and length < self.parts[i].hi:
+            return self.parts[i]
+        gap_lo = self.parts[i].hi if i >= 0 else 0.0
+        gap_hi = self.parts[i + 1].lo if i + 1 < len(self.parts) else float("inf")
+        width = min(self.bubble_width, gap_hi - gap_lo)
+        lo = max(gap_lo, min(length - width / 2, gap_hi - width))
+        part = Partition(lo, lo + width, bubble=True)
+        self.parts.insert(i + 1, part)
+        self.bubbles_made += 1
+        return part
+
+    def _rebalance(self) -> None:
+        """Hysteresis on each partition's load, then merge adjacent cool non-empty ones."""
+        if not self.dynamic or not self._home:
+            return
+        live = [p for p in self.parts if len(p)]
+        mean = len(self._home) / len(live)
+        for p in live:
+            load = len(p) / mean
+            if load > HOT:
+                p.hot = True
+            elif load < COOL:
+                p.hot = False
+        i = 0
+        while i + 1 < len(self.parts):
+            a, b = self.parts[i], self.parts[i + 1]
+            if 0 < len(a) < MERGE * mean and 0 < len(b) < MERGE * mean:
+                self._merge(a, b)
+                continue
+            i += 1
+
+    def _merge(self, a: Partition, b: Partition) -> None:
+        for rid in list(b.line._items):
+            req = b.line.remove(rid)
+            assert req is not None
+            cls = self._home[rid][1]
+            a.line.push(req, cls)
+            self._home[rid] = (a, cls)
+        a.hi, a.bubble, a.hot, a.tokens = b.hi, False, a.hot or b.hot, a.tokens + b.tokens
+        if self.cursor == b.lo:
+            self.cursor = a.lo
+        self.parts.remove(b)
+        self.merges += 1
+
+
+def fixed_line(bounds: Sequence[float] = BASE_BOUNDS) -> BubbleLine:
+    return BubbleLine(bounds=bounds, dynamic=False)

@@ -1,0 +1,65 @@
+"""EcoServe's engine-side inputs for the simulated engine, kept on the engine's own clock
+(the sum of its step durations — the same time base on the real clock, ÷ speed, and in the
+cluster simulator):
+
+  saved TPOT slack of request r  = g_r · STP_r − (clock − t_first(r))
+      g_r = tokens r produced after its first, STP_r = its TPOT SLO (the request's own, or
+      the engine's default); the engine reports the minimum over the requests decoding now
+      (None when none decodes): a prefill delays every decode, so the tightest one counts.
+  compute utilisation            = tokens scheduled in the last step ÷ the step token budget
+  prefill cost per token         = step time of one full-budget fresh chunk ÷ the budget
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from services.worker.engine import EngineOutput
+from services.worker.sim.latency import LatencyProfile
+from shared.ecoserve import saved_slack_ms
+
+
+class SlackClock:
+    def __init__(self, default_tpot_slo_ms: float = 100.0):
+        self.default_tpot_slo_ms = default_tpot_slo_ms
+        self.clock_s = 0.0
+        self._first: dict[str, tuple[float, float]] = {}
+        """request id → (engine time of its first token, its TPOT SLO in ms)."""
+        self._after: dict[str, int] = {}
+        """request id → tokens produced after its first."""
+
+    def on_step(self, duration_s: float, outputs: Iterable[EngineOutput], slo_ms: Callable[[str], float]) -> None:
+        """A step of `duration_s` ended, delivering `outputs`; `slo_ms(id)` is a request's own
+        TPOT SLO (≤ 0: the default), asked once, at its first token."""
+        self.clock_s += duration_s
+        for out in outputs:
+            rid = out.request_id
+            if out.finished:
+                self._first.pop(rid, None)
+                self._after.pop(rid, None)
+            elif out.new_token_ids:
+                if rid in self._first:
+                    self._after[rid] += len(out.new_token_ids)
+                else:
+                    slo = slo_ms(rid)
+                    self._first[rid] = (self.clock_s, slo if slo > 0 else self.default_tpot_slo_ms)
+                    self._after[rid] = len(out.new_token_ids) - 1
+
+    def forget(self, request_id: str) -> None:
+        """A request left without a finished output of its own (an abort)."""
+        self._first.pop(request_id, None)
+        self._after.pop(request_id, None)
+
+    def min_slack_ms(self) -> float | None:
+        if not self._first:
+            return None
+        now_ms = self.clock_s * 1000.0
+        return min(
+            saved_slack_ms(self._after[rid], now_ms - t0 * 1000.0, slo) for rid, (t0, slo) in self._first.items()
+        )
+
+
+def prefill_ms_per_token(prof: LatencyProfile) -> float:
+    """Cost per token of a full-budget chunk of a fresh prompt, from the profile's step model."""
+    n = prof.max_num_batched_tokens
+    return prof.step_s(0, 0, [(n, 0)]) * 1000.0 / n

@@ -1,0 +1,163 @@
+"""EcoServe's per-worker rules (seed 002, DESIGN.md §3.4): pure functions the macro-instance
+controller, the router's EcoServe filter and the cluster simulator all call, so none of them
+keeps a private copy of the policy.
+
+Inputs per worker, from its heartbeat:
+  P  pending prefill tokens (accepted, not yet computed)      c  prefill cost, ms per token
+  S  saved TPOT slack of its running decodes, ms (None: no decodes) — for a decoding request
+     that has produced g tokens since its first, t ms ago: g·TPOT_SLO − t; S is the minimum
+     over its decodes (a prefill delays every decode of the worker, so the tightest counts)
+  F  free KV blocks                                           u  compute utilisation (0…1)
+
+Estimated prefill time of n more tokens:    T(n) = c · (P + n)
+Constraint check of request r (n new tokens, prompt L, max_tokens M) on a worker:
+  1. TTFT    T(n) ≤ TTFT_SLO
+  2. TPOT    S is None  or  S ≥ T(n)           (the decodes' saved slack absorbs the prefill)
+  3. memory  ⌈(L + M) / block⌉ ≤ F             (its whole KV fits: no preemption later)
+Placement (seed §3.1.2): the session's last worker if it passes; else the first worker that
+passes after the round-robin cursor; else the least loaded (running + waiting, then id).
+Phase switches:
+  prefill → decode   backlog ≤ 2 requests  or  u ≥ 0.9 (compute saturated)
+  decode → prefill   S is None  or  S ≥ 1.5 × estimated prefill time of the phase ahead
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.schemas import Heartbeat
+
+
+class Refusal(enum.IntEnum):
+    """Why the constraint check refuses a worker; 0 = it passes. Doubles as a metric label."""
+
+    OK = 0
+    TTFT = 1
+    TPOT = 2
+    MEMORY = 3
+
+
+@dataclass(frozen=True)
+class EcoConfig:
+    ttft_slo_ms: float = 2000.0
+    tpot_slo_ms: float = 100.0
+    backlog_switch: int = 2
+    """prefill → decode once at most this many requests wait for their prefill."""
+    saturation: float = 0.9
+    """prefill → decode once compute utilisation reaches this (the seed's 90%)."""
+    slack_factor: float = 1.5
+    """decode → prefill once the saved slack covers this multiple of the prefill estimate."""
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """One worker as the rules see it (a heartbeat's fields)."""
+
+    worker_id: str
+    pending_tokens: int = 0
+    ms_per_token: float = 0.0
+    slack_ms: float | None = None
+    kv_free: int = 1 << 30
+    block_size: int = 16
+    running: int = 0
+    waiting: int = 0
+    compute_util: float = 0.0
+
+    def prefill_ms(self, new_tokens: int = 0) -> float:
+        return self.ms_per_token * (self.pending_tokens + new_tokens)
+
+
+def load_of(hb: Heartbeat) -> WorkerLoad:
+    return WorkerLoad(
+        hb.worker_id, hb.queued_prefill_tokens, hb.prefill_ms_per_token, hb.tpot_slack_ms,
+        hb.kv_blocks_free, hb.block_size, hb.running, hb.waiting, hb.compute_util,
+    )
+
+
+def refusals(
+    pending_tokens: np.ndarray,
+    ms_per_token: np.ndarray,
+    slack_ms: np.ndarray,
+    kv_free: np.ndarray,
+    block_size: np.ndarray,
+    new_tokens: int | np.ndarray,
+    prompt_len: int,
+    max_tokens: int,
+    cfg: EcoConfig,
+) -> np.ndarray:
+    """The constraint check over many workers at once: a Refusal code per worker (the first
+    constraint that fails, in the order TTFT, TPOT, memory). `slack_ms` is NaN where a worker
+    has no running decode. `new_tokens` may differ per worker (prefix-cache hits)."""
+    t = ms_per_token * (pending_tokens + new_tokens)
+    need = -(-(prompt_len + max_tokens) // block_size)
+    out = np.zeros(len(t), dtype=np.int8)
+    out[need > kv_free] = Refusal.MEMORY
+    out[~np.isnan(slack_ms) & (slack_ms < t)] = Refusal.TPOT
+    out[t > cfg.ttft_slo_ms] = Refusal.TTFT
+    return out
+
+
+def check(w: WorkerLoad, new_tokens: int, prompt_len: int, max_tokens: int, cfg: EcoConfig) -> Refusal:
+    """The constraint check of one worker (the vectorised one on a single row)."""
+    slack = np.nan if w.slack_ms is None else w.slack_ms
+    r = refusals(
+        np.array([w.pending_tokens]), np.array([w.ms_per_token]), np.array([slack], dtype=np.float64),
+        np.array([w.kv_free]), np.array([w.block_size]), new_tokens, prompt_len, max_tokens, cfg,
+    )
+    return Refusal(int(r[0]))
+
+
+@dataclass(frozen=True)
+class Placement:
+    worker_id: str | None
+    how: str
+    """`session`, `round_robin`, `least_loaded` or `none` (no worker at all)."""
+    cursor: int
+    """The round-robin cursor to pass to the next call."""
+
+
+def place(
+    workers: Sequence[WorkerLoad],
+    new_tokens: int,
+    prompt_len: int,
+    max_tokens: int,
+    cfg: EcoConfig,
+    cursor: int = 0,
+    last_worker: str | None = None,
+) -> Placement:
+    """Seed §3.1.2 among `workers` (those in their prefill phase, in a fixed order):
+    the session's last worker if it passes the check; else the first passing worker at or
+    after `cursor` (cyclically), the cursor then moving past it; else the least loaded."""
+    if not workers:
+        return Placement(None, "none", cursor)
+    ok = [check(w, new_tokens, prompt_len, max_tokens, cfg) == Refusal.OK for w in workers]
+    if last_worker is not None:
+        for w, passed in zip(workers, ok, strict=True):
+            if w.worker_id == last_worker and passed:
+                return Placement(w.worker_id, "session", cursor)
+    n = len(workers)
+    for k in range(n):
+        i = (cursor + k) % n
+        if ok[i]:
+            return Placement(workers[i].worker_id, "round_robin", (i + 1) % n)
+    best = min(workers, key=lambda w: (w.running + w.waiting, w.worker_id))
+    return Placement(best.worker_id, "least_loaded", cursor)
+
+
+def leaves_prefill(backlog_requests: int, compute_util: float, cfg: EcoConfig) -> bool:
+    """prefill → decode: the backlog is small, or compute is saturated."""
+    return backlog_requests <= cfg.backlog_switch or compute_util >= cfg.saturation
+
+
+def ready_for_prefill(slack_ms: float | None, est_prefill_ms: float, cfg: EcoConfig) -> bool:
+    """decode → prefill: the decodes' saved slack covers 1.5 × the prefill ahead."""
+    return slack_ms is None or slack_ms >= cfg.slack_factor * est_prefill_ms
+
+
+def saved_slack_ms(tokens_since_first: int, ms_since_first: float, tpot_slo_ms: float) -> float:
+    """One decoding request's saved TPOT slack: how far ahead of its TPOT SLO it runs."""
+    return tokens_since_first * tpot_slo_ms - ms_since_first

@@ -1,0 +1,342 @@
+"""OpenAI's HTTP API as tokenyard speaks it, shared by every HTTP front (the edge, and a
+worker's own `--http` front, which serves straight from its engine as `vllm serve` does):
+bodies in, `GenerateRequest` out; stream events in, OpenAI response objects out. No I/O, no
+clock (`created` comes in as an argument).
+
+    body ──parse_request──> GenerateRequest            (or ApiError: status, type, param, code)
+    GenerateRequest ──prompt_tokens──> token ids, prompt length, block-hash chain (as admission)
+    Accepted, Chunk…, Finished ──Renderer──> SSE frames  `data: {chunk}\\n\\n` … `data: [DONE]\\n\\n`
+                                          or one response object (non-streaming)
+    Rejected / Error ──error_from_event──> ApiError ──> `{"error": {message, type, param, code}}`
+
+Chunks mirror OpenAI's: `text_completion` objects with `choices[0].text` for completions;
+`chat.completion.chunk` objects with `choices[0].delta` for chat, the first delta carrying
+`role: assistant`; a last choice chunk with an empty text/delta and `finish_reason`; with
+`stream_options.include_usage`, every chunk has `usage: null` and one more chunk with
+`choices: []` and the usage precedes `[DONE]`. An error after the SSE headers went out
+travels as a `data: {"error": …}` frame (what OpenAI's client raises from), then `[DONE]`.
+Usage carries `prompt_tokens_details.cached_tokens` (prefix-cache hits), as vLLM reports it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from typing import Any
+
+import msgspec
+
+from shared import hashing, schemas
+from shared.schemas import Outcome
+from shared.tokenizer import Tokenizer, content_text, render_chat
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class Endpoint(enum.StrEnum):
+    """The two generation routes; the value doubles as the metric label."""
+
+    COMPLETIONS = "completions"
+    CHAT = "chat_completions"
+
+
+# ───────────────────────────── errors ─────────────────────────────
+
+
+class ApiError(Exception):
+    """An OpenAI error answer: HTTP status plus the body's fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or error_type(status)
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def error_dict(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def body(self) -> bytes:
+        return msgspec.json.encode(self.error_dict())
+
+    def headers(self) -> dict[str, str]:
+        """`Retry-After` in whole seconds (HTTP's delta-seconds), rounded up."""
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(0, math.ceil(self.retry_after_s)))}
+
+    def outcome(self) -> Outcome:
+        return outcome_for_status(self.status)
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status."""
+    if status == 429:
+        return "rate_limit_exceeded"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+_DEFAULT_CODE = {
+    404: "model_not_found",
+    413: "request_too_large",
+    429: "rate_limit_exceeded",
+    503: "overloaded",
+}
+
+
+def outcome_for_status(status: int) -> Outcome:
+    if status == 429:
+        return Outcome.REJECTED_RATE
+    if status == 503:
+        return Outcome.REJECTED_CAPACITY
+    if 400 <= status < 500:
+        return Outcome.REJECTED_INVALID
+    return Outcome.FAILED
+
+
+def error_from_event(event: schemas.Rejected | schemas.Error) -> ApiError:
+    if isinstance(event, schemas.Rejected):
+        return ApiError(
+            event.status,
+            event.message,
+            param=event.param,
+            code=event.code or _DEFAULT_CODE.get(event.status),
+            retry_after_s=event.retry_after_s,
+        )
+    return ApiError(event.status, event.message, code=_DEFAULT_CODE.get(event.status))
+
+
+# ───────────────────────────── requests ─────────────────────────────
+
+_PATH = re.compile(r" - at `\$\.?(.*)`$")
+_decoder = msgspec.json.Decoder(schemas.GenerateRequest)
+
+
+def parse_request(
+    body: bytes, endpoint: Endpoint, models: list[str], request_id: str
+) -> schemas.GenerateRequest:
+    """Decode and check one HTTP body; raise ApiError (400 / 404) on anything wrong.
+
+    Only what the edge itself relies on is checked here (shape and types, the endpoint's
+    prompt vs messages, a served model, n = 1, stream_options only with stream); token
+    limits and prices are admission's, which sees NATS clients too. A missing `model`
+    means the first served one (vLLM's behaviour); `models == []` serves any name."""
+    try:
+        req = _decoder.decode(body)
+    except msgspec.ValidationError as e:
+        text = str(e)
+        m = _PATH.search(text)
+        param = (m.group(1) or None) if m else None
+        code = "invalid_type" if text.startswith("Expected") else "invalid_value"
+        raise ApiError(400, text, param=param, code=code) from None
+    except msgspec.DecodeError as e:
+        raise ApiError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from None
+
+    if endpoint is Endpoint.CHAT:
+        if req.prompt is not None:
+            raise ApiError(400, "`prompt` is for /v1/completions; chat takes `messages`", param="prompt")
+        if not req.messages:
+            raise ApiError(
+                400,
+                "`messages` must be a non-empty list",
+                param="messages",
+                code="missing_required_parameter",
+            )
+    else:
+        if req.messages is not None:
+            raise ApiError(
+                400, "`messages` is for /v1/chat/completions; completions take `prompt`", param="messages"
+            )
+        if req.prompt is None and req.block_hashes is None:
+            raise ApiError(400, "`prompt` is required", param="prompt", code="missing_required_parameter")
+    if not req.model and models:
+        req.model = models[0]
+    if models and req.model not in models:
+        raise ApiError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
+    if req.n != 1:
+        raise ApiError(400, "Only `n` = 1 is supported", param="n", code="invalid_value")
+    if req.stream_options is not None and not req.stream:
+        raise ApiError(400, "`stream_options` is only allowed when `stream` is true", param="stream_options")
+    req.request_id = request_id
+    return req
+
+
+MAX_REQUEST_ID_LEN = 128
+
+
+def request_id_from(header: str | None, fresh: str) -> str:
+    """The client's `x-request-id` when it gave a sane one, else `fresh` (a new uuid4 hex)."""
+    if not header:
+        return fresh
+    if len(header) > MAX_REQUEST_ID_LEN or not header.isprintable() or " " in header:
+        raise ApiError(
+            400,
+            f"`x-request-id` must be at most {MAX_REQUEST_ID_LEN} printable characters, no spaces",
+            param="x-request-id",
+            code="invalid_value",
+        )
+    return header
+
+
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def prompt_tokens(
+    req: schemas.GenerateRequest, tokenizer: Tokenizer, block_size: int
+) -> tuple[list[int], int, list[int]]:
+    """Token ids, prompt length and block-hash chain of a request, as admission computes
+    them (the built-in chat template, the tokenizer, shared.hashing); a trace replay's
+    block_hashes + prompt_len pass through. Raises ValueError on bad content."""
+    if req.block_hashes is not None:
+        if req.prompt_len is None or req.prompt_len < 1:
+            raise ValueError("a replay with block_hashes needs prompt_len ≥ 1")
+        return [], req.prompt_len, list(req.block_hashes)
+    if req.messages is not None:
+        for m in req.messages:
+            if m.role not in CHAT_ROLES:
+                raise ValueError(f"unknown message role '{m.role}'")
+            content_text(m.content)
+        tokens = tokenizer.encode(render_chat(req.messages))
+    elif isinstance(req.prompt, str):
+        tokens = tokenizer.encode(req.prompt)
+    else:
+        tokens = list(req.prompt or [])
+        if any(not 0 <= t < tokenizer.vocab_size for t in tokens):
+            raise ValueError(f"prompt token ids must be in [0, {tokenizer.vocab_size})")
+    return tokens, len(tokens), hashing.hash_chain(tokens, block_size)
+
+
+# ───────────────────────────── responses ─────────────────────────────
+
+
+def usage_dict(usage: schemas.Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+def models_list(models: list[str], created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(m, created) for m in models]}
+
+
+def model_card(model: str, created: int) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": created, "owned_by": "tokenyard"}
+
+
+class Renderer:
+    """Turns one request's events into OpenAI objects. Stateful only in what OpenAI's format
+    needs remembered: whether chat's `role` went out, and (non-streaming) the text so far."""
+
+    def __init__(self, endpoint: Endpoint, request: schemas.GenerateRequest, created: int):
+        self.endpoint = endpoint
+        self.chat = endpoint is Endpoint.CHAT
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{request.request_id}"
+        self.model = request.model
+        self.created = created
+        self.include_usage = bool(
+            request.stream and request.stream_options and request.stream_options.include_usage
+        )
+        self._role_sent = False
+        self._parts: list[str] = []
+        self.finished: schemas.Finished | None = None
+
+    # streaming
+
+    def frames(self, event: schemas.StreamEvent) -> list[bytes]:
+        """The SSE frames for one event; a terminal event's frames end with `[DONE]`."""
+        match event:
+            case schemas.Accepted():
+                return [sse(self._chunk(None, None))] if self.chat else []
+            case schemas.Chunk():
+                return [sse(self._chunk(event.text, None))]
+            case schemas.Finished():
+                self.finished = event
+                out = [sse(self._chunk("", event.finish_reason))]
+                if self.include_usage:
+                    out.append(sse(self._envelope([], usage=usage_dict(event.usage))))
+                return [*out, SSE_DONE]
+            case schemas.Rejected() | schemas.Error():
+                return [sse(error_from_event(event).error_dict()), SSE_DONE]
+        raise TypeError(f"not a stream event: {event!r}")
+
+    def _chunk(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if not self._role_sent:
+                delta["role"] = "assistant"
+                self._role_sent = True
+                delta["content"] = text or ""
+            elif text:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope([choice], usage=None)
+
+    def _envelope(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            obj["usage"] = usage
+        return obj
+
+    # non-streaming
+
+    def feed(self, event: schemas.StreamEvent) -> None:
+        """Gather one event for `response()`; Rejected / Error raise their ApiError."""
+        match event:
+            case schemas.Chunk():
+                self._parts.append(event.text)
+            case schemas.Finished():
+                self.finished = event
+            case schemas.Rejected() | schemas.Error():
+                raise error_from_event(event)
+
+    def response(self) -> dict[str, Any]:
+        """The whole response object, once `feed` has seen Finished."""
+        assert self.finished is not None, "response() before Finished"
+        text = "".join(self._parts)
+        reason = self.finished.finish_reason
+        if self.chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage_dict(self.finished.usage),
+        }

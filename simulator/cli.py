@@ -1,0 +1,136 @@
+"""`tokenyard sim` (DESIGN.md §7): replay a workload through the cores on a virtual clock.
+
+    tokenyard sim --workload chatbot|api|coder|trace:PATH --instances N --profile P
+                  [--policy X | --compare A,B,...] [--macro-size K --mode nodg]
+                  [--queue-policy Q] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
+                  [--seed S] [--json FILE] [--plots DIR]
+                  [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
+                  [--num-requests N] [--duration S]
+
+`--num-requests` takes the first N requests (of a trace; a synthetic workload makes N, 1000
+by default); `--duration` drops arrivals at or after S virtual seconds (after scaling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(sub) -> None:
+    from services.worker.sim.latency import PROFILES
+
+    p = sub.add_parser(
+        "sim",
+        help="replay a workload through the cores on a virtual clock (cluster simulator)",
+        description="Replay a trace or synthetic workload through admission → queue → router → "
+        "simulated engines on a virtual clock, and compare routing policies.",
+    )
+    p.add_argument("--workload", required=True, help="chatbot | api | coder | trace:PATH (.jsonl Mooncake, .csv Azure)")
+    p.add_argument("--instances", type=int, default=16)
+    p.add_argument("--profile", default="a100-llama3-8b", help=f"latency profile: {', '.join(PROFILES)}")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--policy", default=None, help="routing policy (default least-loaded)")
+    group.add_argument("--compare", default=None, metavar="A,B,...", help="run several policies; ratios to the first")
+    p.add_argument("--macro-size", type=int, default=None, metavar="K", help="group workers into macro-instances of K")
+    p.add_argument("--mode", default="nodg", help="macro-instance mode (nodg; ecoserve with issue 8)")
+    p.add_argument("--queue-policy", default="fcfs")
+    p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
+    p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rate", type=float, default=None, help="base rate of a synthetic workload (req/s)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of gaps; 1 = Poisson")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
+    p.add_argument("--time-scale", type=float, default=1.0, help="stretch the clock X times (slower)")
+    p.add_argument("--num-requests", "--max-requests", dest="num_requests", type=int, default=None)
+    p.add_argument("--duration", type=float, default=None, metavar="S", help="arrivals before S virtual seconds")
+    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--plots", default=None, metavar="DIR")
+    p.add_argument("--quiet", action="store_true", help="no table")
+    p.set_defaults(func=main)
+
+
+def _policies(args) -> list[str]:
+    from services.router.core import POLICIES
+
+    names = args.compare.split(",") if args.compare else [args.policy or "least-loaded"]
+    names = [n.strip() for n in names if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}")
+    return names
+
+
+def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
+    return {
+        "workload": args.workload,
+        "num_requests": len(workload.items()),
+        "block_tokens": workload.block_tokens,
+        "instances": args.instances,
+        "profile": args.profile,
+        "policies": policies,
+        "macro_size": args.macro_size,
+        "mode": args.mode,
+        "queue_policy": args.queue_policy,
+        "priority_mix": args.priority_mix,
+        "seed": args.seed,
+        "rate": args.rate,
+        "burstiness": args.burstiness,
+        "rate_scale": args.rate_scale,
+        "time_scale": args.time_scale,
+        "duration": args.duration,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    from loadgen.config import parse_goodput, parse_priority_mix
+    from loadgen.workloads import open_workload
+    from simulator import report
+    from simulator.cluster import ClusterSim, SimConfig
+    from simulator.run import compare
+
+    try:
+        policies = _policies(args)
+        goodput = parse_goodput(args.goodput)
+        mix = parse_priority_mix(args.priority_mix)
+        if args.instances < 1:
+            raise ValueError("--instances must be >= 1")
+        workload = open_workload(
+            args.workload,
+            num_requests=args.num_requests,
+            rate=args.rate,
+            burstiness=args.burstiness,
+            rate_scale=args.rate_scale,
+            time_scale=args.time_scale,
+            priority_mix=mix,
+            seed=args.seed,
+            duration_s=args.duration,
+        )
+        if not workload.items():
+            raise ValueError("the workload has no requests")
+        cfg = SimConfig(
+            instances=args.instances,
+            profile=args.profile,
+            policy=policies[0],
+            queue_policy=args.queue_policy,
+            macro_size=args.macro_size,
+            mode=args.mode,
+            seed=args.seed,
+        )
+        ClusterSim(cfg, workload.block_tokens)  # bad profile / queue policy / mode fail here
+    except (ValueError, KeyError) as e:
+        print(f"tokenyard sim: error: {e}", file=sys.stderr)
+        return 2
+    results, series = compare(workload, cfg, policies, goodput or None, with_series=True)
+    if not args.quiet:
+        report.print_results(results, title=f"{args.workload} · {args.instances} × {args.profile}")
+    if args.json:
+        doc: dict[str, Any] = {"config": config_doc(args, workload, policies), "policies": results}
+        if len(policies) == 1:
+            doc.update(results[policies[0]])
+        report.write_json(doc, args.json)
+    if args.plots:
+        for path in report.plots(series, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0

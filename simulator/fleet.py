@@ -1,0 +1,36 @@
+"""One simulated instance: the live worker's two cores side by side — WorkerCore (offers,
+stream bookkeeping, heartbeats, phase control) and SimEngineCore (the step) — plus what the
+simulator observes of it (busy time, batch-size samples).
+
+Heartbeats: the live worker publishes one every 100 ms. An instance whose engine has not
+changed since its last heartbeat would publish the same numbers again, so the simulator
+sends it only as a keep-alive (every `keepalive_s`, under the router's and queue's
+staleness limits); `dirty` marks a change (a request added, a step run, a phase control).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from services.worker.core import WorkerConfig, WorkerCore
+from services.worker.sim.core import SimEngineCore, StepResult
+from services.worker.sim.latency import LatencyProfile
+from shared.tokenizer import ByteTokenizer
+
+
+class SimInstance:
+    __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "pending", "busy_s", "bs_samples", "steps")
+
+    def __init__(self, worker_id: str, model: str, prof: LatencyProfile, block_size: int, num_blocks: int):
+        self.id = worker_id
+        self.worker = WorkerCore(WorkerConfig(worker_id=worker_id, model=model, engine="sim"), ByteTokenizer())
+        self.engine = SimEngineCore(prof, block_size=block_size, num_blocks=num_blocks)
+        self.busy = False
+        """A step is in flight (its STEP_DONE event is queued)."""
+        self.dirty = True
+        self.last_hb_s = float("-inf")
+        self.pending: StepResult | None = None
+        self.busy_s = 0.0
+        self.steps = 0
+        self.bs_samples = array("H")
+        """Running batch size at every sample tick."""

@@ -1,0 +1,97 @@
+"""A simulation's result: `vllm bench serve`'s keys computed by loadgen.metrics over the same
+RequestRecord shape (send = arrival at admission, chunk times = the virtual times of output
+tokens), plus tokenyard's own:
+
+    prefix_hit_ratio    Σ cached prompt tokens / Σ prompt tokens, over completed requests
+                        (the engine's num_cached_tokens at first schedule)
+    prefix_hit_bound    the same for an infinite cache over this run's requests
+                        (loadgen.workloads.prefix_hit_bound)
+    load_balance        per-instance spread:
+        prefill_tokens_cv / _max_over_mean   uncached prompt tokens each instance computed
+        busy_s_cv                           seconds each instance spent stepping
+        pbs_variance_mean                   mean over samples of Var_i(P_i × BS_i), P = queued
+                                            prefill tokens, BS = running batch (seed 000's
+                                            balance metric)
+        batch_size_mean_max / _min / max_over_min   of the per-instance time-averaged batch size
+    preemptions, sim_time_s, wall_s, sim_speed = sim_time_s / wall_s (the only keys that
+    depend on the machine; everything else is bit-for-bit a function of the inputs)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from loadgen.metrics import compute_metrics
+from loadgen.records import RequestRecord
+from loadgen.workloads.blocks import TraceRequest, prefix_hit_bound
+from simulator.cluster import ClusterSim
+
+WALL_CLOCK_KEYS = ("wall_s", "sim_speed")
+
+
+def records(sim: ClusterSim) -> list[RequestRecord]:
+    out = []
+    for st in sim.reqs.values():
+        it = st.item
+        rec = RequestRecord(index=it.index, priority=it.priority, prompt_len=it.prompt_len)
+        rec.scheduled_s = rec.dispatched_s = rec.send_s = it.arrival_s
+        rec.chunk_s = st.tokens  # an array('d'): indexable, as the metrics need
+        rec.streamed_tokens = len(st.tokens)
+        if st.error is not None:
+            rec.fail(st.error)
+        elif not st.finished:
+            rec.fail("unfinished")
+        rec.close(st.tokens[-1] if len(st.tokens) else it.arrival_s)
+        out.append(rec)
+    return out
+
+
+def _cv(x: np.ndarray) -> float:
+    m = float(x.mean()) if len(x) else 0.0
+    return float(x.std() / m) if m > 0 else 0.0
+
+
+def result(sim: ClusterSim, items: list[TraceRequest], goodput_ms: dict[str, float] | None) -> dict[str, Any]:
+    recs = records(sim)
+    start = items[0].arrival_s if items else 0.0
+    end = max((r.end_s for r in recs if r.end_s is not None), default=start)
+    out: dict[str, Any] = {"policy": sim.cfg.policy}
+    out.update(compute_metrics(recs, end - start, goodput_ms or None))
+    done = [st for st in sim.reqs.values() if st.finished and st.error is None]
+    prompt = sum(st.item.prompt_len for st in done)
+    out["prefix_hit_ratio"] = sum(st.cached_tokens for st in done) / prompt if prompt else 0.0
+    out["prefix_hit_bound"] = prefix_hit_bound(items, sim.block_size)
+    out["load_balance"] = load_balance(sim)
+    out["preemptions"] = sum(inst.engine.stats().preemptions for inst in sim.instances)
+    out["sim_time_s"] = sim.now
+    out["wall_s"] = sim.wall_s
+    out["sim_speed"] = sim.now / sim.wall_s if sim.wall_s > 0 else 0.0
+    return out
+
+
+def load_balance(sim: ClusterSim) -> dict[str, Any]:
+    stats = [inst.engine.stats() for inst in sim.instances]
+    prefill = np.array([s.prefix_queries - s.prefix_hits for s in stats], dtype=float)
+    busy = np.array([inst.busy_s for inst in sim.instances])
+    bs = np.array([np.mean(inst.bs_samples) if len(inst.bs_samples) else 0.0 for inst in sim.instances])
+    mean_prefill = float(prefill.mean()) if len(prefill) else 0.0
+    return {
+        "prefill_tokens_cv": _cv(prefill),
+        "prefill_tokens_max_over_mean": float(prefill.max() / mean_prefill) if mean_prefill > 0 else 0.0,
+        "busy_s_cv": _cv(busy),
+        "pbs_variance_mean": float(np.mean(sim.pbs_var)) if sim.pbs_var else 0.0,
+        "batch_size_mean_max": float(bs.max()) if len(bs) else 0.0,
+        "batch_size_mean_min": float(bs.min()) if len(bs) else 0.0,
+        "batch_size_max_over_min": float(bs.max() / bs.min()) if len(bs) and bs.min() > 0 else None,
+    }
+
+
+def series(sim: ClusterSim) -> dict[str, Any]:
+    """Per-request TTFT (s) of completed requests and per-instance batch-size samples."""
+    return {
+        "ttft_s": [st.tokens[0] - st.item.arrival_s for st in sim.reqs.values() if st.finished and len(st.tokens)],
+        "sample_s": list(sim.sample_times),
+        "batch_size": {inst.id: list(inst.bs_samples) for inst in sim.instances},
+    }

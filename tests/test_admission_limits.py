@@ -1,0 +1,294 @@
+"""Admission's limits: token buckets, tenants and API keys, SLO feasibility, and that a
+refusal leaves no state behind."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.admission.core import AdmissionConfig, AdmissionCore
+from services.admission.feasibility import FleetView, work_ahead
+from services.admission.tenants import TenantPolicy, TenantTable, load_tenants
+from services.admission.token_bucket import TokenBucket
+from shared.schemas import AdmittedRequest, GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
+from shared.tokenizer import ByteTokenizer
+
+# ───────────────────────────── token bucket ─────────────────────────────
+
+
+def test_a_bucket_starts_full_and_refills_at_its_rate_up_to_its_burst():
+    b = TokenBucket(rate=100.0, burst=300.0)
+    assert b.level(0.0) == 300.0
+    b.take(250.0, 10.0)
+    assert b.level(10.0) == 50.0
+    assert b.level(11.0) == 150.0
+    assert b.level(20.0) == 300.0
+    assert b.wait(200.0, 10.0) == 1.5
+    assert b.wait(50.0, 10.0) == 0.0
+    assert b.wait(301.0, 10.0) == math.inf
+
+
+def test_checking_a_bucket_changes_nothing():
+    b = TokenBucket(rate=10.0, burst=20.0)
+    b.take(15.0, 1.0)
+    before = copy.deepcopy(b)
+    for t in (0.5, 1.0, 2.0, 99.0):
+        b.wait(18.0, t)
+        b.level(t)
+    assert b == before
+
+
+def test_a_bucket_rejects_nonsense_parameters():
+    with pytest.raises(ValueError):
+        TokenBucket(rate=0.0, burst=5.0)
+
+
+# ───────────────────────────── tenants ─────────────────────────────
+
+TOML = {
+    "global": {"rate": 1000},
+    "default": {"ceiling": "P1", "rate": 100, "burst": 200},
+    "tenants": {
+        "vip": {"ceiling": "P0", "api_keys": ["sk-vip"], "rate": 500},
+        "batch": {"pin": "P2", "api_keys": ["sk-b1", "sk-b2"]},
+    },
+}
+
+
+def test_load_tenants_fills_defaults():
+    t = load_tenants(TOML)
+    assert (t.global_rate_tokens_per_s, t.global_burst_tokens) == (1000, 2000)
+    assert t.default == TenantPolicy(PriorityClass.P1, PriorityClass.P1, None, 100.0, 200.0)
+    assert t.tenants["vip"] == TenantPolicy(PriorityClass.P0, PriorityClass.P1, None, 500.0, 1000.0)
+    assert t.tenants["batch"] == TenantPolicy(PriorityClass.P1, PriorityClass.P1, PriorityClass.P2, 100.0, 200.0)
+    assert t.api_keys == {"sk-vip": "vip", "sk-b1": "batch", "sk-b2": "batch"}
+    assert t.policy("nobody") is t.default
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"tenants": {"a": {"ceiling": "P7"}}}, "tenants.a.ceiling must be one of P0..P3"),
+        ({"tenants": {"a": {"colour": 1}}}, "tenants.a: unknown keys ['colour']"),
+        ({"tenants": {"a": {"api_keys": ["k"]}, "b": {"api_keys": ["k"]}}}, "already given to 'a'"),
+    ],
+)
+def test_bad_tenant_files_are_refused_with_the_place(doc, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_tenants(doc)
+
+
+def core(table: TenantTable | None = None, **kw) -> AdmissionCore:
+    cfg = AdmissionConfig(models=["m1"], max_model_len=4096, block_size=4, default_max_tokens=16,
+                          tenants=table, **kw)
+    return AdmissionCore(cfg, ByteTokenizer())
+
+
+def admit(c: AdmissionCore, req: GenerateRequest, headers=None, now: float = 100.0):
+    return c.admit(req, reply_to="_INBOX.1", json=False, headers=headers, now=now, new_id="gen-1")
+
+
+def test_an_api_key_names_the_tenant_and_cannot_be_overridden():
+    c = core(load_tenants(TOML))
+    out = admit(c, GenerateRequest(prompt="a", priority=-1), {"x-api-key": "sk-vip", "x-tenant": "batch"})
+    assert (out.tenant, out.priority) == ("vip", 0)
+    out = admit(c, GenerateRequest(prompt="a"), {"x-api-key": "sk-b2", "x-request-tier": "P1"})
+    assert (out.tenant, out.priority) == ("batch", 2)  # the tenant's pin comes first
+    out = admit(c, GenerateRequest(prompt="a", priority=-1), {"x-tenant": "vip"})
+    assert (out.tenant, out.priority) == ("vip", 0)  # no key configured for this call: the header
+
+
+def test_an_unknown_api_key_is_a_401_when_keys_are_configured():
+    out = admit(core(load_tenants(TOML)), GenerateRequest(prompt="a"), {"x-api-key": "sk-nope"})
+    assert (out.status, out.code) == (401, "invalid_api_key")
+    # with no keys configured, a key is not checked
+    assert isinstance(admit(core(), GenerateRequest(prompt="a"), {"x-api-key": "x"}), AdmittedRequest)
+
+
+# ───────────────────────────── rate limits ─────────────────────────────
+
+
+def test_a_tenant_over_its_rate_gets_a_429_with_retry_after():
+    c = core(TenantTable(default=TenantPolicy(rate_tokens_per_s=10.0, burst_tokens=40.0)))
+    first = admit(c, GenerateRequest(prompt="a" * 14, max_tokens=16, tenant="t"), now=0.0)  # costs 30
+    assert isinstance(first, AdmittedRequest)
+    out = admit(c, GenerateRequest(prompt="a" * 14, max_tokens=16, tenant="t"), now=1.0)  # 20 left
+    assert out == Rejected(
+        "gen-1", 429, "rate_limit_exceeded",
+        "Rate limit reached for tenant 't': 10 tokens/s; the request costs 30 tokens (prompt + max_tokens)",
+        retry_after_s=1.0, queue_depth=1,
+    )
+    # another tenant has its own bucket
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 14, max_tokens=16, tenant="u"), now=1.0), AdmittedRequest)
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 14, max_tokens=16, tenant="t"), now=2.0), AdmittedRequest)
+
+
+def test_a_request_the_bucket_can_never_hold_is_a_413():
+    c = core(TenantTable(default=TenantPolicy(rate_tokens_per_s=10.0, burst_tokens=40.0)))
+    out = admit(c, GenerateRequest(prompt="a" * 30, max_tokens=16))
+    assert (out.status, out.code) == (413, "request_too_large")
+
+
+def test_the_lower_bound_refuses_before_tokenizing():
+    # max_tokens alone exceeds what is left: refused although the prompt is not even valid
+    c = core(TenantTable(default=TenantPolicy(rate_tokens_per_s=1.0, burst_tokens=40.0)))
+    admit(c, GenerateRequest(prompt="a" * 20, max_tokens=16), now=0.0)
+    out = admit(c, GenerateRequest(prompt=[1, 10**9], max_tokens=10), now=0.0)
+    assert out.status == 429
+
+
+def test_the_global_bucket_answers_503():
+    c = core(TenantTable(global_rate_tokens_per_s=5.0, global_burst_tokens=50.0))
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 24, max_tokens=16), now=0.0), AdmittedRequest)
+    out = admit(c, GenerateRequest(prompt="a" * 24, max_tokens=16), now=0.0)
+    # refused on the lower bound (max_tokens + 1 = 17, before tokenizing): 10 left, 7 short
+    assert (out.status, out.code, out.retry_after_s) == (503, "overloaded", 1.4)
+    out = admit(c, GenerateRequest(prompt="a" * 24, max_tokens=16), now=2.0)  # 20 left, 40 due
+    assert (out.status, out.retry_after_s) == (503, 4.0)
+
+
+def test_both_buckets_are_charged_together_or_not_at_all():
+    table = TenantTable(default=TenantPolicy(rate_tokens_per_s=1.0, burst_tokens=100.0),
+                        global_rate_tokens_per_s=1.0, global_burst_tokens=50.0)
+    c = core(table)
+    out = admit(c, GenerateRequest(prompt="a" * 44, max_tokens=16), now=0.0)  # 60: tenant ok, global not
+    assert out.status == 503
+    assert c.buckets == {} and c.global_bucket.level(0.0) == 50.0
+
+
+# ───────────────────────────── SLO feasibility ─────────────────────────────
+
+
+def stats(work=(0, 0, 0, 0), depth=(0, 0, 0, 0), drain=1000.0, headroom=0, policy="hybrid", iid="pq-1"):
+    return QueueStats(iid, 0.0, policy, list(depth), list(work), 0, drain, 0.0, headroom)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("fcfs", [1500, 1500, 1500, 1500]),
+        ("strict", [100, 500, 1300, 1500]),
+        # P1: W1 + min(W0, W1·2) + min(W2, W1/2) + min(W3, W1/4) = 400 + 100 + 200 + 100
+        ("wfq", [100 + 50 + 25 + 12.5, 400 + 100 + 200 + 100, 800 + 100 + 400 + 200, 200 + 100 + 400 + 400]),
+        ("hybrid", [100, 100 + 400 + 200, 100 + 800 + 400, 1500]),
+        ("bubble", [100, 700, 1300, 1500]),
+    ],
+)
+def test_work_ahead_follows_the_queue_policy(policy, expected):
+    assert [work_ahead(policy, [100, 400, 800, 200], c) for c in range(4)] == expected
+
+
+def test_no_queue_state_no_prediction():
+    assert FleetView().judge(0, None, 0.0) is None
+
+
+def test_a_class_whose_wait_breaks_its_target_is_refused_with_the_queue_depth():
+    c = core()
+    c.on_queue_stats(stats(work=(0, 6000, 0, 0), depth=(0, 30, 0, 0), drain=1000.0), 100.0)
+    # P1: 6000 tokens ahead at 1000 tokens/s = 6 s > 5 s
+    out = admit(c, GenerateRequest(prompt="a", priority=1), now=100.0)
+    assert out == Rejected(
+        "gen-1", 503, "overloaded",
+        "Fleet saturated: a P1 request faces a predicted wait of 6.00 s against its 5 s TTFT target "
+        "(30 requests queued); retry later",
+        retry_after_s=1.0, queue_depth=30,
+    )
+    # P2 has a 60 s target; P3 none
+    assert isinstance(admit(c, GenerateRequest(prompt="a", priority=2), now=100.0), AdmittedRequest)
+    assert isinstance(admit(c, GenerateRequest(prompt="a", priority=3), now=100.0), AdmittedRequest)
+
+
+def test_a_client_deadline_replaces_the_class_target():
+    c = core()
+    c.on_queue_stats(stats(work=(0, 2000, 0, 0), drain=1000.0), 100.0)
+    assert admit(c, GenerateRequest(prompt="a", ttft_slo_ms=1500), now=100.0).status == 503
+    ok = admit(c, GenerateRequest(prompt="a", ttft_slo_ms=2500), now=100.0)
+    assert ok.deadline_s == 102.5
+    assert admit(c, GenerateRequest(prompt="a", ttft_slo_ms=0)).param == "ttft_slo_ms"
+
+
+def test_free_headroom_means_no_wait():
+    c = core()
+    c.on_queue_stats(stats(work=(0, 10**6, 0, 0), drain=1.0, headroom=3), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.0), AdmittedRequest)
+
+
+def test_admitted_work_counts_until_the_next_queue_state():
+    c = core()
+    c.on_queue_stats(stats(work=(0, 4900, 0, 0), depth=(0, 7, 0, 0), drain=1000.0), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 84, max_tokens=16), now=100.0), AdmittedRequest)
+    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 4900 + 100 = 5000 → 5 s: still fits
+    assert isinstance(out, AdmittedRequest)
+    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 5017 → over
+    assert (out.status, out.queue_depth) == (503, 9)
+    c.on_queue_stats(stats(work=(0, 0, 0, 0), drain=1000.0), 100.1)
+    assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.1), AdmittedRequest)
+
+
+def test_stale_queue_state_is_ignored_and_replicas_add_up():
+    f = FleetView(stale_after_s=1.0)
+    f.on_queue_stats(stats(work=(0, 3000, 0, 0), drain=500.0, iid="a"), 0.0)
+    f.on_queue_stats(stats(work=(0, 3000, 0, 0), drain=500.0, iid="b"), 0.5)
+    assert f.judge(1, None, 0.9).wait_s == 6.0
+    assert f.judge(1, None, 1.2).wait_s == 6.0  # a is stale: 3000 / 500
+    assert f.judge(1, None, 1.6) is None
+
+
+def hb(wid: str, healthy: bool = True) -> Heartbeat:
+    return Heartbeat(wid, "m", 1, 0.0, 0, 0, 0, 0, 100, 16, healthy=healthy)
+
+
+def test_a_fleet_with_no_healthy_worker_refuses_every_class_with_a_deadline():
+    c = core()
+    c.on_heartbeat(hb("w0", healthy=False), 100.0)
+    c.on_queue_stats(stats(), 100.0)
+    out = admit(c, GenerateRequest(prompt="a", priority=2), now=100.0)
+    assert out.status == 503 and out.message.startswith("Fleet saturated: a P2 request faces no capacity")
+    assert out.retry_after_s == c.fleet.stale_after_s
+    assert isinstance(admit(c, GenerateRequest(prompt="a", priority=3), now=100.0), AdmittedRequest)
+    c.on_heartbeat(hb("w0"), 100.1)
+    assert isinstance(admit(c, GenerateRequest(prompt="a", priority=2), now=100.1), AdmittedRequest)
+
+
+def test_the_slo_check_can_be_turned_off():
+    c = core(slo_check=False)
+    c.on_queue_stats(stats(work=(0, 10**9, 0, 0), drain=1.0), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.0), AdmittedRequest)
+
+
+# ───────────────────────────── refusals leave nothing behind ─────────────────────────────
+
+requests = st.builds(
+    GenerateRequest,
+    prompt=st.one_of(st.text(max_size=60), st.lists(st.integers(-2, 300), max_size=20)),
+    max_tokens=st.one_of(st.none(), st.integers(-1, 120)),
+    priority=st.integers(-1, 4),
+    tenant=st.sampled_from(["t", "u", None]),
+    ttft_slo_ms=st.one_of(st.none(), st.floats(0.0, 9000.0)),
+)
+
+
+def snapshot(c: AdmissionCore):
+    return copy.deepcopy((c.buckets, c.global_bucket, c.fleet))
+
+
+@settings(max_examples=150, deadline=None)
+@given(script=st.lists(st.tuples(requests, st.floats(0.0, 5.0)), max_size=25))
+def test_a_refused_request_changes_no_state(script):
+    table = TenantTable(default=TenantPolicy(rate_tokens_per_s=40.0, burst_tokens=200.0),
+                        global_rate_tokens_per_s=60.0, global_burst_tokens=300.0)
+    c = core(table)
+    c.on_queue_stats(stats(work=(0, 3000, 20000, 0), drain=1000.0), 0.0)
+    now = 0.0
+    for req, dt in script:
+        now += dt
+        before = snapshot(c)
+        out = admit(c, req, now=now)
+        if isinstance(out, Rejected):
+            assert snapshot(c) == before
+        else:
+            assert c.buckets[out.tenant].level(now) >= 0 and c.global_bucket.level(now) >= 0

@@ -1,0 +1,173 @@
+"""Live EcoServe over a real nats-server: a 3-worker macro-instance rotates its prefill phase
+(the controller's MacroStates on `llm.v1.macro.<id>.state`, its WorkerControls on
+`llm.v1.worker.<id>.control`), and requests land only on the worker in its prefill phase."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.macro_instance.core import MacroConfig
+from services.macro_instance.rolling import RollingConfig
+from services.macro_instance.shell import MacroShell
+from shared import codec, schemas, subjects
+from shared.client import TokenyardClient
+from tests.conftest import InProcFleet
+
+WORKERS = ("ew0", "ew1", "ew2")
+
+
+async def start_ecoserve_fleet(url: str) -> InProcFleet:
+    """As conftest.start_inproc_fleet, with 3 workers under one EcoServe macro-instance."""
+    from services.admission.core import AdmissionConfig
+    from services.admission.shell import AdmissionShell
+    from services.priority_queue.core import QueueConfig
+    from services.priority_queue.policies.fcfs import FCFS
+    from services.priority_queue.shell import QueueShell
+    from services.router.core import RouterConfig
+    from services.router.shell import RouterShell
+    from services.worker.core import WorkerConfig
+    from services.worker.shell import WorkerShell
+    from services.worker.sim.core import SimEngineCore
+    from services.worker.sim.engine import SimEngine
+    from services.worker.sim.latency import profile
+    from shared import config, natsutil
+    from shared.tokenizer import ByteTokenizer
+
+    nc = await natsutil.connect(url, "test-client")
+    await natsutil.ensure_queue_stream(nc)
+    await nc.jetstream().purge_stream("LLM_QUEUE")
+    fleet = InProcFleet(url, nc)
+    tok = ByteTokenizer()
+    for wid in WORKERS:
+        engine = SimEngine(SimEngineCore(profile("a100-llama3-8b"), 16), speed=1.0)
+        fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(wid, config.DEFAULT_MODEL), engine, tok)))
+    await fleet.add(AdmissionShell(AdmissionConfig(), tok))
+    await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
+    await fleet.add(QueueShell(QueueConfig(), FCFS()))
+    rolling = RollingConfig(min_phase_s=0.3, stagger_s=0.3)
+    await fleet.add(MacroShell(MacroConfig(size=3, mode="ecoserve", rolling=rolling), plan_s=0.05))
+    return fleet
+
+
+async def test_prefill_phase_rotates_and_requests_land_only_on_the_prefill_worker(nats_server):
+    fleet = await start_ecoserve_fleet(nats_server.url)
+    states: list[schemas.MacroState] = []
+    rotated = asyncio.Event()
+
+    async def on_state(msg) -> None:
+        s = codec.decode(msg.data, schemas.MacroState)
+        if set(s.workers) != set(WORKERS):
+            return
+        states.append(s)
+        if {w for x in states for w in x.accepting} == set(WORKERS):
+            rotated.set()
+
+    await fleet.nats.subscribe(subjects.MACRO_STATE_ALL, cb=on_state)
+    # Every offer a worker gets, with the phase it was in: the worker's own record.
+    offers: list[tuple[str, str, str, bool]] = []
+    for host in fleet.workers:
+        core = host.shell.core
+
+        def offer(req, stats, core=core, inner=core.offer):
+            reply, start = inner(req, stats)
+            offers.append((req.request_id, core.cfg.worker_id, str(core.phase), reply.accepted))
+            return reply, start
+
+        core.offer = offer
+    try:
+        async with asyncio.timeout(30):
+            await rotated.wait()  # the phase has been on each of the three workers
+        client = TokenyardClient(fleet.nats)
+        served: dict[str, str] = {}
+        async with asyncio.timeout(60):
+            while set(served.values()) != set(WORKERS):
+                done = await client.generate(schemas.GenerateRequest(prompt="x" * 300, max_tokens=8))
+                assert done.finish_reason == "length", done
+                served[done.request_id] = done.worker_id
+        accepted = [(rid, w, phase) for rid, w, phase, ok in offers if ok]
+        assert sorted(rid for rid, _, _ in accepted) == sorted(served)
+        assert all(phase == "prefill" for _, _, phase in accepted), accepted
+        assert {rid: w for rid, w, _ in accepted} == served
+        refused = [(w, phase) for _, w, phase, ok in offers if not ok]
+        assert all(phase == "decode" for _, phase in refused)  # only a phase switch in flight is refused
+        # the published plan: exactly one worker accepting at a time on an idle group, in rotation
+        assert all(len(s.accepting) == 1 and s.phases[s.accepting[0]] == "prefill" for s in states)
+        order = [s.accepting[0] for s in states]
+        changes = [b for a, b in zip(order, order[1:], strict=False) if a != b]
+        nxt = {"ew0": "ew1", "ew1": "ew2", "ew2": "ew0"}
+        assert all(nxt[a] == b for a, b in zip([order[0], *changes], changes, strict=False))
+    finally:
+        await fleet.stop()
+        await fleet.nats.drain()
+
+
+async def test_local_provisioner_starts_a_worker_that_heartbeats_and_stops_it(nats_server):
+    from services.macro_instance.provisioner import LocalProcessProvisioner
+    from shared import natsutil
+
+    nc = await natsutil.connect(nats_server.url, "test-provisioner")
+    beat = asyncio.Event()
+
+    async def on_beat(msg) -> None:
+        beat.set()
+
+    sub = await nc.subscribe(subjects.heartbeat("ptest0"), cb=on_beat)
+    prov = LocalProcessProvisioner(nats_server.url, profile="zero", id_prefix="ptest")
+    try:
+        prov.add("m0")
+        proc = prov.procs["ptest0"]
+        async with asyncio.timeout(60):
+            await beat.wait()
+        prov.remove("ptest0")
+        assert "ptest0" not in prov.procs
+        assert await asyncio.to_thread(proc.wait, 30) == 0  # SIGTERM: it drains and exits cleanly
+    finally:
+        prov.close()
+        await sub.unsubscribe()
+        await nc.drain()
+
+
+class RecordingProvisioner:
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, str]] = []
+        self.changed = asyncio.Event()
+
+    def add(self, macro_id: str) -> None:
+        self.ops.append(("add", macro_id))
+        self.changed.set()
+
+    def remove(self, worker_id: str) -> None:
+        self.ops.append(("remove", worker_id))
+        self.changed.set()
+
+
+async def test_mitosis_shrink_drains_a_live_worker_and_asks_the_provisioner_to_stop_it(nats_server):
+    from services.macro_instance.mitosis import MitosisConfig
+    from services.worker.core import WorkerConfig
+    from services.worker.shell import WorkerShell
+    from services.worker.sim.core import SimEngineCore
+    from services.worker.sim.engine import SimEngine
+    from services.worker.sim.latency import profile
+    from shared import config, natsutil
+    from shared.tokenizer import ByteTokenizer
+
+    nc = await natsutil.connect(nats_server.url, "test-mitosis")
+    fleet = InProcFleet(nats_server.url, nc)
+    for wid in ("sw0", "sw1"):
+        engine = SimEngine(SimEngineCore(profile("zero"), 16))
+        fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(wid, config.DEFAULT_MODEL), engine,
+                                                         ByteTokenizer())))
+    prov = RecordingProvisioner()
+    scaling = MitosisConfig(n_lower=1, n_upper=2, shrink_window_s=0.3, grow_window_s=60.0, min_workers=1)
+    await fleet.add(MacroShell(MacroConfig(size=2, scaling=scaling), plan_s=0.05, provisioner=prov))
+    try:
+        async with asyncio.timeout(30):
+            await prov.changed.wait()  # idle workers: utilisation 0 < 40% for the shrink window
+            assert prov.ops == [("remove", "sw1")]
+            while not fleet.workers[1].shell.core.draining:  # its drain control arrives
+                await asyncio.sleep(0.05)
+        assert not fleet.workers[0].shell.core.draining
+        assert prov.ops == [("remove", "sw1")]  # min_workers = 1: no further shrink
+    finally:
+        await fleet.stop()
+        await nc.drain()

@@ -1,0 +1,71 @@
+"""The router's EcoServe filter on constructed fleets: only prefill-phase workers that pass the
+constraint check get new requests; the session's worker (longest cached prefix) first; the
+least loaded when none passes; workers outside EcoServe untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from services.router.core import RouterConfig, RouterCore
+from shared.schemas import AdmittedRequest, Heartbeat, MacroState
+
+
+def hb(wid, pending=0, slack=None, free=10_000, running=0, waiting=0, c=0.1, macro="m0") -> Heartbeat:
+    return Heartbeat(wid, "m", 1, 0.0, running, waiting, pending, 0, free, 16, macro_id=macro,
+                     tpot_slack_ms=slack, prefill_ms_per_token=c)
+
+
+def req(prompt=1000, max_tokens=16, chain=None) -> AdmittedRequest:
+    return AdmittedRequest("r", "inbox", "m", [], prompt, chain or [], 16, max_tokens, 1, 0.0)
+
+
+def eco_state(workers, accepting, mid="m0", ttft=1000.0) -> MacroState:
+    phases = {w: "prefill" if w in accepting else "decode" for w in workers}
+    return MacroState(mid, "ecoserve", workers, phases, accepting, 1, 0.0, ttft, 50.0)
+
+
+def router(*beats: Heartbeat, states=()) -> RouterCore:
+    r = RouterCore(RouterConfig(policy="least-loaded"))
+    for b in beats:
+        r.on_heartbeat(b, 0.0)
+    for s in states:
+        r.on_macro_state(s)
+    return r
+
+
+def test_new_requests_go_only_to_prefill_phase_workers():
+    r = router(hb("a"), hb("b"), hb("c"), states=[eco_state(["a", "b", "c"], ["b"])])
+    assert [r.route(req(), 0.0).worker_id for _ in range(3)] == ["b", "b", "b"]
+
+
+def test_each_refusal_moves_the_request_to_a_worker_that_passes():
+    # a: 0.1 × (9500 + 1000) = 1050 ms > 1000 (TTFT); b: slack 50 < 100 ms (TPOT); c: 10 free
+    # blocks < 64 (memory); d passes although it is the most loaded.
+    beats = [hb("a", pending=9500), hb("b", slack=50.0), hb("c", free=10), hb("d", running=9, slack=500.0)]
+    r = router(*beats, states=[eco_state(["a", "b", "c", "d"], ["a", "b", "c", "d"])])
+    assert r.route(req(), 0.0).worker_id == "d"
+    assert r.ecoserve.refused == {"ttft": 1, "tpot": 1, "memory": 1}
+
+
+def test_none_passes_the_least_loaded_prefill_worker_takes_it():
+    beats = [hb("a", pending=20_000, running=3), hb("b", pending=20_000, running=1, waiting=1), hb("c", running=0)]
+    r = router(*beats, states=[eco_state(["a", "b", "c"], ["a", "b"])])
+    assert r.route(req(), 0.0).worker_id == "b"  # c is in its decode phase
+
+
+def test_the_session_worker_holding_the_prefix_is_preferred():
+    r = router(hb("a"), hb("b"), hb("c", running=5), states=[eco_state(["a", "b", "c"], ["a", "b", "c"])])
+    chain = [11, 12, 13]
+    from shared.schemas import BlockStored, KVEventBatch
+
+    r.on_kv_events("c", KVEventBatch(0.0, [BlockStored(chain, None, list(range(48)), 16)]), 0.0)
+    assert r.route(req(prompt=100, chain=chain), 0.0).worker_id == "c"  # least-loaded alone would pick a
+
+
+def test_workers_outside_ecoserve_are_untouched():
+    beats = [hb("a", pending=20_000, macro="m0"), hb("x", pending=20_000, macro="m1")]
+    r = router(*beats, states=[eco_state(["a"], ["a"]),
+                               MacroState("m1", "nodg", ["x"], {"x": "mixed"}, ["x"], 1, 0.0)])
+    keep = r.ecoserve.narrow(req(), r.view, np.array([0, 1]))
+    assert keep.tolist() == [True, True]  # a: none passes → least loaded (itself); x: not EcoServe
+    assert r.ecoserve.refused == {"ttft": 1}

@@ -1,0 +1,48 @@
+"""The simulated engine's EcoServe inputs: saved TPOT slack on the engine's clock, and the
+prefill cost per token from the latency profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.worker.engine import EngineOutput
+from services.worker.sim.latency import profile
+from services.worker.sim.slack import SlackClock, prefill_ms_per_token
+
+
+def tok(rid: str, finished: bool = False) -> EngineOutput:
+    return EngineOutput(rid, [7], finished, "length" if finished else None)
+
+
+def NONE(rid: str) -> float:
+    return 0.0
+
+
+def OWN(rid: str) -> float:
+    return 30.0 if rid == "b" else 0.0
+
+
+def test_slack_is_the_tightest_decode_ahead_of_its_tpot_slo():
+    c = SlackClock(default_tpot_slo_ms=50.0)
+    assert c.min_slack_ms() is None
+    c.on_step(0.2, [tok("a")], NONE)  # a's first token at 0.2 s
+    assert c.min_slack_ms() == 0.0
+    c.on_step(0.02, [tok("a"), tok("b")], OWN)  # b's first at 0.22 s, its own SLO 30 ms
+    # a: 1 × 50 − 20 = 30 ms; b: 0 × 30 − 0 = 0 ms
+    assert c.min_slack_ms() == pytest.approx(0.0)
+    for _ in range(4):
+        c.on_step(0.02, [tok("a"), tok("b")], OWN)
+    # a: 5 × 50 − 100 = 150; b: 4 × 30 − 80 = 40
+    assert c.min_slack_ms() == pytest.approx(40.0)
+    c.on_step(0.5, [tok("a"), tok("b", finished=True)], NONE)  # a long (mixed) step eats a's slack
+    # a: 6 × 50 − 600 = −300
+    assert c.min_slack_ms() == pytest.approx(-300.0)
+    c.forget("a")
+    assert c.min_slack_ms() is None
+
+
+def test_prefill_cost_per_token_is_a_full_chunk_over_its_tokens():
+    prof = profile("a100-llama3-8b")
+    n = prof.max_num_batched_tokens
+    assert prefill_ms_per_token(prof) == pytest.approx(prof.step_s(0, 0, [(n, 0)]) * 1000.0 / n)
+    assert 0.05 < prefill_ms_per_token(prof) < 0.1  # ≈ 156 ms for 2k tokens (calibration table)

@@ -1,0 +1,84 @@
+"""The router service over a real nats-server: it takes heartbeats and KV events from their
+fan-out subjects, routes a request to the worker that caches its prefix, retries elsewhere on
+a refusal, and puts the decision's inputs on its span."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from services.router.core import RouterConfig
+from services.router.shell import RouterShell
+from shared import codec, natsutil, schemas, subjects
+from shared.hashing import ids_chain
+from shared.service import ServiceHost
+
+CHAIN = ids_chain(range(100, 104))
+
+
+async def until(cond) -> None:
+    """Await a condition the router reaches once it has read what was published (bounded)."""
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the router never saw the published state")
+
+
+async def test_the_router_follows_kv_events_and_records_its_inputs(nats_server, spans):
+    shell = RouterShell(RouterConfig(policy="multiplicative"))
+    host = await ServiceHost(shell, nats_server.url).start()
+    nc = await natsutil.connect(nats_server.url, "test-router-shell")
+    offers: list[str] = []
+
+    def worker(wid: str, accept: bool):
+        async def cb(msg):
+            ar = codec.decode(msg.data, schemas.AdmittedRequest)
+            offers.append(wid)
+            await msg.respond(
+                codec.encode(schemas.GenerateReply(ar.request_id, accept, "" if accept else "full"))
+            )
+
+        return cb
+
+    try:
+        for wid, accept in (("wa", True), ("wb", True), ("wc", False)):
+            await nc.subscribe(subjects.worker_generate(wid), cb=worker(wid, accept))
+        stored = schemas.BlockStored(block_hashes=CHAIN, parent_block_hash=None, token_ids=[], block_size=16)
+        await nc.publish(subjects.kv_events("wa"), codec.encode(schemas.KVEventBatch(time.time(), [stored])))
+        await nc.publish(subjects.kv_events("wc"), codec.encode(schemas.KVEventBatch(time.time(), [stored])))
+        await nc.publish(subjects.kv_events("wb"), b"not a batch")  # logged and dropped
+        for wid, running in (("wa", 3), ("wb", 0), ("wc", 0)):
+            hb = schemas.Heartbeat(wid, "tokenyard-sim", 1, time.time(), running, 0, 0, 10, 990, 16)
+            await nc.publish(subjects.heartbeat(wid), codec.encode(hb))
+        await nc.flush()
+        await until(lambda: shell.core.view.n == 3 and len(shell.core.index) == 4)
+        assert shell.core.index.holders_of(CHAIN[0]) == ["wa", "wc"]
+
+        spans.clear()
+        ar = schemas.AdmittedRequest("rq1", "inbox", "tokenyard-sim", [], 70, CHAIN, 16, 4, 1, time.time())
+        reply = await nc.request(subjects.ROUTE, codec.encode(ar), timeout=5)
+        decision = codec.decode(reply.data, schemas.RouteDecision)
+        # wc: P = 70 − 64 = 6, × (0 + 1) = 6 → offered first, refuses; wa: 6 × 4 = 24 < wb: 70 × 1
+        assert (decision.outcome, decision.worker_id) == ("routed", "wa")
+        assert offers == ["wc", "wa"]
+        await until(
+            lambda: any(s.attributes.get("tokenyard.router.instance") for s in spans.get_finished_spans())
+        )
+        span = next(s for s in spans.get_finished_spans() if s.attributes.get("tokenyard.router.instance"))
+        attrs = {k: v for k, v in span.attributes.items() if k.startswith("tokenyard.router.")}
+        assert attrs == {
+            "tokenyard.router.policy": "multiplicative",
+            "tokenyard.router.candidates": 2,
+            "tokenyard.router.fallback": "",
+            "tokenyard.router.hot_warning": False,
+            "tokenyard.router.instance": "wa",
+            "tokenyard.router.p_tokens": 6.0,
+            "tokenyard.router.batch_size": 3,
+            "tokenyard.router.hit_tokens": 64,
+            "tokenyard.router.score": 24.0,
+            "tokenyard.router.over_budget": False,
+        }
+    finally:
+        await nc.drain()
+        await host.stop()

@@ -1,0 +1,85 @@
+"""Worker settings → vLLM engine arguments (services/worker/vllm/settings.py), and the
+stats tracker (services/worker/vllm/stats.py). Pure: no vLLM needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.worker.vllm.settings import SettingsError, VllmSettings, engine_kwargs, vllm_priority
+from services.worker.vllm.stats import StatsTracker
+
+EP = "ipc:///tmp/x/kv"
+
+
+def test_defaults_turn_on_what_the_fleet_needs():
+    kw = engine_kwargs(VllmSettings(model="/m"), "cuda", EP)
+    assert kw["enable_prefix_caching"] is True
+    assert kw["scheduling_policy"] == "priority"
+    assert kw["kv_events_config"] == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": EP, "topic": ""}
+    assert "kv_offloading_size" not in kw and "block_size" not in kw and "scheduler_cls" not in kw
+
+
+def test_settings_map_onto_vllm_names():
+    s = VllmSettings(
+        model="/m", served_model_name="llama", kv_cache_dtype="fp16", quantization="fp8_per_block",
+        max_num_seqs=8, max_num_batched_tokens=512, block_size=32, enforce_eager=True,
+        kv_cache_memory_gb=0.5, scheduler_cls="pkg.mod.Scorpio", dtype="float16",
+    )
+    kw = engine_kwargs(s, "cpu", EP)
+    assert s.name == "llama"
+    assert (kw["kv_cache_dtype"], kw["quantization"], kw["dtype"]) == ("float16", "fp8_per_block", "float16")
+    assert (kw["max_num_seqs"], kw["max_num_batched_tokens"], kw["block_size"]) == (8, 512, 32)
+    assert kw["kv_cache_memory_bytes"] == 1 << 29
+    assert kw["scheduler_cls"] == "pkg.mod.Scorpio" and kw["enforce_eager"] is True
+
+
+def test_kv_offload_goes_to_the_offloading_connector_on_gpus_and_is_refused_on_cpu():
+    kw = engine_kwargs(VllmSettings(model="/m", kv_offload_gb=8), "cuda", EP)
+    assert kw["kv_offloading_size"] == 8
+    assert kw["kv_transfer_config"]["kv_connector_extra_config"]["self_describing_kv_events"] is True
+    with pytest.raises(SettingsError, match="not available on platform 'cpu'.*CUDA/ROCm and XPU"):
+        engine_kwargs(VllmSettings(model="/m", kv_offload_gb=8), "cpu", EP)
+
+
+def test_swap_preemption_means_offload():
+    with pytest.raises(SettingsError, match="needs --kv-offload-gb"):
+        engine_kwargs(VllmSettings(model="/m", preemption_mode="swap"), "cuda", EP)
+    kw = engine_kwargs(VllmSettings(model="/m", preemption_mode="swap", kv_offload_gb=4), "cuda", EP)
+    assert kw["kv_offloading_size"] == 4
+    with pytest.raises(SettingsError, match="choose one of"):
+        engine_kwargs(VllmSettings(model="/m", preemption_mode="evict"), "cuda", EP)
+
+
+def test_what_cpu_cannot_run_is_refused_by_name():
+    with pytest.raises(SettingsError, match="'mxfp8' does not run on platform 'cpu'"):
+        engine_kwargs(VllmSettings(model="/m", quantization="mxfp8"), "cpu", EP)
+    with pytest.raises(SettingsError, match="multiple of 32"):
+        engine_kwargs(VllmSettings(model="/m", block_size=16), "cpu", EP)
+    assert engine_kwargs(VllmSettings(model="/m", block_size=16, quantization="fp8"), "cuda", EP)["block_size"] == 16
+
+
+def test_priority_classes_keep_their_order():
+    assert [vllm_priority(c) for c in (0, 1, 2, 3)] == [0, 1, 2, 3]
+
+
+def test_stats_count_kv_in_fleet_blocks_and_sum_the_per_step_deltas():
+    t = StatsTracker(fleet_block_size=16)
+    t.configure(num_blocks=100, block_size=128)  # 100 vLLM blocks of 128 = 800 fleet blocks
+    t.on_step(running=3, waiting=2, kv_usage=0.25, prefix_hits=32, prefix_queries=100, now=10.0)
+    t.on_step(running=3, waiting=1, kv_usage=0.25, prefix_hits=0, prefix_queries=50, now=10.02)
+    t.on_preempted(2)
+    s = t.snapshot(open_requests=5, queued_prefill_tokens=300)
+    assert (s.running, s.waiting, s.queued_prefill_tokens) == (3, 1, 300)
+    assert (s.kv_blocks_used, s.kv_blocks_free, s.block_size) == (200, 600, 16)
+    assert (s.prefix_hits, s.prefix_queries, s.preemptions) == (32, 150, 2)
+    assert s.step_time_ms == pytest.approx(20.0)
+
+
+def test_stats_never_exceed_the_requests_actually_open():
+    t = StatsTracker(fleet_block_size=16)
+    t.configure(num_blocks=10, block_size=32)
+    t.on_step(running=4, waiting=2, kv_usage=0.5, prefix_hits=0, prefix_queries=0, now=1.0)
+    s = t.snapshot(open_requests=0, queued_prefill_tokens=0)  # the last report trails the aborts
+    assert (s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_free) == (0, 0, 0, 20)
+    s = t.snapshot(open_requests=5, queued_prefill_tokens=0)
+    assert (s.running, s.waiting) == (4, 1)

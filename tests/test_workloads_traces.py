@@ -1,0 +1,100 @@
+"""Trace readers on small hand-written files (exact values), and on ../shared/traces when
+present (the Mooncake trace's README figures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadgen.config import BenchConfig
+from loadgen.workload import make_workload
+from loadgen.workloads import AzureTrace, MooncakeTrace, open_workload, prefix_hit_bound, trace_rate
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
+
+
+@pytest.fixture
+def mooncake(tmp_path) -> Path:
+    rows = [
+        {"timestamp": 1000, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]},
+        {"timestamp": 1000, "input_length": 1100, "output_length": 0, "hash_ids": [0, 1, 2]},
+        {"timestamp": 4000, "input_length": 300, "output_length": 7, "hash_ids": [3]},
+    ]
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_mooncake_reader_exact(mooncake):
+    items = MooncakeTrace(mooncake).items()
+    assert [(r.arrival_s, r.prompt_len, r.max_tokens, r.block_ids, r.priority) for r in items] == [
+        (0.0, 600, 5, (0, 1), 1),
+        (0.0, 1100, 1, (0, 1, 2), 1),  # an output length of 0 still asks for one token
+        (3.0, 300, 7, (3,), 1),
+    ]
+    # Request 1 hits block 0 (block 1 of request 0 was partial: never cached).
+    assert prefix_hit_bound(items, 512) == 512 / 2000
+
+
+def test_scaling_and_prefixes(mooncake):
+    assert [r.arrival_s for r in MooncakeTrace(mooncake, rate_scale=2.0).items()] == [0.0, 0.0, 1.5]
+    assert [r.arrival_s for r in MooncakeTrace(mooncake, time_scale=2.0).items()] == [0.0, 0.0, 6.0]
+    assert len(MooncakeTrace(mooncake, max_requests=2).items()) == 2
+    assert len(MooncakeTrace(mooncake, duration_s=3.0).items()) == 2
+    assert trace_rate(MooncakeTrace(mooncake).items()) == pytest.approx(2 / 3)
+    mixed = MooncakeTrace(mooncake, priority_mix=(1, 1, 1, 1), seed=5).items()
+    assert [r.priority for r in mixed] == [r.priority for r in MooncakeTrace(mooncake, priority_mix=(1, 1, 1, 1), seed=5).items()]
+
+
+def test_mooncake_rejects_short_hash_ids(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps({"timestamp": 0, "input_length": 2000, "output_length": 1, "hash_ids": [0]}) + "\n")
+    with pytest.raises(ValueError, match="cannot cover"):
+        MooncakeTrace(p).items()
+
+
+def test_azure_reader_has_no_shared_prefixes(tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,40,3\n"
+        "2023-11-16 18:15:47.1805900,16,9\n"
+    )
+    items = AzureTrace(p).items()
+    assert [(r.arrival_s, r.prompt_len, r.max_tokens, r.block_ids) for r in items] == [
+        (0.0, 40, 3, (0, 1, 2)),
+        (0.5, 16, 9, (3,)),
+    ]
+    assert prefix_hit_bound(items, 16) == 0.0
+
+
+def test_open_workload_errors(mooncake):
+    with pytest.raises(ValueError, match="own rate"):
+        open_workload(f"trace:{mooncake}", rate=3.0)
+    other = mooncake.with_name("t.txt")
+    other.write_text("")
+    with pytest.raises(ValueError, match="unknown trace format"):
+        open_workload(f"trace:{other}")
+    with pytest.raises(ValueError, match="unknown workload"):
+        open_workload("chatbot:x")
+
+
+def test_live_trace_replay_text(mooncake):
+    """bench serve --workload trace:PATH: prompt text of the trace's lengths, equal ids equal text."""
+    reqs = list(make_workload(BenchConfig(workload=f"trace:{mooncake}", num_prompts=3)).requests())
+    assert [len(r.prompt) for r in reqs] == [600, 1100, 300]
+    assert reqs[0].prompt == reqs[1].prompt[:600]
+    assert reqs[2].prompt[:300] != reqs[0].prompt[:300]
+    assert [r.arrival_s for r in reqs] == [0.0, 0.0, 3.0]
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/traces not present")
+def test_real_mooncake_trace_matches_its_readme():
+    items = MooncakeTrace(MOONCAKE).items()
+    assert len(items) == 12031
+    assert items[-1].arrival_s == 3536.999
+    assert round(prefix_hit_bound(items, 512), 4) == 0.3734
+    assert round(trace_rate(items), 2) == 3.40

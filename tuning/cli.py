@@ -1,0 +1,88 @@
+"""`tokenyard tune --workload W [--trials N]`: choose bubble_width and the aging thresholds
+for a workload by Bayesian optimisation over the cluster simulator; prints the best settings
+and the gain over the defaults (objective: tuning/objective.py).
+
+    tokenyard tune --workload heavy-tail|chatbot|api|coder|trace:PATH [--trials 20]
+                   [--instances 4] [--profile a100-llama3-8b] [--queue-policy bubble]
+                   [--slots-per-worker 2] [--num-requests 1000] [--rate R] [--rate-scale X]
+                   [--priority-mix a,b,c,d] [--alpha 1 --beta 1 --gamma 1] [--seed 0] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="tune the queue's bubble width and aging over the simulator (optuna)")
+    p.add_argument("--workload", required=True, help="heavy-tail | chatbot | api | coder | trace:PATH")
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--instances", type=int, default=4)
+    p.add_argument("--profile", default="a100-llama3-8b")
+    p.add_argument("--queue-policy", default="bubble", help="the policy whose knobs are tuned")
+    p.add_argument("--slots-per-worker", type=int, default=2,
+                   help="waiting requests a worker may hold: small keeps the backlog in the queue, where "
+                        "its order is decided")
+    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--rate", type=float, default=None, help="arrival rate, requests/s (synthetic workloads)")
+    p.add_argument("--rate-scale", type=float, default=1.0)
+    p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
+    p.add_argument("--alpha", type=float, default=1.0, help="weight of throughput")
+    p.add_argument("--beta", type=float, default=1.0, help="weight of long-request completion")
+    p.add_argument("--gamma", type=float, default=1.0, help="weight of short-request latency")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="FILE")
+    p.set_defaults(func=main)
+
+
+def open_any(args, mix):
+    from tuning.workloads import HeavyTailWorkload
+
+    if args.workload == "heavy-tail":
+        return HeavyTailWorkload(args.num_requests, rate=(args.rate or 4.0) * args.rate_scale, priority_mix=mix,
+                                 seed=args.seed)
+    from loadgen.workloads import open_workload
+
+    return open_workload(args.workload, num_requests=args.num_requests, rate=args.rate, rate_scale=args.rate_scale,
+                         priority_mix=mix, seed=args.seed)
+
+
+def main(args: argparse.Namespace) -> int:
+    from loadgen.config import parse_priority_mix
+    from simulator.cluster import SimConfig
+    from tuning.evaluate import SimSetup
+    from tuning.objective import Weights
+    from tuning.search import tune
+
+    try:
+        mix = parse_priority_mix(args.priority_mix)
+        workload = open_any(args, mix)
+        if args.trials < 1:
+            raise ValueError("--trials must be >= 1")
+        cfg = SimConfig(instances=args.instances, profile=args.profile, slots_per_worker=args.slots_per_worker,
+                        seed=args.seed)
+        setup = SimSetup(workload, cfg, args.queue_policy)
+    except (ValueError, KeyError) as e:
+        print(f"tokenyard tune: error: {e}", file=sys.stderr)
+        return 2
+    res = tune(setup.run, args.trials, Weights(args.alpha, args.beta, args.gamma), seed=args.seed)
+    rows = [("default", res.default_score, res.default), ("best", res.best_score, res.best)]
+    print(f"tokenyard tune · {args.workload} · {args.instances} × {args.profile} · {args.queue_policy} · "
+          f"{args.trials} trials")
+    print("best settings: " + "  ".join(f"{k}={v:.3g}" for k, v in sorted(res.best_params.items())))
+    print(f"{'':8} {'score':>8} {'req/s':>8} {'long in time':>12} {'short p50 TTFT s':>17} {'long p99 TTFT s':>16}")
+    for name, s, m in rows:
+        print(f"{name:8} {s:8.3f} {m.throughput:8.3f} {m.long_done:12.3f} {m.short_p50_ttft_s:17.3f} "
+              f"{m.long_p99_ttft_s:16.3f}")
+    print(f"gain over defaults: {res.gain:+.3f} ({res.gain / abs(res.default_score) * 100 if res.default_score else 0:+.1f}%)")
+    if args.json:
+        doc = {"workload": args.workload, "queue_policy": args.queue_policy, "trials": args.trials,
+               "best_params": res.best_params, "best_score": res.best_score, "default_score": res.default_score,
+               "gain": res.gain, "default": asdict(res.default), "best": asdict(res.best),
+               "history": [{"params": p, "score": v} for p, v in res.trials]}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0

@@ -1,0 +1,53 @@
+"""Seed 004's heavy-tailed length mix as a block-id workload (no shared prefixes: the test is
+about lengths, not caching).
+
+    bucket      [16, 512)  [512, 2k)  [2k, 8k)  [8k, 32k)     prompt tokens, log-uniform within
+    share         45%        30%        15%        10%
+    max_tokens ~ round(LogNormal(ln 128, 0.6)) ∈ [8, 1024]
+Arrivals Poisson at `rate`; priorities from `priority_mix`. A seed fixes everything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from loadgen.workloads.blocks import TraceRequest
+
+BUCKETS: tuple[tuple[int, int], ...] = ((16, 512), (512, 2048), (2048, 8192), (8192, 32768))
+SHARES: tuple[float, ...] = (0.45, 0.30, 0.15, 0.10)
+
+
+class HeavyTailWorkload:
+    name = "heavy-tail"
+    block_tokens = 16
+
+    def __init__(self, num_requests: int = 1000, rate: float = 4.0, priority_mix: Sequence[float] = (0, 1, 0, 0),
+                 seed: int = 0):
+        self.num_requests, self.rate, self.seed = num_requests, rate, seed
+        self.priority_mix = np.asarray(priority_mix, dtype=float) / float(sum(priority_mix))
+        self._cache: list[TraceRequest] | None = None
+
+    def items(self) -> list[TraceRequest]:
+        if self._cache is None:
+            n = self.num_requests
+            rng = np.random.default_rng(self.seed)
+            gaps = rng.exponential(1.0 / self.rate, size=n)
+            arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
+            bucket = rng.choice(len(BUCKETS), size=n, p=SHARES)
+            lo = np.array([BUCKETS[b][0] for b in bucket], dtype=float)
+            hi = np.array([BUCKETS[b][1] for b in bucket], dtype=float)
+            prompt = np.floor(np.exp(rng.uniform(np.log(lo), np.log(hi)))).astype(np.int64)
+            out = np.clip(np.rint(rng.lognormal(math.log(128), 0.6, size=n)), 8, 1024).astype(np.int64)
+            prio = rng.choice(4, size=n, p=self.priority_mix)
+            # every request its own blocks: ids from one counter (no prefix is shared)
+            nblocks = -(-prompt // self.block_tokens)
+            first = np.concatenate([[0], np.cumsum(nblocks)[:-1]])
+            self._cache = [
+                TraceRequest(i, float(arrivals[i]), int(prompt[i]), int(out[i]), int(prio[i]),
+                             tuple(range(int(first[i]), int(first[i] + nblocks[i]))))
+                for i in range(n)
+            ]
+        return self._cache

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- tables:begin -->", "<!-- tables:end -->"
-WORKLOAD_ORDER = ("mooncake", "chatbot", "api", "coder")
+WORKLOAD_ORDER = ("mooncake", "mooncake-full", "chatbot", "api", "coder")
 TITLES = {
     "mooncake": "Mooncake conversation trace (first 3,000 requests)",
+    "mooncake-full": "Mooncake conversation trace (all 12,031 requests, ×1 and ×2)",
     "chatbot": "ChatBot (synthetic, multi-turn)",
     "api": "API (synthetic, shared system prompts)",
     "coder": "Coder (synthetic, long shared repository context)",
@@ -50,7 +52,7 @@ def _f(v, fmt: str) -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def workload_section(name: str, points: list[tuple[float, dict]]) -> list[str]:
+def workload_section(name: str, points: list[tuple[float, dict]], results_dir: Path, rel: str) -> list[str]:
     lines = [f"### {TITLES.get(name, name)}", ""]
     first = points[0][1]
     pols = list(first["policies"])
@@ -81,6 +83,13 @@ def workload_section(name: str, points: list[tuple[float, dict]]) -> list[str]:
     lines += [doc.get("command", "(command not recorded)") for _, doc in points]
     lines.append("```")
     lines.append("")
+    for load, _ in points:
+        plots = results_dir / f"plots_{name}_x{load:g}"
+        if plots.is_dir():
+            pngs = sorted(p.name for p in plots.glob("*.png"))
+            links = ", ".join(f"[{p.removesuffix('.png')}]({rel}/{plots.name}/{p})" for p in pngs)
+            lines.append(f"Plots at ×{load:g} (TTFT CDF per policy; per-instance batch size over time): {links}")
+            lines.append("")
     lines += losses(name, points)
     return lines
 
@@ -112,12 +121,13 @@ def losses(name: str, points: list[tuple[float, dict]]) -> list[str]:
     return lines
 
 
-def render(results: Path) -> str:
+def render(results: Path, rel: str = "results") -> str:
+    """`rel`: the results folder as the document links it."""
     pts = load_points(results)
     lines: list[str] = []
     for name in [*WORKLOAD_ORDER, *sorted(set(pts) - set(WORKLOAD_ORDER))]:
         if name in pts:
-            lines += workload_section(name, pts[name])
+            lines += workload_section(name, pts[name], results, rel)
     return "\n".join(lines)
 
 
@@ -130,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     text = doc.read_text() if doc.exists() else f"{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    doc.write_text(f"{head}{BEGIN}\n{render(Path(args.results))}\n{END}{tail}")
+    results = Path(args.results)
+    rel = os.path.relpath(results, doc.parent)
+    doc.write_text(f"{head}{BEGIN}\n{render(results, rel)}\n{END}{tail}")
     return 0
 
 

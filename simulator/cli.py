@@ -31,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--instances", type=int, default=16)
     p.add_argument("--profile", default="a100-llama3-8b", help=f"latency profile: {', '.join(PROFILES)}")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--policy", default=None, help="routing policy (default least-loaded)")
+    group.add_argument("--policy", default=None, help="routing policy (default: the router's own default)")
     group.add_argument("--compare", default=None, metavar="A,B,...", help="run several policies; ratios to the first")
     p.add_argument("--macro-size", type=int, default=None, metavar="K", help="group workers into macro-instances of K")
     p.add_argument("--mode", default="nodg", help="macro-instance mode (nodg; ecoserve with issue 8)")
@@ -52,9 +52,9 @@ def register(sub) -> None:
 
 
 def _policies(args) -> list[str]:
-    from services.router.core import POLICIES
+    from services.router.core import POLICIES, RouterConfig
 
-    names = args.compare.split(",") if args.compare else [args.policy or "least-loaded"]
+    names = args.compare.split(",") if args.compare else [args.policy or RouterConfig().policy]
     names = [n.strip() for n in names if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:

@@ -44,8 +44,10 @@ def test_single_policy_json_has_the_result_at_top_level(tmp_path):
     out = tmp_path / "r.json"
     assert main(["sim", "--workload", "coder", "--num-requests", "20", "--instances", "2", "--quiet",
                  "--macro-size", "2", "--mode", "nodg", "--json", str(out)]) == 0  # fmt: skip
+    from services.router.core import RouterConfig
+
     doc = json.loads(out.read_text())
-    assert doc["completed"] == 20 and list(doc["policies"]) == ["least-loaded"]
+    assert doc["completed"] == 20 and list(doc["policies"]) == [RouterConfig().policy]
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from shared.client import TokenyardClient
 from tests.conftest import InProcFleet
 
 WORKERS = ("ew0", "ew1", "ew2")
+PHASE_S = 0.3
 
 
 async def start_ecoserve_fleet(url: str) -> InProcFleet:
@@ -44,7 +45,7 @@ async def start_ecoserve_fleet(url: str) -> InProcFleet:
     await fleet.add(AdmissionShell(AdmissionConfig(), tok))
     await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
     await fleet.add(QueueShell(QueueConfig(), FCFS()))
-    rolling = RollingConfig(min_phase_s=0.3, stagger_s=0.3)
+    rolling = RollingConfig(min_phase_s=PHASE_S, stagger_s=PHASE_S)
     await fleet.add(MacroShell(MacroConfig(size=3, mode="ecoserve", rolling=rolling), plan_s=0.05))
     return fleet
 

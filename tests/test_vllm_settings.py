@@ -23,7 +23,7 @@ def test_settings_map_onto_vllm_names():
     s = VllmSettings(
         model="/m", served_model_name="llama", kv_cache_dtype="fp16", quantization="fp8_per_block",
         max_num_seqs=8, max_num_batched_tokens=512, block_size=32, enforce_eager=True,
-        kv_cache_memory_gb=0.5, scheduler_cls="pkg.mod.Scorpio", dtype="float16",
+        kv_cache_memory_gb=0.5, scheduler_cls="pkg.mod.Scorpio", dtype="float16", stream_interval=4,
     )
     kw = engine_kwargs(s, "cpu", EP)
     assert s.name == "llama"
@@ -31,6 +31,7 @@ def test_settings_map_onto_vllm_names():
     assert (kw["max_num_seqs"], kw["max_num_batched_tokens"], kw["block_size"]) == (8, 512, 32)
     assert kw["kv_cache_memory_bytes"] == 1 << 29
     assert kw["scheduler_cls"] == "pkg.mod.Scorpio" and kw["enforce_eager"] is True
+    assert kw["stream_interval"] == 4
 
 
 def test_kv_offload_goes_to_the_offloading_connector_on_gpus_and_is_refused_on_cpu():

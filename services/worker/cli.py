@@ -52,6 +52,8 @@ def register(sub) -> None:
     v.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (faster start)")
     v.add_argument("--scheduler-cls", help="module.Class, a subclass of vLLM's V1 Scheduler (engine-side policy)")
     v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--stream-interval", type=int, default=1,
+                   help="tokens per chunk after the first (1: token by token; more saves host CPU)")
     v.add_argument("--fleet-block-size", type=int, default=config.BLOCK_SIZE,
                    help="block size of the fleet's hash chain that KV events are relayed in")
     p.set_defaults(func=main)
@@ -69,7 +71,8 @@ def vllm_settings(args):
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
         kv_cache_memory_gb=args.kv_cache_memory_gb, gpu_memory_utilization=args.gpu_memory_utilization,
-        scheduler_cls=args.scheduler_cls, seed=args.seed, fleet_block_size=args.fleet_block_size,
+        scheduler_cls=args.scheduler_cls, seed=args.seed, stream_interval=args.stream_interval,
+        fleet_block_size=args.fleet_block_size,
     )
 
 

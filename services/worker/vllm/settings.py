@@ -14,6 +14,7 @@
 |                     | importable in the engine-core process): where the SCORPIO /        |
 |                     | priority-partition scheduling of issue 7 plugs in. None here yet.  |
 | priority class 0..3 | `scheduling_policy="priority"`, `priority=class` (lower runs first) |
+| stream_interval     | `stream_interval`: tokens per chunk after the first (default 1)    |
 
 Always on: prefix caching (the router's KV index needs it), KV events over ZMQ to the
 worker's relay, stats through the worker's own stat logger (vLLM's log lines off).
@@ -59,6 +60,9 @@ class VllmSettings:
     gpu_memory_utilization: float | None = None
     scheduler_cls: str | None = None
     seed: int = 0
+    stream_interval: int = 1
+    """Tokens per streamed chunk after the first (vLLM's stream_interval; the first token is
+    always sent at once): 1 streams token by token, more trades smoothness for host CPU."""
     fleet_block_size: int = 16
 
     @property
@@ -97,6 +101,8 @@ def engine_kwargs(s: VllmSettings, platform: str, kv_events_endpoint: str) -> di
         )
     if s.block_size is not None and platform == "cpu" and s.block_size % 32:
         raise SettingsError(f"block size {s.block_size} on platform 'cpu': vLLM's CPU attention needs a multiple of 32")
+    if s.stream_interval < 1:
+        raise SettingsError("stream interval must be ≥ 1 token")
     if s.fleet_block_size <= 0:
         raise SettingsError("fleet block size must be positive")
 
@@ -125,6 +131,7 @@ def engine_kwargs(s: VllmSettings, platform: str, kv_events_endpoint: str) -> di
         "max_model_len": s.max_model_len,
         "scheduler_cls": s.scheduler_cls,
         "gpu_memory_utilization": s.gpu_memory_utilization,
+        "stream_interval": s.stream_interval if s.stream_interval != 1 else None,
     }
     kw.update({k: v for k, v in optional.items() if v is not None})
     if s.kv_cache_memory_gb is not None:

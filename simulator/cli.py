@@ -34,7 +34,7 @@ def register(sub) -> None:
     group.add_argument("--policy", default=None, help="routing policy (default: the router's own default)")
     group.add_argument("--compare", default=None, metavar="A,B,...", help="run several policies; ratios to the first")
     p.add_argument("--macro-size", type=int, default=None, metavar="K", help="group workers into macro-instances of K")
-    p.add_argument("--mode", default="nodg", help="macro-instance mode (nodg; ecoserve with issue 8)")
+    p.add_argument("--mode", default="nodg", help="macro-instance mode: nodg (every worker mixed) or ecoserve (rolling prefill phases)")
     p.add_argument("--queue-policy", default="fcfs")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")

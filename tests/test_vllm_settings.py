@@ -59,6 +59,13 @@ def test_what_cpu_cannot_run_is_refused_by_name():
     assert engine_kwargs(VllmSettings(model="/m", block_size=16, quantization="fp8"), "cuda", EP)["block_size"] == 16
 
 
+def test_cpu_gets_a_bounded_kv_cache_unless_one_is_set():
+    assert engine_kwargs(VllmSettings(model="/m"), "cpu", EP)["kv_cache_memory_bytes"] == 2 << 30
+    assert "kv_cache_memory_bytes" not in engine_kwargs(VllmSettings(model="/m"), "cuda", EP)
+    kw = engine_kwargs(VllmSettings(model="/m", gpu_memory_utilization=0.5), "cpu", EP)
+    assert "kv_cache_memory_bytes" not in kw and kw["gpu_memory_utilization"] == 0.5
+
+
 def test_priority_classes_keep_their_order():
     assert [vllm_priority(c) for c in (0, 1, 2, 3)] == [0, 1, 2, 3]
 

@@ -83,7 +83,15 @@ def build(args):
 
     worker_id = args.worker_id or f"w-{uuid.uuid4().hex[:8]}"
     if args.engine == "vllm":
-        from services.worker.vllm.engine import VllmEngine, platform_name
+        try:
+            from services.worker.vllm.engine import VllmEngine, platform_name
+        except ModuleNotFoundError as e:
+            if e.name not in ("vllm", "zmq"):
+                raise
+            raise SystemExit(
+                "tokenyard worker --engine vllm needs vLLM: bash deploy/bootstrap.sh test,vllm "
+                "(vLLM's CPU build), or pip install -e '.[vllm-cuda]' on a GPU host"
+            ) from None
         from services.worker.vllm.settings import engine_kwargs
 
         settings = vllm_settings(args)
@@ -114,12 +122,43 @@ def _with_http(args, shell, block_size: int):
 
 
 def main(args) -> int:
-    from services.worker.vllm.settings import SettingsError
     from shared.service import run
+
+    if args.engine != "vllm":
+        run(build(args), args.nats)
+        return 0
+    from services.worker.vllm.settings import SettingsError
 
     try:
         shell = build(args)
     except SettingsError as e:
         raise SystemExit(f"tokenyard worker: {e}") from None
-    run(shell, args.nats)
+    _serve_vllm(shell, args.nats)
     return 0
+
+
+def _serve_vllm(shell, nats_url: str) -> None:
+    """As shared.service.run, with the engine started first: vLLM takes seconds to start,
+    and the worker must not answer `$SRV.PING` (the launcher's readiness) or take requests
+    before it can serve them; an engine that fails to start exits the process unregistered.
+    (WorkerShell.start starting it again is a no-op.)"""
+    import asyncio
+
+    from shared.service import ServiceHost
+
+    engine = (shell.shell if hasattr(shell, "shell") else shell).engine  # WithHttpFront wraps the shell
+
+    async def serve() -> None:
+        await engine.start()
+        try:
+            await ServiceHost(shell, nats_url).run_until_signalled()
+        finally:
+            await engine.stop()
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve())

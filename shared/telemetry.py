@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache
 
 import structlog
 from opentelemetry import context as otel_context
@@ -75,7 +75,7 @@ def logger(service: str):
     return structlog.get_logger(service=service)
 
 
-@lru_cache(maxsize=None)
+@cache
 def tracer(service: str) -> trace.Tracer:
     return trace.get_tracer(f"tokenyard.{service}")
 

@@ -9,7 +9,7 @@ clock, in one process, with no NATS (Dynamo's offline replay, not Vidur's re-imp
               MacroCore.plan ─> router (MacroState), workers (WorkerControl); dispatch again
 
 What the shells do around the cores is repeated here and nothing else: the router shell's
-retry with the refusing worker excluded (3 attempts), the queue shell's back-off after an
+retry with the refusing worker excluded (services.router.core.Placement, as the shell), the queue shell's back-off after an
 unplaced request, the worker shell's heartbeat. Transport delays are zero. Events at equal
 times run in insertion order, arrivals first: the same inputs give the same result.
 """
@@ -24,7 +24,7 @@ from loadgen.workloads.blocks import TraceRequest
 from services.admission.core import AdmissionConfig, AdmissionCore
 from services.macro_instance.core import MacroConfig, MacroCore
 from services.priority_queue.core import QueueConfig, QueueCore
-from services.router.core import RouterConfig, RouterCore
+from services.router.core import Placement, RouterConfig, RouterCore
 from services.worker.sim.latency import profile as latency_profile
 from shared import schemas
 from shared.hashing import block_hash
@@ -34,8 +34,6 @@ from simulator.events import DISPATCH, STEP_DONE, TICK, EventQueue
 from simulator.fleet import SimInstance
 
 MODEL = "tokenyard-sim"
-ROUTE_ATTEMPTS = 3
-"""As the router shell: a refused offer is retried on another worker, up to 3 in all."""
 
 
 @dataclass
@@ -181,11 +179,8 @@ class ClusterSim:
             self._place(req, now)
 
     def _place(self, req: schemas.AdmittedRequest, now: float) -> None:
-        refused: set[str] = set()
-        for _ in range(ROUTE_ATTEMPTS):
-            choice = self.router.route(req, now, frozenset(refused))
-            if choice.worker_id is None:
-                break
+        placement = Placement(self.router, req)
+        while (choice := placement.next(now)) is not None:
             inst = self.by_id[choice.worker_id]
             reply, start = inst.worker.offer(req, inst.engine.stats())
             if reply.accepted:
@@ -193,7 +188,7 @@ class ClusterSim:
                 if start:
                     self._start(inst, req, now)
                 return
-            refused.add(inst.id)
+            placement.refused(inst.id, reply.reason)
         self.queue.on_not_routed(req.request_id, now)
         if self.queue.paused_until > self._dispatch_at:  # one retry event per back-off, not one per request
             self._dispatch_at = self.queue.paused_until

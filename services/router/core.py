@@ -232,3 +232,41 @@ class RouterCore:
             self._row_slot = np.fromiter((get(w, -1) for w in self.view.ids), np.int64, self.view.n)
             self._row_slot_key = key
         return self._row_slot
+
+
+ROUTE_ATTEMPTS = 3
+"""Offers per request: a worker that refuses is excluded and the core asked again."""
+
+
+class Placement:
+    """One request's placement attempts, shared by the router shell (offers over NATS) and
+    the simulator (offers in process), so both retry alike:
+
+        p = Placement(core, req)
+        while (choice := p.next(now)) is not None:
+            if offer(choice.worker_id) accepted: done
+            p.refused(choice.worker_id, reason)
+        → no capacity, p.reason says why
+    """
+
+    def __init__(self, core: RouterCore, req: AdmittedRequest, attempts: int = ROUTE_ATTEMPTS):
+        self.core = core
+        self.req = req
+        self.left = attempts
+        self.excluded: set[str] = set()
+        self.reason = ""
+
+    def next(self, now: float) -> Choice | None:
+        """The next worker to offer the request to, or None when out of attempts or candidates."""
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        choice = self.core.route(self.req, now, frozenset(self.excluded))
+        if choice.worker_id is None:
+            self.reason = choice.reason
+            return None
+        return choice
+
+    def refused(self, worker_id: str, why: str) -> None:
+        self.excluded.add(worker_id)
+        self.reason = f"{worker_id} refused: {why}"

@@ -16,7 +16,7 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
 
-from services.router.core import RouterConfig, RouterCore
+from services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
 from shared import codec, schemas, subjects, telemetry
 from shared.service import new_instance_id
 
@@ -28,7 +28,7 @@ OFFER_TIMEOUT_S = 2.0
 class RouterShell:
     kind = "router"
 
-    def __init__(self, cfg: RouterConfig, max_attempts: int = 3):
+    def __init__(self, cfg: RouterConfig, max_attempts: int = ROUTE_ATTEMPTS):
         self.core = RouterCore(cfg)
         self.instance_id = new_instance_id(self.kind)
         self.max_attempts = max_attempts
@@ -92,23 +92,17 @@ class RouterShell:
         await req.respond(codec.encode(decision))
 
     async def _place(self, ar: schemas.AdmittedRequest, span=None) -> schemas.RouteDecision:
-        refused: set[str] = set()
-        reason = ""
-        for _ in range(self.max_attempts):
-            choice = self.core.route(ar, time.time(), frozenset(refused))
+        placement = Placement(self.core, ar, self.max_attempts)
+        while (choice := placement.next(time.time())) is not None:
             if span is not None:
                 span.set_attributes(span_attributes(choice))
-            if choice.worker_id is None:
-                reason = choice.reason
-                break
             reply = await self._offer(ar, choice.worker_id)
             if reply is not None and reply.accepted:
                 return schemas.RouteDecision(ar.request_id, schemas.Outcome.ROUTED, choice.worker_id)
             if reply is not None and reply.reason == schemas.Outcome.ABORTED:
                 return schemas.RouteDecision(ar.request_id, schemas.Outcome.ABORTED, reason="aborted")
-            refused.add(choice.worker_id)
-            reason = f"{choice.worker_id} refused: {reply.reason if reply else 'no answer'}"
-        return schemas.RouteDecision(ar.request_id, schemas.Outcome.NO_CAPACITY, reason=reason)
+            placement.refused(choice.worker_id, reply.reason if reply else "no answer")
+        return schemas.RouteDecision(ar.request_id, schemas.Outcome.NO_CAPACITY, reason=placement.reason)
 
     async def _offer(self, ar: schemas.AdmittedRequest, worker_id: str) -> schemas.GenerateReply | None:
         subject = subjects.worker_generate(worker_id)

@@ -14,10 +14,10 @@ import statistics
 import sys
 import time
 
-from services.admission.core import AdmissionConfig, AdmissionCore
-from services.admission.tenants import TenantPolicy, TenantTable
-from shared.schemas import GenerateRequest, QueueStats
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
+from tokenyard.services.admission.tenants import TenantPolicy, TenantTable
+from tokenyard.shared.schemas import GenerateRequest, QueueStats
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 def timed(fn, n: int) -> tuple[float, float]:

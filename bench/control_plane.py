@@ -43,11 +43,10 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 from rich import box
 from rich.console import Console
 from rich.table import Table
-
-from loadgen.config import BenchConfig
-from loadgen.report import write_result_json
-from loadgen.serve import run_bench
-from shared import config as shared_config
+from tokenyard.loadgen.config import BenchConfig
+from tokenyard.loadgen.report import write_result_json
+from tokenyard.loadgen.serve import run_bench
+from tokenyard.shared import config as shared_config
 
 TTFT_P50_MS = 2.0
 TTFT_P99_MS = 10.0

@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadgen.workloads import open_workload  # noqa: E402
-from services.macro_instance.rolling import RollingConfig  # noqa: E402
-from shared.ecoserve import EcoConfig  # noqa: E402
-from simulator.cluster import ChainCache, SimConfig  # noqa: E402
-from simulator.run import simulate  # noqa: E402
+from tokenyard.loadgen.workloads import open_workload  # noqa: E402
+from tokenyard.services.macro_instance.rolling import RollingConfig  # noqa: E402
+from tokenyard.shared.ecoserve import EcoConfig  # noqa: E402
+from tokenyard.simulator.cluster import ChainCache, SimConfig  # noqa: E402
+from tokenyard.simulator.run import simulate  # noqa: E402
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 WORKLOADS = {

@@ -38,8 +38,8 @@ def sim_run(workload, cfg, queue: dict[str, Any]) -> dict[str, Any]:
     """One simulator run with QueueConfig fields `queue` (batch cap, P0 reserve) set."""
     from dataclasses import replace
 
-    from simulator.cluster import ClusterSim
-    from simulator.metrics import result
+    from tokenyard.simulator.cluster import ClusterSim
+    from tokenyard.simulator.metrics import result
 
     sim = ClusterSim(cfg, workload.block_tokens)
     sim.queue.cfg = replace(sim.queue.cfg, **queue)
@@ -49,8 +49,8 @@ def sim_run(workload, cfg, queue: dict[str, Any]) -> dict[str, Any]:
 
 
 def priorities(n: int, loads: list[float], instances: int = 16, cap: int = 32) -> list[dict[str, Any]]:
-    from loadgen.workloads import open_workload
-    from simulator.cluster import SimConfig
+    from tokenyard.loadgen.workloads import open_workload
+    from tokenyard.simulator.cluster import SimConfig
 
     rows = []
     for load in loads:
@@ -76,9 +76,9 @@ def priorities(n: int, loads: list[float], instances: int = 16, cap: int = 32) -
 
 
 def bubble(n: int, rates: list[float], instances: int = 4, slots: int = 2) -> list[dict[str, Any]]:
-    from simulator.cluster import SimConfig
-    from tuning.evaluate import SimSetup
-    from tuning.workloads import HeavyTailWorkload
+    from tokenyard.simulator.cluster import SimConfig
+    from tokenyard.tuning.evaluate import SimSetup
+    from tokenyard.tuning.workloads import HeavyTailWorkload
 
     rows = []
     for rate in rates:

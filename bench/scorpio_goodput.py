@@ -22,11 +22,10 @@ import sys
 from typing import Any
 
 import numpy as np
-
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.latency import profile as get_profile
-from services.worker.sim.scorpio import ScorpioPolicy
-from shared.schemas import AdmittedRequest
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.latency import profile as get_profile
+from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
+from tokenyard.shared.schemas import AdmittedRequest
 
 BASE_RATE = 2.0
 TIGHT_MS, LOOSE_MS, TTFT_S = 50.0, 200.0, 5.0

@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.worker.sim.core import SimEngineCore  # noqa: E402
-from services.worker.sim.latency import PROFILES  # noqa: E402
-from shared.hashing import ids_chain  # noqa: E402
-from shared.schemas import AdmittedRequest  # noqa: E402
+from tokenyard.services.worker.sim.core import SimEngineCore  # noqa: E402
+from tokenyard.services.worker.sim.latency import PROFILES  # noqa: E402
+from tokenyard.shared.hashing import ids_chain  # noqa: E402
+from tokenyard.shared.schemas import AdmittedRequest  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 

@@ -27,9 +27,9 @@ TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 _CHILD = """
 import json, resource, sys
-from loadgen.workloads import open_workload
-from simulator.cluster import SimConfig
-from simulator.run import simulate
+from tokenyard.loadgen.workloads import open_workload
+from tokenyard.simulator.cluster import SimConfig
+from tokenyard.simulator.run import simulate
 trace, n, instances, scale, policy = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 w = open_workload("trace:" + trace, num_requests=None if n == "all" else int(n), rate_scale=scale)
 r = simulate(w, SimConfig(instances=instances, policy=policy))

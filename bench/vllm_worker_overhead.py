@@ -126,11 +126,10 @@ class Direct:
         self.skip_pids: list[int] = []
 
     async def start(self) -> None:
+        from tokenyard.services.worker.vllm.engine import drop_prometheus_logger
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.loggers import StatLoggerBase
-
-        from services.worker.vllm.engine import drop_prometheus_logger
 
         class Scheduler(StatLoggerBase):  # the per-step stats the worker's heartbeats need, unread here
             def __init__(self, vllm_config, engine_index=0):
@@ -200,7 +199,7 @@ class ThroughWorker:
         self.n = 0
 
     async def start(self) -> None:
-        from shared import natsutil, subjects
+        from tokenyard.shared import natsutil, subjects
 
         a = self.args
         cmd = [sys.executable, "-m", "tokenyard.cli", "worker", "--engine", "vllm", "--nats", self.url,
@@ -226,8 +225,8 @@ class ThroughWorker:
         await self.nc.subscribe(f"{self.inbox}.*", cb=self._on_event)
 
     async def one(self, tokens: list[int]) -> tuple[float, int]:
-        from shared import codec, schemas, subjects
-        from shared.schemas import AdmittedRequest, Sampling
+        from tokenyard.shared import codec, schemas, subjects
+        from tokenyard.shared.schemas import AdmittedRequest, Sampling
 
         self.n += 1
         rid = f"w{self.n}"
@@ -254,7 +253,7 @@ class ThroughWorker:
 
     async def _on_event(self, msg) -> None:
         """One subscription for every stream (as the edge has): dispatch by subject."""
-        from shared import codec, schemas
+        from tokenyard.shared import codec, schemas
 
         st = self.open.get(msg.subject.rsplit(".", 1)[1])
         if st is None:
@@ -280,7 +279,7 @@ class ThroughWorker:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from shared import natsutil
+    from tokenyard.shared import natsutil
 
     work_dir = tempfile.mkdtemp(prefix="ty-bench-vllm-")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
@@ -289,7 +288,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         from tests.vllm_tiny_model import build
 
         args.model = str(build(os.path.join(work_dir, "tiny-llama")))
-    from shared.tokenizer import HFTokenizer
+    from tokenyard.shared.tokenizer import HFTokenizer
 
     vocab = HFTokenizer(args.model).vocab_size
     server = await natsutil.NatsServer().start()

@@ -72,7 +72,7 @@ def build_1b(path: Path) -> Path:
 
 
 def req(rid, tokens, max_tokens):
-    from shared.schemas import AdmittedRequest, Sampling
+    from tokenyard.shared.schemas import AdmittedRequest, Sampling
     return AdmittedRequest(request_id=rid, reply_to="-", model="m", prompt_token_ids=tokens, prompt_len=len(tokens),
                            block_hashes=[], block_size=16, max_tokens=max_tokens, priority=1, arrival_s=0.0,
                            sampling=Sampling(temperature=0.0))
@@ -100,8 +100,8 @@ async def load(engine, streams, n_req, prompt_len, out_len, vocab, seed):
 
 
 async def with_engine(model, vocab, **settings):
-    from services.worker.vllm.engine import VllmEngine
-    from services.worker.vllm.settings import VllmSettings
+    from tokenyard.services.worker.vllm.engine import VllmEngine
+    from tokenyard.services.worker.vllm.settings import VllmSettings
     eng = VllmEngine(VllmSettings(model=str(model), enforce_eager=True, **settings))
     t0 = time.perf_counter()
     await eng.start()
@@ -121,7 +121,7 @@ async def throughput_check(model, vocab, name, **settings):
 
 
 async def offload_check(model, vocab):
-    from shared.schemas import BlockStored
+    from tokenyard.shared.schemas import BlockStored
     # ~4k tokens of GPU KV (1B model, bf16: 16 layers x 8 KV heads x 64 x 2 x 2 B = 32 KiB/token)
     eng, start_s = await with_engine(model, vocab, kv_cache_memory_gb=0.125, kv_offload_gb=4, max_model_len=4096)
     try:

@@ -9,8 +9,8 @@ import argparse
 import asyncio
 import sys
 
-from loadgen.config import DEFAULT_PRIORITY_MIX, BenchConfig, parse_goodput, parse_priority_mix
-from shared import config as shared_config
+from tokenyard.loadgen.config import DEFAULT_PRIORITY_MIX, BenchConfig, parse_goodput, parse_priority_mix
+from tokenyard.shared import config as shared_config
 
 
 def register(subparsers) -> None:
@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 
 def register_router_bench(bench_sub) -> None:
     """`bench router` (issue 5): the router core's decision latency (loadgen/router_bench.py)."""
-    from loadgen import router_bench
+    from tokenyard.loadgen import router_bench
 
     router = bench_sub.add_parser(
         "router",
@@ -99,9 +99,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    from loadgen.report import print_result, write_result_json
-    from loadgen.serve import run_bench
-    from loadgen.workload import make_workload
+    from tokenyard.loadgen.report import print_result, write_result_json
+    from tokenyard.loadgen.serve import run_bench
+    from tokenyard.loadgen.workload import make_workload
 
     try:
         cfg = config_from_args(args)

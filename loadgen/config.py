@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import config as shared_config
+from tokenyard.shared import config as shared_config
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 DEFAULT_PRIORITY_MIX = (0.0, 1.0, 0.0, 0.0)

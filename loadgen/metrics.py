@@ -29,8 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from loadgen.records import NO_OUTPUT, RequestRecord
+from tokenyard.loadgen.records import NO_OUTPUT, RequestRecord
 
 PERCENTILES = (90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")

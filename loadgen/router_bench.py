@@ -110,8 +110,8 @@ def run_router_bench(
     trace: Path = TRACE,
     repeats: int = 5,
 ) -> RouterBenchResult:
-    from services.router.core import RouterConfig, RouterCore
-    from shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
+    from tokenyard.services.router.core import RouterConfig, RouterCore
+    from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
 
     t_build = time.perf_counter()
     chains = load_chains(trace, block_tokens)
@@ -208,7 +208,7 @@ def run_router_bench(
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from services.router.core import POLICIES
+    from tokenyard.services.router.core import POLICIES
 
     p.add_argument("--instances", type=int, required=True, help="fleet size")
     p.add_argument("--blocks", type=int, default=1_000_000, help="distinct blocks in the index before timing")

@@ -24,12 +24,12 @@ from contextlib import nullcontext
 from time import perf_counter
 from typing import Any
 
-from loadgen.config import BenchConfig
-from loadgen.metrics import compute_metrics
-from loadgen.records import TIMEOUT, RequestRecord
-from loadgen.report import make_progress, print_result
-from loadgen.targets import Target, open_target
-from loadgen.workload import BenchRequest, make_workload
+from tokenyard.loadgen.config import BenchConfig
+from tokenyard.loadgen.metrics import compute_metrics
+from tokenyard.loadgen.records import TIMEOUT, RequestRecord
+from tokenyard.loadgen.report import make_progress, print_result
+from tokenyard.loadgen.targets import Target, open_target
+from tokenyard.loadgen.workload import BenchRequest, make_workload
 
 __all__ = ["BenchConfig", "print_result", "run_bench"]
 

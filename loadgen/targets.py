@@ -27,12 +27,11 @@ from typing import Any, Protocol
 import aiohttp
 import msgspec
 from nats.aio.client import Client
-
-from loadgen.records import RequestRecord
-from loadgen.sse import SSEReader
-from loadgen.workload import BenchRequest
-from shared import natsutil, schemas
-from shared.client import TokenyardClient
+from tokenyard.loadgen.records import RequestRecord
+from tokenyard.loadgen.sse import SSEReader
+from tokenyard.loadgen.workload import BenchRequest
+from tokenyard.shared import natsutil, schemas
+from tokenyard.shared.client import TokenyardClient
 
 
 class Target(Protocol):

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-
-from loadgen.arrivals import arrival_offsets
-from loadgen.config import BenchConfig
+from tokenyard.loadgen.arrivals import arrival_offsets
+from tokenyard.loadgen.config import BenchConfig
 
 _ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ", dtype=np.uint8)
 
@@ -136,7 +135,7 @@ def _block_workload(name: str) -> Callable[[BenchConfig, str], Workload]:
     takes that many requests (the first of a trace)."""
 
     def factory(config: BenchConfig, arg: str) -> Workload:
-        from loadgen.workloads import BlockBenchWorkload, open_workload, trace_rate
+        from tokenyard.loadgen.workloads import BlockBenchWorkload, open_workload, trace_rate
 
         spec = f"{name}:{arg}" if name == "trace" else (name + (f":{arg}" if arg else ""))
         rate = None if math.isinf(config.rate) else config.rate

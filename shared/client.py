@@ -20,8 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
-
-from shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
 
 
 @dataclass

@@ -8,8 +8,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 import msgspec
-
-from shared import schemas
+from tokenyard.shared import schemas
 
 T = TypeVar("T")
 

@@ -28,8 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from shared.schemas import Heartbeat
+from tokenyard.shared.schemas import Heartbeat
 
 
 class Refusal(enum.IntEnum):

@@ -14,7 +14,7 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
-from shared.schemas import BlockHash
+from tokenyard.shared.schemas import BlockHash
 
 ROOT = b"tokenyard.v1"
 DEFAULT_BLOCK_SIZE = 16

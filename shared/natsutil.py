@@ -17,8 +17,7 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
-
-from shared import subjects, telemetry
+from tokenyard.shared import subjects, telemetry
 
 log = telemetry.logger("nats")
 

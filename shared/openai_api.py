@@ -26,10 +26,9 @@ import re
 from typing import Any
 
 import msgspec
-
-from shared import hashing, schemas
-from shared.schemas import Outcome
-from shared.tokenizer import Tokenizer, content_text, render_chat
+from tokenyard.shared import hashing, schemas
+from tokenyard.shared.schemas import Outcome
+from tokenyard.shared.tokenizer import Tokenizer, content_text, render_chat
 
 SSE_DONE = b"data: [DONE]\n\n"
 

@@ -17,8 +17,7 @@ from typing import Protocol
 import nats.micro
 from nats.aio.client import Client
 from nats.micro.service import Service
-
-from shared import natsutil, telemetry
+from tokenyard.shared import natsutil, telemetry
 
 VERSION = "0.1.0"
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from shared.schemas import ChatMessage
+from tokenyard.shared.schemas import ChatMessage
 
 
 class Tokenizer(Protocol):

@@ -19,7 +19,7 @@ from typing import Any
 
 
 def register(sub) -> None:
-    from services.worker.sim.latency import PROFILES
+    from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser(
         "sim",
@@ -52,7 +52,7 @@ def register(sub) -> None:
 
 
 def _policies(args) -> list[str]:
-    from services.router.core import POLICIES, RouterConfig
+    from tokenyard.services.router.core import POLICIES, RouterConfig
 
     names = args.compare.split(",") if args.compare else [args.policy or RouterConfig().policy]
     names = [n.strip() for n in names if n.strip()]
@@ -84,11 +84,11 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from loadgen.config import parse_goodput, parse_priority_mix
-    from loadgen.workloads import open_workload
-    from simulator import report
-    from simulator.cluster import ClusterSim, SimConfig
-    from simulator.run import compare
+    from tokenyard.loadgen.config import parse_goodput, parse_priority_mix
+    from tokenyard.loadgen.workloads import open_workload
+    from tokenyard.simulator import report
+    from tokenyard.simulator.cluster import ClusterSim, SimConfig
+    from tokenyard.simulator.run import compare
 
     try:
         policies = _policies(args)

@@ -20,18 +20,18 @@ import time
 from array import array
 from dataclasses import dataclass, field
 
-from loadgen.workloads.blocks import TraceRequest
-from services.admission.core import AdmissionConfig, AdmissionCore
-from services.macro_instance.core import MacroConfig, MacroCore
-from services.priority_queue.core import QueueConfig, QueueCore
-from services.router.core import Placement, RouterConfig, RouterCore
-from services.worker.sim.latency import profile as latency_profile
-from shared import schemas
-from shared.hashing import block_hash
-from shared.schemas import GenerateRequest, KVEventBatch, Phase, PriorityClass, Rejected
-from shared.tokenizer import ByteTokenizer
-from simulator.events import DISPATCH, STEP_DONE, TICK, EventQueue
-from simulator.fleet import SimInstance
+from tokenyard.loadgen.workloads.blocks import TraceRequest
+from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
+from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
+from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
+from tokenyard.services.router.core import Placement, RouterConfig, RouterCore
+from tokenyard.services.worker.sim.latency import profile as latency_profile
+from tokenyard.shared import schemas
+from tokenyard.shared.hashing import block_hash
+from tokenyard.shared.schemas import GenerateRequest, KVEventBatch, Phase, PriorityClass, Rejected
+from tokenyard.shared.tokenizer import ByteTokenizer
+from tokenyard.simulator.events import DISPATCH, STEP_DONE, TICK, EventQueue
+from tokenyard.simulator.fleet import SimInstance
 
 MODEL = "tokenyard-sim"
 
@@ -94,7 +94,7 @@ class ChainCache:
 
 class ClusterSim:
     def __init__(self, cfg: SimConfig, block_size: int, chains: ChainCache | None = None):
-        from services.priority_queue.cli import make_policy
+        from tokenyard.services.priority_queue.cli import make_policy
 
         self.cfg = cfg
         self.block_size = block_size

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from array import array
 
-from services.worker.core import WorkerConfig, WorkerCore
-from services.worker.sim.core import SimEngineCore, StepResult
-from services.worker.sim.latency import LatencyProfile
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.sim.core import SimEngineCore, StepResult
+from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 class SimInstance:

@@ -22,11 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from loadgen.metrics import compute_metrics
-from loadgen.records import RequestRecord
-from loadgen.workloads.blocks import TraceRequest, prefix_hit_bound
-from simulator.cluster import ClusterSim
+from tokenyard.loadgen.metrics import compute_metrics
+from tokenyard.loadgen.records import RequestRecord
+from tokenyard.loadgen.workloads.blocks import TraceRequest, prefix_hit_bound
+from tokenyard.simulator.cluster import ClusterSim
 
 WALL_CLOCK_KEYS = ("wall_s", "sim_speed")
 

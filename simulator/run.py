@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from simulator.cluster import ChainCache, ClusterSim, SimConfig
-from simulator.metrics import result, series
+from tokenyard.simulator.cluster import ChainCache, ClusterSim, SimConfig
+from tokenyard.simulator.metrics import result, series
 
 
 def simulate(

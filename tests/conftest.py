@@ -19,8 +19,7 @@ from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-
-from shared import natsutil  # noqa: E402
+from tokenyard.shared import natsutil  # noqa: E402
 
 SPANS = InMemorySpanExporter()
 _provider = TracerProvider()
@@ -49,7 +48,7 @@ class InProcFleet:
     workers: list = field(default_factory=list)
 
     async def add(self, shell):
-        from shared.service import ServiceHost
+        from tokenyard.shared.service import ServiceHost
 
         host = await ServiceHost(shell, self.nats_url).start()
         self.hosts.append(host)
@@ -62,22 +61,22 @@ class InProcFleet:
 
 async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", speed: float = 1.0,
                              policy: str = "least-loaded", num_blocks: int | None = None) -> InProcFleet:
-    from services.admission.core import AdmissionConfig
-    from services.admission.shell import AdmissionShell
-    from services.macro_instance.core import MacroConfig
-    from services.macro_instance.shell import MacroShell
-    from services.priority_queue.core import QueueConfig
-    from services.priority_queue.policies.fcfs import FCFS
-    from services.priority_queue.shell import QueueShell
-    from services.router.core import RouterConfig
-    from services.router.shell import RouterShell
-    from services.worker.core import WorkerConfig
-    from services.worker.shell import WorkerShell
-    from services.worker.sim.core import SimEngineCore
-    from services.worker.sim.engine import SimEngine
-    from services.worker.sim.latency import profile as get_profile
-    from shared import config
-    from shared.tokenizer import ByteTokenizer
+    from tokenyard.services.admission.core import AdmissionConfig
+    from tokenyard.services.admission.shell import AdmissionShell
+    from tokenyard.services.macro_instance.core import MacroConfig
+    from tokenyard.services.macro_instance.shell import MacroShell
+    from tokenyard.services.priority_queue.core import QueueConfig
+    from tokenyard.services.priority_queue.policies.fcfs import FCFS
+    from tokenyard.services.priority_queue.shell import QueueShell
+    from tokenyard.services.router.core import RouterConfig
+    from tokenyard.services.router.shell import RouterShell
+    from tokenyard.services.worker.core import WorkerConfig
+    from tokenyard.services.worker.shell import WorkerShell
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.engine import SimEngine
+    from tokenyard.services.worker.sim.latency import profile as get_profile
+    from tokenyard.shared import config
+    from tokenyard.shared.tokenizer import ByteTokenizer
 
     nc = await natsutil.connect(url, "test-client")
     await natsutil.ensure_queue_stream(nc)

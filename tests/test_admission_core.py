@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from services.admission.core import AdmissionConfig, AdmissionCore
-from shared import hashing, schemas
-from shared.schemas import ChatMessage, GenerateRequest, PriorityClass, Rejected
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
+from tokenyard.shared import hashing, schemas
+from tokenyard.shared.schemas import ChatMessage, GenerateRequest, PriorityClass, Rejected
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 MODEL = "m1"
 

@@ -9,13 +9,19 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.admission.core import AdmissionConfig, AdmissionCore
-from services.admission.feasibility import FleetView, work_ahead
-from services.admission.tenants import TenantPolicy, TenantTable, load_tenants
-from services.admission.token_bucket import TokenBucket
-from shared.schemas import AdmittedRequest, GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
+from tokenyard.services.admission.feasibility import FleetView, work_ahead
+from tokenyard.services.admission.tenants import TenantPolicy, TenantTable, load_tenants
+from tokenyard.services.admission.token_bucket import TokenBucket
+from tokenyard.shared.schemas import (
+    AdmittedRequest,
+    GenerateRequest,
+    Heartbeat,
+    PriorityClass,
+    QueueStats,
+    Rejected,
+)
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 # ───────────────────────────── token bucket ─────────────────────────────
 

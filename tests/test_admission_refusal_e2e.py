@@ -4,11 +4,11 @@ and the queue depth; nothing reaches the JetStream queue."""
 
 from __future__ import annotations
 
-from services.admission.core import AdmissionConfig
-from services.admission.shell import AdmissionShell
-from shared import codec, natsutil, schemas, subjects
-from shared.service import ServiceHost
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.admission.core import AdmissionConfig
+from tokenyard.services.admission.shell import AdmissionShell
+from tokenyard.shared import codec, natsutil, schemas, subjects
+from tokenyard.shared.service import ServiceHost
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 SATURATED = schemas.QueueStats(
     instance_id="pq-test", ts=0.0, policy="hybrid", depth=[0, 40, 0, 0], work_tokens=[0, 80_000, 0, 0],

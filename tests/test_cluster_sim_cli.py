@@ -44,7 +44,7 @@ def test_single_policy_json_has_the_result_at_top_level(tmp_path):
     out = tmp_path / "r.json"
     assert main(["sim", "--workload", "coder", "--num-requests", "20", "--instances", "2", "--quiet",
                  "--macro-size", "2", "--mode", "nodg", "--json", str(out)]) == 0  # fmt: skip
-    from services.router.core import RouterConfig
+    from tokenyard.services.router.core import RouterConfig
 
     doc = json.loads(out.read_text())
     assert doc["completed"] == 20 and list(doc["policies"]) == [RouterConfig().policy]
@@ -72,7 +72,7 @@ def test_bit_for_bit_across_processes_and_hash_seeds(tmp_path):
     import subprocess
     import sys
 
-    from services.router.core import POLICIES
+    from tokenyard.services.router.core import POLICIES
 
     policies = ",".join(p for p in ("multiplicative", "least-loaded", "round-robin") if p in POLICIES)
     docs = []

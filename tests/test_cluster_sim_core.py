@@ -9,15 +9,14 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from loadgen.workloads import ChatBotWorkload, PrefixIds, TraceRequest
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.latency import profile
-from shared.hashing import ids_chain
-from shared.schemas import AdmittedRequest
-from simulator.cluster import ChainCache, ClusterSim, SimConfig
-from simulator.metrics import WALL_CLOCK_KEYS, result
-from simulator.run import compare, simulate
+from tokenyard.loadgen.workloads import ChatBotWorkload, PrefixIds, TraceRequest
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.latency import profile
+from tokenyard.shared.hashing import ids_chain
+from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.simulator.cluster import ChainCache, ClusterSim, SimConfig
+from tokenyard.simulator.metrics import WALL_CLOCK_KEYS, result
+from tokenyard.simulator.run import compare, simulate
 
 
 class Fixed:
@@ -162,7 +161,7 @@ def test_unknown_names_fail_early():
 def test_unplaceable_requests_wait_in_the_queue_and_are_retried():
     """A batch-size cap of 1 on one instance: the router finds no candidate for the second
     and third requests; the queue takes them back, backs off, and they run one after another."""
-    from services.router.core import POLICIES, RouterConfig
+    from tokenyard.services.router.core import POLICIES, RouterConfig
 
     if "multiplicative" not in POLICIES or not hasattr(RouterConfig(), "bs_cap"):
         pytest.skip("needs issue 5's batch-size cap")

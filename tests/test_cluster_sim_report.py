@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from rich.console import Console
+from tokenyard.simulator import report
 
 from bench import results_doc
-from simulator import report
 
 
 def fake(policy: str, ttft: float, tpot: float, hit: float, goodput: float) -> dict:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
-from shared import codec, schemas
+from tokenyard.shared import codec, schemas
 
 EVENTS = [
     schemas.Accepted("r1", 1, 12),

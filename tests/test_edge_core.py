@@ -6,11 +6,10 @@ import json
 
 import msgspec
 import pytest
-
-from services.edge import core
-from services.edge.core import ApiError, Endpoint
-from shared import schemas
-from shared.schemas import Outcome
+from tokenyard.services.edge import core
+from tokenyard.services.edge.core import ApiError, Endpoint
+from tokenyard.shared import schemas
+from tokenyard.shared.schemas import Outcome
 
 MODELS = ["m1", "m2"]
 

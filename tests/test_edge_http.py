@@ -11,11 +11,10 @@ import aiohttp
 import msgspec
 import openai
 import pytest
-
-from services.edge.shell import EdgeConfig, EdgeShell, health_subject
-from shared import codec, config, natsutil, schemas, subjects
-from shared.natsutil import NatsServer
-from shared.service import ServiceHost
+from tokenyard.services.edge.shell import EdgeConfig, EdgeShell, health_subject
+from tokenyard.shared import codec, config, natsutil, schemas, subjects
+from tokenyard.shared.natsutil import NatsServer
+from tokenyard.shared.service import ServiceHost
 
 MODEL = "m1"
 USAGE = schemas.Usage(prompt_tokens=5, completion_tokens=2, total_tokens=7, cached_tokens=3)

@@ -15,13 +15,12 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-
-from services.worker.engine import Engine, EngineOutput
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.engine import SimEngine
-from services.worker.sim.latency import profile
-from shared import hashing
-from shared.schemas import AdmittedRequest, BlockStored
+from tokenyard.services.worker.engine import Engine, EngineOutput
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.engine import SimEngine
+from tokenyard.services.worker.sim.latency import profile
+from tokenyard.shared import hashing
+from tokenyard.shared.schemas import AdmittedRequest, BlockStored
 
 MAX_SEQS = 4
 BLOCK_SIZE = 16

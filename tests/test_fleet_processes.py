@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import aiohttp
+from tokenyard.shared import natsutil, schemas
+from tokenyard.shared.client import TokenyardClient
 
-from shared import natsutil, schemas
-from shared.client import TokenyardClient
 from tokenyard.launcher import FleetProcesses, ping
 
 

@@ -8,8 +8,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from shared import hashing
+from tokenyard.shared import hashing
 
 
 def _ref(parent: bytes, tokens: list[int]) -> int:

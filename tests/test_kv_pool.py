@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.worker.sim.kv_pool import BlockPool
-from shared import hashing
-from shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored
+from tokenyard.services.worker.sim.kv_pool import BlockPool
+from tokenyard.shared import hashing
+from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored
 
 BS = 2
 

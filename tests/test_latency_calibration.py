@@ -8,9 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from services.worker.sim import calibrate, closed_loop
-from services.worker.sim.latency import PROFILES, MoE
+from tokenyard.services.worker.sim import calibrate, closed_loop
+from tokenyard.services.worker.sim.latency import PROFILES, MoE
 
 # README, "Summed per-iteration times, Llama-3-8B, tensor parallel 1 (ms)", no KV-save, no overhead.
 PREFILL = {  # tokens: A100, H100, H200

@@ -6,10 +6,9 @@ import io
 
 import pytest
 from rich.console import Console
-
-from loadgen.metrics import compute_metrics, summarise
-from loadgen.records import NO_OUTPUT, RequestRecord
-from loadgen.report import print_result
+from tokenyard.loadgen.metrics import compute_metrics, summarise
+from tokenyard.loadgen.records import NO_OUTPUT, RequestRecord
+from tokenyard.loadgen.report import print_result
 
 approx = pytest.approx
 

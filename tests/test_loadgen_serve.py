@@ -14,14 +14,13 @@ from contextlib import asynccontextmanager
 import nats
 import pytest
 from aiohttp import web
-
-from loadgen import cli
-from loadgen.config import BenchConfig
-from loadgen.records import RequestRecord
-from loadgen.serve import drive, run_bench
-from loadgen.workload import BenchRequest, make_workload
-from shared import codec, schemas, subjects
-from shared.natsutil import NatsServer
+from tokenyard.loadgen import cli
+from tokenyard.loadgen.config import BenchConfig
+from tokenyard.loadgen.records import RequestRecord
+from tokenyard.loadgen.serve import drive, run_bench
+from tokenyard.loadgen.workload import BenchRequest, make_workload
+from tokenyard.shared import codec, schemas, subjects
+from tokenyard.shared.natsutil import NatsServer
 
 
 @pytest.fixture(scope="module")

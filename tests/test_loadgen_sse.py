@@ -5,10 +5,9 @@ fed whole, byte by byte and in odd slices."""
 from __future__ import annotations
 
 import pytest
-
-from loadgen.records import RequestRecord
-from loadgen.sse import SSEReader
-from loadgen.targets import record_sse_payload
+from tokenyard.loadgen.records import RequestRecord
+from tokenyard.loadgen.sse import SSEReader
+from tokenyard.loadgen.targets import record_sse_payload
 
 HEAD = b'{"id":"cmpl-1","object":"text_completion","created":1,"model":"tokenyard-sim",'
 RECORDED = (

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from loadgen.arrivals import arrival_offsets
-from loadgen.config import BenchConfig, parse_goodput, parse_priority_mix
-from loadgen.workload import SyntheticWorkload, length_bounds, make_workload
-from shared.tokenizer import ByteTokenizer
+from tokenyard.loadgen.arrivals import arrival_offsets
+from tokenyard.loadgen.config import BenchConfig, parse_goodput, parse_priority_mix
+from tokenyard.loadgen.workload import SyntheticWorkload, length_bounds, make_workload
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 def synthetic(**kw) -> list:

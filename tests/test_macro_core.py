@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.macro_instance.core import MacroConfig, MacroCore
-from shared.schemas import Heartbeat, MacroState, WorkerControl
+from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
+from tokenyard.shared.schemas import Heartbeat, MacroState, WorkerControl
 
 
 def hb(wid: str, macro: str = "", phase: str = "mixed") -> Heartbeat:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.macro_instance.core import MacroConfig, MacroCore
-from services.macro_instance.rolling import RollingConfig
-from shared.ecoserve import (
+from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
+from tokenyard.services.macro_instance.rolling import RollingConfig
+from tokenyard.shared.ecoserve import (
     EcoConfig,
     Refusal,
     WorkerLoad,
@@ -20,7 +19,7 @@ from shared.ecoserve import (
     refusals,
     saved_slack_ms,
 )
-from shared.schemas import Heartbeat, MacroState, WorkerControl
+from tokenyard.shared.schemas import Heartbeat, MacroState, WorkerControl
 
 ECO = EcoConfig(ttft_slo_ms=1000.0, tpot_slo_ms=50.0)
 

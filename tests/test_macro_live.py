@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-from services.macro_instance.core import MacroConfig
-from services.macro_instance.rolling import RollingConfig
-from services.macro_instance.shell import MacroShell
-from shared import codec, schemas, subjects
-from shared.client import TokenyardClient
+from tokenyard.services.macro_instance.core import MacroConfig
+from tokenyard.services.macro_instance.rolling import RollingConfig
+from tokenyard.services.macro_instance.shell import MacroShell
+from tokenyard.shared import codec, schemas, subjects
+from tokenyard.shared.client import TokenyardClient
+
 from tests.conftest import InProcFleet
 
 WORKERS = ("ew0", "ew1", "ew2")
@@ -19,20 +20,20 @@ PHASE_S = 0.3
 
 async def start_ecoserve_fleet(url: str) -> InProcFleet:
     """As conftest.start_inproc_fleet, with 3 workers under one EcoServe macro-instance."""
-    from services.admission.core import AdmissionConfig
-    from services.admission.shell import AdmissionShell
-    from services.priority_queue.core import QueueConfig
-    from services.priority_queue.policies.fcfs import FCFS
-    from services.priority_queue.shell import QueueShell
-    from services.router.core import RouterConfig
-    from services.router.shell import RouterShell
-    from services.worker.core import WorkerConfig
-    from services.worker.shell import WorkerShell
-    from services.worker.sim.core import SimEngineCore
-    from services.worker.sim.engine import SimEngine
-    from services.worker.sim.latency import profile
-    from shared import config, natsutil
-    from shared.tokenizer import ByteTokenizer
+    from tokenyard.services.admission.core import AdmissionConfig
+    from tokenyard.services.admission.shell import AdmissionShell
+    from tokenyard.services.priority_queue.core import QueueConfig
+    from tokenyard.services.priority_queue.policies.fcfs import FCFS
+    from tokenyard.services.priority_queue.shell import QueueShell
+    from tokenyard.services.router.core import RouterConfig
+    from tokenyard.services.router.shell import RouterShell
+    from tokenyard.services.worker.core import WorkerConfig
+    from tokenyard.services.worker.shell import WorkerShell
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.engine import SimEngine
+    from tokenyard.services.worker.sim.latency import profile
+    from tokenyard.shared import config, natsutil
+    from tokenyard.shared.tokenizer import ByteTokenizer
 
     nc = await natsutil.connect(url, "test-client")
     await natsutil.ensure_queue_stream(nc)
@@ -103,8 +104,8 @@ async def test_prefill_phase_rotates_and_requests_land_only_on_the_prefill_worke
 
 
 async def test_local_provisioner_starts_a_worker_that_heartbeats_and_stops_it(nats_server):
-    from services.macro_instance.provisioner import LocalProcessProvisioner
-    from shared import natsutil
+    from tokenyard.services.macro_instance.provisioner import LocalProcessProvisioner
+    from tokenyard.shared import natsutil
 
     nc = await natsutil.connect(nats_server.url, "test-provisioner")
     beat = asyncio.Event()
@@ -143,14 +144,14 @@ class RecordingProvisioner:
 
 
 async def test_mitosis_shrink_drains_a_live_worker_and_asks_the_provisioner_to_stop_it(nats_server):
-    from services.macro_instance.mitosis import MitosisConfig
-    from services.worker.core import WorkerConfig
-    from services.worker.shell import WorkerShell
-    from services.worker.sim.core import SimEngineCore
-    from services.worker.sim.engine import SimEngine
-    from services.worker.sim.latency import profile
-    from shared import config, natsutil
-    from shared.tokenizer import ByteTokenizer
+    from tokenyard.services.macro_instance.mitosis import MitosisConfig
+    from tokenyard.services.worker.core import WorkerConfig
+    from tokenyard.services.worker.shell import WorkerShell
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.engine import SimEngine
+    from tokenyard.services.worker.sim.latency import profile
+    from tokenyard.shared import config, natsutil
+    from tokenyard.shared.tokenizer import ByteTokenizer
 
     nc = await natsutil.connect(nats_server.url, "test-mitosis")
     fleet = InProcFleet(nats_server.url, nc)

@@ -8,11 +8,10 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.macro_instance.core import MacroConfig, MacroCore, ProvisionOp
-from services.macro_instance.mitosis import Decision, Mitosis, MitosisConfig
-from services.macro_instance.provisioner import LocalProcessProvisioner
-from shared.schemas import Heartbeat, WorkerControl
+from tokenyard.services.macro_instance.core import MacroConfig, MacroCore, ProvisionOp
+from tokenyard.services.macro_instance.mitosis import Decision, Mitosis, MitosisConfig
+from tokenyard.services.macro_instance.provisioner import LocalProcessProvisioner
+from tokenyard.shared.schemas import Heartbeat, WorkerControl
 
 CFG = MitosisConfig(n_lower=2, n_upper=4, grow_window_s=300.0, shrink_window_s=600.0)
 

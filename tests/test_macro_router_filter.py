@@ -5,9 +5,8 @@ least loaded when none passes; workers outside EcoServe untouched."""
 from __future__ import annotations
 
 import numpy as np
-
-from services.router.core import RouterConfig, RouterCore
-from shared.schemas import AdmittedRequest, Heartbeat, MacroState
+from tokenyard.services.router.core import RouterConfig, RouterCore
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
 
 
 def hb(wid, pending=0, slack=None, free=10_000, running=0, waiting=0, c=0.1, macro="m0") -> Heartbeat:
@@ -56,7 +55,7 @@ def test_none_passes_the_least_loaded_prefill_worker_takes_it():
 def test_the_session_worker_holding_the_prefix_is_preferred():
     r = router(hb("a"), hb("b"), hb("c", running=5), states=[eco_state(["a", "b", "c"], ["a", "b", "c"])])
     chain = [11, 12, 13]
-    from shared.schemas import BlockStored, KVEventBatch
+    from tokenyard.shared.schemas import BlockStored, KVEventBatch
 
     r.on_kv_events("c", KVEventBatch(0.0, [BlockStored(chain, None, list(range(48)), 16)]), 0.0)
     assert r.route(req(prompt=100, chain=chain), 0.0).worker_id == "c"  # least-loaded alone would pick a

@@ -4,10 +4,9 @@ prefill cost per token from the latency profile."""
 from __future__ import annotations
 
 import pytest
-
-from services.worker.engine import EngineOutput
-from services.worker.sim.latency import profile
-from services.worker.sim.slack import SlackClock, prefill_ms_per_token
+from tokenyard.services.worker.engine import EngineOutput
+from tokenyard.services.worker.sim.latency import profile
+from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
 
 
 def tok(rid: str, finished: bool = False) -> EngineOutput:

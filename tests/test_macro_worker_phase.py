@@ -4,10 +4,10 @@ what the controller and the router's constraint check need in its heartbeat."""
 
 from __future__ import annotations
 
-from services.worker.core import WorkerConfig, WorkerCore
-from services.worker.engine import EngineStats
-from shared.schemas import AdmittedRequest, GenerateReply, Phase, WorkerControl
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.engine import EngineStats
+from tokenyard.shared.schemas import AdmittedRequest, GenerateReply, Phase, WorkerControl
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 def req(rid: str = "r1") -> AdmittedRequest:

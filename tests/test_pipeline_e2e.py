@@ -6,9 +6,9 @@ import asyncio
 import json
 
 import pytest
+from tokenyard.shared import codec, schemas, subjects
+from tokenyard.shared.client import TokenyardClient
 
-from shared import codec, schemas, subjects
-from shared.client import TokenyardClient
 from tests.conftest import start_inproc_fleet
 
 
@@ -102,9 +102,9 @@ async def test_abort_stops_generation_on_the_worker(nats_server):
 
 
 async def test_two_admission_replicas_share_the_load(fleet):
-    from services.admission.core import AdmissionConfig
-    from services.admission.shell import AdmissionShell
-    from shared.tokenizer import ByteTokenizer
+    from tokenyard.services.admission.core import AdmissionConfig
+    from tokenyard.services.admission.shell import AdmissionShell
+    from tokenyard.shared.tokenizer import ByteTokenizer
 
     second = await fleet.add(AdmissionShell(AdmissionConfig(), ByteTokenizer()))
     client = TokenyardClient(fleet.nats)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.priority_queue.core import QueueConfig, QueueCore
-from services.priority_queue.policies.fcfs import FCFS
-from shared.schemas import AdmittedRequest, Heartbeat
+from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
+from tokenyard.services.priority_queue.policies.fcfs import FCFS
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat
 
 
 def req(rid: str, arrival: float = 0.0) -> AdmittedRequest:
@@ -209,7 +208,7 @@ def classed(rid: str, cls: int, arrival: float = 0.0, prompt_len: int = 8) -> Ad
 
 
 def test_p0_is_dispatched_from_its_reserve_once_the_headroom_is_spent():
-    from services.priority_queue.policies.registry import make_policy
+    from tokenyard.services.priority_queue.policies.registry import make_policy
 
     q = QueueCore(QueueConfig(slots_per_worker=1, p0_reserve_per_worker=2), make_policy("hybrid"))
     q.on_heartbeat(hb("w0"), 0.0)

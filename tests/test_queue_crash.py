@@ -8,22 +8,22 @@ import asyncio
 import contextlib
 import json
 
-from services.admission.core import AdmissionConfig
-from services.admission.shell import AdmissionShell
-from services.priority_queue.core import QueueConfig
-from services.priority_queue.policies.fcfs import FCFS
-from services.priority_queue.shell import QueueShell
-from services.router.core import RouterConfig
-from services.router.shell import RouterShell
-from services.worker.core import WorkerConfig
-from services.worker.shell import WorkerShell
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.engine import SimEngine
-from services.worker.sim.latency import profile
-from shared import natsutil, schemas
-from shared.client import TokenyardClient
-from shared.service import ServiceHost
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.admission.core import AdmissionConfig
+from tokenyard.services.admission.shell import AdmissionShell
+from tokenyard.services.priority_queue.core import QueueConfig
+from tokenyard.services.priority_queue.policies.fcfs import FCFS
+from tokenyard.services.priority_queue.shell import QueueShell
+from tokenyard.services.router.core import RouterConfig
+from tokenyard.services.router.shell import RouterShell
+from tokenyard.services.worker.core import WorkerConfig
+from tokenyard.services.worker.shell import WorkerShell
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.engine import SimEngine
+from tokenyard.services.worker.sim.latency import profile
+from tokenyard.shared import natsutil, schemas
+from tokenyard.shared.client import TokenyardClient
+from tokenyard.shared.service import ServiceHost
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 async def crash(host: ServiceHost) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenyard.services.priority_queue.policies.bubble import BubbleLine
+from tokenyard.services.priority_queue.policies.drr import DRR
+from tokenyard.services.priority_queue.policies.hybrid import hybrid, wfq
+from tokenyard.services.priority_queue.policies.keeps_turn import KeepsTurn
+from tokenyard.services.priority_queue.policies.registry import make_policy, parse_aging
+from tokenyard.services.priority_queue.policies.strict import Strict
 
-from services.priority_queue.policies.bubble import BubbleLine
-from services.priority_queue.policies.drr import DRR
-from services.priority_queue.policies.hybrid import hybrid, wfq
-from services.priority_queue.policies.keeps_turn import KeepsTurn
-from services.priority_queue.policies.registry import make_policy, parse_aging
-from services.priority_queue.policies.strict import Strict
 from tests.test_queue_policies import drain, req
 
 

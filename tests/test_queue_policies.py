@@ -20,12 +20,11 @@ from functools import partial
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.priority_queue.policies.base import QueuePolicy
-from services.priority_queue.policies.fcfs import FCFS
-from services.priority_queue.policies.registry import POLICY_NAMES
-from services.priority_queue.policies.registry import make_policy as build
-from shared.schemas import AdmittedRequest
+from tokenyard.services.priority_queue.policies.base import QueuePolicy
+from tokenyard.services.priority_queue.policies.fcfs import FCFS
+from tokenyard.services.priority_queue.policies.registry import POLICY_NAMES
+from tokenyard.services.priority_queue.policies.registry import make_policy as build
+from tokenyard.shared.schemas import AdmittedRequest
 
 POLICIES: list[Callable[[], QueuePolicy]] = [partial(build, name) for name in POLICY_NAMES]
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from tuning.evaluate import KNOB_DEFAULTS, SimSetup, policy_knobs
-from tuning.objective import Classes, Measures, Weights, measure, score
-from tuning.search import SPACE, tune
-from tuning.workloads import BUCKETS, HeavyTailWorkload
+from tokenyard.tuning.evaluate import KNOB_DEFAULTS, SimSetup, policy_knobs
+from tokenyard.tuning.objective import Classes, Measures, Weights, measure, score
+from tokenyard.tuning.search import SPACE, tune
+from tokenyard.tuning.workloads import BUCKETS, HeavyTailWorkload
 
 
 def test_measure_splits_short_and_long_by_length():
@@ -69,7 +68,7 @@ def test_heavy_tail_workload_shares_and_determinism():
 
 
 def test_a_small_tuning_run_over_the_simulator():
-    from simulator.cluster import SimConfig
+    from tokenyard.simulator.cluster import SimConfig
 
     setup = SimSetup(HeavyTailWorkload(60, rate=20.0, seed=1), SimConfig(instances=1, slots_per_worker=1))
     res = tune(setup.run, trials=2, seed=0)

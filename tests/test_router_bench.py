@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from tokenyard.loadgen.router_bench import load_chains, run_router_bench, splitmix64
 
-from loadgen.router_bench import load_chains, run_router_bench, splitmix64
 from tokenyard.cli import main as tokenyard_main
 
 ROWS = [

@@ -7,14 +7,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.router.core import POLICIES, RouterConfig, RouterCore
-from services.router.filters import AcceptingFilter, HealthyFilter, ModelFilter
-from services.router.fleet import FleetView
-from services.router.pipeline import ArgminPicker, Pipeline
-from services.router.policies.least_loaded import LeastLoadedScorer
-from services.router.policies.round_robin import RoundRobinScorer
-from shared.schemas import AdmittedRequest, Heartbeat, MacroState
+from tokenyard.services.router.core import POLICIES, RouterConfig, RouterCore
+from tokenyard.services.router.filters import AcceptingFilter, HealthyFilter, ModelFilter
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.pipeline import ArgminPicker, Pipeline
+from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
+from tokenyard.services.router.policies.round_robin import RoundRobinScorer
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
 
 MODEL = "m"
 

@@ -17,13 +17,12 @@ import heapq
 
 import numpy as np
 import pytest
-
-from services.router.core import RouterConfig, RouterCore
-from services.router.fleet import FleetView
-from services.router.guards import PrefillBudgetFilter
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.latency import profile
-from shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch
+from tokenyard.services.router.core import RouterConfig, RouterCore
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.guards import PrefillBudgetFilter
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.latency import profile
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch
 
 
 def hb(wid, running=0, queued=0) -> Heartbeat:

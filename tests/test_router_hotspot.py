@@ -3,10 +3,10 @@ cool-down, the round-robin fallback; then the whole loop through RouterCore."""
 
 from __future__ import annotations
 
-from services.router.core import RouterConfig, RouterCore
-from services.router.hotspot import HotspotConfig, HotspotDetector
-from shared.hashing import ids_chain
-from shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
+from tokenyard.services.router.core import RouterConfig, RouterCore
+from tokenyard.services.router.hotspot import HotspotConfig, HotspotDetector
+from tokenyard.shared.hashing import ids_chain
+from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
 
 
 def detector(**kw) -> HotspotDetector:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.router.index import PRECISE, BlockIndex, block_key
-from shared.hashing import ids_chain
-from shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from tokenyard.services.router.index import PRECISE, BlockIndex, block_key
+from tokenyard.shared.hashing import ids_chain
+from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 
 def stored(hashes, medium=None, lora=None) -> BlockStored:

@@ -3,7 +3,8 @@ is excluded and the core asked again, up to ROUTE_ATTEMPTS offers."""
 
 from __future__ import annotations
 
-from services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
+from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
+
 from tests.test_router_core import hb, req
 
 

@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.router.core import POLICIES, RouterConfig, RouterCore
-from services.router.fleet import FleetView
-from services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
-from services.router.policies.llmd import LlmdWeightedScorer
-from services.router.policies.sglang import SglangCacheAwareScorer
-from shared.hashing import ids_chain
-from shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch, MacroState
+from tokenyard.services.router.core import POLICIES, RouterConfig, RouterCore
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
+from tokenyard.services.router.policies.llmd import LlmdWeightedScorer
+from tokenyard.services.router.policies.sglang import SglangCacheAwareScorer
+from tokenyard.shared.hashing import ids_chain
+from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch, MacroState
 
 MODEL = "m"
 BS = 16
@@ -246,7 +245,7 @@ def test_optimistic_updates_spread_requests_between_heartbeats():
 
 
 def test_log_smoothing_compresses_p_above_its_threshold():
-    from services.router.policies.multiplicative import smooth
+    from tokenyard.services.router.policies.multiplicative import smooth
 
     p = np.array([100.0, 1000.0, 1000.0 * np.e, 1000.0 * np.e**2])
     assert smooth(p, None) is p

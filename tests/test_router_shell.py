@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.router.core import RouterConfig
-from services.router.shell import RouterShell
-from shared import codec, natsutil, schemas, subjects
-from shared.hashing import ids_chain
-from shared.service import ServiceHost
+from tokenyard.services.router.core import RouterConfig
+from tokenyard.services.router.shell import RouterShell
+from tokenyard.shared import codec, natsutil, schemas, subjects
+from tokenyard.shared.hashing import ids_chain
+from tokenyard.shared.service import ServiceHost
 
 CHAIN = ids_chain(range(100, 104))
 

@@ -8,11 +8,10 @@ import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.latency import PROFILES
-from shared import hashing
-from shared.schemas import AdmittedRequest, BlockRemoved, BlockStored
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.latency import PROFILES
+from tokenyard.shared import hashing
+from tokenyard.shared.schemas import AdmittedRequest, BlockRemoved, BlockStored
 
 BS = 4
 

@@ -8,13 +8,12 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.worker.engine import EngineOutput, EngineStats
-from services.worker.sim import latency
-from services.worker.sim.core import _FILLER, SimEngineCore
-from services.worker.sim.latency import PROFILES, LatencyProfile
-from shared import hashing
-from shared.schemas import AdmittedRequest, AllBlocksCleared, BlockRemoved, BlockStored
+from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.sim import latency
+from tokenyard.services.worker.sim.core import _FILLER, SimEngineCore
+from tokenyard.services.worker.sim.latency import PROFILES, LatencyProfile
+from tokenyard.shared import hashing
+from tokenyard.shared.schemas import AdmittedRequest, AllBlocksCleared, BlockRemoved, BlockStored
 
 BS = 4
 

@@ -11,12 +11,11 @@ import json
 
 import aiohttp
 import pytest
-
-from services.worker.http import HttpFrontConfig, serve_engine
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.engine import SimEngine
-from services.worker.sim.latency import profile
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.worker.http import HttpFrontConfig, serve_engine
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.engine import SimEngine
+from tokenyard.services.worker.sim.latency import profile
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 MODEL = "sim-model"
 

@@ -4,10 +4,11 @@ class-ordered waiting line."""
 
 from __future__ import annotations
 
-from services.worker.sim.core import Seq, SimEngineCore
-from services.worker.sim.kv_priority import PriorityKVPolicy, Regions
-from services.worker.sim.latency import profile
-from services.worker.sim.scorpio import ScorpioPolicy
+from tokenyard.services.worker.sim.core import Seq, SimEngineCore
+from tokenyard.services.worker.sim.kv_priority import PriorityKVPolicy, Regions
+from tokenyard.services.worker.sim.latency import profile
+from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
+
 from tests.test_sim_scorpio import areq
 
 PROF = profile("a100-llama3-8b")
@@ -90,9 +91,8 @@ def test_heartbeat_fields_and_budget_come_from_the_inner_policy():
 
 def test_engine_policies_by_name():
     import pytest
-
-    from services.worker.sim.engine_policies import ENGINE_POLICIES, make_engine_policy
-    from services.worker.sim.scheduler import VllmPolicy
+    from tokenyard.services.worker.sim.engine_policies import ENGINE_POLICIES, make_engine_policy
+    from tokenyard.services.worker.sim.scheduler import VllmPolicy
 
     made = {n: make_engine_policy(n, PROF) for n in ENGINE_POLICIES}
     assert isinstance(made["vllm"], VllmPolicy) and isinstance(made["scorpio"], ScorpioPolicy)

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from services.router.filters import VbsFilter
-from services.router.fleet import FleetView
-from services.worker.core import WorkerConfig, WorkerCore
-from services.worker.sim.core import Seq, SimEngineCore
-from services.worker.sim.latency import profile
-from services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, estimated_tpot_ms, ldf_key
-from shared.schemas import AdmittedRequest, Heartbeat
-from shared.tokenizer import ByteTokenizer
+from tokenyard.services.router.filters import VbsFilter
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.sim.core import Seq, SimEngineCore
+from tokenyard.services.worker.sim.latency import profile
+from tokenyard.services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, estimated_tpot_ms, ldf_key
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 PROF = profile("a100-llama3-8b")
 

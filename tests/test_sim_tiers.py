@@ -8,14 +8,13 @@ import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.worker.engine import EngineOutput
-from services.worker.sim.core import _FILLER, SimEngineCore
-from services.worker.sim.latency import PROFILES
-from services.worker.sim.preemption import PreemptionMode, wants_swap
-from services.worker.sim.scheduler import VllmPolicy
-from shared import hashing
-from shared.schemas import AdmittedRequest, AllBlocksCleared, BlockRemoved, BlockStored, Phase
+from tokenyard.services.worker.engine import EngineOutput
+from tokenyard.services.worker.sim.core import _FILLER, SimEngineCore
+from tokenyard.services.worker.sim.latency import PROFILES
+from tokenyard.services.worker.sim.preemption import PreemptionMode, wants_swap
+from tokenyard.services.worker.sim.scheduler import VllmPolicy
+from tokenyard.shared import hashing
+from tokenyard.shared.schemas import AdmittedRequest, AllBlocksCleared, BlockRemoved, BlockStored, Phase
 
 BS = 4
 
@@ -333,7 +332,7 @@ def test_the_same_inputs_give_the_same_trace_in_every_mode(mix, eng):
 def test_the_worker_flags_configure_the_simulated_engine():
     from types import SimpleNamespace
 
-    from services.worker.sim.settings import sim_core
+    from tokenyard.services.worker.sim.settings import sim_core
 
     h100 = PROFILES["h100-llama3-8b"]
     args = SimpleNamespace(kv_cache_dtype="fp8_e4m3", quantization="fp8_per_block", kv_offload_gb=4.0,

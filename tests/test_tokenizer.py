@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from shared.schemas import ChatMessage
-from shared.tokenizer import ByteTokenizer, content_text, load_tokenizer, render_chat
+from tokenyard.shared.schemas import ChatMessage
+from tokenyard.shared.tokenizer import ByteTokenizer, content_text, load_tokenizer, render_chat
 
 
 def test_byte_tokenizer_ids_are_utf8_bytes():

@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from opentelemetry.trace import SpanKind
-
-from shared import schemas, subjects, telemetry
-from shared.client import TokenyardClient
+from tokenyard.shared import schemas, subjects, telemetry
+from tokenyard.shared.client import TokenyardClient
 
 
 async def test_one_trace_from_client_to_worker(fleet, spans):

@@ -24,11 +24,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from services.worker.engine import Engine, EngineOutput  # noqa: E402
-from services.worker.vllm.engine import VllmEngine  # noqa: E402
-from services.worker.vllm.settings import VllmSettings  # noqa: E402
-from shared import codec, hashing, natsutil, schemas, subjects  # noqa: E402
-from shared.schemas import AdmittedRequest, AllBlocksCleared, BlockStored, Sampling  # noqa: E402
+from tokenyard.services.worker.engine import Engine, EngineOutput  # noqa: E402
+from tokenyard.services.worker.vllm.engine import VllmEngine  # noqa: E402
+from tokenyard.services.worker.vllm.settings import VllmSettings  # noqa: E402
+from tokenyard.shared import codec, hashing, natsutil, schemas, subjects  # noqa: E402
+from tokenyard.shared.schemas import AdmittedRequest, AllBlocksCleared, BlockStored, Sampling  # noqa: E402
+
 from tests import test_engine_conformance as conformance  # noqa: E402
 from tests.vllm_tiny_model import build  # noqa: E402
 
@@ -221,19 +222,20 @@ class Borrowed:
 
 
 async def test_a_vllm_worker_serves_the_fleet_over_nats(nats_server, engine, tiny_model):
-    from services.admission.core import AdmissionConfig
-    from services.admission.shell import AdmissionShell
-    from services.macro_instance.core import MacroConfig
-    from services.macro_instance.shell import MacroShell
-    from services.priority_queue.core import QueueConfig
-    from services.priority_queue.policies.fcfs import FCFS
-    from services.priority_queue.shell import QueueShell
-    from services.router.core import RouterConfig
-    from services.router.shell import RouterShell
-    from services.worker.core import WorkerConfig
-    from services.worker.shell import WorkerShell
-    from shared.client import TokenyardClient
-    from shared.tokenizer import HFTokenizer
+    from tokenyard.services.admission.core import AdmissionConfig
+    from tokenyard.services.admission.shell import AdmissionShell
+    from tokenyard.services.macro_instance.core import MacroConfig
+    from tokenyard.services.macro_instance.shell import MacroShell
+    from tokenyard.services.priority_queue.core import QueueConfig
+    from tokenyard.services.priority_queue.policies.fcfs import FCFS
+    from tokenyard.services.priority_queue.shell import QueueShell
+    from tokenyard.services.router.core import RouterConfig
+    from tokenyard.services.router.shell import RouterShell
+    from tokenyard.services.worker.core import WorkerConfig
+    from tokenyard.services.worker.shell import WorkerShell
+    from tokenyard.shared.client import TokenyardClient
+    from tokenyard.shared.tokenizer import HFTokenizer
+
     from tests.conftest import InProcFleet
 
     name = str(tiny_model)

@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from services.worker.vllm.kv_relay import KVHashRelay
-from shared.hashing import hash_chain
-from shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored
+from tokenyard.services.worker.vllm.kv_relay import KVHashRelay
+from tokenyard.shared.hashing import hash_chain
+from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 @dataclass

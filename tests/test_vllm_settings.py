@@ -4,9 +4,8 @@ stats tracker (services/worker/vllm/stats.py). Pure: no vLLM needed."""
 from __future__ import annotations
 
 import pytest
-
-from services.worker.vllm.settings import SettingsError, VllmSettings, engine_kwargs, vllm_priority
-from services.worker.vllm.stats import StatsTracker
+from tokenyard.services.worker.vllm.settings import SettingsError, VllmSettings, engine_kwargs, vllm_priority
+from tokenyard.services.worker.vllm.stats import StatsTracker
 
 EP = "ipc:///tmp/x/kv"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.worker.core import WorkerConfig, WorkerCore
-from services.worker.engine import EngineOutput, EngineStats
-from shared.schemas import (
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.shared.schemas import (
     AdmittedRequest,
     Chunk,
     Finished,
@@ -15,7 +15,7 @@ from shared.schemas import (
     Usage,
     WorkerControl,
 )
-from shared.tokenizer import ByteTokenizer
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 def req(rid: str = "r1", model: str = "m", prompt_len: int = 20) -> AdmittedRequest:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from loadgen.workloads import BlockText, PrefixIds, TraceRequest, prefix_hit_bound
-from services.admission.core import AdmissionConfig, AdmissionCore
-from shared.schemas import GenerateRequest
-from shared.tokenizer import ByteTokenizer
+from tokenyard.loadgen.workloads import BlockText, PrefixIds, TraceRequest, prefix_hit_bound
+from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
+from tokenyard.shared.schemas import GenerateRequest
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 def test_prefix_ids_share_exactly_the_blocks_of_shared_segments():

@@ -6,8 +6,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from loadgen.workloads import ApiWorkload, ChatBotWorkload, CoderWorkload, open_workload, prefix_hit_bound
+from tokenyard.loadgen.workloads import (
+    ApiWorkload,
+    ChatBotWorkload,
+    CoderWorkload,
+    open_workload,
+    prefix_hit_bound,
+)
 
 
 def test_exact_values_for_a_fixed_seed():

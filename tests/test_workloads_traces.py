@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from loadgen.config import BenchConfig
-from loadgen.workload import make_workload
-from loadgen.workloads import AzureTrace, MooncakeTrace, open_workload, prefix_hit_bound, trace_rate
+from tokenyard.loadgen.config import BenchConfig
+from tokenyard.loadgen.workload import make_workload
+from tokenyard.loadgen.workloads import AzureTrace, MooncakeTrace, open_workload, prefix_hit_bound, trace_rate
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"

@@ -10,16 +10,16 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from loadgen import cli as loadgen_cli
-    from services.admission import cli as admission_cli
-    from services.edge import cli as edge_cli
-    from services.macro_instance import cli as macro_cli
-    from services.priority_queue import cli as queue_cli
-    from services.router import cli as router_cli
-    from services.worker import cli as worker_cli
-    from simulator import cli as sim_cli
     from tokenyard import launcher
-    from tuning import cli as tune_cli
+    from tokenyard.loadgen import cli as loadgen_cli
+    from tokenyard.services.admission import cli as admission_cli
+    from tokenyard.services.edge import cli as edge_cli
+    from tokenyard.services.macro_instance import cli as macro_cli
+    from tokenyard.services.priority_queue import cli as queue_cli
+    from tokenyard.services.router import cli as router_cli
+    from tokenyard.services.worker import cli as worker_cli
+    from tokenyard.simulator import cli as sim_cli
+    from tokenyard.tuning import cli as tune_cli
 
     parser = argparse.ArgumentParser(prog="tokenyard", description="Control plane of an LLM serving fleet.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -23,7 +23,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-from shared import config, natsutil
+from tokenyard.shared import config, natsutil
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
 
@@ -171,7 +171,7 @@ async def ping(nc, wait_s: float = 0.25) -> Counter:
 
 
 def register(sub) -> None:
-    from services.worker.sim.latency import PROFILES
+    from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser("up", help="start nats-server and every service as processes")
     p.add_argument("--workers", type=int, default=2)
@@ -229,7 +229,7 @@ async def _up(args) -> int:
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
         print(f"  model    {args.model}")
         if args.bench_prompts:
-            from loadgen.serve import BenchConfig, print_result, run_bench
+            from tokenyard.loadgen.serve import BenchConfig, print_result, run_bench
 
             result = await run_bench(BenchConfig(
                 target=fleet.http_url, num_prompts=args.bench_prompts, rate=args.bench_rate, model=args.model,

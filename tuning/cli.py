@@ -39,23 +39,23 @@ def register(sub) -> None:
 
 
 def open_any(args, mix):
-    from tuning.workloads import HeavyTailWorkload
+    from tokenyard.tuning.workloads import HeavyTailWorkload
 
     if args.workload == "heavy-tail":
         return HeavyTailWorkload(args.num_requests, rate=(args.rate or 4.0) * args.rate_scale, priority_mix=mix,
                                  seed=args.seed)
-    from loadgen.workloads import open_workload
+    from tokenyard.loadgen.workloads import open_workload
 
     return open_workload(args.workload, num_requests=args.num_requests, rate=args.rate, rate_scale=args.rate_scale,
                          priority_mix=mix, seed=args.seed)
 
 
 def main(args: argparse.Namespace) -> int:
-    from loadgen.config import parse_priority_mix
-    from simulator.cluster import SimConfig
-    from tuning.evaluate import SimSetup
-    from tuning.objective import Weights
-    from tuning.search import tune
+    from tokenyard.loadgen.config import parse_priority_mix
+    from tokenyard.simulator.cluster import SimConfig
+    from tokenyard.tuning.evaluate import SimSetup
+    from tokenyard.tuning.objective import Weights
+    from tokenyard.tuning.search import tune
 
     try:
         mix = parse_priority_mix(args.priority_mix)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.priority_queue.policies.registry import make_policy
-from tuning.objective import Classes, Measures, measure
+from tokenyard.services.priority_queue.policies.registry import make_policy
+from tokenyard.tuning.objective import Classes, Measures, measure
 
 KNOB_DEFAULTS: dict[str, float] = {"bubble_width": 1024.0, "aging_p1_s": 30.0, "aging_p2_s": 15.0, "aging_p3_s": 5.0}
 
@@ -34,7 +34,7 @@ class SimSetup:
     classes: Classes = field(default_factory=Classes)
 
     def run(self, params: dict[str, float]) -> Measures:
-        from simulator.cluster import ClusterSim
+        from tokenyard.simulator.cluster import ClusterSim
 
         items = self.workload.items()
         sim = ClusterSim(self.sim_config, self.workload.block_tokens)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tuning.evaluate import KNOB_DEFAULTS
-from tuning.objective import Measures, Weights, score
+from tokenyard.tuning.evaluate import KNOB_DEFAULTS
+from tokenyard.tuning.objective import Measures, Weights, score
 
 SPACE: dict[str, tuple[float, float]] = {
     "bubble_width": (64.0, 8192.0),

@@ -13,8 +13,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-
-from loadgen.workloads.blocks import TraceRequest
+from tokenyard.loadgen.workloads.blocks import TraceRequest
 
 BUCKETS: tuple[tuple[int, int], ...] = ((16, 512), (512, 2048), (2048, 8192), (8192, 32768))
 SHARES: tuple[float, ...] = (0.45, 0.30, 0.15, 0.10)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from loadgen.workloads.blocks import BlockText, PrefixIds, TraceRequest, prefix_hit_bound
-from loadgen.workloads.synthetic import SYNTHETIC, ApiWorkload, ChatBotWorkload, CoderWorkload
-from loadgen.workloads.traces import AzureTrace, MooncakeTrace, open_trace, trace_rate
+from tokenyard.loadgen.workloads.blocks import BlockText, PrefixIds, TraceRequest, prefix_hit_bound
+from tokenyard.loadgen.workloads.synthetic import SYNTHETIC, ApiWorkload, ChatBotWorkload, CoderWorkload
+from tokenyard.loadgen.workloads.traces import AzureTrace, MooncakeTrace, open_trace, trace_rate
 
 __all__ = [
     "ApiWorkload",
@@ -89,7 +89,7 @@ class BlockBenchWorkload:
         self.text = BlockText(inner.block_tokens, seed)
 
     def requests(self) -> Iterator:
-        from loadgen.workload import BenchRequest
+        from tokenyard.loadgen.workload import BenchRequest
 
         for r in self.inner.items():
             yield BenchRequest(

@@ -31,9 +31,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-
-from loadgen.arrivals import arrival_offsets
-from loadgen.workloads.blocks import PrefixIds, TraceRequest
+from tokenyard.loadgen.arrivals import arrival_offsets
+from tokenyard.loadgen.workloads.blocks import PrefixIds, TraceRequest
 
 
 def lognormal_int(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int, n: int) -> np.ndarray:

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-
-from loadgen.workloads.blocks import TraceRequest
+from tokenyard.loadgen.workloads.blocks import TraceRequest
 
 
 class _MooncakeRow(msgspec.Struct):

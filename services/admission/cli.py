@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from shared import config
+from tokenyard.shared import config
 
 
 def register(sub) -> None:
@@ -23,11 +23,11 @@ def register(sub) -> None:
 def main(args) -> int:
     import tomllib
 
-    from services.admission.core import AdmissionConfig
-    from services.admission.shell import AdmissionShell
-    from services.admission.tenants import TenantTable, load_tenants
-    from shared.service import run
-    from shared.tokenizer import load_tokenizer
+    from tokenyard.services.admission.core import AdmissionConfig
+    from tokenyard.services.admission.shell import AdmissionShell
+    from tokenyard.services.admission.tenants import TenantTable, load_tenants
+    from tokenyard.shared.service import run
+    from tokenyard.shared.tokenizer import load_tokenizer
 
     if args.tenants:
         with open(args.tenants, "rb") as f:

@@ -28,12 +28,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from services.admission.feasibility import FleetView
-from services.admission.tenants import TenantPolicy, TenantTable
-from services.admission.token_bucket import TokenBucket
-from shared import config, hashing, schemas
-from shared.schemas import GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
-from shared.tokenizer import Tokenizer, content_text, render_chat
+from tokenyard.services.admission.feasibility import FleetView
+from tokenyard.services.admission.tenants import TenantPolicy, TenantTable
+from tokenyard.services.admission.token_bucket import TokenBucket
+from tokenyard.shared import config, hashing, schemas
+from tokenyard.shared.schemas import GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
+from tokenyard.shared.tokenizer import Tokenizer, content_text, render_chat
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_\-.:]{1,128}$")
 TIER_HEADER = "x-request-tier"

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared import config
-from shared.schemas import Heartbeat, QueueStats
+from tokenyard.shared import config
+from tokenyard.shared.schemas import Heartbeat, QueueStats
 
 NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)

@@ -21,11 +21,10 @@ import uuid
 from nats.aio.client import Client
 from nats.micro.request import Request
 from nats.micro.service import Service
-
-from services.admission.core import AdmissionConfig, AdmissionCore
-from shared import codec, natsutil, schemas, subjects, telemetry
-from shared.service import new_instance_id
-from shared.tokenizer import Tokenizer
+from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
+from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.service import new_instance_id
+from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("admission")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.schemas import PriorityClass
+from tokenyard.shared.schemas import PriorityClass
 
 
 @dataclass(frozen=True)

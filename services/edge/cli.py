@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from shared import config
+from tokenyard.shared import config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from services.edge.shell import EdgeConfig, EdgeShell
-    from shared import service
+    from tokenyard.services.edge.shell import EdgeConfig, EdgeShell
+    from tokenyard.shared import service
 
     cfg = EdgeConfig(
         host=args.host,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.openai_api import (  # noqa: F401  (the edge's API, re-exported)
+from tokenyard.shared.openai_api import (  # noqa: F401  (the edge's API, re-exported)
     MAX_REQUEST_ID_LEN,
     SSE_DONE,
     ApiError,

@@ -37,13 +37,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-
-from services.edge import core
-from services.edge.core import ApiError, Endpoint
-from shared import config, schemas, subjects, telemetry
-from shared.client import TokenyardClient
-from shared.schemas import Outcome
-from shared.service import new_instance_id
+from tokenyard.services.edge import core
+from tokenyard.services.edge.core import ApiError, Endpoint
+from tokenyard.shared import config, schemas, subjects, telemetry
+from tokenyard.shared.client import TokenyardClient
+from tokenyard.shared.schemas import Outcome
+from tokenyard.shared.service import new_instance_id
 
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

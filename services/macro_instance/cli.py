@@ -6,11 +6,11 @@ machine (LocalProcessProvisioner); without it the fleet is what the heartbeats s
 
 from __future__ import annotations
 
-from shared import config
+from tokenyard.shared import config
 
 
 def register(sub) -> None:
-    from services.macro_instance.core import MODES
+    from tokenyard.services.macro_instance.core import MODES
 
     p = sub.add_parser("macro", help="group workers into macro-instances and set their phases")
     p.add_argument("--nats", default=config.nats_url_from_env())
@@ -32,13 +32,13 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from services.macro_instance.core import MacroConfig
-    from services.macro_instance.mitosis import MitosisConfig
-    from services.macro_instance.provisioner import LocalProcessProvisioner
-    from services.macro_instance.rolling import RollingConfig
-    from services.macro_instance.shell import MacroShell
-    from shared.ecoserve import EcoConfig
-    from shared.service import run
+    from tokenyard.services.macro_instance.core import MacroConfig
+    from tokenyard.services.macro_instance.mitosis import MitosisConfig
+    from tokenyard.services.macro_instance.provisioner import LocalProcessProvisioner
+    from tokenyard.services.macro_instance.rolling import RollingConfig
+    from tokenyard.services.macro_instance.shell import MacroShell
+    from tokenyard.shared.ecoserve import EcoConfig
+    from tokenyard.shared.service import run
 
     eco = EcoConfig(ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms)
     cfg = MacroConfig(size=args.macro_size, mode=args.mode,

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.macro_instance.mitosis import Mitosis, MitosisConfig
-from services.macro_instance.rolling import Rolling, RollingConfig
-from shared.ecoserve import WorkerLoad, load_of
-from shared.schemas import Heartbeat, MacroState, Phase, WorkerControl
+from tokenyard.services.macro_instance.mitosis import Mitosis, MitosisConfig
+from tokenyard.services.macro_instance.rolling import Rolling, RollingConfig
+from tokenyard.shared.ecoserve import WorkerLoad, load_of
+from tokenyard.shared.schemas import Heartbeat, MacroState, Phase, WorkerControl
 
 MODES = ("nodg", "ecoserve")
 

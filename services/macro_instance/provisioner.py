@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared import config, telemetry
+from tokenyard.shared import config, telemetry
 
 log = telemetry.logger("macro")
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.ecoserve import EcoConfig, WorkerLoad, leaves_prefill, ready_for_prefill
-from shared.schemas import Phase
+from tokenyard.shared.ecoserve import EcoConfig, WorkerLoad, leaves_prefill, ready_for_prefill
+from tokenyard.shared.schemas import Phase
 
 
 @dataclass

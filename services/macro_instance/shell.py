@@ -16,11 +16,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.request import Request
 from nats.micro.service import Service
-
-from services.macro_instance.core import MacroConfig, MacroCore
-from services.macro_instance.provisioner import NoProvisioner, Provisioner
-from shared import codec, natsutil, schemas, subjects, telemetry
-from shared.service import new_instance_id
+from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
+from tokenyard.services.macro_instance.provisioner import NoProvisioner, Provisioner
+from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.service import new_instance_id
 
 log = telemetry.logger("macro")
 

@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from services.priority_queue.policies.registry import POLICY_NAMES, make_policy, parse_aging  # noqa: F401
-from shared import config
+from tokenyard.services.priority_queue.policies.registry import POLICY_NAMES, make_policy, parse_aging  # noqa: F401
+from tokenyard.shared import config
 
 
 def register(sub) -> None:
@@ -23,9 +23,9 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from services.priority_queue.core import QueueConfig
-    from services.priority_queue.shell import QueueShell
-    from shared.service import run
+    from tokenyard.services.priority_queue.core import QueueConfig
+    from tokenyard.services.priority_queue.shell import QueueShell
+    from tokenyard.shared.service import run
 
     policy = make_policy(args.policy, aging_s=parse_aging(args.aging), bubble_width=args.bubble_width)
     cfg = QueueConfig(slots_per_worker=args.slots_per_worker, p0_reserve_per_worker=args.p0_reserve,

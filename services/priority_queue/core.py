@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, klass
-from shared import config
-from shared.schemas import AdmittedRequest, Heartbeat, QueueStats
+from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, klass
+from tokenyard.shared import config
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, QueueStats
 
 
 @dataclass

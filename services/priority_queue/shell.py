@@ -21,11 +21,10 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
-
-from services.priority_queue.core import QueueConfig, QueueCore
-from services.priority_queue.policies.base import QueuePolicy
-from shared import codec, natsutil, schemas, subjects, telemetry
-from shared.service import new_instance_id
+from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
+from tokenyard.services.priority_queue.policies.base import QueuePolicy
+from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.service import new_instance_id
 
 log = telemetry.logger("queue")
 

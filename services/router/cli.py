@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from shared import config
+from tokenyard.shared import config
 
 
 def register(sub) -> None:
-    from services.router.core import INDEX_MODES, POLICIES, RouterConfig
+    from tokenyard.services.router.core import INDEX_MODES, POLICIES, RouterConfig
 
     p = sub.add_parser("router", help="pick the worker for each request")
     p.add_argument("--nats", default=config.nats_url_from_env())
@@ -30,9 +30,9 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from services.router.core import RouterConfig
-    from services.router.shell import RouterShell
-    from shared.service import run
+    from tokenyard.services.router.core import RouterConfig
+    from tokenyard.services.router.shell import RouterShell
+    from tokenyard.shared.service import run
 
     cfg = RouterConfig(
         policy=args.policy,

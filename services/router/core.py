@@ -22,21 +22,31 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from services.router.filters import AcceptingFilter, EcoServeFilter, HealthyFilter, ModelFilter, VbsFilter
-from services.router.fleet import FleetView
-from services.router.guards import PREFILL_TOKENS_PER_S, TTFT_BUDGET_S, BatchCapFilter, PrefillBudgetFilter
-from services.router.hotspot import HotspotConfig, HotspotDetector, HotspotFilter
-from services.router.index import BlockIndex
-from services.router.pipeline import ArgminPicker, Choice, Filter, Guard, Picker, Pipeline, Scorer
-from services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
-from services.router.policies.least_loaded import LeastLoadedScorer
-from services.router.policies.llmd import LlmdAffinityGuard, LlmdTokenLoadScorer, LlmdWeightedScorer
-from services.router.policies.multiplicative import MultiplicativeScorer
-from services.router.policies.round_robin import RoundRobinScorer
-from services.router.policies.sglang import SglangCacheAwareScorer
-from shared import config
-from shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch, MacroState
+from tokenyard.services.router.filters import (
+    AcceptingFilter,
+    EcoServeFilter,
+    HealthyFilter,
+    ModelFilter,
+    VbsFilter,
+)
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.guards import (
+    PREFILL_TOKENS_PER_S,
+    TTFT_BUDGET_S,
+    BatchCapFilter,
+    PrefillBudgetFilter,
+)
+from tokenyard.services.router.hotspot import HotspotConfig, HotspotDetector, HotspotFilter
+from tokenyard.services.router.index import BlockIndex
+from tokenyard.services.router.pipeline import ArgminPicker, Choice, Filter, Guard, Picker, Pipeline, Scorer
+from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
+from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
+from tokenyard.services.router.policies.llmd import LlmdAffinityGuard, LlmdTokenLoadScorer, LlmdWeightedScorer
+from tokenyard.services.router.policies.multiplicative import MultiplicativeScorer
+from tokenyard.services.router.policies.round_robin import RoundRobinScorer
+from tokenyard.services.router.policies.sglang import SglangCacheAwareScorer
+from tokenyard.shared import config
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch, MacroState
 
 INDEX_MODES = ("auto", "precise", "approximate")
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from services.router.fleet import FleetView
-from shared import config
-from shared.ecoserve import EcoConfig, Refusal, refusals
-from shared.schemas import AdmittedRequest
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.shared import config
+from tokenyard.shared.ecoserve import EcoConfig, Refusal, refusals
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 @dataclass

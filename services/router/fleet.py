@@ -18,8 +18,7 @@ candidate only while fresh (`stale_after_s`).
 from __future__ import annotations
 
 import numpy as np
-
-from shared.schemas import Heartbeat, Phase
+from tokenyard.shared.schemas import Heartbeat, Phase
 
 PHASES = {Phase.MIXED: 0, Phase.PREFILL: 1, Phase.DECODE: 2}
 

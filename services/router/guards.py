@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from services.router.fleet import FleetView
-from shared.schemas import AdmittedRequest
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.shared.schemas import AdmittedRequest
 
 TTFT_BUDGET_S = (0.5, 5.0, 60.0, 60.0)
 """TTFT targets of P0…P3 (DESIGN.md §3.2; P3 has none, and gets P2's so its guard still works)."""

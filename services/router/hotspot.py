@@ -25,9 +25,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from services.router.fleet import FleetView
-from shared.schemas import AdmittedRequest
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 @dataclass

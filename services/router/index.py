@@ -43,8 +43,7 @@ from itertools import accumulate, islice, repeat, takewhile
 from operator import and_
 
 import numpy as np
-
-from shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 PRECISE = math.inf
 """Expiry of a block an instance reported itself: never (until removed)."""

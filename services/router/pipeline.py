@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-
-from services.router.fleet import FleetView
-from shared.schemas import AdmittedRequest
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 class Filter(Protocol):

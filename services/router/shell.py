@@ -15,10 +15,9 @@ from nats.aio.msg import Msg
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
-
-from services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
-from shared import codec, schemas, subjects, telemetry
-from shared.service import new_instance_id
+from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
+from tokenyard.shared import codec, schemas, subjects, telemetry
+from tokenyard.shared.service import new_instance_id
 
 log = telemetry.logger("router")
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import uuid
 
-from shared import config
+from tokenyard.shared import config
 
 
 def register(sub) -> None:
-    from services.worker.sim.latency import PROFILES
+    from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser("worker", help="host an engine (simulated or vLLM) as a fleet member")
     p.add_argument("--nats", default=config.nats_url_from_env())
@@ -60,7 +60,7 @@ def register(sub) -> None:
 
 
 def vllm_settings(args):
-    from services.worker.vllm.settings import VllmSettings
+    from tokenyard.services.worker.vllm.settings import VllmSettings
 
     if not args.model:
         raise SystemExit("tokenyard worker --engine vllm needs --model PATH")
@@ -77,14 +77,14 @@ def vllm_settings(args):
 
 
 def build(args):
-    from services.worker.core import WorkerConfig
-    from services.worker.shell import WorkerShell
-    from shared.tokenizer import HFTokenizer, load_tokenizer
+    from tokenyard.services.worker.core import WorkerConfig
+    from tokenyard.services.worker.shell import WorkerShell
+    from tokenyard.shared.tokenizer import HFTokenizer, load_tokenizer
 
     worker_id = args.worker_id or f"w-{uuid.uuid4().hex[:8]}"
     if args.engine == "vllm":
         try:
-            from services.worker.vllm.engine import VllmEngine, platform_name
+            from tokenyard.services.worker.vllm.engine import VllmEngine, platform_name
         except ModuleNotFoundError as e:
             if e.name not in ("vllm", "zmq"):
                 raise
@@ -92,7 +92,7 @@ def build(args):
                 "tokenyard worker --engine vllm needs vLLM: bash deploy/bootstrap.sh test,vllm "
                 "(vLLM's CPU build), or pip install -e '.[vllm-cuda]' on a GPU host"
             ) from None
-        from services.worker.vllm.settings import engine_kwargs
+        from tokenyard.services.worker.vllm.settings import engine_kwargs
 
         settings = vllm_settings(args)
         engine_kwargs(settings, platform_name(), "ipc://check")  # refuse now, not after the engine starts
@@ -101,9 +101,9 @@ def build(args):
         shell = WorkerShell(WorkerConfig(worker_id=worker_id, model=settings.name, engine="vllm"), engine, tokenizer)
         return _with_http(args, shell, settings.fleet_block_size)
 
-    from services.worker.sim.engine import SimEngine
-    from services.worker.sim.latency import profile
-    from services.worker.sim.settings import sim_core
+    from tokenyard.services.worker.sim.engine import SimEngine
+    from tokenyard.services.worker.sim.latency import profile
+    from tokenyard.services.worker.sim.settings import sim_core
 
     block_size = args.block_size or config.BLOCK_SIZE
     engine = SimEngine(sim_core(profile(args.profile), block_size, args), speed=args.speed)
@@ -115,19 +115,19 @@ def _with_http(args, shell, block_size: int):
     """The worker's own OpenAI front (--http PORT), beside its NATS endpoints."""
     if args.http is None:
         return shell
-    from services.worker.http import HttpFrontConfig, WithHttpFront, WorkerHttp
+    from tokenyard.services.worker.http import HttpFrontConfig, WithHttpFront, WorkerHttp
 
     cfg = HttpFrontConfig(port=args.http, host=args.http_host, model=shell.core.cfg.model, block_size=block_size)
     return WithHttpFront(shell, WorkerHttp(shell.engine, shell.core.tokenizer, cfg))
 
 
 def main(args) -> int:
-    from shared.service import run
+    from tokenyard.shared.service import run
 
     if args.engine != "vllm":
         run(build(args), args.nats)
         return 0
-    from services.worker.vllm.settings import SettingsError
+    from tokenyard.services.worker.vllm.settings import SettingsError
 
     try:
         shell = build(args)
@@ -144,7 +144,7 @@ def _serve_vllm(shell, nats_url: str) -> None:
     (WorkerShell.start starting it again is a no-op.)"""
     import asyncio
 
-    from shared.service import ServiceHost
+    from tokenyard.shared.service import ServiceHost
 
     engine = (shell.shell if hasattr(shell, "shell") else shell).engine  # WithHttpFront wraps the shell
 

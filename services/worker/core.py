@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from services.worker.engine import EngineOutput, EngineStats
-from shared import schemas
-from shared.schemas import AdmittedRequest, Outcome, Phase
-from shared.tokenizer import Tokenizer
+from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.shared import schemas
+from tokenyard.shared.schemas import AdmittedRequest, Outcome, Phase
+from tokenyard.shared.tokenizer import Tokenizer
 
 
 @dataclass

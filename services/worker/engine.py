@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 import msgspec
-
-from shared.schemas import AdmittedRequest, KVEvent
+from tokenyard.shared.schemas import AdmittedRequest, KVEvent
 
 
 class EngineOutput(msgspec.Struct):

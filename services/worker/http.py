@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
-
-from services.worker.engine import Engine
-from shared import config, schemas
-from shared.openai_api import (
+from tokenyard.services.worker.engine import Engine
+from tokenyard.shared import config, schemas
+from tokenyard.shared.openai_api import (
     SSE_DONE,
     ApiError,
     Endpoint,
@@ -42,7 +41,7 @@ from shared.openai_api import (
     request_id_from,
     sse,
 )
-from shared.tokenizer import Tokenizer
+from tokenyard.shared.tokenizer import Tokenizer
 
 
 @dataclass

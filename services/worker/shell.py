@@ -21,11 +21,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.request import Request
 from nats.micro.service import Service
-
-from services.worker.core import WorkerConfig, WorkerCore
-from services.worker.engine import Engine
-from shared import codec, config, schemas, subjects, telemetry
-from shared.tokenizer import Tokenizer
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.engine import Engine
+from tokenyard.shared import codec, config, schemas, subjects, telemetry
+from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("worker")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from shared.schemas import AdmittedRequest
+from tokenyard.shared.schemas import AdmittedRequest
 
 NUM_CLASSES = 4
 WFQ_WEIGHTS: tuple[float, ...] = (16.0, 8.0, 4.0, 2.0)

@@ -30,9 +30,9 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.priority_queue.policies.base import cost
-from services.priority_queue.policies.lines import DeadlineLine
-from shared.schemas import AdmittedRequest
+from tokenyard.services.priority_queue.policies.base import cost
+from tokenyard.services.priority_queue.policies.lines import DeadlineLine
+from tokenyard.shared.schemas import AdmittedRequest
 
 BASE_BOUNDS: tuple[float, ...] = (0.0, 512.0, 2048.0, 8192.0, float("inf"))
 HOT, COOL, MERGE = 1.10, 0.90, 0.50

@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from services.priority_queue.policies.base import NUM_CLASSES, cost, klass
-from services.priority_queue.policies.lines import DeadlineLine
-from shared.schemas import AdmittedRequest
+from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, cost, klass
+from tokenyard.services.priority_queue.policies.lines import DeadlineLine
+from tokenyard.shared.schemas import AdmittedRequest
 
 DRR_WEIGHTS: tuple[float, ...] = (8.0, 4.0, 2.0, 1.0)
 

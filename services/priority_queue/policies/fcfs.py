@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 
-from shared.schemas import AdmittedRequest
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 class FCFS:

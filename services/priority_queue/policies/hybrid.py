@@ -23,9 +23,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
-from services.priority_queue.policies.base import AGING_S, NUM_CLASSES, WFQ_WEIGHTS, cost, klass
-from services.priority_queue.policies.lines import DeadlineLine, Line
-from shared.schemas import AdmittedRequest
+from tokenyard.services.priority_queue.policies.base import AGING_S, NUM_CLASSES, WFQ_WEIGHTS, cost, klass
+from tokenyard.services.priority_queue.policies.lines import DeadlineLine, Line
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 class ClassScheduler:

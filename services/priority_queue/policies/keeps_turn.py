@@ -12,8 +12,8 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
-from services.priority_queue.policies.base import QueuePolicy, klass
-from shared.schemas import AdmittedRequest
+from tokenyard.services.priority_queue.policies.base import QueuePolicy, klass
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 class KeepsTurn:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import heapq
 from typing import Protocol
 
-from services.priority_queue.policies.base import cost, line_key
-from shared.schemas import AdmittedRequest
+from tokenyard.services.priority_queue.policies.base import cost, line_key
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 class Line(Protocol):

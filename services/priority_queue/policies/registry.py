@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from services.priority_queue.policies.base import AGING_S, WFQ_WEIGHTS, QueuePolicy
-from services.priority_queue.policies.bubble import BASE_BOUNDS, BubbleLine
-from services.priority_queue.policies.drr import DRR
-from services.priority_queue.policies.fcfs import FCFS
-from services.priority_queue.policies.hybrid import hybrid, wfq
-from services.priority_queue.policies.keeps_turn import KeepsTurn
-from services.priority_queue.policies.lines import ShortestLine
-from services.priority_queue.policies.strict import Strict
+from tokenyard.services.priority_queue.policies.base import AGING_S, WFQ_WEIGHTS, QueuePolicy
+from tokenyard.services.priority_queue.policies.bubble import BASE_BOUNDS, BubbleLine
+from tokenyard.services.priority_queue.policies.drr import DRR
+from tokenyard.services.priority_queue.policies.fcfs import FCFS
+from tokenyard.services.priority_queue.policies.hybrid import hybrid, wfq
+from tokenyard.services.priority_queue.policies.keeps_turn import KeepsTurn
+from tokenyard.services.priority_queue.policies.lines import ShortestLine
+from tokenyard.services.priority_queue.policies.strict import Strict
 
 POLICY_NAMES = ("fcfs", "strict", "drr", "wfq", "hybrid", "bubble", "fixed", "sjf")
 KNOBS = ("aging_s", "bubble_width", "weights", "drr_quantum")

@@ -7,9 +7,9 @@ seed's "fatal flaw"); it is here as the baseline the other policies are judged a
 
 from __future__ import annotations
 
-from services.priority_queue.policies.base import klass, line_key
-from services.priority_queue.policies.lines import HeapLine
-from shared.schemas import AdmittedRequest
+from tokenyard.services.priority_queue.policies.base import klass, line_key
+from tokenyard.services.priority_queue.policies.lines import HeapLine
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 class _ClassFirst(HeapLine):

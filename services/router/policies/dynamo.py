@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from services.router.fleet import FleetView
-from services.router.pipeline import ArgminPicker
-from shared.schemas import AdmittedRequest
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.pipeline import ArgminPicker
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 @dataclass

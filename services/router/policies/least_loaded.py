@@ -7,9 +7,8 @@ with the optimistic +1 on waiting at each decision. Ties → least recently chos
 from __future__ import annotations
 
 import numpy as np
-
-from services.router.fleet import FleetView
-from shared.schemas import AdmittedRequest
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 class LeastLoadedScorer:

@@ -26,10 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from services.router.fleet import FleetView
-from services.router.guards import new_tokens
-from shared.schemas import AdmittedRequest
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.guards import new_tokens
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 def prefix_score(req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:

@@ -5,9 +5,8 @@ last chosen (−1 if never), so the least recently chosen wins and the fleet is 
 from __future__ import annotations
 
 import numpy as np
-
-from services.router.fleet import FleetView
-from shared.schemas import AdmittedRequest
+from tokenyard.services.router.fleet import FleetView
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 class RoundRobinScorer:

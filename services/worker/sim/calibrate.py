@@ -19,9 +19,9 @@ concurrency 10, 2048 in / 1024 out) gives its mean TPOT 13.18 ms and mean TTFT 2
 writes them into data/profiles.json. Two numbers fitted to two numbers: this pins the
 profile, it does not validate it.
 
-    python -m services.worker.sim.calibrate           rewrite data/vidur.json
-    python -m services.worker.sim.calibrate --check   exit 1 if it differs from a fresh reduction
-    python -m services.worker.sim.calibrate --fit-moe refit the MoE efficiencies
+    python -m tokenyard.services.worker.sim.calibrate           rewrite data/vidur.json
+    python -m tokenyard.services.worker.sim.calibrate --check   exit 1 if it differs from a fresh reduction
+    python -m tokenyard.services.worker.sim.calibrate --fit-moe refit the MoE efficiencies
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ MOE_TARGET = {"concurrency": 10, "input_len": 2048, "output_len": 1024, "num_pro
 
 
 def moe_benchmark(memory_efficiency: float, compute_efficiency: float):
-    from services.worker.sim import closed_loop, latency
+    from tokenyard.services.worker.sim import closed_loop, latency
 
     data, vidur = latency._load()
     fit = {"memory_efficiency": memory_efficiency, "compute_efficiency": compute_efficiency}

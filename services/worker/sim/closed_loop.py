@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.latency import LatencyProfile
-from shared.hashing import ids_chain
-from shared.schemas import AdmittedRequest
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.shared.hashing import ids_chain
+from tokenyard.shared.schemas import AdmittedRequest
 
 
 @dataclass

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.worker.engine import EngineOutput, EngineStats
-from services.worker.sim.kv_pool import BlockPool
-from services.worker.sim.kv_tiers import HostTier
-from services.worker.sim.latency import LatencyProfile
-from services.worker.sim.preemption import PreemptionMode, wants_swap
-from services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy, allows_prefill
-from services.worker.sim.slack import SlackClock, prefill_ms_per_token
-from shared.schemas import AdmittedRequest, Phase
+from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.sim.kv_pool import BlockPool
+from tokenyard.services.worker.sim.kv_tiers import HostTier
+from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.preemption import PreemptionMode, wants_swap
+from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy, allows_prefill
+from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
+from tokenyard.shared.schemas import AdmittedRequest, Phase
 
 _FILLER = b"the quick brown fox jumps over the lazy dog. "
 _NF = len(_FILLER)

@@ -10,9 +10,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from services.worker.engine import EngineOutput, EngineStats
-from services.worker.sim.core import SimEngineCore
-from shared.schemas import AdmittedRequest, KVEvent
+from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.shared.schemas import AdmittedRequest, KVEvent
 
 
 class SimEngine:

@@ -9,10 +9,10 @@ and the cluster simulator to select with one option:
 
 from __future__ import annotations
 
-from services.worker.sim.kv_priority import PriorityKVPolicy
-from services.worker.sim.latency import LatencyProfile
-from services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy
-from services.worker.sim.scorpio import ScorpioPolicy
+from tokenyard.services.worker.sim.kv_priority import PriorityKVPolicy
+from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy
+from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
 
 ENGINE_POLICIES = ("vllm", "scorpio", "priority-kv", "scorpio+kv")
 

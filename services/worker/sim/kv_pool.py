@@ -20,10 +20,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 if TYPE_CHECKING:
-    from services.worker.sim.kv_tiers import HostTier
+    from tokenyard.services.worker.sim.kv_tiers import HostTier
 
 MEDIUM = "GPU"
 

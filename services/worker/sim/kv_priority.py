@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy
-from services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, deadline
+from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy
+from tokenyard.services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, deadline
 
 if TYPE_CHECKING:
-    from services.worker.sim.core import Seq, SimEngineCore
+    from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from shared.schemas import BlockRemoved, BlockStored, KVEvent
+from tokenyard.shared.schemas import BlockRemoved, BlockStored, KVEvent
 
 MEDIUM = "CPU"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-from services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.latency import LatencyProfile
 
 AUTO_SWAP_RATIO = 0.3
 """Seed 001: swap when its transfer takes less than 0.3 × the recompute."""

@@ -23,10 +23,10 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from shared.schemas import Phase
+from tokenyard.shared.schemas import Phase
 
 if TYPE_CHECKING:
-    from services.worker.sim.core import Seq, SimEngineCore
+    from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 
 
 class WaitingLine(Protocol):

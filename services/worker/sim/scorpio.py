@@ -29,10 +29,10 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.latency import LatencyProfile
 
 if TYPE_CHECKING:
-    from services.worker.sim.core import Seq, SimEngineCore
+    from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 
 TARGET_S = (0.5, 5.0, 60.0, 3600.0)
 """TTFT targets of P0..P3 (DESIGN §3.2; P3 has none: an hour keeps LDF first come first served)."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.worker.sim.core import SimEngineCore
-from services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.latency import LatencyProfile
 
 
 def kv_dtype(name: str | None) -> str:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from services.worker.engine import EngineOutput
-from services.worker.sim.latency import LatencyProfile
-from shared.ecoserve import saved_slack_ms
+from tokenyard.services.worker.engine import EngineOutput
+from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.shared.ecoserve import saved_slack_ms
 
 
 class SlackClock:

@@ -31,6 +31,12 @@ from dataclasses import dataclass
 
 import msgspec
 import zmq
+from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.vllm.kv_relay import KVHashRelay
+from tokenyard.services.worker.vllm.settings import VllmSettings, engine_kwargs, vllm_priority
+from tokenyard.services.worker.vllm.stats import StatsTracker
+from tokenyard.shared import telemetry
+from tokenyard.shared.schemas import AdmittedRequest, KVEvent
 from vllm.config import KVEventsConfig, KVTransferConfig
 from vllm.distributed.kv_events import KVEventBatch
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -39,13 +45,6 @@ from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
-
-from services.worker.engine import EngineOutput, EngineStats
-from services.worker.vllm.kv_relay import KVHashRelay
-from services.worker.vllm.settings import VllmSettings, engine_kwargs, vllm_priority
-from services.worker.vllm.stats import StatsTracker
-from shared import telemetry
-from shared.schemas import AdmittedRequest, KVEvent
 
 log = telemetry.logger("worker.vllm")
 

@@ -42,8 +42,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType
 
-from shared.hashing import block_hash
-from shared.schemas import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KVEvent
+from tokenyard.shared.hashing import block_hash
+from tokenyard.shared.schemas import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KVEvent
 
 EngineBlockHash = NewType("EngineBlockHash", object)
 """vLLM's block hash (an int, or bytes when VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)."""

@@ -22,7 +22,7 @@ counts as free).
 
 from __future__ import annotations
 
-from services.worker.engine import EngineStats
+from tokenyard.services.worker.engine import EngineStats
 
 EWMA_ALPHA = 0.2
 

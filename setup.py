@@ -1,0 +1,14 @@
+"""Packaging: the distribution owns one top-level package, `tokenyard`. The folders keep the
+layout the README shows (services/, shared/, loadgen/, simulator/, tuning/ beside tokenyard/) and
+are installed under it: services/ becomes `tokenyard.services`, and so on. Metadata lives in
+pyproject.toml; only this mapping needs code (setuptools' `find` cannot add a prefix)."""
+
+from setuptools import find_packages, setup
+
+MAPPED = ("services", "shared", "loadgen", "simulator", "tuning")
+
+packages = find_packages(include=["tokenyard", "tokenyard.*"])
+for root in MAPPED:
+    packages += [f"tokenyard.{name}" for name in find_packages(include=[root, f"{root}.*"])]
+
+setup(packages=packages, package_dir={f"tokenyard.{root}": root for root in MAPPED})

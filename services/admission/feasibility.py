@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 from tokenyard.shared import config
 from tokenyard.shared.schemas import Heartbeat, QueueStats
+from tokenyard.shared.slo import TTFT_TARGET_S
 
 NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
-TARGET_S = (0.5, 5.0, 60.0, float("inf"))
+TARGET_S = TTFT_TARGET_S
 HYBRID_FAMILY = ("hybrid", "bubble", "fixed", "sjf")
 
 

@@ -30,17 +30,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.shared.slo import ttft_target_s
 
 if TYPE_CHECKING:
     from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 
-TARGET_S = (0.5, 5.0, 60.0, 3600.0)
-"""TTFT targets of P0..P3 (DESIGN §3.2; P3 has none: an hour keeps LDF first come first served)."""
 
 
 def deadline(seq: Seq) -> float:
     req = seq.req
-    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + TARGET_S[min(max(req.priority, 0), 3)]
+    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + ttft_target_s(req.priority)
 
 
 class KeyedLine:

@@ -77,7 +77,7 @@ def test_ldf_line_serves_preempted_then_least_deadline():
                Seq(areq("c", arrival=0.0, deadline=1.5), 2))
     for s in (a, b, c):
         line.push(s)
-    assert [s.rid for s in line] == ["c", "b", "a"]  # deadlines 1.5, 2.5, 61
+    assert [s.rid for s in line.ordered()] == ["c", "b", "a"]  # deadlines 1.5, 2.5, 61
     d = Seq(areq("d", arrival=9.0), 3)
     line.push_front(d)
     line.remove(b)

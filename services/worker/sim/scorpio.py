@@ -24,12 +24,12 @@ engine (scheduler.py's seam).
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.scheduler import KeyedLine
 from tokenyard.shared.slo import ttft_target_s
 
 if TYPE_CHECKING:
@@ -40,68 +40,6 @@ if TYPE_CHECKING:
 def deadline(seq: Seq) -> float:
     req = seq.req
     return req.deadline_s if req.deadline_s > 0 else req.arrival_s + ttft_target_s(req.priority)
-
-
-class KeyedLine:
-    """A waiting line ordered by `key(seq, preempted)` (ties: arrival order in the engine);
-    a lazy-deletion heap. With a `gate`, the head is the first of the `lookahead` first
-    requests that passes it (else the true head): SCORPIO's admission tries every waiting
-    request in deadline order, not only the first."""
-
-    def __init__(self, key: Callable[[Seq, bool], tuple], gate: Callable[[Seq], bool] | None = None,
-                 lookahead: int = 32) -> None:
-        self.key = key
-        self.gate = gate
-        self.lookahead = lookahead
-        self._heap: list[tuple[tuple, int, int, Seq]] = []
-        self._live: dict[int, int] = {}
-        """id(seq) → the stamp of its live entry."""
-        self._stamp = 0
-
-    def _push(self, seq: Seq, preempted: bool) -> None:
-        self._stamp += 1
-        self._live[id(seq)] = self._stamp
-        heapq.heappush(self._heap, (self.key(seq, preempted), seq.order, self._stamp, seq))
-
-    def push(self, seq: Seq) -> None:
-        self._push(seq, False)
-
-    def push_front(self, seq: Seq) -> None:
-        self._push(seq, True)
-
-    def _clean(self) -> None:
-        heap = self._heap
-        while heap and self._live.get(id(heap[0][3])) != heap[0][2]:
-            heapq.heappop(heap)
-
-    def peek(self) -> Seq:
-        self._clean()
-        head = self._heap[0][3]
-        if self.gate is None or self.gate(head):
-            return head
-        for entry in heapq.nsmallest(self.lookahead, self._heap):
-            if self._live.get(id(entry[3])) == entry[2] and self.gate(entry[3]):
-                return entry[3]
-        return head
-
-    def pop(self) -> Seq:
-        seq = self.peek()
-        del self._live[id(seq)]  # its heap entry is now stale, dropped when it surfaces
-        return seq
-
-    def remove(self, seq: Seq) -> None:
-        del self._live[id(seq)]
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def __bool__(self) -> bool:
-        return bool(self._live)
-
-    def __iter__(self) -> Iterator[Seq]:
-        for entry in sorted(self._heap, key=lambda e: e[:3]):
-            if self._live.get(id(entry[3])) == entry[2]:
-                yield entry[3]
 
 
 def ldf_key(seq: Seq, preempted: bool) -> tuple:
@@ -146,6 +84,9 @@ class ScorpioPolicy:
     # ── the seam ──
     def new_waiting_line(self) -> KeyedLine:
         return KeyedLine(ldf_key, self._gate)
+
+    def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
+        return ()
 
     def _gate(self, seq: Seq) -> bool:
         return self._core is None or self.feasible(seq, self._core)
@@ -252,7 +193,3 @@ class ScorpioPolicy:
         vbs, tight = self.vbs(core.running)
         l_avg = sum(self.context(s) for s in core.running) / len(core.running)
         return {"vbs": vbs, "min_tpot_slo_ms": tight, "vbs_limit": self.vbs_limit(tight, l_avg)}
-
-    def victim(self, candidates: Sequence[Seq]) -> Seq:
-        """The lowest class, then the loosest SLO, then the newest."""
-        return max(candidates, key=lambda s: (s.req.priority, self.stp(s), s.order))

@@ -28,6 +28,11 @@ FINITE_TTFT_TARGET_S: tuple[float, ...] = tuple(
 )
 """The same with P3 given P2's target (for rules that need a number for every class)."""
 
+ENGINE_BACKLOG_S: float = min(TTFT_TARGET_S) / 2
+"""The prefill backlog, in seconds of prefill, the queue's flow control lets an engine hold
+(half the tightest target: 0.25 s); also the time a request still needs after it leaves the
+queue, so a request with less than this left before its deadline can no longer meet it."""
+
 
 def klass(priority: int) -> int:
     """A request's priority field → its class index 0..3 (out-of-range values clamp)."""

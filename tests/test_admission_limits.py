@@ -195,13 +195,13 @@ def test_no_queue_state_no_prediction():
 def test_a_class_whose_wait_breaks_its_target_is_refused_with_the_queue_depth():
     c = core()
     c.on_queue_stats(stats(work=(0, 6000, 0, 0), depth=(0, 30, 0, 0), drain=1000.0), 100.0)
-    # P1: 6000 tokens ahead at 1000 tokens/s = 6 s > 5 s
+    # P1: 6000 tokens ahead at 1000 tokens/s = 6 s, + 0.25 s in an engine > 5 s
     out = admit(c, GenerateRequest(prompt="a", priority=1), now=100.0)
     assert out == Rejected(
         "gen-1", 503, "overloaded",
         "Fleet saturated: a P1 request faces a predicted wait of 6.00 s against its 5 s TTFT target "
         "(30 requests queued); retry later",
-        retry_after_s=1.0, queue_depth=30,
+        retry_after_s=1.25, queue_depth=30,
     )
     # P2 has a 60 s target; P3 none
     assert isinstance(admit(c, GenerateRequest(prompt="a", priority=2), now=100.0), AdmittedRequest)
@@ -217,19 +217,28 @@ def test_a_client_deadline_replaces_the_class_target():
     assert admit(c, GenerateRequest(prompt="a", ttft_slo_ms=0)).param == "ttft_slo_ms"
 
 
-def test_free_headroom_means_no_wait():
+def test_with_no_drain_yet_free_headroom_means_no_wait_and_none_means_no_capacity():
     c = core()
-    c.on_queue_stats(stats(work=(0, 10**6, 0, 0), drain=1.0, headroom=3), 100.0)
+    c.on_queue_stats(stats(work=(0, 10**6, 0, 0), drain=0.0, headroom=3), 100.0)
     assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.0), AdmittedRequest)
+    c.on_queue_stats(stats(work=(0, 10**6, 0, 0), drain=0.0, headroom=0), 100.0)
+    out = admit(c, GenerateRequest(prompt="a"), now=100.0)
+    assert (out.status, out.retry_after_s) == (503, c.fleet.stale_after_s)
+
+
+def test_headroom_does_not_hide_a_backlog_once_the_drain_is_measured():
+    c = core()  # a queue paused between two dispatches still reports headroom
+    c.on_queue_stats(stats(work=(0, 10**6, 0, 0), drain=1000.0, headroom=3), 100.0)
+    assert admit(c, GenerateRequest(prompt="a"), now=100.0).status == 503
 
 
 def test_admitted_work_counts_until_the_next_queue_state():
     c = core()
-    c.on_queue_stats(stats(work=(0, 4900, 0, 0), depth=(0, 7, 0, 0), drain=1000.0), 100.0)
+    c.on_queue_stats(stats(work=(0, 4650, 0, 0), depth=(0, 7, 0, 0), drain=1000.0), 100.0)
     assert isinstance(admit(c, GenerateRequest(prompt="a" * 84, max_tokens=16), now=100.0), AdmittedRequest)
-    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 4900 + 100 = 5000 → 5 s: still fits
+    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 4650 + 100 → 4.75 s + 0.25 s: still fits
     assert isinstance(out, AdmittedRequest)
-    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 5017 → over
+    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 4767 → over
     assert (out.status, out.queue_depth) == (503, 9)
     c.on_queue_stats(stats(work=(0, 0, 0, 0), drain=1000.0), 100.1)
     assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.1), AdmittedRequest)

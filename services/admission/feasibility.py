@@ -1,15 +1,17 @@
 """SLO feasibility: will a request of class c meet its TTFT deadline if admitted now?
 
     wait(c)   = ahead(c) / D
-    refuse    ⇔ wait(c) > deadline (the request's ttft_slo_ms, else its class target:
-                P0 0.5 s, P1 5 s, P2 60 s; P3 has none and is never refused here)
-    Retry-After = wait(c) − deadline   (when, at this drain rate, the backlog would fit)
+    refuse    ⇔ wait(c) + H > deadline (the request's ttft_slo_ms, else its class target:
+                P0 0.5 s, P1 5 s, P2 60 s; P3 has none and is never refused here); H = the
+                engine backlog a released request may still wait behind (shared.slo, 0.25 s)
+    Retry-After = wait(c) + H − deadline   (when, at this drain rate, the backlog would fit)
 
 D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue routed per
 second over its last few seconds, summed over fresh queue replicas: the queue releases work
-only into the headroom the workers' heartbeats report, so D is what the fleet absorbs. While
-a queue reports free headroom it is not the bottleneck (what waits is about to leave):
-wait = 0. With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
+only into the headroom its flow control judges from the workers' heartbeats, so D is what the
+fleet absorbs. With no drain measured yet, a queue reporting free headroom is not the
+bottleneck (what waits is about to leave): wait = 0; without headroom either, the wait is
+unbounded. With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
 
 ahead(c), the work that leaves before a class-c request, follows the queue's policy over the
 waiting work W_k per class (weights w = 16/8/4/2; aging ignored, so it errs against the low
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 
 from tokenyard.shared import config
 from tokenyard.shared.schemas import Heartbeat, QueueStats
-from tokenyard.shared.slo import TTFT_TARGET_S
+from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S
 
 NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
@@ -61,11 +63,11 @@ class Verdict:
 
     @property
     def feasible(self) -> bool:
-        return self.wait_s <= self.deadline_s
+        return self.wait_s == 0.0 or self.wait_s + ENGINE_BACKLOG_S <= self.deadline_s
 
     @property
     def retry_after_s(self) -> float:
-        return self.wait_s - self.deadline_s
+        return self.wait_s + ENGINE_BACKLOG_S - self.deadline_s
 
 
 @dataclass
@@ -112,8 +114,10 @@ class FleetView:
         drain = sum(s.drain_tokens_per_s for s in qs)
         if self.fleet_down(now):
             wait = float("inf")
-        elif ahead <= 0 or any(s.headroom > 0 for s in qs):
+        elif ahead <= 0:
             wait = 0.0
-        else:
-            wait = ahead / drain if drain > 0 else float("inf")
+        elif drain > 0:
+            wait = ahead / drain
+        else:  # nothing left lately: about to leave if there is room, else no capacity at all
+            wait = 0.0 if any(s.headroom > 0 for s in qs) else float("inf")
         return Verdict(wait, deadline, depth)

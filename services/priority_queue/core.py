@@ -133,6 +133,10 @@ class QueueCore:
         if self.cfg.expire_deadlines and math.isfinite(due):
             heapq.heappush(self.deadlines, (due, req.request_id))
 
+    def next_expiry(self) -> float | None:
+        """When `expire` may next take a request out (an upper bound on the wait; None: never)."""
+        return self.deadlines[0][0] - BACKLOG_S if self.deadlines else None
+
     def expire(self, now: float) -> list[tuple[AdmittedRequest, Rejected]]:
         """Take out every waiting request whose TTFT deadline has passed, each with the 429
         its client gets (Retry-After: the predicted wait of its class at the drain rate)."""

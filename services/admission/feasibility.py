@@ -9,9 +9,11 @@
 D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue routed per
 second over its last few seconds, summed over fresh queue replicas: the queue releases work
 only into the headroom its flow control judges from the workers' heartbeats, so D is what the
-fleet absorbs. With no drain measured yet, a queue reporting free headroom is not the
-bottleneck (what waits is about to leave): wait = 0; without headroom either, the wait is
-unbounded. With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
+fleet absorbs. While the headroom the queues report (their flow control's room, in prompt
+tokens; 0 while a queue pauses after a refused route) exceeds the prompt tokens admitted since,
+the queue is not the bottleneck: what waits is about to leave, wait = 0. Without headroom and
+with no drain measured (a burst after a quiet spell), D is the fresh workers' prefill rate
+Σ 1 / (s per token); with neither, the wait is unbounded. With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
 
 ahead(c), the work that leaves before a class-c request, follows the queue's policy over the
 waiting work W_k per class (weights w = 16/8/4/2; aging ignored, so it errs against the low
@@ -21,7 +23,11 @@ classes, which have the loosest targets):
     wfq, drr             W_c + Σ_{k ≠ c} min(W_k, W_c · w_k / w_c)
     hybrid family        P0: W_0;  P3: Σ W;  P1, P2: W_0 + W_c + min(W_o, W_c · w_o / w_c),
                          o the other of P1 / P2
-Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
+A request's own prefill counts too, once it is tokenized: if even the fastest fresh worker's
+prefill of its whole prompt (L·a + L²·b, a and b the worker's reported linear and attention
+costs; admission does not see the prefix cache, so the whole prompt counts) leaves it past its
+deadline, no wait could make it: refuse (`own_prefill_s`, 400 slo_infeasible, with how
+to ask for a looser class). Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
 wait is unbounded (every class with a deadline is refused: 503). Work admitted since the last queue
 state is added to W at once, so a burst between two states cannot all slip in.
 """
@@ -76,20 +82,39 @@ class FleetView:
     queues: dict[str, tuple[float, QueueStats]] = field(default_factory=dict)
     workers: dict[str, tuple[float, bool]] = field(default_factory=dict)
     """worker id → (seen at, healthy and not draining)."""
+    prefill_cost: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """worker id → its reported prefill costs (ms per token, ms per token²), workers that report one."""
     admitted_work: list[float] = field(default_factory=lambda: [0.0] * NUM_CLASSES)
     admitted_depth: int = 0
+    admitted_prompt: int = 0
+    """Prompt tokens admitted since the last queue state: they take the headroom it reported."""
 
     def on_queue_stats(self, s: QueueStats, now: float) -> None:
         self.queues[s.instance_id] = (now, s)
         self.admitted_work = [0.0] * NUM_CLASSES
         self.admitted_depth = 0
+        self.admitted_prompt = 0
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
+        if hb.prefill_ms_per_token > 0:
+            self.prefill_cost[hb.worker_id] = (hb.prefill_ms_per_token, hb.prefill_ms_per_token2)
 
-    def on_admitted(self, c: int, cost: float) -> None:
+    def own_prefill_s(self, prompt_len: int, now: float) -> float | None:
+        """The request's prefill alone on the fastest fresh, healthy worker; None: unknown."""
+        times = [prompt_len * a + prompt_len * prompt_len * b for w, (a, b) in self.prefill_cost.items()
+                 if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s]
+        return min(times) / 1000.0 if times else None
+
+    def on_admitted(self, c: int, cost: float, prompt_len: int = 0) -> None:
         self.admitted_work[c] += cost
         self.admitted_depth += 1
+        self.admitted_prompt += prompt_len
+
+    def _prefill_rate(self, now: float) -> float:
+        """The fleet's prompt tokens per second at a full chunk, from the fresh workers' reports."""
+        return sum(1000.0 / a for w, (a, _) in self.prefill_cost.items()
+                   if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s)
 
     def _fresh_queues(self, now: float) -> list[QueueStats]:
         return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
@@ -114,10 +139,11 @@ class FleetView:
         drain = sum(s.drain_tokens_per_s for s in qs)
         if self.fleet_down(now):
             wait = float("inf")
-        elif ahead <= 0:
+        elif ahead <= 0 or sum(s.headroom for s in qs) > self.admitted_prompt:
             wait = 0.0
         elif drain > 0:
             wait = ahead / drain
-        else:  # nothing left lately: about to leave if there is room, else no capacity at all
-            wait = 0.0 if any(s.headroom > 0 for s in qs) else float("inf")
+        else:  # nothing routed lately (a burst after a quiet spell): the workers' prefill rate
+            rate = self._prefill_rate(now)
+            wait = ahead / rate if rate > 0 else float("inf")
         return Verdict(wait, deadline, depth)

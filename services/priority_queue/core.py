@@ -269,7 +269,8 @@ class QueueCore:
         return QueueStats(
             instance_id=instance_id, ts=now, policy=self.policy.name, depth=list(self.depth),
             work_tokens=list(self.work), in_flight=len(self.in_flight),
-            drain_tokens_per_s=tokens, drain_requests_per_s=requests, headroom=max(0, self.headroom(now)),
+            drain_tokens_per_s=tokens, drain_requests_per_s=requests,
+            headroom=max(0, self.headroom(now)) if now >= self.paused_until else 0,
         )
 
     def __len__(self) -> int:

@@ -143,4 +143,5 @@ class WorkerCore:
             vbs=stats.vbs,
             min_tpot_slo_ms=stats.min_tpot_slo_ms,
             vbs_limit=stats.vbs_limit,
+            prefill_ms_per_token2=stats.prefill_ms_per_token2,
         )

@@ -550,5 +550,6 @@ class SimEngineCore:
             tpot_slack_ms=self.slack.min_slack_ms(),
             compute_util=self.last_tokens / self.prof.max_num_batched_tokens,
             prefill_ms_per_token=self.prefill_ms_per_token,
+            prefill_ms_per_token2=self.prof.p3 / 2,  # Σ over the prompt of p3 × context ≈ p3 · L² / 2
             **(fields(self) if (fields := getattr(self.policy, "heartbeat_fields", None)) else {}),
         )

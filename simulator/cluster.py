@@ -248,6 +248,10 @@ class ClusterSim:
             st = reqs[out.request_id]
             if out.new_token_ids:
                 st.tokens.append(now)
+            if out.finish_reason == "deadline":  # rejected by the engine (SCORPIO), never started
+                st.error, st.expired = "status_429", True
+                del streams[out.request_id]
+                continue
             if out.finished:
                 st.finished = True
                 st.cached_tokens = out.num_cached_tokens
@@ -296,6 +300,8 @@ class ClusterSim:
         if not self.sample_times or now - self.sample_times[-1] >= cfg.sample_s - 1e-9:
             self._sample(now)
         for inst in self.instances:  # an engine that could not schedule anything retries here
+            if inst.engine.expire(now):  # SCORPIO's rejection path (a no-op for other policies)
+                inst.dirty = True
             if not inst.busy and inst.engine.has_work():
                 self._step(inst, now)
         self._dispatch(now)

@@ -41,11 +41,16 @@ from tokenyard.services.worker.sim.scheduler import (
 )
 from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
 from tokenyard.shared.schemas import AdmittedRequest, Phase
+from tokenyard.shared.slo import ttft_target_s
 
 _FILLER = b"the quick brown fox jumps over the lazy dog. "
 _NF = len(_FILLER)
 _FILLER_LONG = _FILLER * 64
 _LONG = len(_FILLER_LONG) - _NF
+
+
+def _deadline(req: AdmittedRequest) -> float:
+    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + ttft_target_s(req.priority)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -175,6 +180,20 @@ class SimEngineCore:
         self._free(seq)
         self._aborted.append(EngineOutput(request_id, [], True, "abort", seq.cached_tokens))
         return True
+
+    def expire(self, now: float) -> list[str]:
+        """With a policy that rejects past the deadline (SCORPIO's rejection path): take out
+        every waiting request that never started and whose TTFT deadline (its own, else arrival
+        + its class target) has passed before `now`; each ends at the next step with finish
+        reason `deadline` and no token. Returns their ids."""
+        if not self.policy.rejects_past_deadline or not self.waiting:
+            return []
+        late = [s for s in self.waiting if not s.started and s.generated == 0 and _deadline(s.req) < now]
+        for seq in late:
+            self.waiting.remove(seq)
+            del self.seqs[seq.rid]
+            self._aborted.append(EngineOutput(seq.rid, [], True, "deadline", 0))
+        return [s.rid for s in late]
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self._aborted)

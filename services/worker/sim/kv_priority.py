@@ -49,6 +49,7 @@ class PriorityKVPolicy:
         self.core: SimEngineCore | None = None
         self.reclaims = 0
         """Claims that marked victims."""
+        self.rejects_past_deadline = self.inner.rejects_past_deadline
 
     def new_waiting_line(self) -> KeyedLine:
         by_deadline = isinstance(self.inner, ScorpioPolicy)

@@ -136,6 +136,10 @@ def priority_key(seq: Seq, preempted: bool) -> tuple[int]:
 
 
 class SchedulingPolicy(Protocol):
+    rejects_past_deadline: bool
+    """Whether the engine rejects a waiting request that never started once its TTFT deadline
+    has passed (SimEngineCore.expire; SCORPIO's rejection path), instead of keeping it."""
+
     def new_waiting_line(self) -> WaitingLine: ...
 
     def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
@@ -155,6 +159,8 @@ class SchedulingPolicy(Protocol):
 
 
 class VllmPolicy:
+    rejects_past_deadline = False
+
     def new_waiting_line(self) -> WaitingLine:
         return KeyedLine(priority_key)
 

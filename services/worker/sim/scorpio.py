@@ -9,7 +9,9 @@ engine (scheduler.py's seam).
     only if EstimatedTPOT(VBS(R ∪ {w}), L_avg(R ∪ {w})) ≤ min_{R ∪ {w}} STP, where
     EstimatedTPOT(v, L) is the latency profile's decode step of v sequences of context L
     (linear between ⌊v⌋ and ⌈v⌉). A request whose SLO cannot be met waits rather than slow
-    everyone; an empty engine always admits (someone must run).
+    everyone; an empty engine always admits (someone must run). The seed rejects the requests
+    it cannot serve in time: one still waiting, never started, once its TTFT deadline has
+    passed leaves the engine rejected (finish reason `deadline`; SimEngineCore.expire).
   * Credit-based batching: each step every decoding request earns TRP(r) credit and runs in
     the step when its credit reaches 1, paying 1; so a request with twice the tightest SLO
     runs every other step, and the step's batch holds ≈ VBS decodes. Steps longer than min
@@ -61,8 +63,12 @@ def estimated_tpot_ms(prof: LatencyProfile, vbs: float, l_avg: float) -> float:
 
 
 class ScorpioPolicy:
-    def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, min_budget: int = 64) -> None:
+    def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, min_budget: int = 64,
+                 reject: bool = True) -> None:
         self.prof = prof
+        self.rejects_past_deadline = reject
+        """The seed's rejection path (SimEngineCore.expire): a request the VBS check kept waiting
+        past its TTFT deadline is rejected, not served late."""
         self.default_stp_ms = default_stp_ms
         self.min_budget = min_budget
         self.credits: dict[str, float] = {}

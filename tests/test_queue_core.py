@@ -245,9 +245,9 @@ def test_stats_count_waiting_work_per_admitted_class_and_the_drain_rate():
     q.on_routed("b", "w0", now=1.5)
     s = q.stats("pq-1", 2.0)
     assert (s.depth, s.work_tokens, s.in_flight) == ([0, 0, 1, 0], [0, 0, 24, 0], 0)
-    # 118 tokens over the 1.5 s since the oldest routed (a, at 0.5), not the 2 s window
-    assert (s.drain_tokens_per_s, s.drain_requests_per_s) == (118 / 1.5, 2 / 1.5)
-    assert q.drain_rate(2.5) == (104.0, 1.0)  # a has left the window; b alone, over the 1 s since
+    # c has waited since the dispatch at 0: 118 tokens routed out of a backlog held for 2 s
+    assert (s.drain_tokens_per_s, s.drain_requests_per_s) == (59.0, 1.0)
+    assert q.drain_rate(2.5) == (52.0, 0.5)  # a (at 0.5) has left the window
     q.on_not_routed("zz", 3.0)
     assert q.drain_rate(9.0) == (0.0, 0.0)
 
@@ -389,3 +389,19 @@ def test_released_prompt_tokens_never_exceed_the_room_by_more_than_one_request(r
     sent = sum(r.prompt_len for r in out)
     assert sent == 0 if room <= 0 else sent - max((r.prompt_len for r in out), default=0) < room
     assert len(out) + len(q) == len(reqs)
+
+
+def test_the_drain_counts_only_what_left_a_backlog_per_second_of_backlog():
+    q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=1, drain_window_s=2.0), FCFS())
+    q.on_heartbeat(hb("w0"), 0.0)
+    q.offer(classed("a", 1, 0.0, prompt_len=96), 0.0)  # cost 100; the queue empties: no backlog
+    assert ids(q.dispatchable(0.0)) == ["a"]
+    q.on_routed("a", "w0", now=0.1)
+    assert q.drain_rate(0.2) == (400.0, 4.0)  # no backlog yet: all routed over ≥ 0.25 s
+    q.on_heartbeat(hb("w0"), 1.0)
+    for rid in ("b", "c"):
+        q.offer(classed(rid, 1, 1.0, prompt_len=46), 1.0)  # cost 50 each
+    assert ids(q.dispatchable(1.0)) == ["b"]  # c waits: a backlog from 1.0
+    q.on_routed("b", "w0", now=1.2)
+    # 0.5 s of backlog held, 50 tokens left it (a's 100 routed with nothing waiting do not count)
+    assert q.drain_rate(1.5) == (100.0, 2.0)

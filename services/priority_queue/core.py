@@ -34,7 +34,9 @@ A request leaves for good only when the router answers `routed` (the shell then 
 JetStream message); `no_capacity` or a failed route puts it back with its original key and
 pauses dispatch for `retry_backoff_s`. The core also keeps what admission needs for SLO
 feasibility (`stats`): requests and work (prompt + max_tokens) waiting per admitted class,
-and the drain rate, work routed per second over the last `drain_window_s`.
+and the drain rate D: the work routed out of a backlog per second the queue held one, over the
+last `drain_window_s` (what the fleet absorbs while saturated; while the queue is not the
+bottleneck, its routing rate is the demand, not the fleet's capacity).
 """
 
 from __future__ import annotations
@@ -110,9 +112,12 @@ class QueueCore:
     paused_until: float = 0.0
     depth: list[int] = field(default_factory=lambda: [0] * NUM_CLASSES)
     work: list[int] = field(default_factory=lambda: [0] * NUM_CLASSES)
-    routed: deque[tuple[float, int]] = field(default_factory=deque)
-    """(time, cost) of the requests routed within the last drain_window_s."""
-    routed_work: int = 0
+    routed: deque[tuple[float, int, bool]] = field(default_factory=deque)
+    """(time, cost, out of a backlog) of the requests routed within the last drain_window_s."""
+    backlog_since: float | None = None
+    """Since when requests have been left waiting after every dispatch; None: none are."""
+    backlog_spells: deque[tuple[float, float]] = field(default_factory=deque)
+    """Ended (start, end) spells with a backlog, within the last drain_window_s."""
     from_reserve: set[str] = field(default_factory=set)
     """Ids of the requests in flight that the P0 reserve released."""
     deadlines: list[tuple[float, str]] = field(default_factory=list)
@@ -222,6 +227,11 @@ class QueueCore:
                     break
                 self._send(req, out)
                 self.from_reserve.add(req.request_id)
+        if len(self.policy) and self.backlog_since is None:
+            self.backlog_since = now
+        elif not len(self.policy) and self.backlog_since is not None:
+            self.backlog_spells.append((self.backlog_since, now))
+            self.backlog_since = None
         return out
 
     def _send(self, req: AdmittedRequest, out: list[AdmittedRequest]) -> None:
@@ -241,8 +251,7 @@ class QueueCore:
             if w is not None:
                 w.sent_p0 += 1
         if req is not None and now is not None:
-            self.routed.append((now, cost(req)))
-            self.routed_work += cost(req)
+            self.routed.append((now, cost(req), self.backlog_since is not None))
         return req
 
     def on_not_routed(self, request_id: str, now: float, aborted: bool = False) -> None:
@@ -253,16 +262,24 @@ class QueueCore:
             self.paused_until = now + self.cfg.retry_backoff_s
 
     def drain_rate(self, now: float) -> tuple[float, float]:
-        """(work, requests) routed per second over the last drain_window_s (over the time
-        since the oldest of them when that is shorter, but at least DRAIN_MIN_SPAN_S: a burst
+        """(work, requests) per second over the last drain_window_s: routed out of a backlog
+        per second of backlog, once the window holds DRAIN_MIN_SPAN_S of backlog; before that,
+        all routed over the time since the oldest of them (at least DRAIN_MIN_SPAN_S: a burst
         after an idle spell is not measured against idle seconds)."""
-        window = self.cfg.drain_window_s
-        while self.routed and self.routed[0][0] <= now - window:
-            self.routed_work -= self.routed.popleft()[1]
+        start = now - self.cfg.drain_window_s
+        while self.routed and self.routed[0][0] <= start:
+            self.routed.popleft()
+        while self.backlog_spells and self.backlog_spells[0][1] <= start:
+            self.backlog_spells.popleft()
         if not self.routed:
             return 0.0, 0.0
-        span = min(window, max(DRAIN_MIN_SPAN_S, now - self.routed[0][0]))
-        return self.routed_work / span, len(self.routed) / span
+        spells = [*self.backlog_spells, *([(self.backlog_since, now)] if self.backlog_since is not None else [])]
+        held = sum(end - max(begin, start) for begin, end in spells)
+        if held >= DRAIN_MIN_SPAN_S:
+            out = [c for _, c, backlog in self.routed if backlog]
+            return sum(out) / held, len(out) / held
+        span = min(self.cfg.drain_window_s, max(DRAIN_MIN_SPAN_S, now - self.routed[0][0]))
+        return sum(c for _, c, _ in self.routed) / span, len(self.routed) / span
 
     def stats(self, instance_id: str, now: float) -> QueueStats:
         tokens, requests = self.drain_rate(now)

@@ -13,7 +13,7 @@ fleet absorbs. While the headroom the queues report (their flow control's room, 
 tokens; 0 while a queue pauses after a refused route) exceeds the prompt tokens admitted since,
 the queue is not the bottleneck: what waits is about to leave, wait = 0. Without headroom and
 with no drain measured (a burst after a quiet spell), D is the fresh workers' prefill rate
-Σ 1 / (s per token); with neither, the wait is unbounded. With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
+Σ 1 / (s per token); with neither, nothing is predicted (wait = 0). With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
 
 ahead(c), the work that leaves before a class-c request, follows the queue's policy over the
 waiting work W_k per class (weights w = 16/8/4/2; aging ignored, so it errs against the low
@@ -145,5 +145,5 @@ class FleetView:
             wait = ahead / drain
         else:  # nothing routed lately (a burst after a quiet spell): the workers' prefill rate
             rate = self._prefill_rate(now)
-            wait = ahead / rate if rate > 0 else float("inf")
+            wait = ahead / rate if rate > 0 else 0.0  # no rate known at all: nothing to predict from
         return Verdict(wait, deadline, depth)

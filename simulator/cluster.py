@@ -47,7 +47,8 @@ class SimConfig:
     """The router's declared default, as `tokenyard router` runs it."""
     queue_policy: str = DEFAULT_QUEUE_POLICY
     flow_control: bool = True
-    """The queue's flow control (QueueConfig.flow_control), on as in `tokenyard queue`."""
+    """Flow control, on as live: the queue's (QueueConfig.flow_control) and the workers' refusal
+    while saturated (WorkerConfig.flow_control)."""
     deadline_reject: bool = True
     """The queue rejects a request that can no longer meet its TTFT deadline (QueueConfig.expire_deadlines)."""
     slo_check: bool = True
@@ -133,7 +134,8 @@ class ClusterSim:
         )
         width = len(str(max(cfg.instances - 1, 0)))
         self.instances = [
-            SimInstance(f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks) for i in range(cfg.instances)
+            SimInstance(f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks, cfg.flow_control)
+            for i in range(cfg.instances)
         ]
         self.by_id = {inst.id: inst for inst in self.instances}
         self.chains = chains or ChainCache()

@@ -45,11 +45,14 @@ class FleetProcesses:
     ready_timeout_s: float = 60.0
     macro_args: list[str] = field(default_factory=list)
     """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
+    metrics: bool = True
+    """Give every service a Prometheus /metrics port (`scrape_targets()` lists them)."""
 
     def __post_init__(self) -> None:
         self.server: natsutil.NatsServer | None = None
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self._logs: list = []
+        self.metrics_ports: dict[str, int] = {}
 
     @property
     def http_url(self) -> str:
@@ -71,7 +74,20 @@ class FleetProcesses:
                 [*base, "worker", *url, "--engine", self.engine, "--profile", self.profile,
                  "--speed", str(self.speed), "--id", f"w{i}", "--model", self.model],
             ))
-        return cmds
+        return [(name, [*cmd, *self._metrics_args(name)]) for name, cmd in cmds]
+
+    def _metrics_args(self, name: str) -> list[str]:
+        """The edge serves /metrics on its HTTP port; every other service on one of its own."""
+        if not self.metrics or name == "edge":
+            return []
+        port = self.metrics_ports.setdefault(name, natsutil.free_port())
+        return ["--metrics-port", str(port)]
+
+    def scrape_targets(self) -> dict[str, str]:
+        """Service name → its Prometheus endpoint."""
+        targets = {"edge": f"{self.http_url}/metrics"} if self.metrics else {}
+        targets.update({name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metrics_ports.items()})
+        return targets
 
     def _tokenizer_args(self) -> list[str]:
         """With vLLM, `model` is the model's path: admission tokenizes with its tokenizer."""
@@ -228,6 +244,8 @@ async def _up(args) -> int:
         print(f"  NATS     {fleet.nats_url}   (publish requests on llm.v1.submit)")
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
         print(f"  model    {args.model}")
+        for name, url in fleet.scrape_targets().items():
+            print(f"  metrics  {name:<10} {url}")
         if args.bench_prompts:
             from tokenyard.loadgen.serve import BenchConfig, print_result, run_bench
 

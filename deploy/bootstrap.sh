@@ -15,5 +15,14 @@ if [[ ",${extras}," == *",vllm,"* ]]; then
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
   .venv/bin/python -c "import vllm, transformers" || { echo "vllm extra installed but not importable"; exit 1; }
 fi
+if [[ ",${extras}," == *",test,"* ]] && ! command -v prometheus >/dev/null; then
+  # Debian's Prometheus, for tests/test_metrics_prometheus.py (which skips, saying why, without it).
+  if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
+      >/dev/null 2>&1 || echo "bootstrap: could not install prometheus; its test will be skipped"
+  else
+    echo "bootstrap: no apt-get as root here; install Prometheus yourself for its test"
+  fi
+fi
 .venv/bin/tokenyard --help >/dev/null
 echo "tokenyard installed in .venv (extras: ${extras}); run: .venv/bin/tokenyard up --bench-prompts 200"

@@ -292,3 +292,17 @@ async def serve(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -
 
 def bound_port(runner: web.AppRunner) -> int:
     return runner.addresses[0][1]
+
+
+def prometheus_config(targets: dict[str, str], scrape_interval_s: float = 5.0) -> str:
+    """A prometheus.yml scraping `targets` (service name → `http://host:port/metrics`), one job
+    per service kind, so `sum by (job)` reads a replicated service as one."""
+    jobs: dict[str, list[str]] = {}
+    for name, url in targets.items():
+        host_port = url.split("://", 1)[1].split("/", 1)[0]
+        jobs.setdefault(name.split("-", 1)[0], []).append(host_port)
+    interval = f"{round(scrape_interval_s * 1000)}ms"  # Prometheus durations take no fractions
+    lines = ["global:", f"  scrape_interval: {interval}", f"  evaluation_interval: {interval}", "scrape_configs:"]
+    for job, hosts in jobs.items():
+        lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{', '.join(repr(h) for h in hosts)}]"]
+    return "\n".join(lines) + "\n"

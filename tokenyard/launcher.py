@@ -206,6 +206,8 @@ def register(sub) -> None:
                    help="mitosis scaling: the macro controller starts/stops worker processes")
     p.add_argument("--model", default=config.DEFAULT_MODEL)
     p.add_argument("--log-dir", help="write each service's log here")
+    p.add_argument("--prometheus-config", metavar="PATH",
+                   help="write a prometheus.yml that scrapes every service of this fleet")
     p.add_argument("--bench-prompts", type=int, default=0,
                    help="once up, run `bench serve` with this many prompts against the edge, then stop")
     p.add_argument("--bench-rate", type=float, default=20.0)
@@ -246,6 +248,12 @@ async def _up(args) -> int:
         print(f"  model    {args.model}")
         for name, url in fleet.scrape_targets().items():
             print(f"  metrics  {name:<10} {url}")
+        if args.prometheus_config:
+            from tokenyard.shared.metrics import prometheus_config
+
+            with open(args.prometheus_config, "w") as f:
+                f.write(prometheus_config(fleet.scrape_targets()))
+            print(f"  prometheus --config.file {args.prometheus_config}")
         if args.bench_prompts:
             from tokenyard.loadgen.serve import BenchConfig, print_result, run_bench
 

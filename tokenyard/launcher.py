@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tokenyard.shared import config, natsutil
+from tokenyard.shared.nats_cluster import NatsCluster
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
 
@@ -45,11 +46,13 @@ class FleetProcesses:
     ready_timeout_s: float = 60.0
     macro_args: list[str] = field(default_factory=list)
     """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
+    nats_cluster: int = 0
+    """Start a NATS cluster of this many nodes (shared/nats_cluster.py) instead of one server."""
     metrics: bool = True
     """Give every service a Prometheus /metrics port (`scrape_targets()` lists them)."""
 
     def __post_init__(self) -> None:
-        self.server: natsutil.NatsServer | None = None
+        self.server: natsutil.NatsServer | NatsCluster | None = None
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self._logs: list = []
         self.metrics_ports: dict[str, int] = {}
@@ -94,7 +97,10 @@ class FleetProcesses:
         return ["--tokenizer", self.model] if self.engine == "vllm" else []
 
     async def start(self) -> FleetProcesses:
-        if not self.nats_url:
+        if not self.nats_url and self.nats_cluster > 1:
+            self.server = await NatsCluster(self.nats_cluster, log_dir=self.log_dir).start()
+            self.nats_url = self.server.url
+        elif not self.nats_url:
             self.server = await natsutil.NatsServer(port=self.nats_port).start()
             self.nats_url = self.server.url
         if not self.http_port:
@@ -197,6 +203,8 @@ def register(sub) -> None:
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--nats", help="use this NATS server instead of starting one")
     p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server to start (default: free)")
+    p.add_argument("--nats-cluster", type=int, default=0, metavar="N",
+                   help="start N nats-servers clustered over loopback routes (JetStream R3) instead of one")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--policy", default="multiplicative", help="router policy (see `tokenyard router --help`)")
     p.add_argument("--macro-size", type=int, default=4)
@@ -231,7 +239,7 @@ async def _up(args) -> int:
         raise SystemExit("tokenyard up --engine vllm needs --model PATH (the model's local path)")
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
-        nats_url=args.nats, nats_port=args.nats_port, http_port=args.http_port,
+        nats_url=args.nats, nats_port=args.nats_port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=_macro_args(args),
@@ -244,6 +252,9 @@ async def _up(args) -> int:
     try:
         print(f"tokenyard is up: {args.workers} {args.engine} worker(s), profile {args.profile}, speed {args.speed}")
         print(f"  NATS     {fleet.nats_url}   (publish requests on llm.v1.submit)")
+        if args.nats_cluster > 1:
+            print(f"           a cluster of {args.nats_cluster} nodes; stream and buckets replicated R"
+                  f"{min(3, args.nats_cluster)}")
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
         print(f"  model    {args.model}")
         for name, url in fleet.scrape_targets().items():

@@ -103,12 +103,9 @@ class AdmissionShell:
             )
             await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
             try:
-                await self.js.publish(
-                    subjects.QUEUE,
-                    codec.encode(verdict),
-                    headers=telemetry.inject({"Nats-Msg-Id": verdict.request_id}),
-                    timeout=5.0,
-                )
+                # Retried through a cluster node's failover; the request id dedups a retry.
+                await natsutil.publish_durably(self.js, subjects.QUEUE, codec.encode(verdict), verdict.request_id,
+                                               headers=telemetry.inject())
             except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
                 log.warning("enqueue_failed", request_id=verdict.request_id, error=repr(e))
                 error = schemas.Error(request_id=verdict.request_id, status=503, message=f"queue unavailable: {e!r}")

@@ -68,6 +68,7 @@ class ServiceHost:
             stats_handler=self._stats_data,
         )
         await self.shell.start(self.nc, self.service)
+        await self.nc.flush()  # the server has every subscription before anyone is told we serve
         shell_metrics = getattr(self.shell, "metrics", None)
         if self.metrics_port is not None and shell_metrics is not None:
             self._metrics_runner = await metrics.serve(shell_metrics.registry, self.metrics_port, self.metrics_host)

@@ -24,5 +24,11 @@ if [[ ",${extras}," == *",test,"* ]] && ! command -v prometheus >/dev/null; then
     echo "bootstrap: no apt-get as root here; install Prometheus yourself for its test"
   fi
 fi
+if [[ ",${extras}," == *",test,"* && -z "${TOKENYARD_NO_PHOENIX:-}" && ! -x .venv-phoenix/bin/phoenix ]]; then
+  # Arize Phoenix, the trace UI/collector of tests/test_tracing_collector.py (~850 MB): a venv of
+  # its own, since it pins its own OpenTelemetry and web stack. TOKENYARD_NO_PHOENIX=1 skips it.
+  { python3 -m venv .venv-phoenix && .venv-phoenix/bin/python -m pip install -q arize-phoenix; } \
+    || echo "bootstrap: could not install arize-phoenix; the trace-collector test will be skipped"
+fi
 .venv/bin/tokenyard --help >/dev/null
 echo "tokenyard installed in .venv (extras: ${extras}); run: .venv/bin/tokenyard up --bench-prompts 200"

@@ -15,13 +15,15 @@ if [[ ",${extras}," == *",vllm,"* ]]; then
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
   .venv/bin/python -c "import vllm, transformers" || { echo "vllm extra installed but not importable"; exit 1; }
 fi
-if [[ ",${extras}," == *",test,"* ]] && ! command -v prometheus >/dev/null; then
-  # Debian's Prometheus, for tests/test_metrics_prometheus.py (which skips, saying why, without it).
+if [[ ",${extras}," == *",test,"* ]] && ! { command -v prometheus && command -v docker-compose; } >/dev/null; then
+  # Debian's Prometheus (tests/test_metrics_prometheus.py) and docker-compose, which checks
+  # deploy/compose without a Docker engine (tests/test_deploy_manifests.py); both tests skip,
+  # saying why, without them.
   if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
-      >/dev/null 2>&1 || echo "bootstrap: could not install prometheus; its test will be skipped"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus docker-compose; } \
+      >/dev/null 2>&1 || echo "bootstrap: could not install prometheus / docker-compose; their tests will be skipped"
   else
-    echo "bootstrap: no apt-get as root here; install Prometheus yourself for its test"
+    echo "bootstrap: no apt-get as root here; install Prometheus and docker-compose yourself for their tests"
   fi
 fi
 if [[ ",${extras}," == *",test,"* && -z "${TOKENYARD_NO_PHOENIX:-}" && ! -x .venv-phoenix/bin/phoenix ]]; then

@@ -301,7 +301,8 @@ def prometheus_config(targets: dict[str, str], scrape_interval_s: float = 5.0) -
     for name, url in targets.items():
         host_port = url.split("://", 1)[1].split("/", 1)[0]
         jobs.setdefault(name.split("-", 1)[0], []).append(host_port)
-    interval = f"{round(scrape_interval_s * 1000)}ms"  # Prometheus durations take no fractions
+    ms = round(scrape_interval_s * 1000)
+    interval = f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"  # Prometheus durations take no fractions
     lines = ["global:", f"  scrape_interval: {interval}", f"  evaluation_interval: {interval}", "scrape_configs:"]
     for job, hosts in jobs.items():
         lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{', '.join(repr(h) for h in hosts)}]"]

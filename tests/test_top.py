@@ -65,8 +65,8 @@ def test_render_shows_services_workers_and_queue():
     text = console.export_text()
     assert "requests 3.0/s" in text and "refused 1.0/s" in text and "overloaded 1.0/s" in text
     rows = cells(text)
-    assert rows["w0"] == ["w0", "sim", "m0", "prefill", "3", "1", "512", "30%", "25%", "0", "0.5"]
-    assert rows["w1 (draining)"][4] == "0" and rows["w1 (draining)"][7] == "0%"
+    assert rows["w0"] == ["w0", "sim", "m0", "prefill", "3", "1", "512", "30.0%", "25%", "0", "0.5"]
+    assert rows["w1 (draining)"][4] == "0" and rows["w1 (draining)"][7] == "0.0%"
     assert rows["admission"] == ["admission", "admission-1", "0.1.0", "submit", "4", "0", "0.25"]
     assert rows["hybrid"] == ["hybrid", "0", "2", "5", "0", "3", "7.5"]
 
@@ -87,12 +87,15 @@ async def test_once_against_a_live_fleet(fleet):
     assert rows["fcfs"][1:5] == ["0", "0", "0", "0"]  # the queue's state arrived: empty
 
 
-async def test_top_command_prints_one_snapshot(fleet):
+async def test_top_command_prints_one_snapshot(fleet, tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tokenyard.cli", "top", "--nats", fleet.nats_url, "--once", "--interval", "0.3",
+        "--svg", str(tmp_path / "top.svg"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"COLUMNS": "200", "PATH": ""},
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     text = out.decode()
     assert "tokenyard top" in text and "tw0" in text and "tw1" in text and "workers (heartbeats)" in text
+    svg = (tmp_path / "top.svg").read_text()
+    assert svg.startswith("<svg") and "tw0" in svg

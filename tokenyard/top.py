@@ -101,7 +101,7 @@ def render(cur: Sample, prev: Sample | None = None) -> Group:
         state = "draining" if hb.draining else ("" if hb.healthy else "unhealthy")
         workers.add_row(wid + (f" ({state})" if state else ""), hb.engine, hb.macro_id or "-", str(hb.phase),
                         str(hb.running), str(hb.waiting), str(hb.queued_prefill_tokens),
-                        f"{hb.kv_blocks_used / total:.0%}" if total else "-", f"{hit:.0%}", str(hb.preemptions),
+                        f"{hb.kv_blocks_used / total:.1%}" if total else "-", f"{hit:.0%}", str(hb.preemptions),
                         f"{max(0.0, cur.at - hb.ts):.1f}")
 
     queue = Table(title="priority queue (depth by class)", title_justify="left")
@@ -166,7 +166,7 @@ async def gather_replies(nc, subject: str, wait_s: float) -> list[dict]:
     return list(out.values())
 
 
-async def run(url: str, once: bool, interval_s: float, console: Console) -> int:
+async def run(url: str, once: bool, interval_s: float, console: Console, svg: str | None = None) -> int:
     nc = await natsutil.connect(url, "tokenyard-top")
     try:
         watcher = await Watcher(nc).start()
@@ -175,6 +175,8 @@ async def run(url: str, once: bool, interval_s: float, console: Console) -> int:
         cur = await watcher.sample()
         if once:
             console.print(render(cur, prev))
+            if svg:
+                console.save_svg(svg, title="tokenyard top")
             return 0
         from rich.live import Live
 
@@ -192,11 +194,13 @@ def register(sub) -> None:
     p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS URL(s), comma-separated")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    p.add_argument("--svg", metavar="FILE", help="with --once: also save the snapshot as an SVG picture")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
     try:
-        return asyncio.run(run(args.nats, args.once, args.interval, Console()))
+        console = Console(record=bool(args.svg))
+        return asyncio.run(run(args.nats, args.once, args.interval, console, args.svg if args.once else None))
     except KeyboardInterrupt:
         return 0

@@ -4,6 +4,7 @@ agree with what the client saw, over `/metrics` and over `$SRV.STATS`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -161,10 +162,20 @@ async def test_live_fleet_counters_agree_with_the_client(fleet):
         await fleet.nats.publish(subjects.SUBMIT, codec.encode(schemas.GenerateRequest(prompt="x", max_tokens=-1)),
                                  reply=inbox)
         assert isinstance(codec.decode_event((await sub.next_msg(timeout=5)).data), schemas.Rejected)
-        await fleet.workers[0].shell._publish_heartbeat()
-        await fleet.workers[1].shell._publish_heartbeat()
+        # The client has its last token before the queue and the router have counted their
+        # answer (the worker streams straight to the client): await their counters.
+        async def settled() -> dict[str, str] | None:
+            await fleet.workers[0].shell._publish_heartbeat()
+            await fleet.workers[1].shell._publish_heartbeat()
+            text = {k: await scrape(f"http://127.0.0.1:{metrics.bound_port(r)}/metrics") for k, r in runners.items()}
+            done = (sample(text["queue"], 'tokenyard:queue_dispatches_total{outcome="routed"}') == 6
+                    and sample(text["router"], "tokenyard:router_decisions_total{") == 6
+                    and sample(text["worker"], "vllm:num_requests_running{") == 0)
+            return text if done else None
 
-        text = {k: await scrape(f"http://127.0.0.1:{metrics.bound_port(r)}/metrics") for k, r in runners.items()}
+        async with asyncio.timeout(10):
+            while (text := await settled()) is None:
+                await asyncio.sleep(0.05)
         assert sample(text["admission"], 'tokenyard:admission_decisions_total{outcome="admitted"}') == 6
         assert sample(text["admission"], 'tokenyard:refusals_total{reason="invalid_value"}') == 1
         assert sample(text["queue"], 'tokenyard:queue_dispatches_total{outcome="routed"}') == 6

@@ -96,12 +96,14 @@ class ServiceHost:
                 await self.nc.drain()
 
     async def run_until_signalled(self) -> None:
-        """Serve until SIGINT / SIGTERM, then drain and stop."""
-        await self.start()
+        """Serve until SIGINT / SIGTERM, then drain and stop. The handlers go in before start():
+        a worker is visible (its first heartbeat) before start() returns, and a SIGTERM sent as
+        soon as it is seen must drain it, not kill it."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        await self.start()
         await stop.wait()
         telemetry.logger(self.shell.kind).info("stopping", instance=self.shell.instance_id)
         await self.stop()

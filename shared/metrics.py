@@ -78,7 +78,7 @@ def count_samples(counter: Counter) -> dict[str, float]:
 
 
 class _SnapshotCollector(Collector):
-    """Yields metric families built from whatever `read()` returns at scrape time."""
+    """Yields the metric families `build()` makes at scrape time."""
 
     def __init__(self, build: Callable[[], Iterable]):
         self.build = build

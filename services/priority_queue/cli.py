@@ -18,6 +18,7 @@ from tokenyard.shared import config
 def register(sub) -> None:
     p = sub.add_parser("queue", help="the priority queue between admission and the router")
     p.add_argument("--nats", default=config.nats_url_from_env())
+    config.add_metrics_port_argument(p)
     p.add_argument("--policy", "--queue-policy", dest="policy", choices=POLICY_NAMES, default=DEFAULT_POLICY,
                    help="ordering policy (default: %(default)s)")
     p.add_argument("--flow-control", choices=("on", "off"), default="on",
@@ -46,5 +47,5 @@ def main(args) -> int:
     cfg = QueueConfig(flow_control=args.flow_control == "on", expire_deadlines=args.deadline_reject == "on",
                       slots_per_worker=args.slots_per_worker, p0_reserve_per_worker=args.p0_reserve,
                       batch_cap_per_worker=args.batch_cap)
-    run(QueueShell(cfg, policy), args.nats)
+    run(QueueShell(cfg, policy), args.nats, args.metrics_port)
     return 0

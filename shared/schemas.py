@@ -47,6 +47,8 @@ class Outcome(enum.StrEnum):
     ABORTED = "aborted"
     FINISHED = "finished"
     FAILED = "failed"
+    REJECTED_DEADLINE = "rejected_deadline"
+    """The queue let a request go once it could no longer meet its TTFT deadline (429)."""
 
 
 class Phase(enum.StrEnum):

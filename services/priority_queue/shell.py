@@ -185,6 +185,7 @@ class QueueShell:
         """A request that can no longer meet its deadline: its stream ends with `rejected`
         (the edge answers 429), its message is acked (it is not redelivered)."""
         log.info("deadline_exceeded", request_id=req.request_id, waited_s=time.time() - req.arrival_s)
+        self.metrics.observe_dispatch(schemas.Outcome.REJECTED_DEADLINE, req.priority, time.time() - req.arrival_s)
         msg = self.held.pop(req.request_id, None)
         if msg is not None:
             await msg.ack()

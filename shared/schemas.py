@@ -198,10 +198,14 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     kind: str = "completion"
     """`completion` or `chat`: what the edge renders back."""
     deadline_s: float = 0.0
-    """Absolute TTFT deadline (unix seconds) the client asked for; 0 = none (the queue then
-    uses arrival + its class's target)."""
+    """Absolute TTFT deadline (unix seconds), admission's `shared.slo.ttft_deadline_s`: the
+    client's ttft_slo_ms, else its class target plus its own predicted prefill; 0 = none (P3,
+    or a request made without admission: then arrival + its class's target)."""
     tpot_slo_ms: float = 0.0
     """Per-request TPOT SLO (SCORPIO); 0 = none."""
+    prefill_s: float = 0.0
+    """Its own prefill as admission predicted it (fastest fresh worker, whole prompt); 0 =
+    unknown. The queue releases it by deadline − prefill − H (shared.slo.latest_release_s)."""
 
 
 class RouteDecision(msgspec.Struct, omit_defaults=True):

@@ -8,7 +8,8 @@ guard, the engines' deadline order). DESIGN.md §3.2:
     P2 batch        60 s          ~30 %   data processing
     P3 background   none          ~5 %    evals, distillation
 
-A request's own `ttft_slo_ms` replaces its class's target. P3 has no target (infinity): it is
+A class target bounds the wait the fleet imposes; a request's TTFT deadline adds its own
+predicted prefill (`ttft_deadline_s`). A request's own `ttft_slo_ms` is a whole TTFT bound. P3 has no target (infinity): it is
 never refused for time, and ordered by arrival among its class wherever deadlines order a
 line. A rule that needs a finite bound for every class (a guard's budget) takes
 `FINITE_TTFT_TARGET_S`, where P3 gets the loosest finite target.
@@ -17,6 +18,10 @@ line. A rule that needs a finite bound for every class (a guard's budget) takes
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenyard.shared.schemas import AdmittedRequest
 
 NUM_CLASSES = 4
 
@@ -41,3 +46,35 @@ def klass(priority: int) -> int:
 
 def ttft_target_s(priority: int) -> float:
     return TTFT_TARGET_S[klass(priority)]
+
+
+def ttft_deadline_s(arrival_s: float, priority: int, ttft_slo_ms: float | None = None,
+                    prefill_s: float = 0.0) -> float:
+    """A request's TTFT deadline (absolute, seconds; infinity: none), the one definition every
+    service and the simulator use (admission's wait check stamps it on the request; the queue's
+    deadline order and rejection, and the engines' deadline order, read it back):
+
+        deadline = arrival + ttft_slo_ms / 1000             the client's own bound, prefill included
+                 = arrival + target(class) + prefill_s      otherwise
+
+    A class target bounds the wait the fleet imposes, not the compute the prompt needs: a 30k-
+    token prompt whose prefill alone takes longer than P1's 5 s is still served by an idle
+    fleet. `prefill_s` is the request's own prefill as predicted (the fastest fresh worker, whole
+    prompt; 0 when unknown). An explicit `ttft_slo_ms` means what the API says, a TTFT after
+    admission, so a prompt that cannot be prefilled within it is refused (400 slo_infeasible).
+    """
+    if ttft_slo_ms is not None:
+        return arrival_s + ttft_slo_ms / 1000.0
+    return arrival_s + ttft_target_s(priority) + prefill_s
+
+
+def latest_release_s(deadline_s: float, prefill_s: float) -> float:
+    """The last moment a request may leave the queue and still meet its deadline: it then
+    waits up to ENGINE_BACKLOG_S in its engine, then needs its own prefill."""
+    return deadline_s - prefill_s - ENGINE_BACKLOG_S
+
+
+def request_deadline_s(req: AdmittedRequest) -> float:
+    """An admitted request's TTFT deadline: the one admission stamped, else (a request made
+    without admission: tests, direct engine use) its class target from arrival."""
+    return req.deadline_s if req.deadline_s > 0 else ttft_deadline_s(req.arrival_s, req.priority)

@@ -308,18 +308,47 @@ def fresh_worker(c, wid="w0", a=0.1, b=0.0, now=100.0):
                              prefill_ms_per_token2=b), now)
 
 
-def test_a_prompt_whose_own_prefill_breaks_its_target_is_refused_whatever_the_load():
-    c = core()
+def test_an_idle_fleet_serves_a_prompt_whose_own_prefill_exceeds_its_class_target():
+    """The class target bounds the wait; the deadline adds the prompt's own prefill."""
+    c = core(tenant_ceiling={"vip": PriorityClass.P0})
     c.on_queue_stats(stats(headroom=10**6), 100.0)  # an idle fleet
-    fresh_worker(c, a=1.0, b=1e-4)  # 3000 tokens: 3000 + 900 ms; 4000: 4000 + 1600 ms
-    assert isinstance(admit(c, GenerateRequest(prompt="a" * 3000), now=100.0), AdmittedRequest)  # P1: 5 s
-    out = admit(c, GenerateRequest(prompt="a" * 4000), now=100.0)  # 5.6 s + 0.25 s > 5 s
-    assert (out.status, out.code, out.param) == (400, "slo_infeasible", "prompt")
-    assert "5.6 s to prefill" in out.message and "x-request-tier" in out.message
-    # a looser class, or a client deadline, fits
-    assert isinstance(admit(c, GenerateRequest(prompt="a" * 4000, priority=2), now=100.0), AdmittedRequest)
-    ok = admit(c, GenerateRequest(prompt="a" * 4000, ttft_slo_ms=6000), now=100.0)
+    fresh_worker(c, a=1.0, b=1e-4)  # 4000 tokens: 4000 + 1600 ms
+    ok = admit(c, GenerateRequest(prompt="a" * 4000), now=100.0)  # P1: 5 s target, 5.6 s prefill
     assert isinstance(ok, AdmittedRequest)
+    assert ok.prefill_s == pytest.approx(5.6)
+    assert ok.deadline_s == pytest.approx(100.0 + 5.0 + 5.6)
+    p0 = admit(c, GenerateRequest(prompt="a" * 4000), headers={"x-tenant": "vip", "x-request-tier": "P0"}, now=100.0)
+    assert p0.priority == 0 and p0.deadline_s == pytest.approx(100.0 + 0.5 + 5.6)
+    # P3 has no deadline at all
+    assert admit(c, GenerateRequest(prompt="a" * 4000, priority=3), now=100.0).deadline_s == 0.0
+
+
+def test_a_busy_fleet_judges_a_long_prompt_by_its_wait_alone():
+    c = core()
+    fresh_worker(c, a=1.0, b=1e-4)
+    # P1: 4000 tokens ahead at 1000 tokens/s = 4 s + 0.25 s ≤ 5 s, whatever the prompt's own prefill
+    c.on_queue_stats(stats(work=(0, 4000, 0, 0), drain=1000.0), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 4000), now=100.0), AdmittedRequest)
+    c.on_queue_stats(stats(work=(0, 5000, 0, 0), drain=1000.0), 100.0)  # 5 s + 0.25 s > 5 s
+    assert admit(c, GenerateRequest(prompt="a"), now=100.0).code == "overloaded"
+
+
+def test_an_explicit_ttft_slo_is_a_whole_ttft_bound_prefill_included():
+    c = core()
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    fresh_worker(c, a=1.0, b=1e-4)  # 4000 tokens: 5.6 s of prefill
+    out = admit(c, GenerateRequest(prompt="a" * 4000, ttft_slo_ms=5000), now=100.0)  # 5.6 + 0.25 > 5
+    assert (out.status, out.code, out.param) == (400, "slo_infeasible", "prompt")
+    assert "5.6 s to prefill" in out.message and "ttft_slo_ms" in out.message
+    ok = admit(c, GenerateRequest(prompt="a" * 4000, ttft_slo_ms=6000), now=100.0)
+    assert ok.deadline_s == pytest.approx(106.0) and ok.prefill_s == pytest.approx(5.6)
+    # with a wait: 0.1 s ahead + 0.25 s + 5.6 s ≤ 6 s fits; 0.2 s ahead does not (503, not 400)
+    c.on_queue_stats(stats(work=(0, 100, 0, 0), drain=1000.0), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 4000, ttft_slo_ms=6000), now=100.0), AdmittedRequest)
+    c.on_queue_stats(stats(work=(0, 200, 0, 0), drain=1000.0), 100.0)
+    out = admit(c, GenerateRequest(prompt="a" * 4000, ttft_slo_ms=6000), now=100.0)
+    assert (out.status, out.code) == (503, "overloaded")
+    assert out.retry_after_s == pytest.approx(0.05)
 
 
 def test_the_fastest_fresh_worker_counts_and_stale_ones_do_not():
@@ -327,10 +356,9 @@ def test_the_fastest_fresh_worker_counts_and_stale_ones_do_not():
     c.on_queue_stats(stats(headroom=10**6), 100.0)
     fresh_worker(c, "slow", a=2.0, now=100.0)
     fresh_worker(c, "fast", a=1.0, now=98.0)  # stale at 100 s
-    out = admit(c, GenerateRequest(prompt="a" * 3000), now=100.0)  # 6 s on the slow one
-    assert out.code == "slo_infeasible"
+    assert admit(c, GenerateRequest(prompt="a" * 3000), now=100.0).prefill_s == pytest.approx(6.0)
     fresh_worker(c, "fast", a=1.0, now=100.0)
-    assert isinstance(admit(c, GenerateRequest(prompt="a" * 3000), now=100.0), AdmittedRequest)
+    assert admit(c, GenerateRequest(prompt="a" * 3000), now=100.0).prefill_s == pytest.approx(3.0)
 
 
 def test_a_burst_spends_the_reported_headroom_then_waits_at_the_workers_prefill_rate():

@@ -369,6 +369,22 @@ def test_a_dispatched_request_does_not_expire_and_a_put_back_one_keeps_its_deadl
     assert req.request_id == "a" and len(q) == 0
 
 
+def test_a_long_prompt_leaves_by_its_deadline_less_its_own_prefill_and_the_engine_backlog():
+    """Admission stamps deadline = arrival + class target + predicted prefill (shared.slo); the
+    queue must release it by deadline − prefill − 0.25 s, i.e. within its class target."""
+    from tokenyard.shared.slo import ttft_deadline_s
+
+    q = QueueCore(QueueConfig(), FCFS())
+    long = sized("long", 30000, 0.0, cls=1)
+    long.prefill_s = 6.0
+    long.deadline_s = ttft_deadline_s(0.0, 1, None, long.prefill_s)  # 11 s
+    q.offer(long, 0.0)
+    assert q.next_expiry() == 4.75
+    assert q.expire(4.75) == []
+    [(req, rej)] = q.expire(4.76)
+    assert req.request_id == "long" and rej.message.endswith("meet its 11 s TTFT deadline (P1); retry later")
+
+
 def test_deadline_expiry_can_be_switched_off():
     q = QueueCore(QueueConfig(expire_deadlines=False), FCFS())
     q.offer(sized("a", 10, 0.0, cls=0), 0.0)

@@ -18,8 +18,11 @@ rejected request leaves no trace in any queue, bucket or counter):
   6. token buckets, first on a lower bound of the price (max_tokens + 1) so a client over
      its rate is also refused before tokenizing: 429 (tenant's bucket) or 503 (global);
   7. tokenize, block-hash chain (shared.hashing); prompt tokens in the vocabulary;
-     prompt + max_tokens ≤ max_model_len (400 context_length_exceeded); the prompt's own
-     prefill on the fastest worker fits the TTFT target (400 slo_infeasible, feasibility.py);
+     prompt + max_tokens ≤ max_model_len (400 context_length_exceeded); the request's TTFT
+     deadline (shared.slo.ttft_deadline_s: class target + its own predicted prefill, or the
+     client's ttft_slo_ms) is stamped on it; with an explicit ttft_slo_ms, the prompt's own
+     prefill on the fastest worker must fit it (400 slo_infeasible) and so must the wait plus
+     that prefill (503 overloaded);
   8. token buckets on the exact price prompt + max_tokens; both are charged together only
      now, when the request is admitted.
 """
@@ -34,7 +37,7 @@ from tokenyard.services.admission.tenants import TenantPolicy, TenantTable
 from tokenyard.services.admission.token_bucket import TokenBucket
 from tokenyard.shared import config, hashing, schemas
 from tokenyard.shared.schemas import GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
-from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S
+from tokenyard.shared.slo import ENGINE_BACKLOG_S, ttft_deadline_s
 from tokenyard.shared.tokenizer import Tokenizer, content_text, render_chat
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_\-.:]{1,128}$")
@@ -140,9 +143,12 @@ class AdmissionCore:
         if isinstance(priority, str):
             return bad(priority, TIER_HEADER)
 
-        deadline_s = req.ttft_slo_ms / 1000.0 if req.ttft_slo_ms is not None else None
+        # The wait the request may face before its prefill: its class target (its own prefill is
+        # added to its deadline), or the client's ttft_slo_ms less a prefill not yet known (≥ 0).
+        wait_budget_s = ttft_deadline_s(0.0, int(priority), req.ttft_slo_ms)
+        verdict = None
         if self.cfg.slo_check:
-            verdict = self.fleet.judge(int(priority), deadline_s, now)
+            verdict = self.fleet.judge(int(priority), wait_budget_s, now)
             if verdict is not None and not verdict.feasible:
                 return self._overloaded(rid, priority, verdict.wait_s, verdict.deadline_s,
                                         verdict.retry_after_s, verdict.depth, now)
@@ -168,16 +174,20 @@ class AdmissionCore:
                 "messages" if kind == "chat" else "prompt",
                 "context_length_exceeded",
             )
-        if self.cfg.slo_check:
-            own = self.fleet.own_prefill_s(prompt_len, now)
-            target = deadline_s if deadline_s is not None else TTFT_TARGET_S[int(priority)]
-            if own is not None and own + ENGINE_BACKLOG_S > target:
+        own = self.fleet.own_prefill_s(prompt_len, now) or 0.0
+        deadline = ttft_deadline_s(now, int(priority), req.ttft_slo_ms, own)
+        if self.cfg.slo_check and req.ttft_slo_ms is not None:
+            slo = req.ttft_slo_ms / 1000.0
+            if own + ENGINE_BACKLOG_S > slo:
                 return bad(
-                    f"A P{int(priority)} request's {prompt_len}-token prompt takes about {own:.1f} s to "
-                    f"prefill, beyond its {target:g} s TTFT target; ask for a class with a looser target "
-                    f"({TIER_HEADER}) or a larger ttft_slo_ms",
+                    f"The {prompt_len}-token prompt takes about {own:.1f} s to prefill, beyond the "
+                    f"{slo:g} s ttft_slo_ms asked for; ask for a larger ttft_slo_ms, or send none to be "
+                    f"held to the class's target for waiting ({TIER_HEADER})",
                     "messages" if kind == "chat" else "prompt", "slo_infeasible",
                 )
+            if verdict is not None and verdict.wait_s > 0 and verdict.wait_s + ENGINE_BACKLOG_S + own > slo:
+                return self._overloaded(rid, priority, verdict.wait_s, slo,
+                                        verdict.wait_s + ENGINE_BACKLOG_S + own - slo, verdict.depth, now)
         price = prompt_len + max_tokens
         refusal = self._rate_check(rid, tenant, policy, price, now)
         if refusal is not None:
@@ -204,8 +214,9 @@ class AdmissionCore:
                 temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos
             ),
             kind=kind,
-            deadline_s=now + deadline_s if deadline_s is not None else 0.0,
+            deadline_s=deadline if deadline != float("inf") else 0.0,
             tpot_slo_ms=req.tpot_slo_ms or 0.0,
+            prefill_s=own,
         )
 
     # ── refusals: computed from state, changing none ──

@@ -1,10 +1,12 @@
 """SLO feasibility: will a request of class c meet its TTFT deadline if admitted now?
 
     wait(c)   = ahead(c) / D
-    refuse    ⇔ wait(c) + H > deadline (the request's ttft_slo_ms, else its class target:
-                P0 0.5 s, P1 5 s, P2 60 s; P3 has none and is never refused here); H = the
-                engine backlog a released request may still wait behind (shared.slo, 0.25 s)
-    Retry-After = wait(c) + H − deadline   (when, at this drain rate, the backlog would fit)
+    refuse    ⇔ wait(c) + H > budget (the class target: P0 0.5 s, P1 5 s, P2 60 s — a
+                request's own prefill is added to its deadline, not charged to the wait; P3
+                has none and is never refused here; or the client's ttft_slo_ms, whose own
+                prefill admission checks once the prompt is tokenized); H = the engine backlog
+                a released request may still wait behind (shared.slo, 0.25 s)
+    Retry-After = wait(c) + H − budget   (when, at this drain rate, the backlog would fit)
 
 D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue routed per
 second over its last few seconds, summed over fresh queue replicas: the queue releases work
@@ -23,11 +25,10 @@ classes, which have the loosest targets):
     wfq, drr             W_c + Σ_{k ≠ c} min(W_k, W_c · w_k / w_c)
     hybrid family        P0: W_0;  P3: Σ W;  P1, P2: W_0 + W_c + min(W_o, W_c · w_o / w_c),
                          o the other of P1 / P2
-A request's own prefill counts too, once it is tokenized: if even the fastest fresh worker's
-prefill of its whole prompt (L·a + L²·b, a and b the worker's reported linear and attention
-costs; admission does not see the prefix cache, so the whole prompt counts) leaves it past its
-deadline, no wait could make it: refuse (`own_prefill_s`, 400 slo_infeasible, with how
-to ask for a looser class). Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
+A request's own prefill, once it is tokenized, is predicted on the fastest fresh worker
+(`own_prefill_s`: L·a + L²·b, a and b the worker's reported linear and attention costs;
+admission does not see the prefix cache, so the whole prompt counts) and extends its TTFT
+deadline (shared.slo.ttft_deadline_s): a long prompt is served when the fleet has room. Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
 wait is unbounded (every class with a deadline is refused: 503). Work admitted since the last queue
 state is added to W at once, so a burst between two states cannot all slip in.
 """

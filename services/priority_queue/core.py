@@ -25,10 +25,11 @@ P0 is served from reserved capacity (DESIGN §3.3): once the headroom is spent, 
 policy may still release `p0_reserve_per_worker` P0 requests per fresh worker and heartbeat
 (the engines run P0 first: vLLM's priority scheduling).
 
-Deadlines: a request that can no longer meet its TTFT deadline (its own `ttft_slo_ms`, else its
-class target; P3 has none) leaves with a 429 `deadline_exceeded` (`expire`) — once less than H
-is left before the deadline, since a released request may still wait up to H in its engine;
-serving it would only delay the requests behind it.
+Deadlines: a request that can no longer meet its TTFT deadline (shared.slo.ttft_deadline_s:
+its own `ttft_slo_ms`, else its class target plus its own predicted prefill; P3 has none)
+leaves with a 429 `deadline_exceeded` (`expire`) — once it is past deadline − prefill − H
+(shared.slo.latest_release_s), since a released request may still wait up to H in its engine
+and then needs its prefill; serving it would only delay the requests behind it.
 
 A request leaves for good only when the router answers `routed` (the shell then acks its
 JetStream message); `no_capacity` or a failed route puts it back with its original key and
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field
 from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, deadline, klass
 from tokenyard.shared import config
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, QueueStats, Rejected
-from tokenyard.shared.slo import ENGINE_BACKLOG_S
+from tokenyard.shared.slo import ENGINE_BACKLOG_S, latest_release_s, request_deadline_s
 
 BACKLOG_S = ENGINE_BACKLOG_S
 """H: the prefill backlog a worker may hold, in seconds of its prefill time."""
@@ -121,7 +122,8 @@ class QueueCore:
     from_reserve: set[str] = field(default_factory=set)
     """Ids of the requests in flight that the P0 reserve released."""
     deadlines: list[tuple[float, str]] = field(default_factory=list)
-    """(deadline, request id) of waiting requests with one; lazily cleaned (a heap)."""
+    """(latest release time, request id) of waiting requests with a deadline; lazily cleaned
+    (a heap)."""
 
     def offer(self, req: AdmittedRequest, now: float) -> bool:
         """Queue a request; False if it is already here or on its way (a redelivery)."""
@@ -136,19 +138,19 @@ class QueueCore:
         self.work[klass(req)] += cost(req)
         due = deadline(req, klass(req))
         if self.cfg.expire_deadlines and math.isfinite(due):
-            heapq.heappush(self.deadlines, (due, req.request_id))
+            heapq.heappush(self.deadlines, (latest_release_s(due, req.prefill_s), req.request_id))
 
     def next_expiry(self) -> float | None:
         """When `expire` may next take a request out (an upper bound on the wait; None: never)."""
-        return self.deadlines[0][0] - BACKLOG_S if self.deadlines else None
+        return self.deadlines[0][0] if self.deadlines else None
 
     def expire(self, now: float) -> list[tuple[AdmittedRequest, Rejected]]:
         """Take out every waiting request whose TTFT deadline has passed, each with the 429
         its client gets (Retry-After: the predicted wait of its class at the drain rate)."""
         out = []
         heap = self.deadlines
-        while heap and heap[0][0] - BACKLOG_S < now:
-            due, rid = heapq.heappop(heap)
+        while heap and heap[0][0] < now:
+            _, rid = heapq.heappop(heap)
             req = self.policy.remove(rid)
             if req is None:  # dispatched, aborted, or an older entry of a put-back request
                 continue
@@ -159,7 +161,7 @@ class QueueCore:
             out.append((req, Rejected(
                 request_id=rid, status=429, code="deadline_exceeded",
                 message=f"The request waited {now - req.arrival_s:.2f} s in the queue and can no longer "
-                        f"meet its {due - req.arrival_s:g} s TTFT deadline (P{c}); retry later",
+                        f"meet its {request_deadline_s(req) - req.arrival_s:.3g} s TTFT deadline (P{c}); retry later",
                 retry_after_s=ahead / drain if drain > 0 else None, queue_depth=len(self.policy),
             )))
         return out

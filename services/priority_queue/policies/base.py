@@ -4,7 +4,9 @@ suite (tests/test_queue_policies.py) runs against each.
 
 Shared vocabulary of the class-aware policies (DESIGN.md §3.2-§3.3):
     cost(r)      = prompt_len + max_tokens            the work r asks for, in tokens
-    deadline(r)  = r.deadline_s if the client set one, else arrival_s + TARGET_S[class]
+    deadline(r)  = shared.slo.request_deadline_s(r): the one admission stamped (class target +
+                   own prefill, or the client's ttft_slo_ms), else arrival_s + TARGET_S[class];
+                   in a line it has aged into, the earlier of that and the line's class target
     line key     = (deadline(r), arrival_s, request_id)   least deadline first within a class;
                    requests without deadlines of one class are then served in arrival order.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from tokenyard.shared.schemas import AdmittedRequest
-from tokenyard.shared.slo import TTFT_TARGET_S
+from tokenyard.shared.slo import TTFT_TARGET_S, request_deadline_s, ttft_deadline_s
 
 NUM_CLASSES = 4
 WFQ_WEIGHTS: tuple[float, ...] = (16.0, 8.0, 4.0, 2.0)
@@ -34,7 +36,10 @@ def klass(req: AdmittedRequest) -> int:
 
 
 def deadline(req: AdmittedRequest, cls: int) -> float:
-    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + TARGET_S[cls]
+    due = request_deadline_s(req)
+    if cls == klass(req):
+        return due
+    return min(due, ttft_deadline_s(req.arrival_s, cls, prefill_s=req.prefill_s))  # aged up a class
 
 
 def line_key(req: AdmittedRequest, cls: int) -> tuple[float, float, str]:

@@ -41,7 +41,7 @@ from tokenyard.services.worker.sim.scheduler import (
 )
 from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
 from tokenyard.shared.schemas import AdmittedRequest, Phase
-from tokenyard.shared.slo import ttft_target_s
+from tokenyard.shared.slo import request_deadline_s
 
 _FILLER = b"the quick brown fox jumps over the lazy dog. "
 _NF = len(_FILLER)
@@ -50,7 +50,7 @@ _LONG = len(_FILLER_LONG) - _NF
 
 
 def _deadline(req: AdmittedRequest) -> float:
-    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + ttft_target_s(req.priority)
+    return request_deadline_s(req)
 
 
 def _cdiv(a: int, b: int) -> int:

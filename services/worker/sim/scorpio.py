@@ -4,8 +4,8 @@ engine (scheduler.py's seam).
     STP(r)   = r's TPOT SLO (ms per output token; `default_stp_ms` when it sets none)
     TRP(r)   = min_{r' ∈ R} STP(r') / STP(r)          ∈ (0, 1]; 1 for the tightest
     VBS(R)   = Σ_{r ∈ R} TRP(r)                       the batch size credit batching makes
-  * Admission (VBS-based): the waiting line is least-deadline-first (deadline = the client's
-    TTFT deadline, else arrival + its class's target); its head w joins the running set R
+  * Admission (VBS-based): the waiting line is least-deadline-first (deadline = shared.slo.request_deadline_s:
+    the one admission stamped, else arrival + its class's target); its head w joins the running set R
     only if EstimatedTPOT(VBS(R ∪ {w}), L_avg(R ∪ {w})) ≤ min_{R ∪ {w}} STP, where
     EstimatedTPOT(v, L) is the latency profile's decode step of v sequences of context L
     (linear between ⌊v⌋ and ⌈v⌉). A request whose SLO cannot be met waits rather than slow
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from tokenyard.services.worker.sim.latency import LatencyProfile
 from tokenyard.services.worker.sim.scheduler import KeyedLine
-from tokenyard.shared.slo import ttft_target_s
+from tokenyard.shared.slo import request_deadline_s
 
 if TYPE_CHECKING:
     from tokenyard.services.worker.sim.core import Seq, SimEngineCore
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 def deadline(seq: Seq) -> float:
     req = seq.req
-    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + ttft_target_s(req.priority)
+    return request_deadline_s(req)
 
 
 def ldf_key(seq: Seq, preempted: bool) -> tuple:

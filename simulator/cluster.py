@@ -82,6 +82,9 @@ class ReqState:
     finished: bool = False
     expired: bool = False
     """Admitted, then rejected by the queue once its TTFT deadline passed."""
+    ttft_budget_s: float = 0.0
+    """Its TTFT deadline less its arrival, as admission stamped it (shared.slo.ttft_deadline_s:
+    class target + own predicted prefill); 0: none (P3) or not admitted."""
 
 
 class ChainCache:
@@ -190,6 +193,7 @@ class ClusterSim:
         if isinstance(verdict, Rejected):
             st.error = f"status_{verdict.status}"
             return
+        st.ttft_budget_s = verdict.deadline_s - now if verdict.deadline_s > 0 else 0.0
         self.queue.offer(verdict, now)
         self._dispatch(now)
 

@@ -1,0 +1,51 @@
+"""shared.slo: the one TTFT deadline every service and the simulator use."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.slo import (
+    ENGINE_BACKLOG_S,
+    TTFT_TARGET_S,
+    latest_release_s,
+    request_deadline_s,
+    ttft_deadline_s,
+)
+
+times = st.floats(0.0, 1e9, allow_nan=False)
+prefills = st.floats(0.0, 600.0, allow_nan=False)
+
+
+def test_a_class_target_bounds_the_wait_and_the_prompt_s_own_prefill_is_added():
+    assert ttft_deadline_s(100.0, 1) == 105.0
+    assert ttft_deadline_s(100.0, 1, prefill_s=6.3) == 111.3
+    assert ttft_deadline_s(100.0, 0, prefill_s=2.0) == 102.5
+    assert ttft_deadline_s(100.0, 3, prefill_s=2.0) == math.inf
+    assert ttft_deadline_s(100.0, -1) == 100.5  # out-of-range priorities clamp
+
+
+def test_an_explicit_ttft_slo_is_the_whole_ttft_prefill_included():
+    assert ttft_deadline_s(100.0, 1, 2000.0, prefill_s=6.3) == 102.0
+    assert ttft_deadline_s(100.0, 3, 2000.0) == 102.0
+
+
+@given(times, st.integers(-2, 5), prefills)
+def test_the_latest_release_leaves_the_engine_backlog_and_the_prefill_before_the_deadline(arrival, prio, prefill):
+    due = ttft_deadline_s(arrival, prio, prefill_s=prefill)
+    target = TTFT_TARGET_S[min(max(prio, 0), 3)]
+    if math.isinf(target):
+        assert math.isinf(due)
+        return
+    release = latest_release_s(due, prefill)
+    assert math.isclose(release - arrival, target - ENGINE_BACKLOG_S, abs_tol=1e-6)
+    assert due >= arrival + target - 1e-6
+
+
+def test_a_request_s_deadline_is_the_stamped_one_else_its_class_target():
+    r = AdmittedRequest("a", "inbox", "m", [], 10, [], 16, 4, 1, 50.0)
+    assert request_deadline_s(r) == 55.0
+    r.deadline_s = 61.5
+    assert request_deadline_s(r) == 61.5

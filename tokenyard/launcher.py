@@ -46,6 +46,8 @@ class FleetProcesses:
     ready_timeout_s: float = 60.0
     macro_args: list[str] = field(default_factory=list)
     """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
+    tenants: str | None = None
+    """A tenant file for admission (`tokenyard admission --tenants`): who may ask for P0."""
     nats_cluster: int = 0
     """Start a NATS cluster of this many nodes (shared/nats_cluster.py) instead of one server."""
     metrics: bool = True
@@ -66,7 +68,8 @@ class FleetProcesses:
         url = ["--nats", self.nats_url or ""]
         cmds = [
             ("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model]),
-            ("admission", [*base, "admission", *url, "--model", self.model, *self._tokenizer_args()]),
+            ("admission", [*base, "admission", *url, "--model", self.model, *self._tokenizer_args(),
+                           *(["--tenants", os.path.abspath(self.tenants)] if self.tenants else [])]),
             ("queue", [*base, "queue", *url]),
             ("router", [*base, "router", *url, "--policy", self.router_policy]),
             ("macro", [*base, "macro", *url, "--macro-size", str(self.macro_size), *self.macro_args]),
@@ -214,6 +217,8 @@ def register(sub) -> None:
                    help="mitosis scaling: the macro controller starts/stops worker processes")
     p.add_argument("--model", default=config.DEFAULT_MODEL)
     p.add_argument("--log-dir", help="write each service's log here")
+    p.add_argument("--tenants", metavar="FILE.toml",
+                   help="admission's tenant policies (services/admission/tenants.py): e.g. which tenants may ask for P0")
     p.add_argument("--prometheus-config", metavar="PATH",
                    help="write a prometheus.yml that scrapes every service of this fleet")
     p.add_argument("--bench-prompts", type=int, default=0,
@@ -237,12 +242,14 @@ def _macro_args(args) -> list[str]:
 async def _up(args) -> int:
     if args.engine == "vllm" and args.model == config.DEFAULT_MODEL:
         raise SystemExit("tokenyard up --engine vllm needs --model PATH (the model's local path)")
+    if args.tenants and not os.path.isfile(args.tenants):
+        raise SystemExit(f"tokenyard up --tenants: no such file: {args.tenants}")
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
         nats_url=args.nats, nats_port=args.nats_port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
-        macro_args=_macro_args(args),
+        macro_args=_macro_args(args), tenants=args.tenants,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

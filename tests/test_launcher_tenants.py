@@ -1,0 +1,45 @@
+"""`tokenyard up --tenants FILE` hands the tenant file to admission (who may ask for P0)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tomllib
+
+import pytest
+from tokenyard.services.admission.tenants import load_tenants
+from tokenyard.shared.schemas import PriorityClass
+
+from tokenyard.launcher import FleetProcesses, _up, register
+
+TENANTS = """
+[default]
+ceiling = "P1"
+
+[tenants.vip]
+ceiling = "P0"
+"""
+
+
+def admission_cmd(fleet: FleetProcesses) -> list[str]:
+    return dict(fleet._commands())["admission"]
+
+
+def test_the_tenant_file_reaches_admission_as_an_absolute_path(tmp_path, monkeypatch):
+    (tmp_path / "t.toml").write_text(TENANTS)
+    monkeypatch.chdir(tmp_path)
+    cmd = admission_cmd(FleetProcesses(nats_url="nats://127.0.0.1:4222", tenants="t.toml", metrics=False))
+    i = cmd.index("--tenants")
+    assert cmd[i + 1] == os.path.join(str(tmp_path), "t.toml")
+    with open(cmd[i + 1], "rb") as f:
+        assert load_tenants(tomllib.load(f)).tenants["vip"].ceiling == PriorityClass.P0
+    assert "--tenants" not in admission_cmd(FleetProcesses(nats_url="nats://x:1", metrics=False))
+
+
+def test_a_missing_tenant_file_stops_up_before_anything_starts(tmp_path):
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers())
+    args = p.parse_args(["up", "--tenants", str(tmp_path / "none.toml")])
+    with pytest.raises(SystemExit, match="no such file"):
+        asyncio.run(_up(args))

@@ -1,7 +1,8 @@
 """A live burst of ~10× the fleet's capacity (issue 11): `tokenyard up` as a user starts it
 (real nats-server and service processes, simulated A100 engines at real time), then a burst
-from loadgen over NATS. Reports when the first refusal came (after the burst's first request)
-and the admitted requests' TTFTs per class against their targets (shared.slo).
+from loadgen over NATS. Reports when the first refusal came (after the burst's first request),
+the admitted requests' TTFTs per class against their targets (shared.slo), and how far the
+queue's intake trailed admission (`queue_intake`, from the queue states seen during the burst).
 
     python -m bench.live_burst [--workers 2] [--factor 10] [--seconds 4] [--input-len 2000]
                                [--output-len 100] [--mix 0,0.6,0.3,0.1] [--out FILE.json]
@@ -44,21 +45,51 @@ def capacity(workers: int, input_len: int, output_len: int, profile: str) -> flo
     return (len(done) - 2 * k) / (done[-k - 1] - done[k])
 
 
-async def burst(url: str, rate: float, seconds: float, input_len: int, output_len: int, mix) -> list:
+async def burst(url: str, rate: float, seconds: float, input_len: int, output_len: int, mix):
+    """The burst's records, and every queue state seen during it: (perf_counter at receipt, the
+    state's seen_arrival_s on the perf_counter clock, requests waiting in the queue)."""
+    import nats
     from tokenyard.loadgen.config import BenchConfig
     from tokenyard.loadgen.serve import drive
     from tokenyard.loadgen.targets import open_target
     from tokenyard.loadgen.workload import make_workload
+    from tokenyard.shared import codec, schemas, subjects
 
     cfg = BenchConfig(target=url, num_prompts=int(rate * seconds), input_len=input_len, output_len=output_len,
                       rate=rate, priority_mix=mix, request_timeout_s=120.0, progress=False)
     requests = sorted(make_workload(cfg).requests(), key=lambda r: (r.arrival_s, r.index))
+    states: list[tuple[float, float, int]] = []
+
+    async def on_state(msg) -> None:
+        s = codec.decode(msg.data, schemas.QueueStats)
+        now = time.perf_counter()
+        states.append((now, s.seen_arrival_s - time.time() + now if s.seen_arrival_s else 0.0, sum(s.depth)))
+
+    nc = await nats.connect(url)
+    await nc.subscribe(subjects.QUEUE_STATE, cb=on_state)
     target = await open_target(cfg.target, cfg.model, cfg.request_timeout_s, None, None, cfg.connect_timeout_s)
     try:
         records, _ = await drive(requests, target, cfg)
     finally:
         await target.close()
-    return records
+        await nc.close()
+    return records, states
+
+
+def intake(records, states) -> dict[str, Any]:
+    """How far the queue's intake trails admission during the burst, from its states: lag = when
+    the state arrived − the arrival of the latest request the queue had taken in, and how many
+    of the burst's requests were sent before the state but after that request (what an
+    admission that wiped its count at each state, as it did before, forgot)."""
+    sends = np.sort([r.send_s for r in records])
+    t0, t1 = sends[0], sends[-1]
+    during = [(t, seen, d) for t, seen, d in states if t0 <= t <= t1 + 1.0 and seen > 0]
+    if not during:
+        return {}
+    lag = np.array([t - seen for t, seen, _ in during])
+    unseen = np.array([np.searchsorted(sends, t) - np.searchsorted(sends, seen, side="right") for t, seen, _ in during])
+    return {"states": len(during), "lag_p50_s": float(np.median(lag)), "lag_max_s": float(lag.max()),
+            "unseen_sent_p50": float(np.median(unseen)), "unseen_sent_max": int(unseen.max())}
 
 
 def report(records) -> dict[str, Any]:
@@ -118,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         if url is None:
             raise RuntimeError("tokenyard up did not start")
         time.sleep(1.0)  # a few heartbeat rounds: every service has seen the workers
-        records = asyncio.run(burst(url, rate, args.seconds, args.input_len, args.output_len, mix))
-        doc = {"capacity_req_s": cap, "burst_req_s": rate, **vars(args), **report(records)}
+        records, states = asyncio.run(burst(url, rate, args.seconds, args.input_len, args.output_len, mix))
+        doc = {"capacity_req_s": cap, "burst_req_s": rate, **vars(args), **report(records),
+               "queue_intake": intake(records, states)}
     finally:
         up.send_signal(2)
         try:

@@ -363,3 +363,7 @@ class QueueStats(msgspec.Struct, omit_defaults=True):
     drain_requests_per_s: float = 0.0
     headroom: int = 0
     """Free worker slots the queue may still fill (> 0: the queue is not the bottleneck)."""
+    seen_arrival_s: float = 0.0
+    """The latest `arrival_s` (admission's clock) among the requests this queue has taken in
+    from JetStream: admission keeps counting what it admitted after it (not yet in `work_tokens`);
+    0 = unknown (admission then counts from this state on)."""

@@ -9,6 +9,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.admission.feasibility import FleetView, work_ahead
 from tokenyard.services.admission.tenants import TenantPolicy, TenantTable, load_tenants
@@ -235,6 +236,45 @@ def test_admitted_work_counts_until_the_next_queue_state():
     assert (out.status, out.queue_depth) == (503, 9)
     c.on_queue_stats(stats(work=(0, 0, 0, 0), drain=1000.0), 100.1)
     assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.1), AdmittedRequest)
+
+
+def test_admitted_work_the_queue_has_not_taken_in_yet_keeps_counting():
+    """A queue state counts only what the queue fetched (up to seen_arrival_s): a burst still in
+    JetStream must not vanish from the prediction at each state."""
+    c = core()
+    c.on_queue_stats(replace(stats(work=(0, 4000, 0, 0), drain=1000.0), seen_arrival_s=99.0), 99.9)
+    for t in (100.0, 100.01, 100.02):  # 3 × 100 work: 4300 → 4.3 s + 0.25 s fits
+        assert isinstance(admit(c, GenerateRequest(prompt="a" * 84, max_tokens=16), now=t), AdmittedRequest)
+    # the queue has fetched the first only: its state adds it to its work; the other two still count
+    c.on_queue_stats(replace(stats(work=(0, 4100, 0, 0), drain=1000.0), seen_arrival_s=100.0), 100.05)
+    assert (c.fleet.admitted_depth, c.fleet.admitted_work[1]) == (2, 200.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 84, max_tokens=16), now=100.06), AdmittedRequest)
+    ok = admit(c, GenerateRequest(prompt="a" * 384, max_tokens=16), now=100.07)  # 4400 ahead: fits
+    assert isinstance(ok, AdmittedRequest)
+    assert admit(c, GenerateRequest(prompt="a"), now=100.08).status == 503  # 4800 → 4.8 + 0.25 s > 5 s
+    # (had the state wiped the unfetched two, 4600 ahead would have let it in)
+    # once the queue has all of them, nothing is counted twice
+    c.on_queue_stats(replace(stats(work=(0, 4800, 0, 0), drain=1000.0), seen_arrival_s=100.07), 100.1)
+    assert (c.fleet.admitted_depth, c.fleet.admitted_work, c.fleet.admitted_prompt) == (0, [0.0] * 4, 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 500), st.integers(0, 3)), max_size=40))
+def test_the_admitted_sums_equal_the_entries_still_unseen(script):
+    f = FleetView()
+    now, seen = 0.0, 0.0
+    for is_state, x, c in script:
+        now += 0.01
+        if is_state:
+            seen = max(seen, now - x / 1000.0)
+            f.on_queue_stats(replace(stats(), seen_arrival_s=seen), now)
+        else:
+            f.on_admitted(c, float(x), x, now)
+        assert all(a > seen for a, *_ in f.admitted)
+        assert f.admitted_depth == len(f.admitted)
+        assert f.admitted_prompt == sum(p for *_, p in f.admitted)
+        for k in range(4):
+            assert math.isclose(f.admitted_work[k], sum(w for _, cc, w, _ in f.admitted if cc == k), abs_tol=1e-6)
 
 
 def test_stale_queue_state_is_ignored_and_replicas_add_up():

@@ -193,7 +193,7 @@ class AdmissionCore:
         if refusal is not None:
             return refusal
         self._charge(tenant, policy, price, now)
-        self.fleet.on_admitted(int(priority), price, prompt_len)
+        self.fleet.on_admitted(int(priority), price, prompt_len, now)
 
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
         return schemas.AdmittedRequest(

@@ -30,11 +30,13 @@ A request's own prefill, once it is tokenized, is predicted on the fastest fresh
 admission does not see the prefix cache, so the whole prompt counts) and extends its TTFT
 deadline (shared.slo.ttft_deadline_s): a long prompt is served when the fleet has room. Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
 wait is unbounded (every class with a deadline is refused: 503). Work admitted since the last queue
-state is added to W at once, so a burst between two states cannot all slip in.
+state is added to W at once and counts until a queue state shows the queue has taken it in
+(QueueStats.seen_arrival_s), so a burst the queue has not yet fetched cannot all slip in.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from tokenyard.shared import config
@@ -85,16 +87,29 @@ class FleetView:
     """worker id → (seen at, healthy and not draining)."""
     prefill_cost: dict[str, tuple[float, float]] = field(default_factory=dict)
     """worker id → its reported prefill costs (ms per token, ms per token²), workers that report one."""
+    admitted: deque[tuple[float, int, float, int]] = field(default_factory=deque)
+    """(arrival, class, cost, prompt tokens) of what this admission admitted that no queue
+    state counts yet, oldest first."""
     admitted_work: list[float] = field(default_factory=lambda: [0.0] * NUM_CLASSES)
     admitted_depth: int = 0
     admitted_prompt: int = 0
-    """Prompt tokens admitted since the last queue state: they take the headroom it reported."""
+    """Sums over `admitted`; its prompt tokens take the headroom the queues reported."""
 
     def on_queue_stats(self, s: QueueStats, now: float) -> None:
+        """A queue state counts what the queue has taken in: every request admitted up to its
+        `seen_arrival_s` (the latest replica's; JetStream hands a stream out in order). What was
+        admitted after it is still in JetStream or on its way and keeps counting here — a burst
+        the queue has not fetched yet would otherwise vanish from the prediction at each state.
+        A queue that reports no watermark (0) counts everything admitted before now."""
         self.queues[s.instance_id] = (now, s)
-        self.admitted_work = [0.0] * NUM_CLASSES
-        self.admitted_depth = 0
-        self.admitted_prompt = 0
+        seen = max((q.seen_arrival_s for _, q in self.queues.values()), default=0.0) if s.seen_arrival_s > 0 else now
+        while self.admitted and self.admitted[0][0] <= seen:
+            _, c, cost, prompt = self.admitted.popleft()
+            self.admitted_work[c] -= cost
+            self.admitted_depth -= 1
+            self.admitted_prompt -= prompt
+        if not self.admitted:  # exact zeros, whatever the float sums drifted to
+            self.admitted_work = [0.0] * NUM_CLASSES
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
@@ -107,7 +122,8 @@ class FleetView:
                  if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s]
         return min(times) / 1000.0 if times else None
 
-    def on_admitted(self, c: int, cost: float, prompt_len: int = 0) -> None:
+    def on_admitted(self, c: int, cost: float, prompt_len: int, now: float) -> None:
+        self.admitted.append((now, c, cost, prompt_len))
         self.admitted_work[c] += cost
         self.admitted_depth += 1
         self.admitted_prompt += prompt_len

@@ -121,6 +121,8 @@ class QueueCore:
     """Ended (start, end) spells with a backlog, within the last drain_window_s."""
     from_reserve: set[str] = field(default_factory=set)
     """Ids of the requests in flight that the P0 reserve released."""
+    seen_arrival_s: float = 0.0
+    """The latest arrival among the requests offered (QueueStats.seen_arrival_s)."""
     deadlines: list[tuple[float, str]] = field(default_factory=list)
     """(latest release time, request id) of waiting requests with a deadline; lazily cleaned
     (a heap)."""
@@ -129,6 +131,7 @@ class QueueCore:
         """Queue a request; False if it is already here or on its way (a redelivery)."""
         if req.request_id in self.in_flight or req.request_id in self.policy:
             return False
+        self.seen_arrival_s = max(self.seen_arrival_s, req.arrival_s)
         self._push(req, now)
         return True
 
@@ -290,6 +293,7 @@ class QueueCore:
             work_tokens=list(self.work), in_flight=len(self.in_flight),
             drain_tokens_per_s=tokens, drain_requests_per_s=requests,
             headroom=max(0, self.headroom(now)) if now >= self.paused_until else 0,
+            seen_arrival_s=self.seen_arrival_s,
         )
 
     def __len__(self) -> int:

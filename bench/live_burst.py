@@ -118,6 +118,32 @@ def report(records) -> dict[str, Any]:
     return out
 
 
+def start_up(workers: int, profile: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`tokenyard up` as a user runs it; returns the process and its NATS URL once it is up."""
+    up = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "tokenyard"), "up", "--workers", str(workers),
+                           "--profile", profile, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = None
+    for line in up.stdout:  # type: ignore[union-attr]
+        m = re.search(r"NATS\s+(nats://\S+)", line)
+        if m:
+            url = m.group(1)
+        if "Ctrl-C" in line:
+            break
+    if url is None:
+        stop_up(up)
+        raise RuntimeError("tokenyard up did not start")
+    time.sleep(1.0)  # a few heartbeat rounds: every service has seen the workers
+    return up, url
+
+
+def stop_up(up: subprocess.Popen) -> None:
+    up.send_signal(2)
+    try:
+        up.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        up.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.live_burst", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,28 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     cap = capacity(args.workers, args.input_len, args.output_len, args.profile)
     rate = args.factor * cap
     print(f"capacity {cap:.1f} req/s (simulator); burst {rate:.1f} req/s for {args.seconds:g} s", flush=True)
-    up = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "tokenyard"), "up", "--workers", str(args.workers),
-                           "--profile", args.profile], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up, url = start_up(args.workers, args.profile)
     try:
-        url = None
-        for line in up.stdout:  # type: ignore[union-attr]
-            m = re.search(r"NATS\s+(nats://\S+)", line)
-            if m:
-                url = m.group(1)
-            if "Ctrl-C" in line:
-                break
-        if url is None:
-            raise RuntimeError("tokenyard up did not start")
-        time.sleep(1.0)  # a few heartbeat rounds: every service has seen the workers
         records, states = asyncio.run(burst(url, rate, args.seconds, args.input_len, args.output_len, mix))
         doc = {"capacity_req_s": cap, "burst_req_s": rate, **vars(args), **report(records),
                "queue_intake": intake(records, states)}
     finally:
-        up.send_signal(2)
-        try:
-            up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop_up(up)
     print(json.dumps({k: v for k, v in doc.items() if k not in ("out",)}, indent=2))
     if args.out:
         with open(args.out, "w") as f:

@@ -60,6 +60,12 @@ def _generate_request(
     )
 
 
+def tier_headers(request: BenchRequest) -> dict[str, str]:
+    """The class a request asks for, as a client does (`x-request-tier`): vLLM's `priority`
+    field alone cannot ask for P0, since admission reads its default 0 as "not declared"."""
+    return {"x-request-tier": f"P{request.priority}"}
+
+
 class NatsTarget:
     def __init__(self, client: TokenyardClient, model: str, idle_timeout_s: float, tenant: str | None = None):
         self.client = client
@@ -83,7 +89,7 @@ class NatsTarget:
     async def send(self, request: BenchRequest, record: RequestRecord) -> None:
         req = _generate_request(request, self.model, f"bench-{self.run_id}-{request.index}", self.tenant)
         record.send_s = perf_counter()
-        stream = self.client.stream(req, idle_timeout_s=self.idle_timeout_s)
+        stream = self.client.stream(req, headers=tier_headers(request), idle_timeout_s=self.idle_timeout_s)
         try:
             await self._read(stream, record)
         except msgspec.DecodeError as e:
@@ -159,7 +165,7 @@ class HttpTarget:
         data = msgspec.json.encode(self.body(request))
         record.send_s = perf_counter()
         async with self.session.post(
-            self.url, data=data, headers={"Content-Type": "application/json"}
+            self.url, data=data, headers={"Content-Type": "application/json", **tier_headers(request)}
         ) as resp:
             if resp.status != 200:
                 record.end_s = perf_counter()

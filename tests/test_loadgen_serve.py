@@ -46,14 +46,15 @@ async def fake_admission(url: str, reject_priority: int | None = None, silent_pr
             await nc.publish(msg.reply, codec.encode(event, json=as_json))
 
         assert req.stream and req.ignore_eos and req.model == "m"
-        if req.priority == reject_priority:
+        tier = int(msg.headers["x-request-tier"].removeprefix("P"))  # the class is asked for by header
+        if tier == reject_priority:
             await send(
                 schemas.Rejected(rid, 429, "rate_limit_exceeded", "tenant over its rate", retry_after_s=1.0)
             )
             return
         plen = len(req.prompt)
         await send(schemas.Accepted(rid, req.priority, plen))
-        if req.priority == silent_priority:
+        if tier == silent_priority:
             return
         for seq in range(n):
             await send(schemas.Chunk(rid, seq, "x", [120]))
@@ -141,7 +142,7 @@ async def fake_edge(reject_priority: int | None = None):
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen.append(body)
-        if body["priority"] == reject_priority:
+        if request.headers["x-request-tier"] == f"P{reject_priority}":
             return web.json_response(
                 {
                     "error": {

@@ -55,6 +55,7 @@ def test_a_text_prompt_is_tokenized_hashed_and_admitted():
         declared_priority=0,
         sampling=schemas.Sampling(temperature=0.5, seed=3, stop=["\n"]),
         kind="completion",
+        deadline_s=105.0,  # P1's 5 s; no worker reported a prefill rate, so no prefill term
     )
     assert len(out.block_hashes) == 2
 

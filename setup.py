@@ -1,11 +1,12 @@
 """Packaging: the distribution owns one top-level package, `tokenyard`. The folders keep the
-layout the README shows (services/, shared/, loadgen/, simulator/, tuning/ beside tokenyard/) and
-are installed under it: services/ becomes `tokenyard.services`, and so on. Metadata lives in
-pyproject.toml; only this mapping needs code (setuptools' `find` cannot add a prefix)."""
+layout the README shows (services/, shared/, loadgen/, simulator/, tuning/, data/ beside
+tokenyard/) and are installed under it: services/ becomes `tokenyard.services`, data/ (traces,
+calibration) `tokenyard.data`, and so on. Metadata lives in pyproject.toml; only this mapping
+needs code (setuptools' `find` cannot add a prefix)."""
 
 from setuptools import find_packages, setup
 
-MAPPED = ("services", "shared", "loadgen", "simulator", "tuning")
+MAPPED = ("services", "shared", "loadgen", "simulator", "tuning", "data")
 
 packages = find_packages(include=["tokenyard", "tokenyard.*"])
 for root in MAPPED:

@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 from tokenyard.loadgen.config import DEFAULT_PRIORITY_MIX, BenchConfig, parse_goodput, parse_priority_mix
+from tokenyard.loadgen.workloads import workload_help
 from tokenyard.shared import config as shared_config
 
 
@@ -48,7 +49,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model", default=d.model)
     p.add_argument(
-        "--workload", default=d.workload, help="synthetic | chatbot | api | coder | trace:PATH (Mooncake .jsonl, Azure .csv)"
+        "--workload", default=d.workload, help=workload_help()
     )
     p.add_argument("--num-prompts", type=int, default=d.num_prompts)
     p.add_argument("--input-len", type=int, default=d.input_len, help="prompt tokens (synthetic)")

@@ -1,6 +1,6 @@
 """`tokenyard sim` (DESIGN.md §7): replay a workload through the cores on a virtual clock.
 
-    tokenyard sim --workload chatbot|api|coder|trace:PATH --instances N --profile P
+    tokenyard sim --workload NAME (loadgen.workloads.WORKLOADS) --instances N --profile P
                   [--policy X | --compare A,B,...] [--macro-size K --mode nodg]
                   [--queue-policy Q] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
                   [--seed S] [--json FILE] [--plots DIR]
@@ -19,6 +19,7 @@ from typing import Any
 
 
 def register(sub) -> None:
+    from tokenyard.loadgen.workloads import workload_help
     from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser(
@@ -27,7 +28,7 @@ def register(sub) -> None:
         description="Replay a trace or synthetic workload through admission → queue → router → "
         "simulated engines on a virtual clock, and compare routing policies.",
     )
-    p.add_argument("--workload", required=True, help="chatbot | api | coder | trace:PATH (.jsonl Mooncake, .csv Azure)")
+    p.add_argument("--workload", required=True, help=workload_help())
     p.add_argument("--instances", type=int, default=16)
     p.add_argument("--profile", default="a100-llama3-8b", help=f"latency profile: {', '.join(PROFILES)}")
     group = p.add_mutually_exclusive_group()
@@ -43,6 +44,9 @@ def register(sub) -> None:
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of gaps; 1 = Poisson")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
     p.add_argument("--time-scale", type=float, default=1.0, help="stretch the clock X times (slower)")
+    p.add_argument("--input-len", type=int, default=1024, help="prompt tokens (synthetic)")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens (synthetic)")
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths drawn within ±this fraction (synthetic)")
     p.add_argument("--num-requests", "--max-requests", dest="num_requests", type=int, default=None)
     p.add_argument("--duration", type=float, default=None, metavar="S", help="arrivals before S virtual seconds")
     p.add_argument("--json", default=None, metavar="FILE")
@@ -106,6 +110,9 @@ def main(args: argparse.Namespace) -> int:
             priority_mix=mix,
             seed=args.seed,
             duration_s=args.duration,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            range_ratio=args.range_ratio,
         )
         if not workload.items():
             raise ValueError("the workload has no requests")

@@ -2,7 +2,7 @@
 for a workload by Bayesian optimisation over the cluster simulator; prints the best settings
 and the gain over the defaults (objective: tuning/objective.py).
 
-    tokenyard tune --workload heavy-tail|chatbot|api|coder|trace:PATH [--trials 20]
+    tokenyard tune --workload NAME (loadgen.workloads.WORKLOADS) [--trials 20]
                    [--instances 4] [--profile a100-llama3-8b] [--queue-policy bubble]
                    [--slots-per-worker 2] [--num-requests 1000] [--rate R] [--rate-scale X]
                    [--priority-mix a,b,c,d] [--alpha 1 --beta 1 --gamma 1] [--seed 0] [--json FILE]
@@ -17,8 +17,10 @@ from dataclasses import asdict
 
 
 def register(sub) -> None:
+    from tokenyard.loadgen.workloads import workload_help
+
     p = sub.add_parser("tune", help="tune the queue's bubble width and aging over the simulator (optuna)")
-    p.add_argument("--workload", required=True, help="heavy-tail | chatbot | api | coder | trace:PATH")
+    p.add_argument("--workload", required=True, help=workload_help())
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--instances", type=int, default=4)
     p.add_argument("--profile", default="a100-llama3-8b")
@@ -39,11 +41,6 @@ def register(sub) -> None:
 
 
 def open_any(args, mix):
-    from tokenyard.tuning.workloads import HeavyTailWorkload
-
-    if args.workload == "heavy-tail":
-        return HeavyTailWorkload(args.num_requests, rate=(args.rate or 4.0) * args.rate_scale, priority_mix=mix,
-                                 seed=args.seed)
     from tokenyard.loadgen.workloads import open_workload
 
     return open_workload(args.workload, num_requests=args.num_requests, rate=args.rate, rate_scale=args.rate_scale,

@@ -218,11 +218,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats", type=int, default=5, help="passes over the timed decisions (floor_*: the least)"
     )
-    p.add_argument("--policy", choices=list(POLICIES), default="multiplicative")
+    p.add_argument("--policy", choices=list(POLICIES), default="multiplicative", help="routing policy timed")
     p.add_argument(
         "--block-tokens", type=int, default=16, help="tokens per block of the chains (divides 512)"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the fleet's load and the policy")
     p.add_argument("--trace", type=Path, default=TRACE, help="Mooncake-format JSONL, plain or .gz (default: the shipped Mooncake trace)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -18,6 +18,7 @@ from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 from tokenyard.shared import subjects, telemetry
+from tokenyard.shared.procs import die_with_parent
 
 log = telemetry.logger("nats")
 
@@ -94,6 +95,7 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent(),  # no orphaned server if its parent is killed outright
         )
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:

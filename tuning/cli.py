@@ -21,22 +21,22 @@ def register(sub) -> None:
 
     p = sub.add_parser("tune", help="tune the queue's bubble width and aging over the simulator (optuna)")
     p.add_argument("--workload", required=True, help=workload_help())
-    p.add_argument("--trials", type=int, default=20)
-    p.add_argument("--instances", type=int, default=4)
-    p.add_argument("--profile", default="a100-llama3-8b")
+    p.add_argument("--trials", type=int, default=20, help="settings tried after the defaults")
+    p.add_argument("--instances", type=int, default=4, help="simulated engine instances")
+    p.add_argument("--profile", default="a100-llama3-8b", help="latency profile of the simulated engines")
     p.add_argument("--queue-policy", default="bubble", help="the policy whose knobs are tuned")
     p.add_argument("--slots-per-worker", type=int, default=2,
                    help="waiting requests a worker may hold: small keeps the backlog in the queue, where "
                         "its order is decided")
-    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--num-requests", type=int, default=1000, help="requests per simulated run")
     p.add_argument("--rate", type=float, default=None, help="arrival rate, requests/s (synthetic workloads)")
-    p.add_argument("--rate-scale", type=float, default=1.0)
+    p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--alpha", type=float, default=1.0, help="weight of throughput")
     p.add_argument("--beta", type=float, default=1.0, help="weight of long-request completion")
     p.add_argument("--gamma", type=float, default=1.0, help="weight of short-request latency")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the search")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON here")
     p.set_defaults(func=main)
 
 

@@ -11,8 +11,9 @@ from tokenyard.shared import config
 
 def register(sub) -> None:
     p = sub.add_parser("queue", help="the priority queue between admission and the router")
-    p.add_argument("--nats", default=config.nats_url_from_env())
-    p.add_argument("--policy", "--queue-policy", dest="policy", choices=POLICY_NAMES, default="hybrid")
+    p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
+    p.add_argument("--policy", "--queue-policy", dest="policy", choices=POLICY_NAMES, default="hybrid",
+                   help="which waiting request goes next")
     p.add_argument("--aging", default="30,15,5", help="seconds in P1,P2,P3 before moving up a class, or 'off'")
     p.add_argument("--bubble-width", type=float, default=1024.0, help="width of a bubble queue, in tokens")
     p.add_argument("--slots-per-worker", type=int, default=64, help="waiting requests a worker may hold")

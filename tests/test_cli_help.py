@@ -21,7 +21,7 @@ def test_every_flag_of_every_command_is_described():
 def test_defaults_are_shown():
     parser = build_parser()
     up = next(p for p in _every_parser(parser) if p.prog == "tokenyard up")
-    text = up.format_help()
+    text = " ".join(up.format_help().split())
     assert "(default: 2)" in text  # --workers
     assert "(default: 0)" in text  # --bench-prompts: 0 is a default, not "no default"
     assert "default: 4222 if free" in text  # said by the flag itself, not twice

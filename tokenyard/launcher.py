@@ -252,7 +252,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=config.DEFAULT_MODEL, help="model name served (with --engine vllm: its path)")
     p.add_argument("--log-dir", default=None, help="write each service's log here (default: keep only the last lines)")
     p.add_argument("--bench-prompts", type=int, default=0,
-                   help="once up, run `bench serve` with this many prompts against the HTTP API, then stop (0: no)")
+                   help="once up, run `bench serve` with this many prompts against the HTTP API, then stop (0: keep running)")
     p.add_argument("--bench-rate", type=float, default=20.0, help="requests/s of that benchmark")
     p.set_defaults(func=main)
 

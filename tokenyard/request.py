@@ -57,7 +57,10 @@ async def run(args, out=sys.stdout, err=sys.stderr) -> int:
 
     request = build_request(args)
     headers = {"x-request-tier": args.tier} if args.tier else None
+    rc = 1
     async with await TokenyardClient.connect(args.nats, "tokenyard-request") as client:
+        # The stream ends by itself after its terminal event: read it to the end, so it closes
+        # its inbox before the connection does.
         async for event in client.stream(request, headers=headers, idle_timeout_s=args.timeout):
             if args.events:
                 out.write(msgspec.json.encode(event).decode() + "\n")
@@ -70,11 +73,10 @@ async def run(args, out=sys.stdout, err=sys.stderr) -> int:
                     if not args.events:
                         out.write("\n")
                         err.write(summary(event) + "\n")
-                    return 0
+                    rc = 0
                 case schemas.Rejected() | schemas.Error():
                     err.write(f"tokenyard request: {event.status} {event.code}: {event.message}\n")
-                    return 1
-    return 1
+    return rc
 
 
 def main(args) -> int:

@@ -224,16 +224,18 @@ def print_report(result: dict[str, Any], console: Console) -> None:
 
     if result.get("hops"):
         hops = result["hops"]
-        t = Table(title=f"Where the first token's time goes (median ms over {hops['requests']} requests a path, "
-                        "tracing on)", box=box.SIMPLE_HEAD)
+        t = Table(title=f"Where the first token's time goes (mean ms over {hops['requests']} requests a path, "
+                        "tracing on; the segments add up to the total)", box=box.SIMPLE_HEAD)
         for col in ("segment", "NATS", "HTTP"):
             t.add_column(col, justify="left" if col == "segment" else "right")
-        names = list(dict.fromkeys([*hops["http"]["segments"], *hops["nats"]["segments"]]))
-        names.append(names.pop(names.index("total (TTFT)")))
+        names = ["client → edge", "edge → admission", "client → admission",
+                 *(n for n in hops["nats"]["segments"] if n not in ("client → admission", "total (TTFT)")),
+                 "total (TTFT)"]
         for name in names:
-            cells = [f"{hops[p]['segments'][name]['p50_ms']:.3f}" if name in hops[p]["segments"] else "–"
+            cells = [f"{hops[p]['segments'][name]['mean_ms']:.3f}" if name in hops[p]["segments"] else "–"
                      for p in ("nats", "http")]
             t.add_row(name, *cells)
+        t.add_row("median TTFT", *(f"{hops[p]['segments']['total (TTFT)']['p50_ms']:.3f}" for p in ("nats", "http")))
         console.print(t)
 
     t = Table(title="Control-plane targets", box=box.SIMPLE_HEAD)

@@ -13,7 +13,8 @@ sees it, is cut at the spans' edges into contiguous segments that sum to it exac
     admission                admission span: decode, checks, tokenize, `accepted`, the
                              JetStream publish and its acknowledgement
     JetStream → queue        queue's dispatch span start − admission span end (JetStream
-                             stores and delivers; the queue orders; may overlap the ack)
+                             stores and delivers; the queue orders. It overlaps the ack, so
+                             it can come out negative: the queue may have the message first)
     queue → router           router span start − queue dispatch span start
     router                   router's offer span start − router span start (the decision)
     router → worker          worker's generation span start − offer span start

@@ -116,3 +116,26 @@ def test_up_takes_nats_port_4222_unless_it_is_taken():
         except OSError:
             pass  # already taken by someone else: the same situation
         assert nats_port(None) == 0  # a free port, chosen when the server starts
+
+
+async def test_a_service_dying_while_the_fleet_is_up_is_named():
+    fleet = FleetProcesses(workers=1, profile="zero", http_port=0)
+    await fleet.start()
+    try:
+        worker = dict(fleet.procs)["worker-0"]
+        worker.kill()
+        async with asyncio.timeout(30):
+            why = await fleet.wait_exit(poll_s=0.05)
+        assert why.startswith("worker-0 exited with code -9; its last lines:")
+    finally:
+        await fleet.stop()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--speed", "0"], "--speed must be > 0"),
+    (["--macro-size", "0"], "--macro-size must be at least 1"),
+    (["--engine", "vllm"], "--engine vllm needs --model PATH"),
+])
+def test_up_refuses_bad_settings_before_starting_anything(capsys, argv, message):
+    assert cli.main(["up", *argv]) == 2
+    assert capsys.readouterr().err.startswith(f"tokenyard up: error: {message}")

@@ -16,12 +16,13 @@ from tokenyard.services.admission.token_bucket import TokenBucket
 from tokenyard.shared.schemas import (
     AdmittedRequest,
     GenerateRequest,
-    Heartbeat,
     PriorityClass,
     QueueStats,
     Rejected,
 )
 from tokenyard.shared.tokenizer import ByteTokenizer
+
+from tests.builders import hb
 
 # ───────────────────────────── token bucket ─────────────────────────────
 
@@ -242,10 +243,6 @@ def test_stale_queue_state_is_ignored_and_replicas_add_up():
     assert f.judge(1, None, 0.9).wait_s == 6.0
     assert f.judge(1, None, 1.2).wait_s == 6.0  # a is stale: 3000 / 500
     assert f.judge(1, None, 1.6) is None
-
-
-def hb(wid: str, healthy: bool = True) -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, 0, 0, 0, 0, 100, 16, healthy=healthy)
 
 
 def test_a_fleet_with_no_healthy_worker_refuses_every_class_with_a_deadline():

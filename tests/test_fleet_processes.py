@@ -118,15 +118,21 @@ def test_up_takes_nats_port_4222_unless_it_is_taken():
         assert nats_port(None) == 0  # a free port, chosen when the server starts
 
 
-async def test_a_service_dying_while_the_fleet_is_up_is_named():
-    fleet = FleetProcesses(workers=1, profile="zero", http_port=0)
+async def test_a_service_dying_while_the_fleet_is_up_is_named_once_and_the_rest_serve():
+    fleet = FleetProcesses(workers=2, profile="zero", http_port=0)
     await fleet.start()
     try:
-        worker = dict(fleet.procs)["worker-0"]
-        worker.kill()
+        dict(fleet.procs)["worker-0"].kill()
         async with asyncio.timeout(30):
-            why = await fleet.wait_exit(poll_s=0.05)
+            why = await fleet.next_exit(poll_s=0.05)
         assert why.startswith("worker-0 exited with code -9; its last lines:")
+        nc = await natsutil.connect(fleet.nats_url, "test")
+        done = await TokenyardClient(nc).generate(schemas.GenerateRequest(prompt="still there", max_tokens=2))
+        assert done.finish_reason == "length" and done.worker_id == "w1"
+        await nc.drain()
+        with pytest.raises(TimeoutError):  # reported once: nothing new to say
+            async with asyncio.timeout(0.3):
+                await fleet.next_exit(poll_s=0.05)
     finally:
         await fleet.stop()
 

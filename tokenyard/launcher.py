@@ -8,8 +8,9 @@
   3. wait until every one answers `$SRV.PING` (nats.micro discovery); a service that exits
      first is reported with its last lines;
   4. print where to connect; optionally run a short `bench serve` against the edge;
-  5. on Ctrl-C / SIGTERM, or when a service dies: SIGTERM every child (each drains its
-     in-flight work), then stop the nats-server.
+  5. while up, a service that dies is reported with its last lines (the others keep serving);
+  6. on Ctrl-C / SIGTERM: SIGTERM every child (each drains its in-flight work), then stop
+     the nats-server.
 
 `FleetProcesses` is the same thing as an async context manager, for benchmarks and tests.
 """
@@ -86,6 +87,7 @@ class FleetProcesses:
         self.server: natsutil.NatsServer | None = None
         self.children: list[Child] = []
         self._logs: list = []
+        self._reported: set[str] = set()
 
     @property
     def procs(self) -> list[tuple[str, subprocess.Popen]]:
@@ -168,11 +170,15 @@ class FleetProcesses:
         """The first service that is gone, with its last lines; None while all run."""
         return next((why for c in self.children if (why := c.exited()) is not None), None)
 
-    async def wait_exit(self, poll_s: float = 0.5) -> str:
-        """Returns when a service exits (a crash while the fleet is up), saying which and why."""
-        while (gone := self.exited()) is None:
+    async def next_exit(self, poll_s: float = 0.5) -> str:
+        """Returns when a service not reported before exits (a crash while the fleet is up),
+        saying which and why."""
+        while True:
+            for c in self.children:
+                if c.name not in self._reported and (why := c.exited()) is not None:
+                    self._reported.add(c.name)
+                    return why
             await asyncio.sleep(poll_s)
-        return gone
 
     async def stop(self, timeout_s: float = 15.0) -> None:
         for _, p in self.procs:
@@ -329,14 +335,14 @@ async def _up(args) -> int:
             print_result(result)
             return 0 if result.get("failed", 1) == 0 else 1
         print("Ctrl-C stops everything.", flush=True)
-        stopped, crashed = asyncio.create_task(stop.wait()), asyncio.create_task(fleet.wait_exit())
-        done, _ = await asyncio.wait({stopped, crashed}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        crashed.cancel()
-        if crashed in done:
-            print(f"tokenyard up: error: {crashed.result()}", file=sys.stderr)
-            return 1
-        return 0
+        stopped = asyncio.create_task(stop.wait())
+        while True:  # report each service that dies; the others keep serving
+            crashed = asyncio.create_task(fleet.next_exit())
+            await asyncio.wait({stopped, crashed}, return_when=asyncio.FIRST_COMPLETED)
+            if stopped.done():
+                crashed.cancel()
+                return 0
+            print(f"tokenyard up: {crashed.result()}", file=sys.stderr, flush=True)
     finally:
         print("stopping: draining services …", flush=True)
         await fleet.stop()

@@ -5,7 +5,7 @@
                   [--queue-policy Q] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
                   [--seed S] [--json FILE] [--plots DIR]
                   [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
-                  [--num-requests N] [--duration S]
+                  [--num-requests N] [--duration S] [--input-len N --output-len N] (synthetic)
 
 `--num-requests` takes the first N requests (of a trace; a synthetic workload makes N, 1000
 by default); `--duration` drops arrivals at or after S virtual seconds (after scaling).

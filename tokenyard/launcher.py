@@ -29,6 +29,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from tokenyard.shared import config, natsutil
+from tokenyard.shared.nats_cluster import NatsCluster
 from tokenyard.shared.procs import die_with_parent
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
@@ -82,12 +83,17 @@ class FleetProcesses:
     ready_timeout_s: float = 60.0
     macro_args: list[str] = field(default_factory=list)
     """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
+    nats_cluster: int = 0
+    """Start a NATS cluster of this many nodes (shared/nats_cluster.py) instead of one server."""
+    metrics: bool = True
+    """Give every service a Prometheus /metrics port (`scrape_targets()` lists them)."""
 
     def __post_init__(self) -> None:
-        self.server: natsutil.NatsServer | None = None
+        self.server: natsutil.NatsServer | NatsCluster | None = None
         self.children: list[Child] = []
         self._logs: list = []
         self._reported: set[str] = set()
+        self.metrics_ports: dict[str, int] = {}
 
     @property
     def procs(self) -> list[tuple[str, subprocess.Popen]]:
@@ -113,7 +119,20 @@ class FleetProcesses:
                 [*base, "worker", *url, "--engine", self.engine, "--profile", self.profile,
                  "--speed", str(self.speed), "--id", f"w{i}", "--model", self.model],
             ))
-        return cmds
+        return [(name, [*cmd, *self._metrics_args(name)]) for name, cmd in cmds]
+
+    def _metrics_args(self, name: str) -> list[str]:
+        """The edge serves /metrics on its HTTP port; every other service on one of its own."""
+        if not self.metrics or name == "edge":
+            return []
+        port = self.metrics_ports.setdefault(name, natsutil.free_port())
+        return ["--metrics-port", str(port)]
+
+    def scrape_targets(self) -> dict[str, str]:
+        """Service name → its Prometheus endpoint."""
+        targets = {"edge": f"{self.http_url}/metrics"} if self.metrics else {}
+        targets.update({name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metrics_ports.items()})
+        return targets
 
     def _tokenizer_args(self) -> list[str]:
         """With vLLM, `model` is the model's path: admission tokenizes with its tokenizer."""
@@ -122,7 +141,10 @@ class FleetProcesses:
     async def start(self) -> FleetProcesses:
         if self.workers < 0:
             raise ValueError("workers must be >= 0")
-        if not self.nats_url:
+        if not self.nats_url and self.nats_cluster > 1:
+            self.server = await NatsCluster(self.nats_cluster, log_dir=self.log_dir).start()
+            self.nats_url = self.server.url
+        elif not self.nats_url:
             self.server = await natsutil.NatsServer(port=self.nats_port).start()
             self.nats_url = self.server.url
         if not self.http_port:
@@ -247,6 +269,8 @@ def register(sub) -> None:
     p.add_argument("--nats", metavar="URL", default=None, help="use this NATS server instead of starting one")
     p.add_argument("--nats-port", type=int, default=None,
                    help=f"port of the NATS server to start (default: {NATS_PORT} if free, else any free port)")
+    p.add_argument("--nats-cluster", type=int, default=0, metavar="N",
+                   help="start N nats-servers clustered over loopback routes (JetStream R3) instead of one")
     p.add_argument("--http-port", type=int, default=8000, help="port of the OpenAI-compatible HTTP API")
     p.add_argument("--policy", choices=list(POLICIES), default="multiplicative", help="how the router picks a worker")
     p.add_argument("--macro-size", type=int, default=4, help="workers per macro-instance")
@@ -257,6 +281,8 @@ def register(sub) -> None:
                    help="let the macro-instance controller start and stop worker processes with the load")
     p.add_argument("--model", default=config.DEFAULT_MODEL, help="model name served (with --engine vllm: its path)")
     p.add_argument("--log-dir", default=None, help="write each service's log here (default: keep only the last lines)")
+    p.add_argument("--prometheus-config", metavar="PATH",
+                   help="write a prometheus.yml that scrapes every service of this fleet")
     p.add_argument("--bench-prompts", type=int, default=0,
                    help="once up, run `bench serve` with this many prompts against the HTTP API, then stop (0: keep running)")
     p.add_argument("--bench-rate", type=float, default=20.0, help="requests/s of that benchmark")
@@ -306,7 +332,7 @@ async def _up(args) -> int:
     port = 0 if args.nats else nats_port(args.nats_port)
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
-        nats_url=args.nats, nats_port=port, http_port=args.http_port,
+        nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=_macro_args(args),
@@ -322,10 +348,23 @@ async def _up(args) -> int:
         return 1
     try:
         print(f"tokenyard is up: {args.workers} {args.engine} worker(s), profile {args.profile}, speed {args.speed}")
-        taken = "" if args.nats or args.nats_port is not None or port == NATS_PORT else f"   ({NATS_PORT} was taken)"
+        taken = "" if args.nats or args.nats_cluster > 1 or args.nats_port is not None or port == NATS_PORT \
+            else f"   ({NATS_PORT} was taken)"
         print(f"  NATS     {fleet.nats_url}   (requests on llm.v1.submit; try `tokenyard request`){taken}")
+        if args.nats_cluster > 1:
+            print(f"           a cluster of {args.nats_cluster} nodes; stream and buckets replicated R"
+                  f"{min(3, args.nats_cluster)}")
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
-        print(f"  model    {args.model}", flush=True)
+        print(f"  model    {args.model}")
+        for name, url in fleet.scrape_targets().items():
+            print(f"  metrics  {name:<10} {url}")
+        if args.prometheus_config:
+            from tokenyard.shared.metrics import prometheus_config
+
+            with open(args.prometheus_config, "w") as f:
+                f.write(prometheus_config(fleet.scrape_targets()))
+            print(f"  prometheus --config.file {args.prometheus_config}")
+        sys.stdout.flush()
         if args.bench_prompts:
             from tokenyard.loadgen.serve import BenchConfig, print_result, run_bench
 

@@ -65,8 +65,16 @@ async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
 
 def descendants(pid: int) -> set[int]:
     out: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:  # the process ended meanwhile
+        return out
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            continue
+        for child in children:
             out |= {int(child), *descendants(int(child))}
     return out
 

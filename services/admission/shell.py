@@ -4,9 +4,11 @@ core, then either answer `rejected` on the reply subject, or answer `accepted` a
 the AdmittedRequest to JetStream (`llm.v1.queue`, `Nats-Msg-Id` = request id, so a retried
 publish is dropped as a duplicate).
 
-`accepted` goes out before the JetStream publish, on the same connection: every later event
-of the request (a worker's chunks) is caused by that publish, so the client sees `accepted`
-first. If the publish fails, the client gets an `error` event and nothing was queued.
+`accepted` goes out once JetStream stored the request: its ack says whether the id was a
+duplicate (a reused request id, within the stream's duplicate window), which is answered
+with `rejected` 409 instead of silence (the first request keeps running). If the publish
+fails, the client gets `rejected` 503. A worker's first chunk can in principle overtake
+`accepted` (it is caused by the same publish); TokenyardClient holds such events back.
 
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
@@ -95,20 +97,27 @@ class AdmissionShell:
                 if reply_to:
                     await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))
                 return
-            accepted = schemas.Accepted(
-                request_id=verdict.request_id, priority=verdict.priority, prompt_tokens=verdict.prompt_len
-            )
-            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+            rid = verdict.request_id
             try:
-                await self.js.publish(
+                ack = await self.js.publish(
                     subjects.QUEUE,
                     codec.encode(verdict),
-                    headers=telemetry.inject({"Nats-Msg-Id": verdict.request_id}),
+                    headers=telemetry.inject({"Nats-Msg-Id": rid}),
                     timeout=5.0,
                 )
             except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
-                log.warning("enqueue_failed", request_id=verdict.request_id, error=repr(e))
-                error = schemas.Error(request_id=verdict.request_id, status=503, message=f"queue unavailable: {e!r}")
-                await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                log.warning("enqueue_failed", request_id=rid, error=repr(e))
+                refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
+                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
                 return
+            if ack.duplicate:
+                span.set_attribute("tokenyard.outcome", schemas.Outcome.DUPLICATE)
+                log.info("duplicate_request_id", request_id=rid)
+                refusal = schemas.Rejected(
+                    rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
+                )
+                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+                return
+            accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
+            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
             span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)

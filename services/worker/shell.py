@@ -3,8 +3,12 @@
 * `llm.v1.worker.<id>.generate` (micro endpoint): the core accepts or refuses; an accepted
   request streams its engine outputs as numbered chunks, then `finished`, straight to the
   request's reply subject (the client's inbox or the edge), in the client's encoding.
-* `llm.v1.abort` (fan-out): abort in the engine if the request runs here.
+* `llm.v1.abort` (fan-out): abort in the engine if the request runs here (reason `migrated`:
+  the router moved it elsewhere; the rest of its outputs go nowhere).
+* A migrated request (the router re-issued it after its worker died) runs as prompt + the
+  tokens already sent, its chunks numbered on from where the client is (core.engine_request).
 * `llm.v1.worker.<id>.control`: phase and drain from the macro-instance.
+* `llm.v1.worker.<id>.status` (micro endpoint): the ids it runs, for a router's probe.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
   soon as a step made some (polled every `kv_poll_s`).
 The span of a generation carries OpenTelemetry GenAI attributes (model, input and output
@@ -17,11 +21,12 @@ import asyncio
 import contextlib
 import time
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.request import Request
 from nats.micro.service import Service
-from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_request
 from tokenyard.services.worker.engine import Engine
 from tokenyard.shared import codec, config, schemas, subjects, telemetry
 from tokenyard.shared.tokenizer import Tokenizer
@@ -55,6 +60,7 @@ class WorkerShell:
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
         await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
         await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self._on_generate)
+        await service.add_endpoint(name="status", subject=subjects.worker_status(wid), handler=self._on_status)
         await self._publish_heartbeat()
         self._timers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._kv_loop())]
 
@@ -81,6 +87,9 @@ class WorkerShell:
             self._streams[ar.request_id] = task
             task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))
         await req.respond(codec.encode(reply))
+        if reply.reason == schemas.Outcome.DUPLICATE:  # an id reused by another request: say so
+            error = self.core.reused_id_error(ar)
+            await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=codec.content_headers(ar.json))
 
     async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None) -> None:
         subject = subjects.worker_generate(self.core.cfg.worker_id)
@@ -99,7 +108,7 @@ class WorkerShell:
             t0 = time.monotonic()
             ttft_ms = None
             try:
-                async for out in self.engine.generate(ar):
+                async for out in self.engine.generate(engine_request(ar)):
                     for event in self.core.on_output(out):
                         if isinstance(event, schemas.Chunk) and ttft_ms is None:
                             ttft_ms = (time.monotonic() - t0) * 1000.0
@@ -115,12 +124,16 @@ class WorkerShell:
                 error = schemas.Error(ar.request_id, 500, f"engine failed: {e!r}")
                 await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=hdrs)
 
+    async def _on_status(self, req: Request) -> None:
+        """A router's probe: the ids of the requests running here."""
+        await req.respond(msgspec.msgpack.encode(self.core.running_ids()))
+
     async def _on_abort(self, msg: Msg) -> None:
         try:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
             return
-        if self.core.on_abort(abort.request_id):
+        if self.core.on_abort(abort.request_id, abort.reason):
             await self.engine.abort(abort.request_id)
 
     async def _on_control(self, msg: Msg) -> None:

@@ -8,7 +8,9 @@
     GET /v1/models[/{model}], /health (NATS connected?), /metrics (Prometheus text)
 
 The HTTP status is decided before any byte goes out, hence the wait for the first event.
-A client that goes away aborts its request: aiohttp cancels the handler (handler_cancellation)
+The edge's client holds a lease (`llm.v1.lease.<id>`, shared/client.py): if the edge dies,
+the routers abort its requests within seconds. A client that goes away aborts its request:
+aiohttp cancels the handler (handler_cancellation)
 and the cancellation reaches `TokenyardClient.stream`, which publishes `Abort`; where the
 request ends any other way without a terminal event (a failed write, a timeout) the shell
 publishes the Abort itself. Each request runs in a PRODUCER span, child of an incoming
@@ -156,6 +158,8 @@ class EdgeShell:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._client is not None:
+            await self._client.close()  # ends its lease: nothing of this edge's is left running
 
     # ── generation ──
 

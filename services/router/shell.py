@@ -207,11 +207,11 @@ class RouterShell:
     async def _monitor_loop(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
-            try:
-                for effect in self.migration.tick(time.time()):
+            for effect in self.migration.tick(time.time()):
+                try:
                     await self._perform(effect)
-            except Exception:
-                log.exception("migration_tick_failed")
+                except Exception:  # one failed publish must not drop the other effects
+                    log.exception("migration_effect_failed", effect=type(effect).__name__)
 
     async def _perform(self, effect) -> None:
         match effect:
@@ -220,7 +220,7 @@ class RouterShell:
             case Reissue():
                 self._spawn(self._reissue(effect))
             case Fail(req=req, event=event):
-                log.warning("stream_ended_by_router", request_id=req.request_id, event=type(event).__name__,
+                log.warning("stream_ended_by_router", request_id=req.request_id, sent=type(event).__name__,
                             message=getattr(event, "message", ""))
                 await self._unfollow(req.request_id)
                 await self.nc.publish(req.reply_to, codec.encode(event, json=req.json),

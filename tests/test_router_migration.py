@@ -161,6 +161,18 @@ def test_an_orphan_whose_lease_lapsed_is_aborted_and_one_without_a_lease_is_not(
     assert m.orphan(req("r3"), 3.0) and not m.orphan(req("r4", reply_to="_INBOX.x"), 3.0)
 
 
+def test_after_the_routers_own_outage_nothing_is_declared_dead_or_orphaned():
+    m = MigrationCore(CFG)
+    m.on_lease("lease1", 0.0)
+    m.on_heartbeat("w0", 0.0)
+    m.track(req("r1"), "w0", 0.0)
+    m.on_reconnected(6.0)  # deaf from 0 to 6 s
+    assert m.tick(6.1) == []
+    m.on_lease("lease1", 8.0)
+    assert m.tick(8.9) == [Probe("w0")]
+    assert isinstance(m.tick(9.0)[0], Reissue)  # silence after the outage still counts
+
+
 def test_lease_of_reads_the_inbox():
     assert lease_of("_INBOX.abc.def") == "abc"
     assert lease_of("_INBOX.abcdef") == "" and lease_of("inbox.r1") == ""

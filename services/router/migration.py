@@ -189,6 +189,15 @@ class MigrationCore:
     def on_lease(self, lease: str, now: float) -> None:
         self.leases[lease] = now
 
+    def on_reconnected(self, now: float) -> None:
+        """The router's own connection was down: what it did not hear says nothing about the
+        workers or the clients, so every clock restarts now (no death, no orphan from it)."""
+        for w in self.workers.values():
+            w.seen_s = max(w.seen_s, now)
+        for t in self.tracked.values():
+            t.last_event_s = max(t.last_event_s, now)
+        self.leases = {k: max(v, now) for k, v in self.leases.items()}
+
     # ── decisions ──
 
     def tick(self, now: float) -> list[Effect]:

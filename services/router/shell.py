@@ -205,8 +205,15 @@ class RouterShell:
                 await sub.unsubscribe()
 
     async def _monitor_loop(self) -> None:
+        deaf = False
         while True:
             await asyncio.sleep(self.tick_s)
+            if not self.nc.is_connected:  # a NATS outage: silence proves nothing
+                deaf = True
+                continue
+            if deaf:
+                deaf = False
+                self.migration.on_reconnected(time.time())
             for effect in self.migration.tick(time.time()):
                 try:
                     await self._perform(effect)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from nats.aio.client import Client
 from tokenyard.shared import codec, natsutil, schemas, subjects
+from tokenyard.shared.client import TokenyardClient
 
 from tokenyard.launcher import FleetProcesses, ping
 
@@ -120,6 +121,20 @@ async def submit(nc: Client, max_tokens: int, prompt: str, headers: dict | None 
     req = schemas.GenerateRequest(prompt=prompt, max_tokens=max_tokens, request_id=s.request_id, ignore_eos=True)
     await nc.publish(subjects.SUBMIT, codec.encode(req), reply=inbox, headers=headers)
     s.done_cb = sub  # keep the subscription alive with the stream
+    return s
+
+
+async def submit_via_client(client: TokenyardClient, max_tokens: int, prompt: str) -> Stream:
+    """The same stream as a user of TokenyardClient (or the edge) sees it: repeats already
+    dropped, gaps and lost ends already turned into errors by the client."""
+    s = Stream(uuid.uuid4().hex, max_tokens)
+    req = schemas.GenerateRequest(prompt=prompt, max_tokens=max_tokens, request_id=s.request_id, ignore_eos=True)
+
+    async def read() -> None:
+        async for e in client.stream(req):
+            s.on_event(e)
+
+    s.task = asyncio.create_task(read())
     return s
 
 
@@ -227,9 +242,11 @@ async def probe_nats_restart(args) -> dict:
     await fleet.start()
     try:
         nc = await natsutil.connect(server.url, "bench-faults")
-        streams = [await submit(nc, 400, f"probe {i} " * 16) for i in range(50)]
+        client = TokenyardClient(await natsutil.connect(server.url, "bench-faults-client"))
+        streams = [await submit(nc, 400, f"probe {i} " * 16) for i in range(25)]
+        viewed = [await submit_via_client(client, 400, f"client {i} " * 16) for i in range(25)]
         async with asyncio.timeout(60):
-            await asyncio.gather(*(s.first_chunk.wait() for s in streams))
+            await asyncio.gather(*(s.first_chunk.wait() for s in streams + viewed))
         server.stop()
         await asyncio.sleep(6.0)  # the outage the issue measured
         await server.start()
@@ -243,14 +260,17 @@ async def probe_nats_restart(args) -> dict:
             if time.monotonic() - t0 > 60:
                 break
         reconnect_s = round(time.monotonic() - t0, 2)
-        await wait_all(streams, args.deadline_s)
+        await wait_all(streams + viewed, args.deadline_s)
         after = [await submit(nc, 16, f"after {i}") for i in range(20)]
         await wait_all(after, 30)
-        row = tally("nats-restart", streams, services_back_s=reconnect_s,
-                    new_requests_completed=f"{sum(s.outcome == 'completed' for s in after)}/20",
-                    error_statuses=dict(Counter(s.status for s in streams if s.terminal == "error")))
+        raw = tally("nats-restart (raw inbox)", streams, services_back_s=reconnect_s,
+                    new_requests_completed=f"{sum(s.outcome == 'completed' for s in after)}/20")
+        seen = tally("nats-restart (TokenyardClient)", viewed,
+                     error_statuses=dict(Counter(s.status for s in viewed if s.terminal == "error")))
+        await client.close()
+        await client.nc.drain()
         await nc.drain()
-        return row
+        return [raw, seen]
     finally:
         await fleet.stop()
         server.stop()
@@ -421,9 +441,10 @@ async def main(argv: list[str] | None = None) -> int:
                "nats-restart": lambda: probe_nats_restart(args),
                "queue-kill": lambda: probe_queue_kill(args),
                "overload-rss": lambda: probe_overload_rss(args)}[name]
-        row = await run()
-        print_row(row)
-        rows.append(row)
+        out = await run()
+        for row in out if isinstance(out, list) else [out]:
+            print_row(row)
+            rows.append(row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"argv": sys.argv, "rows": rows}, f, indent=1, default=str)

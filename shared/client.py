@@ -19,6 +19,9 @@ What this client guarantees on top: every stream ends with exactly one terminal 
   * A gap in the seqs (or a `finished` that skips some) ends the stream with an `error` 502
     and aborts the request: a stream is never silently short.
   * No event for `idle_timeout_s` (the idle watchdog) ends it with an `error` 504 and aborts it.
+  * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
+    inbox was resubscribed after they went by): a stream that then stays silent for
+    RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
   * Events that overtake `accepted` (admission answers once the request is queued) are held
     back until it arrives, so `accepted` always comes first.
 """
@@ -36,6 +39,9 @@ from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
 
 LEASE_INTERVAL_S = 1.0
 """How often a client says it is alive (the router's orphan detection waits 3 of these)."""
+
+RECONNECT_GRACE_S = 5.0
+"""After a reconnect, the silence that says the stream's end was lost in the outage."""
 
 IDLE_TIMEOUT_S = 60.0
 """Default silence after which a stream ends with an error: above the queue's longest
@@ -172,13 +178,27 @@ class TokenyardClient:
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
             await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox, headers=hdrs)
+            loop = asyncio.get_running_loop()
+            reconnects = self.nc.stats["reconnects"]
             while True:
-                try:
-                    async with asyncio.timeout(idle_timeout_s):
-                        msg = await queue.get()
-                except TimeoutError:
+                idle_until = loop.time() + idle_timeout_s
+                after_reconnect = False
+                msg = None
+                # Wake at least every second to notice that the connection reconnected.
+                while msg is None and (wait := min(idle_until - loop.time(), 1.0)) > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait):
+                            msg = await queue.get()
+                    if msg is None and self.nc.stats["reconnects"] != reconnects:
+                        reconnects = self.nc.stats["reconnects"]
+                        after_reconnect = True
+                        idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
+                if msg is None:
                     await self.abort(rid, reason="client_idle_timeout")
-                    yield schemas.Error(rid, 504, f"no event for {idle_timeout_s:g} s", seq=check.next_seq)
+                    if after_reconnect:
+                        yield schemas.Error(rid, 503, "events lost while NATS reconnected", seq=check.next_seq)
+                    else:
+                        yield schemas.Error(rid, 504, f"no event for {idle_timeout_s:g} s", seq=check.next_seq)
                     return
                 if not msg.data and msg.headers and msg.headers.get("Status") == "503":
                     yield schemas.Rejected(rid, 503, "no_responders", "no admission service is running")

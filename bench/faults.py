@@ -63,6 +63,7 @@ class Stream:
     status: int = 0
     finished_seq: int = -1
     worker_id: str = ""
+    message: str = ""
     end_s: float = 0.0
     first_chunk: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -87,8 +88,10 @@ class Stream:
                 self.finished_seq, self.worker_id = e.seq, e.worker_id
             case schemas.Error():
                 self._end("error", e.status)
+                self.message = e.message
             case schemas.Rejected():
                 self._end("rejected", e.status)
+                self.message = e.message
 
     def _end(self, kind: str, status: int) -> None:
         self.terminal, self.status, self.end_s = kind, status, time.monotonic()
@@ -138,6 +141,10 @@ async def submit_via_client(client: TokenyardClient, max_tokens: int, prompt: st
     return s
 
 
+def note(text: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
 def tally(name: str, streams: list[Stream], **extra) -> dict:
     c = Counter(s.outcome for s in streams)
     row = {
@@ -150,6 +157,9 @@ def tally(name: str, streams: list[Stream], **extra) -> dict:
         "gaps": sum(1 for s in streams if s.hole),
         "silent_short": c["silent_short"],
     }
+    errors = Counter(f"{s.status} {s.message[:60]}" for s in streams if s.terminal in ("error", "rejected"))
+    if errors:
+        row["errors"] = dict(errors.most_common(4))
     row.update(extra)
     return row
 
@@ -277,40 +287,43 @@ async def probe_nats_restart(args) -> dict:
 
 
 async def queue_depth(nc: Client) -> int:
-    """Requests waiting summed over every queue replica."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    await nc.publish(subjects.QUEUE_STATS, b"", reply=inbox)
-    total = 0
+    """Requests waiting, summed over every queue replica (from their QueueStats fan-out)."""
+    sub = await nc.subscribe(subjects.QUEUE_STATE)
+    latest: dict[str, int] = {}
     with contextlib.suppress(Exception):
-        while True:
-            msg = await sub.next_msg(timeout=0.3)
-            if msg.data:
-                total += json.loads(msg.data)["depth"]
+        async with asyncio.timeout(0.5):
+            while True:
+                st = codec.decode((await sub.next_msg(timeout=0.5)).data, schemas.QueueStats)
+                latest[st.instance_id] = sum(st.depth)
     await sub.unsubscribe()
-    return total
+    return sum(latest.values())
 
 
 async def probe_queue_kill(args) -> dict:
-    fleet = fleet_for(args, workers=1)
+    # No worker yet: the queue replicas hold every request until one comes, after the kill.
+    fleet = fleet_for(args, workers=0)
     await fleet.start()
-    standby = subprocess.Popen([sys.executable, "-m", "tokenyard.cli", "queue", "--nats", fleet.nats_url],
+    base = [sys.executable, "-m", "tokenyard.cli"]
+    standby = subprocess.Popen([*base, "queue", "--nats", fleet.nats_url],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    late = None
     try:
         nc = await natsutil.connect(fleet.nats_url, "bench-faults")
         async with asyncio.timeout(30):
             while (await ping(nc))["tokenyard-queue"] < 2:
                 pass
-        # P3 (no TTFT target), long enough that the one worker keeps most of them waiting.
-        hdrs = {"x-request-tier": "P3"}
-        streams = [await submit(nc, 64, f"queued {i}", hdrs) for i in range(args.queued)]
-        depth = 0
-        async with asyncio.timeout(60):
-            while (depth := await queue_depth(nc)) < min(1000, args.queued - 100):
-                if all(s.terminal for s in streams):
-                    break
+        hdrs = {"x-request-tier": "P3"}  # no TTFT target: admission queues them all
+        streams = list(await asyncio.gather(*(submit(nc, 32, f"queued {i}", hdrs) for i in range(args.queued))))
+        async with asyncio.timeout(120):  # every request admitted (queued or running)
+            while not all(s.accepted or s.terminal for s in streams):
+                await asyncio.sleep(0.05)
+        depth = await queue_depth(nc)
+        note(f"queue-kill: {sum(s.accepted for s in streams)} accepted, {depth} queued; SIGKILL the queue")
         proc(fleet, "queue").send_signal(signal.SIGKILL)
-        await wait_all(streams, args.deadline_s + 60)  # held ones come back after ack_wait (30 s)
+        late = subprocess.Popen([*base, "worker", "--nats", fleet.nats_url, "--engine", "sim", "--profile",
+                                 args.profile, "--id", "w-late"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        await wait_all(streams, args.deadline_s + 120)  # held ones come back after ack_wait (30 s)
+        note(f"queue-kill: {Counter(s.outcome for s in streams)}")
         finishes = Counter(s.request_id for s in streams if s.terminal == "finished")
         row = tally("queue-kill", streams, queued_at_kill=depth,
                     rejected=sum(1 for s in streams if s.terminal == "rejected"),
@@ -318,9 +331,16 @@ async def probe_queue_kill(args) -> dict:
         await nc.drain()
         return row
     finally:
-        standby.send_signal(signal.SIGTERM)
-        with contextlib.suppress(Exception):
-            standby.wait(15)
+        for p in (standby, late):
+            if p is None:
+                continue
+            p.send_signal(signal.SIGTERM)
+            for _ in range(300):
+                if p.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            if p.poll() is None:
+                p.kill()
         await fleet.stop()
 
 

@@ -352,6 +352,14 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+async def edge_in_flight(http: aiohttp.ClientSession, base: str) -> float:
+    async with http.get(f"{base}/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith("tokenyard_edge_in_flight_requests "):
+                return float(line.split()[1])
+    return 0.0
+
+
 BAD_BODIES = (b'{"model": "tokenyard-sim", "prompt": ', b'{"prompt": "x", "max_tokens": -1}',
               b'{"prompt": 5}', b"[" * 1000 + b"]" * 1000, b'{"prompt": "x", "max_tokens": 1e30}')
 
@@ -364,7 +372,7 @@ async def probe_overload_rss(args) -> dict:
         pids = {name: p.pid for name, p in fleet.procs}
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as http:
-            async def one(i: int, bad: bool = False) -> int:
+            async def one(i: int, bad: bool = False) -> int | str:
                 try:
                     if bad:
                         data = BAD_BODIES[i % len(BAD_BODIES)]
@@ -376,8 +384,8 @@ async def probe_overload_rss(args) -> dict:
                     async with http.post(url, json=body) as r:
                         await r.read()
                         return r.status
-                except Exception:
-                    return -1
+                except Exception as e:  # the load generator's own failure, by kind
+                    return type(e).__name__
 
             # Capacity: a closed loop of 32 for 10 s; the baseline RSS after it (imports warm).
             t0, done = time.monotonic(), 0
@@ -403,7 +411,7 @@ async def probe_overload_rss(args) -> dict:
                 due = int((now - start) * rate)
                 while i < due:
                     t = asyncio.create_task(one(i, bad=rng.random() < 0.1))
-                    t.add_done_callback(lambda t: statuses.update([t.result()]))
+                    t.add_done_callback(lambda t: statuses.update(["gave_up" if t.cancelled() else t.result()]))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
                     i += 1
@@ -412,13 +420,22 @@ async def probe_overload_rss(args) -> dict:
                         peak[n] = max(peak[n], rss_mb(p))
                 await asyncio.sleep(0.01)
             sent_s = time.monotonic() - start
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(120):
-                    await asyncio.gather(*list(tasks))
             for n, p in pids.items():
                 peak[n] = max(peak[n], rss_mb(p))
-            await asyncio.sleep(10)  # let the services settle (no traffic)
-            after = {n: rss_mb(p) for n, p in pids.items()}
+            # What the fleet has not served 30 s after the overload, its clients give up on
+            # (they disconnect, the edge aborts).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(30):
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            for t in list(tasks):
+                t.cancel()
+            await asyncio.gather(*list(tasks), return_exceptions=True)
+        async with aiohttp.ClientSession() as http:
+            async with asyncio.timeout(60):
+                while await edge_in_flight(http, fleet.http_url) > 0:
+                    await asyncio.sleep(0.5)
+        await asyncio.sleep(5)  # idle: the edge trims after 1 s
+        after = {n: rss_mb(p) for n, p in pids.items()}
         per_process = {n: {"base_mb": round(base[n], 1), "peak_mb": round(peak[n], 1), "after_mb": round(after[n], 1),
                            "delta_mb": round(after[n] - base[n], 1)} for n in pids}
         return {"probe": "overload-rss", "capacity_rps": round(capacity, 1), "offered_rps": round(i / sent_s, 1),

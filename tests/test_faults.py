@@ -333,3 +333,23 @@ async def test_a_router_crash_loses_no_queued_request():
     finally:
         await stop_fleet(hosts)
         server.stop()
+
+
+async def test_over_http_a_reused_x_request_id_is_a_409_with_an_openai_body(fleet):
+    import aiohttp
+    from tokenyard.services.edge.shell import EdgeConfig, EdgeShell
+
+    host = await ServiceHost(EdgeShell(EdgeConfig(http_port=0)), fleet.nats_url).start()
+    try:
+        url = f"http://127.0.0.1:{host.shell.port}/v1/completions"
+        body = {"model": config.DEFAULT_MODEL, "prompt": "hi", "max_tokens": 2, "stream": True}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json=body, headers={"x-request-id": "http-same"}) as r:
+                assert r.status == 200
+                await r.read()
+            async with http.post(url, json=body, headers={"x-request-id": "http-same"}) as r:
+                assert r.status == 409
+                err = (await r.json())["error"]
+        assert err["code"] == "duplicate_request_id" and "http-same" in err["message"]
+    finally:
+        await host.stop()

@@ -16,8 +16,10 @@ one, means tokens were lost: treat the stream as failed. Optionally hold a lease
 routers abort your requests.
 
 What this client guarantees on top: every stream ends with exactly one terminal event.
-  * A gap in the seqs (or a `finished` that skips some) ends the stream with an `error` 502
-    and aborts the request: a stream is never silently short.
+  * A gap in the seqs (or a `finished` that skips some) is repaired when the missing chunks
+    arrive within GAP_WAIT_S (a worker replays what it sent during a NATS outage; the
+    events after the gap wait in order meanwhile), else the stream ends with an `error` 502
+    and the request is aborted: a stream is never silently short.
   * No event for `idle_timeout_s` (the idle watchdog) ends it with an `error` 504 and aborts it.
   * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
     inbox was resubscribed after they went by): a stream that then stays silent for
@@ -39,6 +41,10 @@ from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
 
 LEASE_INTERVAL_S = 1.0
 """How often a client says it is alive (the router's orphan detection waits 3 of these)."""
+
+GAP_WAIT_S = 4.0
+"""How long chunks after a gap wait for the missing ones (a worker replays 2 s after it
+reconnects) before the stream fails."""
 
 RECONNECT_GRACE_S = 5.0
 """After a reconnect, the silence that says the stream's end was lost in the outage."""
@@ -65,9 +71,11 @@ class Completion:
 
 class StreamCheck:
     """The receiving end of one stream, pure: orders `accepted` first, drops repeated seqs,
-    turns a gap into an error.
+    holds what comes after a gap until the gap fills, and turns a gap that stays open for
+    GAP_WAIT_S into an error.
 
-        check.on_event(event) → the events to hand on now (possibly none)
+        check.on_event(event, now) → the events to hand on now (possibly none)
+        check.expired(now)         → the error once a gap waited too long, else None
     """
 
     def __init__(self, request_id: str):
@@ -75,9 +83,21 @@ class StreamCheck:
         self.next_seq = 0
         self.accepted = False
         self.held: list[schemas.StreamEvent] = []
+        self.ahead: dict[int, schemas.Chunk] = {}
+        """Chunks past a gap, by seq, waiting for the missing ones."""
+        self.ahead_end: schemas.StreamEvent | None = None
+        """A terminal event that came while a gap was open."""
+        self.gap_since: float | None = None
         self.done = False
 
-    def on_event(self, event: schemas.StreamEvent) -> list[schemas.StreamEvent]:
+    def expired(self, now: float) -> schemas.Error | None:
+        if self.done or self.gap_since is None or now - self.gap_since < GAP_WAIT_S:
+            return None
+        got = min(self.ahead) if self.ahead else getattr(self.ahead_end, "seq", self.next_seq)
+        return self._gap(self.next_seq, got)
+
+    def on_event(self, event: schemas.StreamEvent, now: float = 0.0) -> list[schemas.StreamEvent]:
+        self._now = now
         if self.done:
             return []
         if isinstance(event, schemas.Accepted | schemas.Rejected) or (
@@ -98,17 +118,42 @@ class StreamCheck:
         if self.done:
             return []
         if isinstance(event, schemas.Chunk):
-            if event.seq < self.next_seq:
-                return []  # a repeat (a migration resent it)
+            if event.seq < self.next_seq or event.seq in self.ahead:
+                return []  # a repeat (a migration or a replay resent it)
             if event.seq > self.next_seq:
-                return [self._gap(self.next_seq, event.seq)]
+                self._hold(event)
+                return []
             self.next_seq += 1
-            return [event]
+            return [event, *self._release()]
         if isinstance(event, schemas.Finished) and event.seq != self.next_seq and event.finish_reason != "abort":
-            return [self._gap(self.next_seq, event.seq)]
+            if event.seq < self.next_seq:  # it counts fewer chunks than came: not this stream's end
+                return [self._gap(self.next_seq, event.seq)]
+            self.ahead_end = event
+            self._hold(None)
+            return []
         if isinstance(event, schemas.TERMINAL_EVENTS):
             self.done = True
         return [event]
+
+    def _hold(self, chunk: schemas.Chunk | None) -> None:
+        if chunk is not None:
+            self.ahead[chunk.seq] = chunk
+        if self.gap_since is None:
+            self.gap_since = self._now
+
+    def _release(self) -> list[schemas.StreamEvent]:
+        """The chunks (and the end) a filled gap lets through."""
+        out: list[schemas.StreamEvent] = []
+        while self.next_seq in self.ahead:
+            out.append(self.ahead.pop(self.next_seq))
+            self.next_seq += 1
+        if self.ahead or (self.ahead_end is not None and self.ahead_end.seq > self.next_seq):
+            return out  # another gap further on: keep its clock running
+        self.gap_since = None
+        if self.ahead_end is not None:
+            out.extend(self._check(self.ahead_end))
+            self.ahead_end = None
+        return out
 
     def _gap(self, want: int, got: int) -> schemas.Error:
         self.done = True
@@ -189,6 +234,10 @@ class TokenyardClient:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(wait):
                             msg = await queue.get()
+                    if msg is None and (gap := check.expired(loop.time())) is not None:
+                        await self.abort(rid, reason="client_gap")
+                        yield gap
+                        return
                     if msg is None and self.nc.stats["reconnects"] != reconnects:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
@@ -207,12 +256,14 @@ class TokenyardClient:
                     event = codec.decode_event(msg.data, msg.headers)
                 except codec.DecodeError:
                     continue  # not ours to read: garbage on the inbox changes nothing
-                for out in check.on_event(event):
+                for out in check.on_event(event, loop.time()):
                     yield out
                     if isinstance(out, schemas.TERMINAL_EVENTS):
-                        if isinstance(out, schemas.Error) and out.status == 502:
-                            await self.abort(rid, reason="client_gap")
                         return
+                if (gap := check.expired(loop.time())) is not None:  # chunks flow, the hole stays
+                    await self.abort(rid, reason="client_gap")
+                    yield gap
+                    return
         except asyncio.CancelledError:
             await self.abort(rid, reason="client_cancelled")
             raise

@@ -353,3 +353,49 @@ async def test_over_http_a_reused_x_request_id_is_a_409_with_an_openai_body(flee
         assert err["code"] == "duplicate_request_id" and "http-same" in err["message"]
     finally:
         await host.stop()
+
+
+async def test_streams_survive_a_nats_server_restart_by_replay_or_end_cleanly(tmp_path):
+    """nats-server stops for 2 s mid-stream and comes back on the same port and store: the
+    services reconnect, the worker replays what it sent meanwhile, and every stream ends
+    with all its tokens (or, at worst, a clean error), never a short `finished`."""
+    import subprocess
+
+    port = natsutil.free_port()
+    cmd = [natsutil.nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path)]
+
+    async def serve() -> subprocess.Popen:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    _, w = await asyncio.open_connection("127.0.0.1", port)
+                    w.close()
+                    return proc
+                except OSError:
+                    await asyncio.sleep(0.05)
+
+    server = await serve()
+    url = f"nats://127.0.0.1:{port}"
+    hosts = await start_fleet(url, workers=1)
+    try:
+        nc, client, recs, tasks = await start_streams(url, 4, 300)
+        server.terminate()
+        server.wait(5)
+        await asyncio.sleep(2.0)  # the outage itself
+        server = await serve()
+        async with asyncio.timeout(40):
+            await asyncio.gather(*tasks)
+        for rec in recs:
+            assert rec.seqs() == list(range(len(rec.seqs())))
+            if isinstance(rec.last, schemas.Finished):
+                assert rec.tokens() == 300
+            else:
+                assert isinstance(rec.last, schemas.Error)
+        assert sum(isinstance(r.last, schemas.Finished) for r in recs) == 4, [r.last for r in recs]
+        await client.close()
+        await nc.drain()
+    finally:
+        await stop_fleet(hosts)
+        server.terminate()
+        server.wait(5)

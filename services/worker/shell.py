@@ -7,6 +7,10 @@
   the router moved it elsewhere; the rest of its outputs go nowhere).
 * A migrated request (the router re-issued it after its worker died) runs as prompt + the
   tokens already sent, its chunks numbered on from where the client is (core.engine_request).
+* A NATS outage: what the worker sends while disconnected (nats-py buffers it) goes out on
+  reconnect, often before the clients have resubscribed their inboxes, and is lost to them.
+  So the stream events sent while disconnected or within REPLAY_AFTER_S of the reconnect
+  are sent once more REPLAY_AFTER_S after it; receivers drop the seqs they already have.
 * `llm.v1.worker.<id>.control`: phase and drain from the macro-instance.
 * `llm.v1.worker.<id>.status` (micro endpoint): the ids it runs, for a router's probe.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
@@ -33,6 +37,10 @@ from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("worker")
 
+REPLAY_AFTER_S = 2.0
+"""After a reconnect: how long clients get to resubscribe before the replay."""
+REPLAY_MAX_EVENTS = 200_000
+
 
 class WorkerShell:
     kind = "worker"
@@ -52,6 +60,10 @@ class WorkerShell:
         self.kv_poll_s = kv_poll_s
         self._streams: dict[str, asyncio.Task] = {}
         self._timers: list[asyncio.Task] = []
+        self._replay: list[tuple[str, bytes, dict[str, str] | None]] = []
+        self._replay_until = 0.0
+        """Monotonic time until which sent events are kept for the replay (after a reconnect)."""
+        self._reconnects = 0
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
@@ -117,12 +129,34 @@ class WorkerShell:
                             event.ttft_ms = ttft_ms
                             span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
                             span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason])
-                        await self.nc.publish(ar.reply_to, codec.encode(event, json=ar.json), headers=hdrs)
+                        await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs)
             except Exception as e:
                 log.exception("generation_failed", request_id=ar.request_id)
                 self.core.streams.pop(ar.request_id, None)
                 error = schemas.Error(ar.request_id, 500, f"engine failed: {e!r}")
-                await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=hdrs)
+                await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs)
+
+    async def _send(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+        """Publish a stream event, keeping it for the replay while the connection is unsure."""
+        if (not self.nc.is_connected or time.monotonic() < self._replay_until) and \
+                len(self._replay) < REPLAY_MAX_EVENTS:
+            self._replay.append((subject, data, headers))
+        await self.nc.publish(subject, data, headers=headers)
+
+    def _check_reconnect(self) -> None:
+        reconnects = self.nc.stats["reconnects"]
+        if reconnects != self._reconnects:
+            self._reconnects = reconnects
+            self._replay_until = time.monotonic() + REPLAY_AFTER_S
+            self._timers.append(asyncio.create_task(self._replay_later()))
+
+    async def _replay_later(self) -> None:
+        await asyncio.sleep(REPLAY_AFTER_S)
+        events, self._replay = self._replay, []
+        log.info("replay_after_reconnect", events=len(events))
+        for subject, data, headers in events:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subject, data, headers=headers)
 
     async def _on_status(self, req: Request) -> None:
         """A router's probe: the ids of the requests running here."""
@@ -159,6 +193,7 @@ class WorkerShell:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
+            self._check_reconnect()
             with contextlib.suppress(Exception):
                 await self._publish_heartbeat()
 

@@ -56,7 +56,9 @@ class Stream:
     seqs: list[int] = field(default_factory=list)
     tokens: int = 0
     dup: int = 0
-    hole: bool = False
+    seen: set[int] = field(default_factory=set)
+    reordered: bool = False
+    """A seq came before a smaller one (a hole, possibly filled later by a replay)."""
     accepted: bool = False
     terminal: str = ""
     """finished / error / rejected; '' = none yet."""
@@ -75,11 +77,12 @@ class Stream:
             case schemas.Accepted():
                 self.accepted = True
             case schemas.Chunk():
-                if e.seq in self.seqs:
+                if e.seq in self.seen:
                     self.dup += 1
                     return
-                if e.seq != (self.seqs[-1] + 1 if self.seqs else 0):
-                    self.hole = True
+                if e.seq != len(self.seqs):
+                    self.reordered = True
+                self.seen.add(e.seq)
                 self.seqs.append(e.seq)
                 self.tokens += len(e.token_ids)
                 self.first_chunk.set()
@@ -96,6 +99,11 @@ class Stream:
     def _end(self, kind: str, status: int) -> None:
         self.terminal, self.status, self.end_s = kind, status, time.monotonic()
         self.done.set()
+
+    @property
+    def hole(self) -> bool:
+        """Seqs missing for good (as of the stream's end, or now)."""
+        return len(self.seen) != (max(self.seen) + 1 if self.seen else 0)
 
     @property
     def outcome(self) -> str:
@@ -155,6 +163,7 @@ def tally(name: str, streams: list[Stream], **extra) -> dict:
         "hung": c["hung"],
         "duplicated": sum(s.dup for s in streams),
         "gaps": sum(1 for s in streams if s.hole),
+        "reordered": sum(1 for s in streams if s.reordered),
         "silent_short": c["silent_short"],
     }
     errors = Counter(f"{s.status} {s.message[:60]}" for s in streams if s.terminal in ("error", "rejected"))

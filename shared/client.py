@@ -42,11 +42,11 @@ from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
 LEASE_INTERVAL_S = 1.0
 """How often a client says it is alive (the router's orphan detection waits 3 of these)."""
 
-GAP_WAIT_S = 4.0
+GAP_WAIT_S = 6.0
 """How long chunks after a gap wait for the missing ones (a worker replays 2 s after it
 reconnects) before the stream fails."""
 
-RECONNECT_GRACE_S = 5.0
+RECONNECT_GRACE_S = 8.0
 """After a reconnect, the silence that says the stream's end was lost in the outage."""
 
 IDLE_TIMEOUT_S = 60.0

@@ -171,7 +171,8 @@ class EdgeShell:
             app, handler_cancellation=True, shutdown_timeout=self.config.shutdown_timeout_s, access_log=None
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.http_port)
+        # A deep accept backlog: under a burst, clients should get a fast 503, not a connect timeout.
+        site = web.TCPSite(self._runner, self.config.host, self.config.http_port, backlog=4096)
         await site.start()
         self.port = self._runner.addresses[0][1]
         await service.add_endpoint(

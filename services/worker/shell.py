@@ -153,7 +153,7 @@ class WorkerShell:
     async def _replay_later(self) -> None:
         await asyncio.sleep(REPLAY_AFTER_S)
         events, self._replay = self._replay, []
-        log.info("replay_after_reconnect", events=len(events))
+        log.warning("replay_after_reconnect", events=len(events), streams=len({e[0] for e in events}))
         for subject, data, headers in events:
             with contextlib.suppress(Exception):
                 await self.nc.publish(subject, data, headers=headers)

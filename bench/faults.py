@@ -364,7 +364,7 @@ def rss_mb(pid: int) -> float:
 async def edge_in_flight(http: aiohttp.ClientSession, base: str) -> float:
     async with http.get(f"{base}/metrics") as r:
         for line in (await r.text()).splitlines():
-            if line.startswith("tokenyard_edge_in_flight_requests "):
+            if line.startswith("tokenyard:edge_in_flight_requests "):
                 return float(line.split()[1])
     return 0.0
 

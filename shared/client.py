@@ -205,8 +205,12 @@ class TokenyardClient:
         json: bool = False,
         headers: dict[str, str] | None = None,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        no_responders_retry_s: float = 2.0,
     ) -> AsyncIterator[schemas.StreamEvent]:
-        """Submit and yield the request's events in order, ending with exactly one terminal one."""
+        """Submit and yield the request's events in order, ending with exactly one terminal one.
+        While no admission replica is subscribed (none runs, or the only one is reconnecting
+        after its NATS node died) the submit is repeated for `no_responders_retry_s`, then
+        answered 503: nothing received it, so a repeat cannot run it twice."""
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         rid = request.request_id
@@ -222,8 +226,10 @@ class TokenyardClient:
         sub = await self.nc.subscribe(inbox, cb=deliver)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
-            await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox, headers=hdrs)
+            body = codec.encode(request, json=json)
+            await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
             loop = asyncio.get_running_loop()
+            give_up = loop.time() + no_responders_retry_s
             reconnects = self.nc.stats["reconnects"]
             while True:
                 idle_until = loop.time() + idle_timeout_s
@@ -250,6 +256,10 @@ class TokenyardClient:
                         yield schemas.Error(rid, 504, f"no event for {idle_timeout_s:g} s", seq=check.next_seq)
                     return
                 if not msg.data and msg.headers and msg.headers.get("Status") == "503":
+                    if loop.time() < give_up:
+                        await asyncio.sleep(0.1)
+                        await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
+                        continue
                     yield schemas.Rejected(rid, 503, "no_responders", "no admission service is running")
                     return
                 try:

@@ -21,10 +21,14 @@ import time
 import uuid
 
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NoStreamResponseError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.metrics import AdmissionMetrics
 from tokenyard.shared.service import new_instance_id
 from tokenyard.shared.tokenizer import Tokenizer
 
@@ -38,6 +42,7 @@ class AdmissionShell:
         self.core = AdmissionCore(cfg, tokenizer)
         self.instance_id = new_instance_id(self.kind)
         self.nc: Client | None = None
+        self.metrics = AdmissionMetrics()
         self._inflight: set[asyncio.Task] = set()
 
     async def start(self, nc: Client, service: Service) -> None:
@@ -73,6 +78,18 @@ class AdmissionShell:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
+    async def _enqueue(self, verdict: schemas.AdmittedRequest):
+        """(the PubAck, whether it took a retry). One plain attempt first, so that its ack's
+        `duplicate` tells a reused request id; then retried through a cluster node's failover
+        (natsutil.publish_durably), where a duplicate may be an earlier attempt that landed."""
+        data, headers = codec.encode(verdict), telemetry.inject()
+        try:
+            return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
+                                         timeout=2.0), False
+        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError):
+            ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)
+            return ack, True
+
     async def _admit(self, req: Request) -> None:
         headers = req.headers or {}
         json = codec.is_json(headers) or req.data[:1] == b"{"
@@ -93,24 +110,21 @@ class AdmissionShell:
                 outcome = {429: schemas.Outcome.REJECTED_RATE, 503: schemas.Outcome.REJECTED_CAPACITY}.get(
                     verdict.status, schemas.Outcome.REJECTED_INVALID)
                 span.set_attribute("tokenyard.outcome", outcome)
+                self.metrics.observe(outcome, verdict.code)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
                 if reply_to:
                     await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))
                 return
             rid = verdict.request_id
             try:
-                ack = await self.js.publish(
-                    subjects.QUEUE,
-                    codec.encode(verdict),
-                    headers=telemetry.inject({"Nats-Msg-Id": rid}),
-                    timeout=5.0,
-                )
+                ack, retried = await self._enqueue(verdict)
             except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
                 log.warning("enqueue_failed", request_id=rid, error=repr(e))
                 refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
                 await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+                self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
                 return
-            if ack.duplicate:
+            if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
                 span.set_attribute("tokenyard.outcome", schemas.Outcome.DUPLICATE)
                 log.info("duplicate_request_id", request_id=rid)
                 refusal = schemas.Rejected(
@@ -121,3 +135,4 @@ class AdmissionShell:
             accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
             await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
             span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)
+            self.metrics.observe(schemas.Outcome.ADMITTED)

@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.metrics import QueueMetrics
 from tokenyard.shared.service import new_instance_id
 
 log = telemetry.logger("queue")
@@ -52,6 +53,7 @@ class QueueShell:
         self.router_down_backoff_s = 0.0
         """The current pause while no router answers; 0 while routers do."""
         self.route_failures = 0
+        self.metrics = QueueMetrics(lambda: self.core.stats(self.instance_id, time.time()))
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
@@ -156,6 +158,7 @@ class QueueShell:
             span.set_attribute("tokenyard.outcome", outcome)
         if decision is not None:
             self.router_down_backoff_s = 0.0
+        self.metrics.observe_dispatch(outcome, req.priority, time.time() - req.arrival_s)
         if decision is not None and decision.outcome == schemas.Outcome.ROUTED:
             self.core.on_routed(req.request_id, decision.worker_id, time.time())
             msg = self.held.pop(req.request_id, None)

@@ -12,6 +12,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("router", help="pick the worker for each request")
     p.add_argument("--nats", default=config.nats_url_from_env())
+    config.add_metrics_port_argument(p)
     d = RouterConfig()
     p.add_argument("--policy", choices=list(POLICIES), default=d.policy)
     p.add_argument(
@@ -50,5 +51,5 @@ def main(args) -> int:
         bs_cap=args.bs_cap,
     )
     migration = MigrationConfig(enabled=not args.no_migration, max_migrations=args.max_migrations)
-    run(RouterShell(cfg, migration=migration), args.nats)
+    run(RouterShell(cfg, migration=migration), args.nats, args.metrics_port)
     return 0

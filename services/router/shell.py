@@ -28,6 +28,7 @@ from opentelemetry.trace import SpanKind
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
 from tokenyard.services.router.migration import Fail, MigrationConfig, MigrationCore, Orphaned, Probe, Reissue
 from tokenyard.shared import codec, schemas, subjects, telemetry
+from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
 from tokenyard.shared.service import new_instance_id
 
@@ -47,6 +48,7 @@ class RouterShell:
         self.instance_id = new_instance_id(self.kind)
         self.max_attempts = max_attempts
         self.tick_s = tick_s
+        self.metrics = RouterMetrics(cfg.policy)
         self._inflight: set[asyncio.Task] = set()
         self._follows: dict[str, Subscription] = {}
         """request id → the subscription to its reply subject (migration follows the stream)."""
@@ -123,7 +125,12 @@ class RouterShell:
         with telemetry.span(
             self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id
         ) as span:
-            decision = await self._place(ar, span)
+            t0 = time.perf_counter()
+            decision, hit_tokens = await self._place(ar, span)
+            self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
+            view = self.core.view
+            fresh = view.fresh(time.time(), self.core.cfg.stale_after_s)
+            self.metrics.observe_fleet(view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh])
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
                 span.set_attribute("tokenyard.worker_id", decision.worker_id)
@@ -131,10 +138,11 @@ class RouterShell:
 
     async def _place(
         self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset()
-    ) -> schemas.RouteDecision:
+    ) -> tuple[schemas.RouteDecision, int | None]:
+        """The decision, and the prefix-hit tokens on the worker that took the request."""
         rid = ar.request_id
         if self.migration.orphan(ar, time.time()):
-            return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="client gone")
+            return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="client gone"), None
         placement = Placement(self.core, ar, self.max_attempts)
         placement.excluded |= exclude
         moving = bool(exclude)  # a re-issue: the request stays followed whatever happens here
@@ -151,14 +159,14 @@ class RouterShell:
                     await self._drop(rid)  # a redelivery (its first router follows it) or a reused id
                 else:
                     self.migration.track(ar, choice.worker_id, time.time())
-                return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, choice.worker_id)
+                return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, choice.worker_id), choice.hit_tokens
             if reply is not None and reply.reason == schemas.Outcome.ABORTED:
                 await self._drop(rid)
-                return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="aborted")
+                return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="aborted"), None
             placement.refused(choice.worker_id, reply.reason if reply else "no answer")
         if not moving:
             await self._drop(rid)
-        return schemas.RouteDecision(rid, schemas.Outcome.NO_CAPACITY, reason=placement.reason)
+        return schemas.RouteDecision(rid, schemas.Outcome.NO_CAPACITY, reason=placement.reason), None
 
     async def _drop(self, request_id: str) -> None:
         self.migration.untrack(request_id)
@@ -258,7 +266,7 @@ class RouterShell:
         ar = effect.req
         # Fence: a worker wrongly thought dead stops sending (it keeps the id open).
         await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(ar.request_id, reason=MIGRATED)))
-        decision = await self._place(ar, exclude=effect.exclude)
+        decision, _ = await self._place(ar, exclude=effect.exclude)
         log.info("migrated", request_id=ar.request_id, from_worker=effect.old_worker, outcome=decision.outcome,
                  to_worker=decision.worker_id, resume_tokens=len(ar.resume_token_ids), migrations=ar.migrations)
         if decision.outcome != schemas.Outcome.NO_CAPACITY:

@@ -9,8 +9,10 @@
   tokens already sent, its chunks numbered on from where the client is (core.engine_request).
 * A NATS outage: what the worker sends while disconnected (nats-py buffers it) goes out on
   reconnect, often before the clients have resubscribed their inboxes, and is lost to them.
-  So the stream events sent while disconnected or within REPLAY_AFTER_S of the reconnect
-  are sent once more REPLAY_AFTER_S after it; receivers drop the seqs they already have.
+  So the stream events sent while disconnected or within REPLAY_AFTER_S of the reconnect,
+  and those of the REPLAY_BEFORE_S before the disconnect was noticed (written to a socket
+  the server no longer read), are sent once more REPLAY_AFTER_S after the reconnect;
+  receivers drop the seqs they already have.
 * `llm.v1.worker.<id>.control`: phase and drain from the macro-instance.
 * `llm.v1.worker.<id>.status` (micro endpoint): the ids it runs, for a router's probe.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 
 import msgspec
 from nats.aio.client import Client
@@ -40,6 +43,8 @@ log = telemetry.logger("worker")
 
 REPLAY_AFTER_S = 2.0
 """After a reconnect: how long clients get to resubscribe before the replay."""
+REPLAY_BEFORE_S = 1.0
+"""How far back before a disconnect the replay reaches."""
 REPLAY_MAX_EVENTS = 200_000
 
 
@@ -66,6 +71,8 @@ class WorkerShell:
         self._replay_until = 0.0
         """Monotonic time until which sent events are kept for the replay (after a reconnect)."""
         self._reconnects = 0
+        self._recent: deque[tuple[float, str, bytes, dict[str, str] | None]] = deque()
+        """The events of the last REPLAY_BEFORE_S while connected (for a replay)."""
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
@@ -143,9 +150,14 @@ class WorkerShell:
 
     async def _send(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
         """Publish a stream event, keeping it for the replay while the connection is unsure."""
-        if (not self.nc.is_connected or time.monotonic() < self._replay_until) and \
-                len(self._replay) < REPLAY_MAX_EVENTS:
+        now = time.monotonic()
+        if (not self.nc.is_connected or now < self._replay_until) and len(self._replay) < REPLAY_MAX_EVENTS:
             self._replay.append((subject, data, headers))
+        else:
+            recent = self._recent
+            recent.append((now, subject, data, headers))
+            while recent[0][0] < now - REPLAY_BEFORE_S:
+                recent.popleft()
         await self.nc.publish(subject, data, headers=headers)
 
     def _check_reconnect(self) -> None:
@@ -153,6 +165,8 @@ class WorkerShell:
         if reconnects != self._reconnects:
             self._reconnects = reconnects
             self._replay_until = time.monotonic() + REPLAY_AFTER_S
+            self._replay[:0] = [(subject, data, headers) for _, subject, data, headers in self._recent]
+            self._recent.clear()
             self._timers.append(asyncio.create_task(self._replay_later()))
 
     async def _replay_later(self) -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tokenyard.services.router.core import POLICIES, RouterConfig, RouterCore
 from tokenyard.services.router.filters import AcceptingFilter, HealthyFilter, ModelFilter
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.pipeline import ArgminPicker, Pipeline
+from tokenyard.services.router.pipeline import ArgminPicker, Pipeline, Scored
 from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
 from tokenyard.services.router.policies.round_robin import RoundRobinScorer
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
@@ -80,12 +80,13 @@ class FixedScorer:
     """Scores given per worker id: a hand-written fake for pipeline tests."""
 
     name = "fixed"
+    inputs = frozenset()
 
     def __init__(self, scores: dict[str, float]):
         self.scores = scores
 
     def score(self, req, view, cand):
-        return np.array([self.scores[view.ids[i]] for i in cand])
+        return Scored(np.array([self.scores[view.ids[i]] for i in cand]))
 
 
 def pipeline(scorer, filters=None) -> Pipeline:
@@ -346,9 +347,10 @@ def test_a_non_finite_score_raises(bad):
 def test_a_score_array_of_the_wrong_shape_raises():
     class Short:
         name = "short"
+        inputs = frozenset()
 
         def score(self, req, view, cand):
-            return np.zeros(len(cand) - 1)
+            return Scored(np.zeros(len(cand) - 1))
 
     v = FleetView()
     v.upsert(hb("w0"), 0.0)
@@ -437,7 +439,7 @@ def test_round_robin_scores_are_last_chosen():
     v.upsert(hb("w0"), 0.0)
     v.upsert(hb("w1"), 0.0)
     v.note_routed(1, 0)
-    assert RoundRobinScorer().score(req(), v, np.array([0, 1])).tolist() == [-1.0, 0.0]
+    assert RoundRobinScorer().score(req(), v, np.array([0, 1])).scores.tolist() == [-1.0, 0.0]
 
 
 def test_least_loaded_scores_running_plus_waiting():
@@ -445,8 +447,8 @@ def test_least_loaded_scores_running_plus_waiting():
     v.upsert(hb("w0", running=3, waiting=2), 0.0)
     v.upsert(hb("w1", running=4, waiting=0), 0.0)
     v.upsert(hb("w2", running=0, waiting=9), 0.0)
-    assert LeastLoadedScorer().score(req(), v, np.array([0, 1, 2])).tolist() == [5.0, 4.0, 9.0]
-    assert LeastLoadedScorer().score(req(), v, np.array([2])).tolist() == [9.0]
+    assert LeastLoadedScorer().score(req(), v, np.array([0, 1, 2])).scores.tolist() == [5.0, 4.0, 9.0]
+    assert LeastLoadedScorer().score(req(), v, np.array([2])).scores.tolist() == [9.0]
 
 
 def test_least_loaded_picks_the_minimum_and_spreads_optimistically():

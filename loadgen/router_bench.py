@@ -34,6 +34,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from tokenyard.services.router.core import DEFAULT_POLICY
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 MOONCAKE_BLOCK = 512
@@ -104,7 +105,7 @@ def run_router_bench(
     instances: int,
     blocks: int = 1_000_000,
     decisions: int = 2000,
-    policy: str = "multiplicative",
+    policy: str = DEFAULT_POLICY,
     block_tokens: int = 16,
     seed: int = 0,
     trace: Path = TRACE,
@@ -216,7 +217,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats", type=int, default=5, help="passes over the timed decisions (floor_*: the least)"
     )
-    p.add_argument("--policy", choices=list(POLICIES), default="multiplicative")
+    p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY,
+                   help=f"routing policy (default: the router's, {DEFAULT_POLICY})")
     p.add_argument(
         "--block-tokens", type=int, default=16, help="tokens per block of the chains (divides 512)"
     )

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tokenyard.services.router.core import POLICIES, RouterConfig, RouterCore
 from tokenyard.services.router.filters import AcceptingFilter, HealthyFilter, ModelFilter
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.pipeline import ArgminPicker, Pipeline, Scored
+from tokenyard.services.router.pipeline import ArgminPicker, Narrowed, Pipeline, Scored
 from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
 from tokenyard.services.router.policies.round_robin import RoundRobinScorer
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
@@ -401,6 +401,7 @@ def test_policies_registry():
         "multiplicative",
         "multiplicative-exact",
         "multiplicative-unguarded",
+        "marginal-latency",
         "dynamo",
         "llmd",
         "llmd-token-load",
@@ -408,7 +409,7 @@ def test_policies_registry():
         "least-loaded",
         "round-robin",
     ]
-    assert RouterConfig().policy == "multiplicative"
+    assert RouterConfig().policy == "marginal-latency"
     with pytest.raises(
         ValueError, match="unknown policy 'best'; known: multiplicative, multiplicative-exact"
     ):
@@ -508,3 +509,31 @@ def test_housekeeping_forgets_silent_workers():
     assert r.housekeeping(61.0) == ["w0"]
     assert r.view.ids == ["w1"]
     assert r.route(req(), 30.5).worker_id == "w1"
+
+
+def test_a_scorer_declaring_an_unknown_input_is_refused_when_the_pipeline_is_built():
+    class Wants(FixedScorer):
+        inputs = frozenset({"gpu_temperature"})
+
+    with pytest.raises(ValueError, match=r"declares unknown inputs \['gpu_temperature'\]"):
+        pipeline(Wants({}))
+
+
+def test_guard_and_scorer_notes_land_on_the_choice_not_on_the_objects():
+    class Halves:
+        name, inputs = "halves", frozenset()
+
+        def narrow(self, req, view, cand):
+            return Narrowed(np.arange(len(cand)) < 1, "kept-first")
+
+    class Noted(FixedScorer):
+        def score(self, req, view, cand):
+            return Scored(super().score(req, view, cand).scores, note="fixed-note")
+
+    v = FleetView()
+    v.upsert(hb("w0"), 0.0)
+    v.upsert(hb("w1"), 0.0)
+    p = Pipeline("t", [HealthyFilter()], Noted({"w0": 2.0, "w1": 1.0}), ArgminPicker(), [Halves()])
+    c = p.choose(req(), v, 0.0)
+    assert (c.worker_id, c.notes, c.over_budget) == ("w0", ("kept-first", "fixed-note"), False)
+    assert vars(Halves()) == {}  # nothing was left on the guard

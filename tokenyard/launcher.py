@@ -23,6 +23,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import config, natsutil
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
@@ -37,7 +38,7 @@ class FleetProcesses:
     nats_url: str | None = None
     nats_port: int = 0
     http_port: int = 8000
-    router_policy: str = "multiplicative"
+    router_policy: str = DEFAULT_POLICY
     macro_size: int = 4
     model: str = config.DEFAULT_MODEL
     log_dir: str | None = None
@@ -182,7 +183,7 @@ def register(sub) -> None:
     p.add_argument("--nats", help="use this NATS server instead of starting one")
     p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server to start (default: free)")
     p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--policy", default="multiplicative", help="router policy (see `tokenyard router --help`)")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"router policy (default {DEFAULT_POLICY}; see `tokenyard router --help`)")
     p.add_argument("--macro-size", type=int, default=4)
     p.add_argument("--macro-mode", choices=("nodg", "ecoserve"), default="nodg",
                    help="ecoserve: rolling prefill activation inside each macro-instance")

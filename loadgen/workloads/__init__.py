@@ -44,9 +44,10 @@ def open_workload(
     priority_mix: Sequence[float] = (0.0, 1.0, 0.0, 0.0),
     seed: int = 0,
     duration_s: float | None = None,
+    skip_requests: int = 0,
 ):
-    """The workload `spec` names. For a trace, `num_requests` takes a prefix of it (None: all)
-    and `rate` must be None (the trace has its own; scale it). A synthetic workload makes
+    """The workload `spec` names. For a trace, `num_requests` takes a prefix of it (None: all),
+    after its first `skip_requests`, and `rate` must be None (the trace has its own; scale it). A synthetic workload makes
     `num_requests` requests (1000 if None) at `rate` (its DEFAULT_RATE if None), then drops
     arrivals at or after `duration_s`."""
     name, _, arg = spec.partition(":")
@@ -63,10 +64,13 @@ def open_workload(
             duration_s=duration_s,
             priority_mix=tuple(priority_mix),
             seed=seed,
+            skip_requests=skip_requests,
         )
     cls = SYNTHETIC.get(name)
     if cls is None or arg:
         raise ValueError(f"unknown workload {spec!r} (known: {', '.join(SYNTHETIC)}, trace:PATH)")
+    if skip_requests:
+        raise ValueError("skip_requests applies to traces only (a synthetic workload has no order to skip)")
     return cls(
         1000 if num_requests is None else num_requests,
         rate=rate,

@@ -49,6 +49,7 @@ from tokenyard.services.router.pipeline import (
     Scorer,
 )
 from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
+from tokenyard.services.router.policies.latency import MarginalLatencyScorer
 from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
 from tokenyard.services.router.policies.llmd import LlmdAffinityGuard, LlmdTokenLoadScorer, LlmdWeightedScorer
 from tokenyard.services.router.policies.multiplicative import MultiplicativeScorer
@@ -59,10 +60,14 @@ from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch, M
 
 INDEX_MODES = ("auto", "precise", "approximate")
 
+DEFAULT_POLICY = "marginal-latency"
+"""The router's default policy: the one name every service, launcher, simulator and benchmark
+imports (docs/results-routing.md shows why it is the default)."""
+
 
 @dataclass
 class RouterConfig:
-    policy: str = "multiplicative"
+    policy: str = DEFAULT_POLICY
     stale_after_s: float = config.STALE_AFTER_S
     forget_after_s: float = 60.0
     index_mode: str = "auto"
@@ -109,6 +114,7 @@ POLICIES: dict[str, Callable[[RouterConfig, np.random.Generator], Policy]] = {
     "multiplicative": _multiplicative(exact=False, guarded=True),
     "multiplicative-exact": _multiplicative(exact=True, guarded=False),
     "multiplicative-unguarded": lambda cfg, rng: Policy(MultiplicativeScorer()),
+    "marginal-latency": lambda cfg, rng: Policy(MarginalLatencyScorer()),
     "dynamo": lambda cfg, rng: Policy(DynamoScorer(), SoftmaxPicker(cfg.dynamo_temperature, rng)),
     "llmd": lambda cfg, rng: Policy(LlmdWeightedScorer()),
     "llmd-token-load": lambda cfg, rng: Policy(LlmdTokenLoadScorer(), guards=[LlmdAffinityGuard()]),

@@ -16,9 +16,11 @@ on (reported):
             api              seed 000's API, 4,000 requests
             coder            seed 000's Coder, 2,000 requests
 
-A cell is won when, against the best peer in that cell (each metric's own best):
+A metric is won when, against the best peer in that cell (each metric's own best):
     mean TTFT ≤ 0.9 × the best peer's,   TPOT p99 ≤ the best peer's,
-    prefix-hit ratio ≥ the best peer's − 0.01,   goodput ≥ the best peer's.
+    prefix-hit ratio ≥ the best peer's − 0.01,   goodput ≥ the best peer's;
+`ahead` marks a metric better than the best peer's but short of that margin; a cell (row) is
+won when all four metrics are.
 """
 
 from __future__ import annotations
@@ -53,11 +55,11 @@ WORKLOADS: dict[str, tuple[str, int, int, str]] = {
     "api": ("api", 4000, 0, "reported"),
     "coder": ("coder", 2000, 0, "reported"),
 }
-METRICS = (  # (key, label, better, the winning test against the best peer)
-    ("mean_ttft_ms", "TTFT mean (ms)", min, lambda d, b: d <= 0.9 * b),
-    ("p99_tpot_ms", "TPOT p99 (ms)", min, lambda d, b: d <= b),
-    ("prefix_hit_ratio", "hit", max, lambda d, b: d >= b - 0.01),
-    ("request_goodput", "goodput (req/s)", max, lambda d, b: d >= b),
+METRICS = (  # (key, label, better, the winning test against the best peer, format)
+    ("mean_ttft_ms", "TTFT mean (ms)", min, lambda d, b: d <= 0.9 * b, "{:.0f}"),
+    ("p99_tpot_ms", "TPOT p99 (ms)", min, lambda d, b: d <= b, "{:.1f}"),
+    ("prefix_hit_ratio", "hit", max, lambda d, b: d >= b - 0.01, "{:.3f}"),
+    ("request_goodput", "goodput (req/s)", max, lambda d, b: d >= b, "{:.2f}"),
 )
 
 
@@ -86,12 +88,16 @@ def run_point(name: str, load: float, out: Path, traces: str) -> tuple[str, floa
     return name, load, wall, proc.returncode
 
 
-def cell(res: dict[str, dict], key: str, better, wins) -> tuple[bool, float, float, str]:
-    """(won, default's value, best peer's value, best peer's name) for one metric."""
+def cell(res: dict[str, dict], key: str, better, wins) -> tuple[str, float, float, str]:
+    """(verdict, default's value, best peer's value, best peer's name) for one metric; the
+    verdict is `won`, `ahead` (better than the best peer, short of the margin) or `lost`."""
     peers = {p: res[p][key] for p in PEERS if p in res}
     best = better(peers, key=peers.get)
     mine = res[DEFAULT][key]
-    return bool(wins(mine, peers[best])), mine, peers[best], best
+    if wins(mine, peers[best]):
+        return "won", mine, peers[best], best
+    ahead = mine < peers[best] if better is min else mine > peers[best]
+    return ("ahead" if ahead else "lost"), mine, peers[best], best
 
 
 def tables(out: Path) -> str:
@@ -110,11 +116,11 @@ def tables(out: Path) -> str:
                     continue
                 res = json.loads(path.read_text())["policies"]
                 parts, all_won = [], True
-                for key, _, better, wins in METRICS:
-                    won, mine, best, who = cell(res, key, better, wins)
-                    all_won &= won
-                    fmt = "{:.3f}" if key == "prefix_hit_ratio" else "{:.2f}" if key == "request_goodput" else "{:.0f}" if key == "mean_ttft_ms" else "{:.1f}"
-                    parts.append(f"{'**won**' if won else 'lost'} {fmt.format(mine)} vs {fmt.format(best)} ({who})")
+                for key, _, better, wins, fmt in METRICS:
+                    verdict, mine, best, who = cell(res, key, better, wins)
+                    all_won &= verdict == "won"
+                    mark = {"won": "**won**", "ahead": "ahead", "lost": "lost"}[verdict]
+                    parts.append(f"{mark} {fmt.format(mine)} vs {fmt.format(best)} ({who})")
                 lines.append(f"| {name} | ×{load:g} | " + " | ".join(parts) + f" | {'**won**' if all_won else 'lost'} |")
         lines.append("")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""`tokenyard router --nats URL [--policy multiplicative|multiplicative-exact|dynamo|llmd|sglang|…]
+"""`tokenyard router --nats URL [--policy marginal-latency|multiplicative|multiplicative-exact|dynamo|llmd|…]
 [--index-mode auto|precise|approximate] [--prefill-tokens-per-s R] [--bs-cap N]`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ def register(sub) -> None:
     p = sub.add_parser("router", help="pick the worker for each request")
     p.add_argument("--nats", default=config.nats_url_from_env())
     d = RouterConfig()
-    p.add_argument("--policy", choices=list(POLICIES), default=d.policy)
+    p.add_argument("--policy", choices=list(POLICIES), default=d.policy, help=f"routing policy (default {d.policy})")
     p.add_argument(
         "--index-mode",
         choices=INDEX_MODES,

@@ -103,12 +103,14 @@ def cell(res: dict[str, dict], key: str, better, wins) -> tuple[str, float, floa
 def tables(out: Path) -> str:
     lines = []
     for kind in ("reported", "tuned"):
+        names = [n for n, w in WORKLOADS.items() if w[3] == kind and any(out.glob(f"{n}_x*.json"))]
+        if not names:
+            lines += [f"### {kind.capitalize()} workloads", "", "No point run.", ""]
+            continue
         lines += [f"### {kind.capitalize()} workloads", "",
                   "| workload | load | " + " | ".join(m[1] for m in METRICS) + " | cell |",
                   "|---|---|" + "---|" * (len(METRICS) + 1)]
-        for name, (_, _, _, k) in WORKLOADS.items():
-            if k != kind:
-                continue
+        for name in names:
             for load in LOADS:
                 path = out / f"{name}_x{load:g}.json"
                 if not path.exists():

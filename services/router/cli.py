@@ -10,10 +10,10 @@ def register(sub) -> None:
     from tokenyard.services.router.core import INDEX_MODES, POLICIES, RouterConfig
 
     p = sub.add_parser("router", help="pick the worker for each request")
-    p.add_argument("--nats", default=config.nats_url_from_env())
+    p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
     config.add_metrics_port_argument(p)
     d = RouterConfig()
-    p.add_argument("--policy", choices=list(POLICIES), default=d.policy, help=f"routing policy (default {d.policy})")
+    p.add_argument("--policy", choices=list(POLICIES), default=d.policy, help=f"how a worker is picked (default {d.policy})")
     p.add_argument(
         "--index-mode",
         choices=INDEX_MODES,

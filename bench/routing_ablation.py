@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
+from tokenyard.data import TRACES
 from tokenyard.loadgen.workloads import open_workload
 from tokenyard.services.router import core
 from tokenyard.services.router.pipeline import Scored
@@ -72,12 +73,22 @@ VARIANTS = {
     "kv": Variant("kv", kv=True),
     "decode": Variant("decode", decode=True),
 }
-WORKLOADS = {"mooncake-tune": ("trace:{traces}/mooncake_conversation_trace.jsonl", 3000), "chatbot": ("chatbot", 3000)}
+MOONCAKE = "mooncake_conversation_trace.jsonl"
+WORKLOADS = {"mooncake-tune": ("trace:{traces}/" + MOONCAKE, 3000), "chatbot": ("chatbot", 3000)}
+
+def trace_dir_spec(spec: str, traces: str) -> str:
+    """`spec` with its trace folder filled in; the bundled traces are gzipped (.jsonl.gz)."""
+    path = spec.format(traces=traces)
+    if path.startswith("trace:") and not Path(path[6:]).exists() and Path(path[6:] + ".gz").exists():
+        path += ".gz"
+    return path
+
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", help="folder holding mooncake_conversation_trace.jsonl")
+    ap.add_argument("--traces", default=str(TRACES),
+                    help="folder holding mooncake_conversation_trace.jsonl[.gz] (default: the bundled traces)")
     ap.add_argument("--loads", default="1,2,3")
     ap.add_argument("--only", default=",".join(VARIANTS), help=f"variants (default all: {','.join(VARIANTS)})")
     ap.add_argument("--workloads", default="mooncake-tune,chatbot")
@@ -93,7 +104,7 @@ def main() -> int:
         if "{traces}" in spec and not args.traces:
             ap.error("--traces DIR is needed for the Mooncake workload")
         for load in (float(x) for x in args.loads.split(",")):
-            w = open_workload(spec.format(traces=args.traces), num_requests=n, rate_scale=load)
+            w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load)
             for name in args.only.split(","):
                 t = time.perf_counter()
                 r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=f"ablation-{name}"), goodput)

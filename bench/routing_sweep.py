@@ -37,6 +37,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tokenyard.data import TRACES
 from tokenyard.services.router.core import DEFAULT_POLICY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,9 +50,9 @@ GOODPUT = ("ttft:2000", "tpot:100")
 MOONCAKE = "mooncake_conversation_trace.jsonl"
 WORKLOADS: dict[str, tuple[str, int, int, str]] = {
     # name → (--workload, --num-requests, --skip-requests, tuned | reported)
-    "mooncake-tune": (f"trace:{{traces}}/{MOONCAKE}", 3000, 0, "tuned"),
+    "mooncake-tune": ("trace:{traces}/" + MOONCAKE, 3000, 0, "tuned"),
     "chatbot": ("chatbot", 3000, 0, "tuned"),
-    "mooncake-report": (f"trace:{{traces}}/{MOONCAKE}", 3000, 6016, "reported"),
+    "mooncake-report": ("trace:{traces}/" + MOONCAKE, 3000, 6016, "reported"),
     "api": ("api", 4000, 0, "reported"),
     "coder": ("coder", 2000, 0, "reported"),
 }
@@ -63,10 +64,18 @@ METRICS = (  # (key, label, better, the winning test against the best peer, form
 )
 
 
+def trace_dir_spec(spec: str, traces: str) -> str:
+    """`spec` with its trace folder filled in; the bundled traces are gzipped (.jsonl.gz)."""
+    path = spec.format(traces=traces)
+    if path.startswith("trace:") and not Path(path[6:]).exists() and Path(path[6:] + ".gz").exists():
+        path += ".gz"
+    return path
+
+
 def command(name: str, load: float, out: Path, traces: str) -> list[str]:
     spec, n, skip, _ = WORKLOADS[name]
     return [
-        "tokenyard", "sim", "--workload", spec.format(traces=traces), "--num-requests", str(n),
+        "tokenyard", "sim", "--workload", trace_dir_spec(spec, traces), "--num-requests", str(n),
         *(["--skip-requests", str(skip)] if skip else []), "--instances", "16", "--profile", "a100-llama3-8b",
         "--compare", ",".join(POLICIES), "--rate-scale", f"{load:g}", "--goodput", *GOODPUT, "--seed", "0",
         "--quiet", "--json", str(out / f"{name}_x{load:g}.json"),
@@ -130,7 +139,8 @@ def tables(out: Path) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", help="folder holding mooncake_conversation_trace.jsonl (needed for the Mooncake points)")
+    ap.add_argument("--traces", default=str(TRACES),
+                    help="folder holding mooncake_conversation_trace.jsonl[.gz] (default: the bundled traces)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "routing"))
     ap.add_argument("--jobs", type=int, default=1, help="points run at once (default 1)")
     ap.add_argument("--only", default=",".join(WORKLOADS), help=f"workloads (default: all: {','.join(WORKLOADS)})")

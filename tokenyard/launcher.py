@@ -84,6 +84,8 @@ class FleetProcesses:
     ready_timeout_s: float = 60.0
     macro_args: list[str] = field(default_factory=list)
     """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
+    router_args: list[str] = field(default_factory=list)
+    """Extra `tokenyard router` options (e.g. --no-migration)."""
     nats_cluster: int = 0
     """Start a NATS cluster of this many nodes (shared/nats_cluster.py) instead of one server."""
     metrics: bool = True
@@ -111,7 +113,7 @@ class FleetProcesses:
             ("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model]),
             ("admission", [*base, "admission", *url, "--model", self.model, *self._tokenizer_args()]),
             ("queue", [*base, "queue", *url]),
-            ("router", [*base, "router", *url, "--policy", self.router_policy]),
+            ("router", [*base, "router", *url, "--policy", self.router_policy, *self.router_args]),
             ("macro", [*base, "macro", *url, "--macro-size", str(self.macro_size), *self.macro_args]),
         ]
         for i in range(self.workers):

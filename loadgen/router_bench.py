@@ -36,6 +36,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 from tokenyard.data import TRACES
+from tokenyard.services.router.core import DEFAULT_POLICY
 
 TRACE = TRACES / "mooncake_conversation_trace.jsonl.gz"
 MOONCAKE_BLOCK = 512
@@ -106,7 +107,7 @@ def run_router_bench(
     instances: int,
     blocks: int = 1_000_000,
     decisions: int = 2000,
-    policy: str = "multiplicative",
+    policy: str = DEFAULT_POLICY,
     block_tokens: int = 16,
     seed: int = 0,
     trace: Path = TRACE,
@@ -218,7 +219,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats", type=int, default=5, help="passes over the timed decisions (floor_*: the least)"
     )
-    p.add_argument("--policy", choices=list(POLICIES), default="multiplicative", help="routing policy timed")
+    p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY,
+                   help=f"routing policy timed (default: the router's, {DEFAULT_POLICY})")
     p.add_argument(
         "--block-tokens", type=int, default=16, help="tokens per block of the chains (divides 512)"
     )

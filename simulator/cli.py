@@ -5,7 +5,7 @@
                   [--queue-policy Q] [--flow-control on|off] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
                   [--seed S] [--json FILE] [--plots DIR]
                   [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
-                  [--num-requests N] [--duration S] [--input-len N --output-len N] (synthetic)
+                  [--num-requests N] [--duration S] [--skip-requests N] [--input-len N --output-len N] (synthetic)
 
 `--num-requests` takes the first N requests (of a trace; a synthetic workload makes N, 1000
 by default); `--duration` drops arrivals at or after S virtual seconds (after scaling).
@@ -56,6 +56,8 @@ def register(sub) -> None:
     p.add_argument("--num-requests", "--max-requests", dest="num_requests", type=int, default=None,
                    help="requests to replay (default: a whole trace, or 1000 generated)")
     p.add_argument("--duration", type=float, default=None, metavar="S", help="arrivals before S virtual seconds")
+    p.add_argument("--skip-requests", type=int, default=0, metavar="N",
+                   help="start a trace at its N-th request (default 0): tune on one part, report on another")
     p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON here")
     p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no table")
@@ -92,6 +94,7 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
         "rate_scale": args.rate_scale,
         "time_scale": args.time_scale,
         "duration": args.duration,
+        "skip_requests": args.skip_requests,
     }
 
 
@@ -118,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
             priority_mix=mix,
             seed=args.seed,
             duration_s=args.duration,
+            skip_requests=args.skip_requests,
             input_len=args.input_len,
             output_len=args.output_len,
             range_ratio=args.range_ratio,

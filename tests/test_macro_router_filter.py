@@ -65,6 +65,6 @@ def test_workers_outside_ecoserve_are_untouched():
     beats = [hb("a", pending=20_000, macro="m0"), hb("x", pending=20_000, macro="m1")]
     r = router(*beats, states=[eco_state(["a"], ["a"]),
                                MacroState("m1", "nodg", ["x"], {"x": "mixed"}, ["x"], 1, 0.0)])
-    keep = r.ecoserve.narrow(req(), r.view, np.array([0, 1]))
+    keep, _ = r.ecoserve.narrow(req(), r.view, np.array([0, 1]))
     assert keep.tolist() == [True, True]  # a: none passes → least loaded (itself); x: not EcoServe
     assert r.ecoserve.refused == {"ttft": 1}

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tokenyard.services.router.core import POLICIES, RouterConfig, RouterCore
 from tokenyard.services.router.filters import AcceptingFilter, HealthyFilter, ModelFilter
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.pipeline import ArgminPicker, Pipeline
+from tokenyard.services.router.pipeline import ArgminPicker, Narrowed, Pipeline, Scored
 from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
 from tokenyard.services.router.policies.round_robin import RoundRobinScorer
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
@@ -80,12 +80,13 @@ class FixedScorer:
     """Scores given per worker id: a hand-written fake for pipeline tests."""
 
     name = "fixed"
+    inputs = frozenset()
 
     def __init__(self, scores: dict[str, float]):
         self.scores = scores
 
     def score(self, req, view, cand):
-        return np.array([self.scores[view.ids[i]] for i in cand])
+        return Scored(np.array([self.scores[view.ids[i]] for i in cand]))
 
 
 def pipeline(scorer, filters=None) -> Pipeline:
@@ -346,9 +347,10 @@ def test_a_non_finite_score_raises(bad):
 def test_a_score_array_of_the_wrong_shape_raises():
     class Short:
         name = "short"
+        inputs = frozenset()
 
         def score(self, req, view, cand):
-            return np.zeros(len(cand) - 1)
+            return Scored(np.zeros(len(cand) - 1))
 
     v = FleetView()
     v.upsert(hb("w0"), 0.0)
@@ -399,6 +401,7 @@ def test_policies_registry():
         "multiplicative",
         "multiplicative-exact",
         "multiplicative-unguarded",
+        "marginal-latency",
         "dynamo",
         "llmd",
         "llmd-token-load",
@@ -406,7 +409,7 @@ def test_policies_registry():
         "least-loaded",
         "round-robin",
     ]
-    assert RouterConfig().policy == "multiplicative"
+    assert RouterConfig().policy == "marginal-latency"
     with pytest.raises(
         ValueError, match="unknown policy 'best'; known: multiplicative, multiplicative-exact"
     ):
@@ -437,7 +440,7 @@ def test_round_robin_scores_are_last_chosen():
     v.upsert(hb("w0"), 0.0)
     v.upsert(hb("w1"), 0.0)
     v.note_routed(1, 0)
-    assert RoundRobinScorer().score(req(), v, np.array([0, 1])).tolist() == [-1.0, 0.0]
+    assert RoundRobinScorer().score(req(), v, np.array([0, 1])).scores.tolist() == [-1.0, 0.0]
 
 
 def test_least_loaded_scores_running_plus_waiting():
@@ -445,8 +448,8 @@ def test_least_loaded_scores_running_plus_waiting():
     v.upsert(hb("w0", running=3, waiting=2), 0.0)
     v.upsert(hb("w1", running=4, waiting=0), 0.0)
     v.upsert(hb("w2", running=0, waiting=9), 0.0)
-    assert LeastLoadedScorer().score(req(), v, np.array([0, 1, 2])).tolist() == [5.0, 4.0, 9.0]
-    assert LeastLoadedScorer().score(req(), v, np.array([2])).tolist() == [9.0]
+    assert LeastLoadedScorer().score(req(), v, np.array([0, 1, 2])).scores.tolist() == [5.0, 4.0, 9.0]
+    assert LeastLoadedScorer().score(req(), v, np.array([2])).scores.tolist() == [9.0]
 
 
 def test_least_loaded_picks_the_minimum_and_spreads_optimistically():
@@ -506,3 +509,31 @@ def test_housekeeping_forgets_silent_workers():
     assert r.housekeeping(61.0) == ["w0"]
     assert r.view.ids == ["w1"]
     assert r.route(req(), 30.5).worker_id == "w1"
+
+
+def test_a_scorer_declaring_an_unknown_input_is_refused_when_the_pipeline_is_built():
+    class Wants(FixedScorer):
+        inputs = frozenset({"gpu_temperature"})
+
+    with pytest.raises(ValueError, match=r"declares unknown inputs \['gpu_temperature'\]"):
+        pipeline(Wants({}))
+
+
+def test_guard_and_scorer_notes_land_on_the_choice_not_on_the_objects():
+    class Halves:
+        name, inputs = "halves", frozenset()
+
+        def narrow(self, req, view, cand):
+            return Narrowed(np.arange(len(cand)) < 1, "kept-first")
+
+    class Noted(FixedScorer):
+        def score(self, req, view, cand):
+            return Scored(super().score(req, view, cand).scores, note="fixed-note")
+
+    v = FleetView()
+    v.upsert(hb("w0"), 0.0)
+    v.upsert(hb("w1"), 0.0)
+    p = Pipeline("t", [HealthyFilter()], Noted({"w0": 2.0, "w1": 1.0}), ArgminPicker(), [Halves()])
+    c = p.choose(req(), v, 0.0)
+    assert (c.worker_id, c.notes, c.over_budget) == ("w0", ("kept-first", "fixed-note"), False)
+    assert vars(Halves()) == {}  # nothing was left on the guard

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tokenyard.services.router.core import RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.guards import PrefillBudgetFilter
+from tokenyard.services.router.guards import PrefillBudgetGuard
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch
@@ -56,15 +56,14 @@ def test_over_budget_everywhere_keeps_the_queues_near_the_shortest():
         v.upsert(hb(f"w{k}", queued=queued), 0.0)
     v.new[:4] = 1_000
     v.p[:4] = v.queued_prefill[:4] + 1_000
-    g = PrefillBudgetFilter(prefill_tokens_per_s=10_000.0, slack=0.25)
+    g = PrefillBudgetGuard(prefill_tokens_per_s=10_000.0, slack=0.25)
     cand = np.arange(4)
     # budgets P0…P3: 0.5 / 5 / 60 / 60 s → 5,000 / 50,000 / 600,000 tokens: P0, P1 are over everywhere
     # then keep P ≤ 1.25 × min P = 1.25 × 91,000 = 113,750 → w0 (101,000) and w3 (91,000)
-    assert (g.narrow(req(1_000, priority=1), v, cand).tolist(), g.over_budget) == (
-        [True, False, False, True],
-        True,
-    )
-    assert (g.narrow(req(1_000, priority=2), v, cand).tolist(), g.over_budget) == ([True] * 4, False)
+    keep, note = g.narrow(req(1_000, priority=1), v, cand)
+    assert (keep.tolist(), note) == ([True, False, False, True], "over-budget")
+    keep, note = g.narrow(req(1_000, priority=2), v, cand)
+    assert (keep.tolist(), note) == ([True] * 4, "")
 
 
 # ───────────────────────────── the constructed fleet ─────────────────────────────

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.router.core import POLICIES, RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.pipeline import TREE_BLOCKS, Scored
 from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
 from tokenyard.services.router.policies.llmd import LlmdWeightedScorer
 from tokenyard.services.router.policies.sglang import SglangCacheAwareScorer
@@ -135,17 +136,17 @@ def test_every_scorer_guard_and_picker_conforms(policy, fleet, keep, prompt):
     n = v.n
     v.new[:n] = np.maximum(prompt - v.hit[:n], 1)
     v.p[:n] = v.queued_prefill[:n] + v.new[:n]
-    if hasattr(spec.scorer, "tree_blocks"):
-        spec.scorer.tree_blocks = np.arange(n, dtype=np.int64)[::-1]
+    if TREE_BLOCKS in spec.scorer.inputs:
+        v.tree_blocks[:n] = np.arange(n, dtype=np.int64)[::-1]
     cand = np.flatnonzero(np.array(keep[:n])) if any(keep[:n]) else np.arange(n)
     r = req(prompt)
     for g in spec.guards:
-        mask = g.narrow(r, v, cand)
+        mask, _ = g.narrow(r, v, cand)
         assert mask.shape == cand.shape and mask.any()
         cand = cand[mask]
-    scores = np.asarray(spec.scorer.score(r, v, cand), dtype=np.float64)
+    scores, tb, _ = spec.scorer.score(r, v, cand)
+    scores = np.asarray(scores, dtype=np.float64)
     assert scores.shape == cand.shape and np.isfinite(scores).all()
-    tb = getattr(spec.scorer, "tiebreak", None)
     assert tb is None or (tb.shape == cand.shape and np.isfinite(tb).all())
     k = spec.picker.pick(v, cand, scores, tb)
     assert k in cand.tolist()
@@ -272,12 +273,12 @@ def view_of(*rows) -> FleetView:
 
 def test_dynamo_cost_in_blocks():
     v = view_of((0, 0, 32, 100, 900, 32), (0, 0, 0, 10, 990, 0))
-    cost = DynamoScorer().score(req(64), v, np.array([0, 1]))
+    cost = DynamoScorer().score(req(64), v, np.array([0, 1])).scores
     # w0: max(32/16 + 64/16 − 2, 0) + 100 + 4 = 108;  w1: (0 + 4 − 0) + 10 + 4 = 18
     assert cost.tolist() == [108.0, 18.0]
     assert DynamoScorer(prefill_load_scale=2.0, overlap_credit=0.5).score(
         req(64), v, np.array([0, 1])
-    ).tolist() == [
+    ).scores.tolist() == [
         2 * 5 + 104,
         2 * 4 + 14,
     ]
@@ -299,10 +300,10 @@ def test_dynamo_softmax_picker_is_seeded_and_argmin_at_zero():
 def test_llmd_weighted_scorers():
     # prefix 1.0 / 0 / 0.5; queue (waiting 4, 0, 2) → 0 / 1 / 0.5; KV free share 0.5 / 0.9 / 1.0
     v = view_of((0, 4, 0, 50, 50, 64), (0, 0, 0, 10, 90, 0), (0, 2, 0, 0, 100, 32))
-    assert np.allclose(LlmdWeightedScorer().score(req(64), v, np.array([0, 1, 2])), [-4.0, -3.8, -4.5])
+    assert np.allclose(LlmdWeightedScorer().score(req(64), v, np.array([0, 1, 2])).scores, [-4.0, -3.8, -4.5])
     # every queue equal: the queue scorer gives 1 to all
     v2 = view_of((0, 3, 0, 0, 100, 0), (0, 3, 0, 0, 100, 0))
-    assert LlmdWeightedScorer().score(req(64), v2, np.array([0, 1])).tolist() == [-4.0, -4.0]
+    assert LlmdWeightedScorer().score(req(64), v2, np.array([0, 1])).scores.tolist() == [-4.0, -4.0]
 
 
 @pytest.mark.parametrize(
@@ -322,16 +323,20 @@ def test_llmd_token_load_sticky_until_saturated(other_queued, sticky_queued, sti
     assert c.route(req(160, chain(10)), 0.0).worker_id == want
 
 
+def said(scored: Scored) -> tuple[list[float], str]:
+    return scored.scores.tolist(), scored.note
+
+
 def test_sglang_balance_then_cache_then_smallest_tree():
     s = SglangCacheAwareScorer()
     cand = np.array([0, 1])
     v = view_of((90, 10, 0, 0, 1, 64), (10, 0, 0, 0, 1, 0))  # loads 100 vs 10: imbalanced
-    assert (s.score(req(64), v, cand).tolist(), s.mode) == ([100.0, 10.0], "balance")
+    assert said(s.score(req(64), v, cand)) == ([100.0, 10.0], "balance")
     v = view_of((5, 5, 0, 0, 1, 32), (12, 0, 0, 0, 1, 0))  # match rate 0.5 > 0.3
-    assert (s.score(req(64), v, cand).tolist(), s.mode) == ([-32.0, -0.0], "cache")
+    assert said(s.score(req(64), v, cand)) == ([-32.0, -0.0], "cache")
     v = view_of((5, 5, 0, 0, 1, 16), (12, 0, 0, 0, 1, 0))  # 0.25 ≤ 0.3: the smaller tree
-    s.tree_blocks = np.array([500, 20])
-    assert (s.score(req(64), v, cand).tolist(), s.mode) == ([500.0, 20.0], "tree")
+    v.tree_blocks[:2] = [500, 20]
+    assert said(s.score(req(64), v, cand)) == ([500.0, 20.0], "tree")
 
 
 def test_sglang_through_the_core_uses_the_index_tree_sizes():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import natsutil
 
 from tokenyard.launcher import FleetProcesses
@@ -100,7 +101,7 @@ async def test_phoenix_holds_one_trace_per_request_with_every_hop(tmp_path):
     worker = next(s for s in spans if s["attributes"].get("tokenyard.service") == "worker")
     assert worker["attributes"]["gen_ai.usage.output_tokens"] == 3
     router = by_name["process llm.v1.route"]["attributes"]
-    assert router["tokenyard.router.policy"] == "multiplicative"
+    assert router["tokenyard.router.policy"] == DEFAULT_POLICY
     assert router["tokenyard.router.instance"] in ("w0", "w1")
     for key in ("p_tokens", "batch_size", "hit_tokens", "score", "candidates"):
         assert f"tokenyard.router.{key}" in router

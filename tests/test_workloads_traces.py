@@ -57,6 +57,17 @@ def test_scaling_and_prefixes(mooncake):
     assert [r.priority for r in mixed] == [r.priority for r in MooncakeTrace(mooncake, priority_mix=(1, 1, 1, 1), seed=5).items()]
 
 
+def test_skip_requests_starts_the_trace_later_and_its_clock_there(mooncake):
+    items = MooncakeTrace(mooncake, skip_requests=1).items()
+    assert [(r.index, r.arrival_s, r.prompt_len) for r in items] == [(0, 0.0, 1100), (1, 3.0, 300)]
+    assert [r.prompt_len for r in open_workload(f"trace:{mooncake}", skip_requests=2, num_requests=5).items()] == [300]
+    assert MooncakeTrace(mooncake, skip_requests=3).items() == []
+    with pytest.raises(ValueError, match="skip_requests must be >= 0"):
+        MooncakeTrace(mooncake, skip_requests=-1)
+    with pytest.raises(ValueError, match="traces only"):
+        open_workload("chatbot", skip_requests=1)
+
+
 def test_mooncake_rejects_short_hash_ids(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps({"timestamp": 0, "input_length": 2000, "output_length": 1, "hash_ids": [0]}) + "\n")

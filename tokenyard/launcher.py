@@ -28,6 +28,7 @@ import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import config, natsutil
 from tokenyard.shared.nats_cluster import NatsCluster
 from tokenyard.shared.procs import die_with_parent
@@ -75,7 +76,7 @@ class FleetProcesses:
     nats_url: str | None = None
     nats_port: int = 0
     http_port: int = 8000
-    router_policy: str = "multiplicative"
+    router_policy: str = DEFAULT_POLICY
     macro_size: int = 4
     model: str = config.DEFAULT_MODEL
     log_dir: str | None = None
@@ -277,7 +278,8 @@ def register(sub) -> None:
     p.add_argument("--nats-cluster", type=int, default=0, metavar="N",
                    help="start N nats-servers clustered over loopback routes (JetStream R3) instead of one")
     p.add_argument("--http-port", type=int, default=8000, help="port of the OpenAI-compatible HTTP API")
-    p.add_argument("--policy", choices=list(POLICIES), default="multiplicative", help="how the router picks a worker")
+    p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY,
+                   help=f"how the router picks a worker (default {DEFAULT_POLICY})")
     p.add_argument("--macro-size", type=int, default=4, help="workers per macro-instance")
     p.add_argument("--macro-mode", choices=("nodg", "ecoserve"), default="nodg",
                    help="nodg: every worker takes prefill and decode; ecoserve: workers of a macro-instance "

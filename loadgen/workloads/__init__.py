@@ -102,12 +102,13 @@ def open_workload(
     input_len: int = 1024,
     output_len: int = 128,
     range_ratio: float = 0.0,
+    skip_requests: int = 0,
 ):
     """The workload `spec` names (see WORKLOADS). For a trace, `num_requests` takes a prefix of
-    it (None: all) and `rate` must be None (the trace has its own; scale it). A generated
-    workload makes `num_requests` requests (1000 if None) at `rate` (its DEFAULT_RATE if None),
-    then drops arrivals at or after `duration_s`. `input_len`, `output_len` and `range_ratio`
-    shape `synthetic` only."""
+    it (None: all), after its first `skip_requests`, and `rate` must be None (the trace has its
+    own; scale it). A generated workload makes `num_requests` requests (1000 if None) at `rate`
+    (its DEFAULT_RATE if None), then drops arrivals at or after `duration_s`. `input_len`,
+    `output_len` and `range_ratio` shape `synthetic` only."""
     name, _, arg = spec.partition(":")
     kind = WORKLOADS.get(name)
     if kind is None or (arg and name != "trace"):
@@ -125,7 +126,10 @@ def open_workload(
             duration_s=duration_s,
             priority_mix=tuple(priority_mix),
             seed=seed,
+            skip_requests=skip_requests,
         )
+    if skip_requests:
+        raise ValueError("skip_requests applies to traces only (a synthetic workload has no order to skip)")
     shape = dict(input_len=input_len, output_len=output_len, range_ratio=range_ratio) if name == "synthetic" else {}
     return kind.generated(
         1000 if num_requests is None else num_requests,

@@ -14,7 +14,9 @@ Arrival offsets are the trace's own, from its first request, then scaled:
     t_i = (ts_i − ts_0) · time_scale / rate_scale
 (rate_scale 2 replays twice as fast; time_scale 2 twice as slow; order is kept). A prefix of
 the trace is taken with `max_requests` and/or `duration_s` (arrivals before that offset,
-after scaling). Priorities, which neither trace has, are drawn per request from
+after scaling); `skip_requests` starts it at its N-th request instead of its first (times then
+count from there), so one part of a trace can be tuned on and another reported. Priorities,
+which neither trace has, are drawn per request from
 `priority_mix` with a generator seeded by `seed`.
 """
 
@@ -74,9 +76,13 @@ class _TraceWorkload:
         duration_s: float | None = None,
         priority_mix: tuple[float, ...] = (0.0, 1.0, 0.0, 0.0),
         seed: int = 0,
+        skip_requests: int = 0,
     ):
         if not rate_scale > 0 or not time_scale > 0:
             raise ValueError("rate_scale and time_scale must be positive")
+        if skip_requests < 0:
+            raise ValueError("skip_requests must be >= 0")
+        self.skip_requests = skip_requests
         self.path = Path(path)
         self.factor = time_scale / rate_scale
         self.max_requests = max_requests
@@ -92,7 +98,9 @@ class _TraceWorkload:
         if self._cache is None:
             rows: list[tuple[float, int, int, tuple[int, ...]]] = []
             t0 = None
-            for ts, prompt_len, out_len, ids in self._rows():
+            for k, (ts, prompt_len, out_len, ids) in enumerate(self._rows()):
+                if k < self.skip_requests:
+                    continue
                 if self.max_requests is not None and len(rows) >= self.max_requests:
                     break
                 t0 = ts if t0 is None else t0

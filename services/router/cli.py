@@ -1,4 +1,4 @@
-"""`tokenyard router --nats URL [--policy multiplicative|multiplicative-exact|dynamo|llmd|sglang|…]
+"""`tokenyard router --nats URL [--policy marginal-latency|multiplicative|multiplicative-exact|dynamo|llmd|…]
 [--index-mode auto|precise|approximate] [--prefill-tokens-per-s R] [--bs-cap N]
 [--no-migration] [--max-migrations N]`."""
 
@@ -14,7 +14,7 @@ def register(sub) -> None:
     p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
     config.add_metrics_port_argument(p)
     d = RouterConfig()
-    p.add_argument("--policy", choices=list(POLICIES), default=d.policy, help="how a worker is picked")
+    p.add_argument("--policy", choices=list(POLICIES), default=d.policy, help=f"how a worker is picked (default {d.policy})")
     p.add_argument(
         "--index-mode",
         choices=INDEX_MODES,

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenyard.services.router.filters import (
     AcceptingFilter,
-    EcoServeFilter,
+    BatchCapFilter,
+    EcoServeGuard,
     HealthyFilter,
     ModelFilter,
     VbsFilter,
@@ -33,13 +34,22 @@ from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.router.guards import (
     PREFILL_TOKENS_PER_S,
     TTFT_BUDGET_S,
-    BatchCapFilter,
-    PrefillBudgetFilter,
+    PrefillBudgetGuard,
 )
 from tokenyard.services.router.hotspot import HotspotConfig, HotspotDetector, HotspotFilter
 from tokenyard.services.router.index import BlockIndex
-from tokenyard.services.router.pipeline import ArgminPicker, Choice, Filter, Guard, Picker, Pipeline, Scorer
+from tokenyard.services.router.pipeline import (
+    TREE_BLOCKS,
+    ArgminPicker,
+    Choice,
+    Filter,
+    Guard,
+    Picker,
+    Pipeline,
+    Scorer,
+)
 from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
+from tokenyard.services.router.policies.latency import MarginalLatencyScorer
 from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
 from tokenyard.services.router.policies.llmd import LlmdAffinityGuard, LlmdTokenLoadScorer, LlmdWeightedScorer
 from tokenyard.services.router.policies.multiplicative import MultiplicativeScorer
@@ -50,10 +60,14 @@ from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch, M
 
 INDEX_MODES = ("auto", "precise", "approximate")
 
+DEFAULT_POLICY = "marginal-latency"
+"""The router's default policy: the one name every service, launcher, simulator and benchmark
+imports (docs/results-routing.md shows why it is the default)."""
+
 
 @dataclass
 class RouterConfig:
-    policy: str = "multiplicative"
+    policy: str = DEFAULT_POLICY
     stale_after_s: float = config.STALE_AFTER_S
     forget_after_s: float = 60.0
     index_mode: str = "auto"
@@ -88,7 +102,7 @@ def _multiplicative(exact: bool, guarded: bool) -> Callable[[RouterConfig, np.ra
     def build(cfg: RouterConfig, rng: np.random.Generator) -> Policy:
         guards: list[Guard] = []
         if guarded:
-            guards.append(PrefillBudgetFilter(cfg.prefill_tokens_per_s, cfg.ttft_budget_s, cfg.budget_slack))
+            guards.append(PrefillBudgetGuard(cfg.prefill_tokens_per_s, cfg.ttft_budget_s, cfg.budget_slack))
         filters: list[Filter] = [BatchCapFilter(cfg.bs_cap)] if cfg.bs_cap is not None else []
         scorer = MultiplicativeScorer(exact=exact, log_smooth_above=cfg.log_smooth_above)
         return Policy(scorer, guards=guards, filters=filters, hotspot=cfg.hotspot is not None)
@@ -100,6 +114,7 @@ POLICIES: dict[str, Callable[[RouterConfig, np.random.Generator], Policy]] = {
     "multiplicative": _multiplicative(exact=False, guarded=True),
     "multiplicative-exact": _multiplicative(exact=True, guarded=False),
     "multiplicative-unguarded": lambda cfg, rng: Policy(MultiplicativeScorer()),
+    "marginal-latency": lambda cfg, rng: Policy(MarginalLatencyScorer()),
     "dynamo": lambda cfg, rng: Policy(DynamoScorer(), SoftmaxPicker(cfg.dynamo_temperature, rng)),
     "llmd": lambda cfg, rng: Policy(LlmdWeightedScorer()),
     "llmd-token-load": lambda cfg, rng: Policy(LlmdTokenLoadScorer(), guards=[LlmdAffinityGuard()]),
@@ -133,11 +148,10 @@ class RouterCore:
         ]
         if self.detector is not None:
             filters.append(HotspotFilter(self.detector))
-        self.ecoserve = EcoServeFilter(refused={})
+        self.ecoserve = EcoServeGuard(refused={})
         guards = [self.ecoserve, *spec.guards]  # EcoServe first: a no-op on a fleet without it
         self.pipeline = Pipeline(cfg.policy, filters, spec.scorer, spec.picker, guards)
         self.fallback = Pipeline("round-robin", filters, RoundRobinScorer(), ArgminPicker(), guards)
-        self._budget = next((g for g in spec.guards if isinstance(g, PrefillBudgetFilter)), None)
         self._row_slot = np.zeros(0, dtype=np.int64)
         self._row_slot_key = (-1, -1)
         self._last_event: dict[str, float] = {}
@@ -173,8 +187,7 @@ class RouterCore:
         n = view.n
         if n == 0:
             return Choice(None, "no workers known", policy=self.cfg.policy)
-        if self.index._ttl:
-            self.index.expire(now)
+        self.index.expire(now)
         blocks = self.hit_blocks(req)
         hit, new = view.hit[:n], view.new[:n]
         if blocks is None:
@@ -194,8 +207,8 @@ class RouterCore:
                 holders = int(np.count_nonzero(blocks >= det.cfg.prefix_blocks))
                 warned = det.warning(key, holders, n)
         pipeline = self.fallback if det is not None and det.fallback(now) else self.pipeline
-        if isinstance(pipeline.scorer, SglangCacheAwareScorer):
-            pipeline.scorer.tree_blocks = np.append(self.index.blocks_held(), 0)[self._rows_to_slots()]
+        if TREE_BLOCKS in pipeline.inputs:
+            view.tree_blocks[:n] = np.append(self.index.blocks_held(), 0)[self._rows_to_slots()]
         choice = pipeline.choose(req, view, now, exclude)
         choice.hot_warning = warned
         choice.fallback = "round-robin" if pipeline is self.fallback else ""
@@ -207,7 +220,6 @@ class RouterCore:
         choice.hit_tokens = int(view.hit[i])
         choice.p_tokens = float(view.p[i])
         choice.batch_size = int(view.bs[i])
-        choice.over_budget = self._budget is not None and self._budget.over_budget
         view.note_routed(i, new, -(-new // max(req.block_size, 1)))
         if det is not None:
             det.record(key, choice.worker_id, warned, holders, now)

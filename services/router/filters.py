@@ -4,6 +4,7 @@
 * Accepting: the worker's macro-instance lets it take new requests now (every worker in
   NoDG; only those in their prefill phase under EcoServe, issue 8).
 * Same model as the request.
+* Batch-size cap (seed 000, §5.1): drop instances whose BS has reached the cap.
 * EcoServe (issue 8, a Guard: it narrows the candidates the filters left): on rows of an
   EcoServe macro-instance, keep the workers that pass seed 002's constraint check
   (shared.ecoserve.refusals: TTFT, TPOT, memory) for this request; among those, the ones
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.pipeline import Narrowed
 from tokenyard.shared import config
 from tokenyard.shared.ecoserve import EcoConfig, Refusal, refusals
 from tokenyard.shared.schemas import AdmittedRequest
@@ -51,15 +53,26 @@ class ModelFilter:
 
 
 @dataclass
-class EcoServeFilter:
+class BatchCapFilter:
+    cap: int
+    name: str = "bs-cap"
+
+    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray:
+        return view.batch_size(slice(0, view.n)) < self.cap
+
+
+@dataclass
+class EcoServeGuard:
     name: str = "ecoserve"
     refused: dict[str, int] | None = None
-    """Refusals counted by reason (Refusal names), for metrics and tests."""
+    """Refusals counted by reason (Refusal names), for metrics and tests: a running tally the
+    owner passes in, not per-decision state."""
+    inputs: frozenset[str] = frozenset()
 
-    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
         eco = view.eco[cand]
         if not eco.any():
-            return np.ones(len(cand), dtype=np.bool_)
+            return Narrowed(np.ones(len(cand), dtype=np.bool_))
         rows = cand[eco]
         # Per-row SLOs come from each macro-instance's state; TPOT is the decodes' (their slack).
         why = np.zeros(len(rows), dtype=np.int8)
@@ -93,7 +106,7 @@ class EcoServeFilter:
             load = view.running[rows] + view.waiting[rows]
             least = rows[load == load.min()]
             keep |= cand == min(least, key=lambda i: view.ids[i])
-        return keep
+        return Narrowed(keep, "" if ok.any() else "ecoserve-none-passes")
 
 
 @dataclass

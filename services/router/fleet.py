@@ -10,7 +10,8 @@ BS(i) = running(i) + requests routed to i since its last heartbeat. `hit`, `new`
 are per-decision scratch, set by the core before the filters and scorers run: the current
 request's cached prefix on each row in tokens (looked up once in the KV block index), its
 uncached tokens there, new = max(len − hit, 1) (an engine always computes at least one), and
-P = queued_prefill + new.
+P = queued_prefill + new. `tree_blocks` (blocks the index holds per row) is built only for a
+pipeline that declares it (services/router/pipeline.py, `inputs`).
 Rows of workers silent for `forget_after_s` are dropped (bounded memory); a row is a
 candidate only while fresh (`stale_after_s`).
 """
@@ -47,6 +48,7 @@ class FleetView:
         "hit",
         "new",
         "block_size",
+        "tree_blocks",
     )
     _BOOL = ("healthy", "accepting", "eco")
     """`eco`, `eco_ttft_ms`, `slack_ms`, `ms_per_token`: EcoServe's constraint check (issue 8):

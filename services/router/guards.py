@@ -1,4 +1,4 @@
-"""Guards: filters that keep the multiplicative score honest under overload.
+"""Guards: narrowings that keep the multiplicative score honest under overload.
 
 Why: under overload the bare product P × (BS + 1) sorts requests by size. A long prompt's
 own uncached tokens dominate P on every instance (P ≈ len(r) everywhere), so the product
@@ -15,7 +15,8 @@ ones avoid its queue and pile onto the others.
   (overload), keep those with T ≤ (1 + slack) × min_j T(r, j): the request may not join a
   prefill queue much longer than the shortest one, whatever its size, which is exactly the
   freedom the size-sorting needs. The product still picks among the kept ones.
-* Batch-size cap (seed 000, §5.1): drop instances whose BS has reached the cap.
+The batch-size cap of seed 000 (§5.1) is a plain filter (it looks at one row at a time):
+services/router/filters.py `BatchCapFilter`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.pipeline import OVER_BUDGET, Narrowed
 from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.slo import FINITE_TTFT_TARGET_S
 
@@ -42,30 +44,19 @@ def new_tokens(req: AdmittedRequest, view: FleetView, rows: np.ndarray) -> np.nd
 
 
 @dataclass
-class PrefillBudgetFilter:
+class PrefillBudgetGuard:
     prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S
     budgets_s: tuple[float, ...] = TTFT_BUDGET_S
     slack: float = 0.25
     name: str = "prefill-budget"
-    over_budget: bool = False
-    """Whether the last call found no instance within budget (for the decision's record)."""
+    inputs: frozenset[str] = frozenset()
 
     def budget(self, req: AdmittedRequest) -> float:
         return self.budgets_s[min(max(req.priority, 0), len(self.budgets_s) - 1)]
 
-    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
         p = view.p[cand]  # T = p / rate, compared in tokens
         within = p <= self.budget(req) * self.prefill_tokens_per_s
-        self.over_budget = not within.any()
-        if not self.over_budget:
-            return within
-        return p <= (1.0 + self.slack) * p.min()
-
-
-@dataclass
-class BatchCapFilter:
-    cap: int
-    name: str = "bs-cap"
-
-    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray:
-        return view.batch_size(slice(0, view.n)) < self.cap
+        if within.any():
+            return Narrowed(within)
+        return Narrowed(p <= (1.0 + self.slack) * p.min(), OVER_BUDGET)

@@ -7,20 +7,45 @@ WorkerScorer / WorkerPicker), each a one-method port:
     choice     = picker(scores)       (default: argmin, ties → least recently chosen → worker id)
 
 Scorers read the FleetView arrays, including the prefix-hit lengths the core looked up once
-for this request (`view.hit`); they never query an index themselves. A scorer may also set
-`self.tiebreak` (one value per candidate) during score(): the picker breaks score ties on it
-(lower first) before recency.
+for this request (`view.hit`, `view.new`, `view.p`); they never query an index themselves. A
+scorer that needs a column the core builds only on demand declares it in `inputs` (Dynamo's
+selectors declare the worker inputs they require; today: `tree_blocks`), and the core fills
+it before the pipeline runs. Per-decision results travel back in return values, never as
+attributes left on a scorer or guard: `score` returns `Scored(scores, tiebreak, note)` (the
+picker breaks score ties on the tiebreak, lower first, before recency) and a guard's
+`narrow` returns `Narrowed(keep, note)`; the notes land on the decision (`Choice.notes`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.shared.schemas import AdmittedRequest
+
+TREE_BLOCKS = "tree_blocks"
+"""An on-demand input: blocks the KV index holds per FleetView row (`view.tree_blocks`)."""
+INPUTS = frozenset({TREE_BLOCKS})
+"""Every column a scorer or guard may declare in `inputs`."""
+
+
+class Scored(NamedTuple):
+    scores: np.ndarray
+    """One score per candidate; lower is better; finite (checked by Pipeline.choose)."""
+    tiebreak: np.ndarray | None = None
+    """One value per candidate breaking score ties (lower first), or None."""
+    note: str = ""
+    """What decided, for the decision's record (e.g. SGLang's `balance` / `cache` / `tree`)."""
+
+
+class Narrowed(NamedTuple):
+    keep: np.ndarray
+    """A boolean mask over the candidates: which stay (never all False)."""
+    note: str = ""
+    """Why the guard narrowed as it did, when that is worth recording (e.g. `over-budget`)."""
 
 
 class Filter(Protocol):
@@ -33,16 +58,19 @@ class Filter(Protocol):
 
 class Guard(Protocol):
     name: str
+    inputs: frozenset[str]
 
-    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
         """A boolean mask over `cand` (row indices): which candidates stay. A guard that
         would keep none must keep some (it narrows, it does not refuse)."""
 
 
 class Scorer(Protocol):
     name: str
+    inputs: frozenset[str]
+    """On-demand FleetView columns this scorer reads (a subset of INPUTS)."""
 
-    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
         """One score per candidate row index in `cand`; lower is better."""
 
 
@@ -75,6 +103,9 @@ class ArgminPicker:
         return int(min(best, key=lambda i: view.ids[i]))
 
 
+OVER_BUDGET = "over-budget"
+
+
 @dataclass
 class Choice:
     """A routing decision and its inputs (the shell puts them on its span, the simulator
@@ -99,8 +130,13 @@ class Choice:
     """`round-robin` while the hot-spot detector's fallback holds, else empty."""
     hot_warning: bool = False
     """Stage 1 of the hot-spot detector warned for this request's prefix."""
-    over_budget: bool = False
-    """No candidate could meet the request's TTFT budget; the guard kept the least-queued ones."""
+    notes: tuple[str, ...] = ()
+    """What the guards and the scorer noted on the way (Narrowed.note, Scored.note)."""
+
+    @property
+    def over_budget(self) -> bool:
+        """No candidate could meet the request's TTFT budget (the prefill-budget guard's note)."""
+        return OVER_BUDGET in self.notes
 
 
 @dataclass
@@ -110,6 +146,11 @@ class Pipeline:
     scorer: Scorer
     picker: Picker
     guards: list[Guard] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.inputs = frozenset(self.scorer.inputs).union(*(g.inputs for g in self.guards))
+        if not self.inputs <= INPUTS:
+            raise ValueError(f"pipeline '{self.name}' declares unknown inputs {sorted(self.inputs - INPUTS)}")
 
     def choose(
         self, req: AdmittedRequest, view: FleetView, now: float, exclude: frozenset[str] = frozenset()
@@ -136,18 +177,25 @@ class Pipeline:
             cand = np.flatnonzero(mask)
             if len(cand) == 0:
                 return Choice(None, "every candidate refused", policy=self.name)
+        notes: list[str] = []
         for g in self.guards:
-            kept = cand[g.narrow(req, view, cand)]
+            keep, note = g.narrow(req, view, cand)
+            kept = cand[keep]
             if len(kept) == 0:
                 raise ValueError(f"guard '{g.name}' kept no candidate")
             cand = kept
-        scores = np.asarray(self.scorer.score(req, view, cand), dtype=np.float64)
+            if note:
+                notes.append(note)
+        scored = self.scorer.score(req, view, cand)
+        scores = np.asarray(scored.scores, dtype=np.float64)
         # One sum catches any nan or ±inf (finite scores here are far from overflowing it).
         if scores.shape != cand.shape or not math.isfinite(scores.sum()):
             raise ValueError(f"scorer '{self.scorer.name}' must return one finite score per candidate")
-        tiebreak = getattr(self.scorer, "tiebreak", None)
+        tiebreak = scored.tiebreak
         if tiebreak is not None and (tiebreak.shape != cand.shape or not math.isfinite(tiebreak.sum())):
             raise ValueError(f"scorer '{self.scorer.name}' must give one finite tiebreak per candidate")
+        if scored.note:
+            notes.append(scored.note)
         k = self.picker.pick(view, cand, scores, tiebreak)
         score = float(scores[np.searchsorted(cand, k)])
-        return Choice(view.ids[k], candidates=len(cand), row=k, score=score, policy=self.name)
+        return Choice(view.ids[k], candidates=len(cand), row=k, score=score, policy=self.name, notes=tuple(notes))

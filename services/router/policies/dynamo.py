@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.pipeline import ArgminPicker
+from tokenyard.services.router.pipeline import ArgminPicker, Scored
 from tokenyard.shared.schemas import AdmittedRequest
 
 
@@ -29,13 +29,14 @@ class DynamoScorer:
     prefill_load_scale: float = 1.0
     overlap_credit: float = 1.0
     name: str = "dynamo"
+    inputs: frozenset[str] = frozenset()
 
-    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
         bs = max(req.block_size, 1)
         hit_blocks = view.hit[cand] // bs
         prefill = (view.queued_prefill[cand] + req.prompt_len) / bs - self.overlap_credit * hit_blocks
         decode = view.kv_used[cand] + -(-req.prompt_len // bs)
-        return self.prefill_load_scale * np.maximum(prefill, 0.0) + decode
+        return Scored(self.prefill_load_scale * np.maximum(prefill, 0.0) + decode)
 
 
 class SoftmaxPicker:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.pipeline import Scored
 from tokenyard.shared.schemas import AdmittedRequest
 
 
 class LeastLoadedScorer:
     name = "least-loaded"
+    inputs: frozenset[str] = frozenset()
 
-    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
-        return (view.running[cand] + view.waiting[cand]).astype(np.float64)
+    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
+        return Scored((view.running[cand] + view.waiting[cand]).astype(np.float64))

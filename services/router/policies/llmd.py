@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.router.guards import new_tokens
+from tokenyard.services.router.pipeline import Narrowed, Scored
 from tokenyard.shared.schemas import AdmittedRequest
 
 
@@ -45,8 +46,9 @@ class LlmdWeightedScorer:
     queue_weight: float = 2.0
     kv_weight: float = 2.0
     name: str = "llmd"
+    inputs: frozenset[str] = frozenset()
 
-    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
         q = view.waiting[cand].astype(np.float64)
         lo, hi = q.min(), q.max()
         queue = (hi - q) / (hi - lo) if hi > lo else np.ones(len(cand))
@@ -54,10 +56,8 @@ class LlmdWeightedScorer:
         total = used + view.kv_free[cand]
         kv = 1.0 - np.divide(used, total, out=np.zeros(len(cand)), where=total > 0)
         kv = np.clip(kv, 0.0, 1.0)
-        return -(
-            self.prefix_weight * prefix_score(req, view, cand)
-            + self.queue_weight * queue
-            + self.kv_weight * kv
+        return Scored(
+            -(self.prefix_weight * prefix_score(req, view, cand) + self.queue_weight * queue + self.kv_weight * kv)
         )
 
 
@@ -69,24 +69,26 @@ class LlmdAffinityGuard:
     max_ttft_penalty_s: float = 18.0
     peak_prefill_tokens_per_s: float = 15_928.0
     name: str = "prefix-cache-affinity"
+    inputs: frozenset[str] = frozenset()
 
-    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
         sticky = prefix_score(req, view, cand) >= self.affinity_threshold
         if self.affinity_threshold <= 0 or not sticky.any():
-            return np.ones(len(cand), dtype=np.bool_)
+            return Narrowed(np.ones(len(cand), dtype=np.bool_))
         if sticky.all() or self.max_ttft_penalty_s == 0:
-            return sticky
+            return Narrowed(sticky, "sticky")
         ttft = view.queued_prefill[cand] / self.peak_prefill_tokens_per_s
         if ttft[sticky].min() - ttft[~sticky].min() > self.max_ttft_penalty_s:
-            return np.ones(len(cand), dtype=np.bool_)
-        return sticky
+            return Narrowed(np.ones(len(cand), dtype=np.bool_), "saturated")
+        return Narrowed(sticky, "sticky")
 
 
 @dataclass
 class LlmdTokenLoadScorer:
     queue_threshold_tokens: float = 4_194_304.0
     name: str = "llmd-token-load"
+    inputs: frozenset[str] = frozenset()
 
-    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
         tokens = view.queued_prefill[cand] + new_tokens(req, view, cand)
-        return -(1.0 - np.minimum(tokens / self.queue_threshold_tokens, 1.0))
+        return Scored(-(1.0 - np.minimum(tokens / self.queue_threshold_tokens, 1.0)))

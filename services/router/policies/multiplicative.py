@@ -19,10 +19,11 @@ the guards (services/router/guards.py) are what keep the product from sorting by
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.pipeline import Scored
 from tokenyard.shared.schemas import AdmittedRequest
 
 
@@ -37,10 +38,9 @@ class MultiplicativeScorer:
     exact: bool = False
     log_smooth_above: float | None = None
     name: str = "multiplicative"
-    tiebreak: np.ndarray | None = field(default=None, repr=False)
+    inputs: frozenset[str] = frozenset()
 
-    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
+    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
         p = smooth(view.p[cand], self.log_smooth_above)  # P = queued + new (FleetView.p)
         bs = view.bs[cand]
-        self.tiebreak = p
-        return p * (bs if self.exact else bs + 1)
+        return Scored(p * (bs if self.exact else bs + 1), tiebreak=p)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
+from tokenyard.services.router.pipeline import Scored
 from tokenyard.shared.schemas import AdmittedRequest
 
 
 class RoundRobinScorer:
     name = "round-robin"
+    inputs: frozenset[str] = frozenset()
 
-    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
-        return view.last_chosen[cand].astype(np.float64)
+    def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
+        return Scored(view.last_chosen[cand].astype(np.float64))

@@ -1,0 +1,206 @@
+"""Live routers side by side: tokenyard's fleet against a real peer router, each in front of
+the same kind of simulated workers, the same seeded workload from `tokenyard bench serve`.
+
+    python -m bench.live_router [--workers 4] [--speed 0.25] [--workload chatbot]
+                                [--base-rate R] [--loads 1,3] [--num-prompts N]
+                                [--routers tokenyard,sglang,vllm] [--json FILE]
+
+* tokenyard: `tokenyard up`'s processes (edge, admission, queue, router with its default
+  policy, macro-instance, N `tokenyard worker --engine sim` workers), the client on the edge's
+  HTTP port.
+* sglang: sglang-router from PyPI (`pip install sglang-router`, a Rust binary) with
+  `--policy cache_aware` and its other defaults, in front of N `tokenyard worker --engine sim
+  --http PORT` workers (each also joins a NATS server of its own, which nothing else uses).
+* vllm: vLLM production-stack's router from PyPI (`pip install vllm-router`), `cache_aware`
+  too, in front of the same kind of workers (skipped when not installed).
+
+Every worker runs the a100-llama3-8b profile at `--speed` simulated seconds per wall second
+(below 1: slower than real time), so the simulated GPUs, not the two shared CPU cores of the
+machine this runs on, are the bottleneck: the workload's rate is scaled by `--speed` × workers
+/ 16 from the rate it has on 16 real-time instances (`--base-rate`, default the workload's
+own), and TTFT / TPOT are reported in simulated milliseconds (wall ms × speed). One run per
+(router, load), in turn, never two at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tokenyard.loadgen.config import BenchConfig
+from tokenyard.loadgen.serve import run_bench
+from tokenyard.loadgen.workloads.synthetic import SYNTHETIC
+from tokenyard.services.router.core import DEFAULT_POLICY
+from tokenyard.shared import natsutil
+
+from tokenyard.launcher import FleetProcesses
+
+PROFILE = "a100-llama3-8b"
+KEYS = ("completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
+        "request_throughput", "prefix_hit_ratio")
+TIME_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms")
+PEERS = {  # name → (module run with `python -m`, pip package, arguments)
+    "sglang": ("sglang_router.launch_router", "sglang-router", ["--policy", "cache_aware"]),
+    "vllm": ("vllm_router.launch_router", "vllm-router", ["--policy", "cache_aware"]),
+}
+
+
+def _wait_http(url: str, procs: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"{p.args[0]} exited with code {p.returncode} during start-up")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not ready in {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, Any]:
+    module, package, router_args = PEERS[router]
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise FileNotFoundError(f"{package} is not installed (pip install {package})")
+    server = await natsutil.NatsServer().start()
+    procs: list[subprocess.Popen] = []
+    files = []
+    try:
+        ports = [natsutil.free_port() for _ in range(args.workers)]
+        for i, port in enumerate(ports):
+            out = open(logs / f"{router}-worker-{i}.log", "ab")  # noqa: SIM115
+            files.append(out)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tokenyard.cli", "worker", "--nats", server.url, "--engine", "sim",
+                 "--profile", PROFILE, "--speed", str(args.speed), "--id", f"{router}-w{i}", "--http", str(port)],
+                stdout=out, stderr=out))
+        for port in ports:
+            _wait_http(f"http://127.0.0.1:{port}/health", procs)
+        rport = natsutil.free_port()
+        out = open(logs / f"{router}-router.log", "ab")  # noqa: SIM115
+        files.append(out)
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", module, *router_args, "--host", "127.0.0.1", "--port", str(rport), "--worker-urls", *urls],
+            stdout=out, stderr=out))
+        await asyncio.sleep(0)  # the router checks its workers' health before it listens
+        _wait_http(f"http://127.0.0.1:{rport}/v1/models", procs[-1:], timeout_s=120.0)
+        bench.target = f"http://127.0.0.1:{rport}"
+        return await run_bench(bench)
+    finally:
+        _stop(procs)
+        for f in files:
+            f.close()
+        server.stop()
+
+
+async def _tokenyard(args, bench: BenchConfig, logs: Path) -> dict[str, Any]:
+    fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
+                           router_policy=args.policy, log_dir=str(logs / "tokenyard"))
+    async with fleet:
+        bench.target = fleet.http_url
+        return await run_bench(bench)
+
+
+def _row(res: dict[str, Any], speed: float) -> dict[str, Any]:
+    row = {k: res.get(k) for k in KEYS}
+    for k in TIME_KEYS:  # wall ms → simulated ms
+        if row[k] is not None:
+            row[k] = row[k] * speed
+    return row
+
+
+async def main_async(args) -> dict[str, Any]:
+    logs = Path(args.log_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    base = args.base_rate or SYNTHETIC[args.workload].DEFAULT_RATE
+    rows: list[dict[str, Any]] = []
+    for load in args.loads:
+        rate = base * load * args.speed * args.workers / 16
+        for router in args.routers:
+            bench = BenchConfig(workload=args.workload, num_prompts=args.num_prompts, rate=rate, seed=args.seed,
+                                progress=False, request_timeout_s=args.timeout)
+            t = time.monotonic()
+            try:
+                res = await (_tokenyard(args, bench, logs) if router == "tokenyard" else _peer(router, args, bench, logs))
+            except (FileNotFoundError, RuntimeError, TimeoutError) as e:
+                print(f"{router} ×{load}: skipped: {e}", file=sys.stderr)
+                rows.append({"router": router, "load": load, "rate": rate, "error": str(e)})
+                continue
+            row = {"router": router, "load": load, "rate": rate, "wall_s": round(time.monotonic() - t, 1),
+                   **_row(res, args.speed)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return {"config": {k: v for k, v in vars(args).items() if k != "func"}, "runs": rows}
+
+
+def table(doc: dict[str, Any]) -> str:
+    out = ["| load | router | completed | failed | TTFT p50 (ms) | TTFT p99 (ms) | TTFT mean (ms) | TPOT p99 (ms) | req/s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["runs"]:
+        if "error" in r:
+            out.append(f"| ×{r['load']:g} | {r['router']} | — | — | skipped: {r['error']} | | | | |")
+            continue
+        out.append(f"| ×{r['load']:g} | {r['router']} | {r['completed']} | {r['failed']} | {r['median_ttft_ms']:.0f} | "
+                   f"{r['p99_ttft_ms']:.0f} | {r['mean_ttft_ms']:.0f} | {r['p99_tpot_ms']:.1f} | {r['request_throughput']:.2f} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=4, help="simulated workers behind each router (default 4)")
+    ap.add_argument("--speed", type=float, default=0.25, help="simulated seconds per wall second (default 0.25)")
+    ap.add_argument("--workload", default="chatbot", choices=list(SYNTHETIC), help="default chatbot")
+    ap.add_argument("--base-rate", type=float, default=None,
+                    help="req/s of ×1 on 16 real-time instances (default: the workload's own)")
+    ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 3.0],
+                    help="multiples of the base rate (default 1,3)")
+    ap.add_argument("--num-prompts", type=int, default=300, help="requests per run (default 300)")
+    ap.add_argument("--routers", type=lambda s: s.split(","), default=["tokenyard", "sglang", "vllm"],
+                    help="default tokenyard,sglang,vllm")
+    ap.add_argument("--policy", default=DEFAULT_POLICY, help=f"tokenyard's router policy (default {DEFAULT_POLICY})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    ap.add_argument("--log-dir", default="/tmp/tokenyard-live-router", help="every process's log")
+    ap.add_argument("--json", default=None, metavar="FILE")
+    args = ap.parse_args()
+    unknown = [r for r in args.routers if r != "tokenyard" and r not in PEERS]
+    if unknown:
+        ap.error(f"unknown router(s) {unknown}; known: tokenyard, {', '.join(PEERS)}")
+    doc = asyncio.run(main_async(args))
+    print(table(doc))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""How the default policy (marginal latency, services/router/policies/latency.py) was chosen:
+its terms switched on and off, on the tuning workloads only (the first 3,000 requests of the
+Mooncake conversation trace; ChatBot), 16 × a100-llama3-8b, in the cluster simulator.
+
+    python -m bench.routing_ablation --traces DIR [--loads 1,2,3] [--only own,h0,default]
+                                     [--workloads mooncake-tune,chatbot]
+
+Variants (Q queued prefill tokens, N uncached tokens of r, B running + waiting, B̄ the
+candidates' mean of B, all on instance i; lower cost wins):
+    own        Q + N                             least work left, cache-aware
+    h0         Q + N · (1 + B̄)                   the stall at the fleet's batch only
+    h1         Q + N · (1 + B_i)                 the stall at i's batch only
+    default    Q + N · (1 + (B_i + B̄) / 2)       the router's default
+    kv         default + (B_i + 1) · max(0, Q + N + max_tokens − free KV tokens_i)
+    decode     default + max_tokens · (κ · (C_i + len(r) · B_i) + β · B_i),
+               C_i = KV blocks used × block size + Q, κ = 1e-3, β = 0.33 (a decode step's cost
+               per context token and per sequence in prefill-token times, a100-llama3-8b)
+These are measurements of the default's design, not policies: none of them is offered by the
+router (only `default` is, as `marginal-latency`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+from tokenyard.data import TRACES
+from tokenyard.loadgen.workloads import open_workload
+from tokenyard.services.router import core
+from tokenyard.services.router.pipeline import Scored
+from tokenyard.simulator.cluster import SimConfig
+from tokenyard.simulator.run import simulate
+
+KAPPA, BETA = 1e-3, 0.33
+
+
+@dataclass
+class Variant:
+    name: str
+    stall: str = "mid"  # none | fleet | instance | mid
+    kv: bool = False
+    decode: bool = False
+    inputs: frozenset[str] = frozenset()
+
+    def score(self, req, view, cand) -> Scored:
+        q = view.queued_prefill[cand]
+        n = view.new[cand].astype(np.float64)
+        b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
+        batch = {"none": 0.0, "fleet": b.mean(), "instance": b, "mid": (b + b.mean()) / 2.0}[self.stall]
+        own = q + n
+        cost = own + n * batch
+        out = float(max(req.max_tokens, 1))
+        if self.kv:
+            cost = cost + (b + 1.0) * np.maximum(q + n + out - view.kv_free[cand] * view.block_size[cand], 0.0)
+        if self.decode:
+            ctx = view.kv_used[cand] * view.block_size[cand] + q
+            cost = cost + out * (KAPPA * (ctx + req.prompt_len * b) + BETA * b)
+        return Scored(cost, tiebreak=own)
+
+
+VARIANTS = {
+    "own": Variant("own", stall="none"),
+    "h0": Variant("h0", stall="fleet"),
+    "h1": Variant("h1", stall="instance"),
+    "default": Variant("default"),
+    "kv": Variant("kv", kv=True),
+    "decode": Variant("decode", decode=True),
+}
+MOONCAKE = "mooncake_conversation_trace.jsonl"
+WORKLOADS = {"mooncake-tune": ("trace:{traces}/" + MOONCAKE, 3000), "chatbot": ("chatbot", 3000)}
+
+def trace_dir_spec(spec: str, traces: str) -> str:
+    """`spec` with its trace folder filled in; the bundled traces are gzipped (.jsonl.gz)."""
+    path = spec.format(traces=traces)
+    if path.startswith("trace:") and not Path(path[6:]).exists() and Path(path[6:] + ".gz").exists():
+        path += ".gz"
+    return path
+
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--traces", default=str(TRACES),
+                    help="folder holding mooncake_conversation_trace.jsonl[.gz] (default: the bundled traces)")
+    ap.add_argument("--loads", default="1,2,3")
+    ap.add_argument("--only", default=",".join(VARIANTS), help=f"variants (default all: {','.join(VARIANTS)})")
+    ap.add_argument("--workloads", default="mooncake-tune,chatbot")
+    args = ap.parse_args()
+    for name in args.only.split(","):
+        v = VARIANTS[name]
+        core.POLICIES[f"ablation-{name}"] = lambda cfg, rng, v=v: core.Policy(v)
+    goodput = {"ttft": 2000.0, "tpot": 100.0}
+    print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for wname in args.workloads.split(","):
+        spec, n = WORKLOADS[wname]
+        if "{traces}" in spec and not args.traces:
+            ap.error("--traces DIR is needed for the Mooncake workload")
+        for load in (float(x) for x in args.loads.split(",")):
+            w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load)
+            for name in args.only.split(","):
+                t = time.perf_counter()
+                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=f"ablation-{name}"), goodput)
+                print(f"| {wname} | ×{load:g} | {name} | {r['mean_ttft_ms']:.0f} | {r['median_ttft_ms']:.0f} | "
+                      f"{r['p99_ttft_ms']:.0f} | {r['p99_tpot_ms']:.1f} | {r['prefix_hit_ratio']:.3f} | "
+                      f"{r['request_goodput']:.2f} | {r.get('preemptions', 0)} |", flush=True)
+                print(f"  ({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

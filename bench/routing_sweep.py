@@ -1,0 +1,168 @@
+"""The routing evaluation of docs/results-routing.md: the router's default policy against the
+peers (dynamo, llmd, llmd-token-load, sglang, least-loaded) and the seed's products, on 16 ×
+a100-llama3-8b, at loads ×0.5 … ×3 of each workload's own rate, each point one `tokenyard
+sim --compare` command; then the won/lost table.
+
+    python -m bench.routing_sweep --traces DIR [--jobs 1] [--only mooncake-report,api]
+                                  [--loads 0.5,1,2] [--out docs/results/routing]
+    python -m bench.routing_sweep --table [--out docs/results/routing]   # tables only
+
+Workloads, split into the ones the default was chosen on (tuned) and the ones it is judged
+on (reported):
+  tuned     mooncake-tune    Mooncake conversation trace, requests 0 … 2,999 (its first half
+                             begins there)
+            chatbot          seed 000's ChatBot, 3,000 requests
+  reported  mooncake-report  the same trace, requests 6,016 … 9,015: its second half, unseen
+            api              seed 000's API, 4,000 requests
+            coder            seed 000's Coder, 2,000 requests
+
+A metric is won when, against the best peer in that cell (each metric's own best):
+    mean TTFT ≤ 0.9 × the best peer's,   TPOT p99 ≤ the best peer's,
+    prefix-hit ratio ≥ the best peer's − 0.01,   goodput ≥ the best peer's;
+`ahead` marks a metric better than the best peer's but short of that margin; a cell (row) is
+won when all four metrics are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tokenyard.data import TRACES
+from tokenyard.services.router.core import DEFAULT_POLICY
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = DEFAULT_POLICY
+PEERS = ("dynamo", "llmd", "llmd-token-load", "sglang", "least-loaded")
+
+POLICIES = (DEFAULT, *PEERS, "multiplicative")
+LOADS = (0.5, 1.0, 1.5, 2.0, 3.0)
+GOODPUT = ("ttft:2000", "tpot:100")
+MOONCAKE = "mooncake_conversation_trace.jsonl"
+WORKLOADS: dict[str, tuple[str, int, int, str]] = {
+    # name → (--workload, --num-requests, --skip-requests, tuned | reported)
+    "mooncake-tune": ("trace:{traces}/" + MOONCAKE, 3000, 0, "tuned"),
+    "chatbot": ("chatbot", 3000, 0, "tuned"),
+    "mooncake-report": ("trace:{traces}/" + MOONCAKE, 3000, 6016, "reported"),
+    "api": ("api", 4000, 0, "reported"),
+    "coder": ("coder", 2000, 0, "reported"),
+}
+METRICS = (  # (key, label, better, the winning test against the best peer, format)
+    ("mean_ttft_ms", "TTFT mean (ms)", min, lambda d, b: d <= 0.9 * b, "{:.0f}"),
+    ("p99_tpot_ms", "TPOT p99 (ms)", min, lambda d, b: d <= b, "{:.1f}"),
+    ("prefix_hit_ratio", "hit", max, lambda d, b: d >= b - 0.01, "{:.3f}"),
+    ("request_goodput", "goodput (req/s)", max, lambda d, b: d >= b, "{:.2f}"),
+)
+
+
+def trace_dir_spec(spec: str, traces: str) -> str:
+    """`spec` with its trace folder filled in; the bundled traces are gzipped (.jsonl.gz)."""
+    path = spec.format(traces=traces)
+    if path.startswith("trace:") and not Path(path[6:]).exists() and Path(path[6:] + ".gz").exists():
+        path += ".gz"
+    return path
+
+
+def command(name: str, load: float, out: Path, traces: str) -> list[str]:
+    spec, n, skip, _ = WORKLOADS[name]
+    return [
+        "tokenyard", "sim", "--workload", trace_dir_spec(spec, traces), "--num-requests", str(n),
+        *(["--skip-requests", str(skip)] if skip else []), "--instances", "16", "--profile", "a100-llama3-8b",
+        "--compare", ",".join(POLICIES), "--rate-scale", f"{load:g}", "--goodput", *GOODPUT, "--seed", "0",
+        "--quiet", "--json", str(out / f"{name}_x{load:g}.json"),
+    ]  # fmt: skip
+
+
+def run_point(name: str, load: float, out: Path, traces: str) -> tuple[str, float, float, int]:
+    cmd = command(name, load, out, traces)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "tokenyard.cli", *cmd[1:]], cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode == 0:
+        path = out / f"{name}_x{load:g}.json"
+        doc = json.loads(path.read_text())
+        doc["command"] = shlex.join(cmd).replace(traces, "TRACES").replace(str(ROOT) + "/", "")
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+    else:
+        print(proc.stderr, file=sys.stderr)
+    return name, load, wall, proc.returncode
+
+
+def cell(res: dict[str, dict], key: str, better, wins) -> tuple[str, float, float, str]:
+    """(verdict, default's value, best peer's value, best peer's name) for one metric; the
+    verdict is `won`, `ahead` (better than the best peer, short of the margin) or `lost`."""
+    peers = {p: res[p][key] for p in PEERS if p in res}
+    best = better(peers, key=peers.get)
+    mine = res[DEFAULT][key]
+    if wins(mine, peers[best]):
+        return "won", mine, peers[best], best
+    ahead = mine < peers[best] if better is min else mine > peers[best]
+    return ("ahead" if ahead else "lost"), mine, peers[best], best
+
+
+def tables(out: Path) -> str:
+    lines = []
+    for kind in ("reported", "tuned"):
+        names = [n for n, w in WORKLOADS.items() if w[3] == kind and any(out.glob(f"{n}_x*.json"))]
+        if not names:
+            lines += [f"### {kind.capitalize()} workloads", "", "No point run.", ""]
+            continue
+        lines += [f"### {kind.capitalize()} workloads", "",
+                  "| workload | load | " + " | ".join(m[1] for m in METRICS) + " | cell |",
+                  "|---|---|" + "---|" * (len(METRICS) + 1)]
+        for name in names:
+            for load in LOADS:
+                path = out / f"{name}_x{load:g}.json"
+                if not path.exists():
+                    lines.append(f"| {name} | ×{load:g} | " + " | ".join("not run" for _ in METRICS) + " | — |")
+                    continue
+                res = json.loads(path.read_text())["policies"]
+                parts, all_won = [], True
+                for key, _, better, wins, fmt in METRICS:
+                    verdict, mine, best, who = cell(res, key, better, wins)
+                    all_won &= verdict == "won"
+                    mark = {"won": "**won**", "ahead": "ahead", "lost": "lost"}[verdict]
+                    parts.append(f"{mark} {fmt.format(mine)} vs {fmt.format(best)} ({who})")
+                lines.append(f"| {name} | ×{load:g} | " + " | ".join(parts) + f" | {'**won**' if all_won else 'lost'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--traces", default=str(TRACES),
+                    help="folder holding mooncake_conversation_trace.jsonl[.gz] (default: the bundled traces)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "routing"))
+    ap.add_argument("--jobs", type=int, default=1, help="points run at once (default 1)")
+    ap.add_argument("--only", default=",".join(WORKLOADS), help=f"workloads (default: all: {','.join(WORKLOADS)})")
+    ap.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS))
+    ap.add_argument("--table", action="store_true", help="print the tables of existing results only")
+    args = ap.parse_args()
+    out = Path(args.out)
+    if not args.table:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        bad = [n for n in names if n not in WORKLOADS]
+        if bad:
+            ap.error(f"unknown workload(s) {bad}; known: {', '.join(WORKLOADS)}")
+        if any(WORKLOADS[n][0].startswith("trace:") for n in names) and not args.traces:
+            ap.error("--traces DIR is needed for the Mooncake points")
+        out.mkdir(parents=True, exist_ok=True)
+        points = [(n, float(x)) for n in names for x in args.loads.split(",")]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for name, load, wall, rc in pool.map(lambda p: run_point(*p, out, args.traces or ""), points):
+                print(f"{name} ×{load:g}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {wall:.0f} s", flush=True)
+    print(tables(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,8 +5,10 @@ keeps a private copy of the policy.
 Inputs per worker, from its heartbeat:
   P  pending prefill tokens (accepted, not yet computed)      c  prefill cost, ms per token
   S  saved TPOT slack of its running decodes, ms (None: no decodes) — for a decoding request
-     that has produced g tokens since its first, t ms ago: g·TPOT_SLO − t; S is the minimum
-     over its decodes (a prefill delays every decode of the worker, so the tightest counts)
+     that has produced g tokens since its first, t ms ago: (g + 1)·TPOT_SLO − t, how long its
+     next token may still take with its mean TPOT kept within the SLO (a request that has just
+     produced its first token has a whole TPOT_SLO, not 0); S is the minimum over its decodes
+     (a prefill delays every decode of the worker, so the tightest counts)
   F  free KV blocks                                           u  compute utilisation (0…1)
 
 Estimated prefill time of n more tokens:    T(n) = c · (P + n)
@@ -158,5 +160,8 @@ def ready_for_prefill(slack_ms: float | None, est_prefill_ms: float, cfg: EcoCon
 
 
 def saved_slack_ms(tokens_since_first: int, ms_since_first: float, tpot_slo_ms: float) -> float:
-    """One decoding request's saved TPOT slack: how far ahead of its TPOT SLO it runs."""
-    return tokens_since_first * tpot_slo_ms - ms_since_first
+    """One decoding request's saved TPOT slack: how long its next token may still take, its
+    mean TPOT then within the SLO — (g + 1)·TPOT_SLO − t. Counting only the tokens already
+    made (g·TPOT_SLO − t) gives a decode that has just produced its first token a slack ≤ 0,
+    so every worker holding a fresh decode refuses every prefill (issue 13, fix 3)."""
+    return (tokens_since_first + 1) * tpot_slo_ms - ms_since_first

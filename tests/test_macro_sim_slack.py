@@ -25,17 +25,17 @@ def test_slack_is_the_tightest_decode_ahead_of_its_tpot_slo():
     c = SlackClock(default_tpot_slo_ms=50.0)
     assert c.min_slack_ms() is None
     c.on_step(0.2, [tok("a")], NONE)  # a's first token at 0.2 s
-    assert c.min_slack_ms() == 0.0
+    assert c.min_slack_ms() == 50.0  # a whole TPOT SLO before its second token is late
     c.on_step(0.02, [tok("a"), tok("b")], OWN)  # b's first at 0.22 s, its own SLO 30 ms
-    # a: 1 × 50 − 20 = 30 ms; b: 0 × 30 − 0 = 0 ms
-    assert c.min_slack_ms() == pytest.approx(0.0)
+    # a: 2 × 50 − 20 = 80 ms; b: 1 × 30 − 0 = 30 ms
+    assert c.min_slack_ms() == pytest.approx(30.0)
     for _ in range(4):
         c.on_step(0.02, [tok("a"), tok("b")], OWN)
-    # a: 5 × 50 − 100 = 150; b: 4 × 30 − 80 = 40
-    assert c.min_slack_ms() == pytest.approx(40.0)
+    # a: 6 × 50 − 100 = 200; b: 5 × 30 − 80 = 70
+    assert c.min_slack_ms() == pytest.approx(70.0)
     c.on_step(0.5, [tok("a"), tok("b", finished=True)], NONE)  # a long (mixed) step eats a's slack
-    # a: 6 × 50 − 600 = −300
-    assert c.min_slack_ms() == pytest.approx(-300.0)
+    # a: 7 × 50 − 600 = −250
+    assert c.min_slack_ms() == pytest.approx(-250.0)
     c.forget("a")
     assert c.min_slack_ms() is None
 

@@ -55,12 +55,18 @@ class EcoServeFilter:
     name: str = "ecoserve"
     refused: dict[str, int] | None = None
     """Refusals counted by reason (Refusal names), for metrics and tests."""
+    decisions: int = 0
+    """Routing decisions that had EcoServe rows among their candidates."""
+    fallbacks: int = 0
+    """Of those, the ones where every EcoServe row was refused and the least loaded took the
+    request anyway (seed §3.1.2's last resort; issue 13 counts how often)."""
 
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> np.ndarray:
         eco = view.eco[cand]
         if not eco.any():
             return np.ones(len(cand), dtype=np.bool_)
         rows = cand[eco]
+        self.decisions += 1
         # Per-row SLOs come from each macro-instance's state; TPOT is the decodes' (their slack).
         why = np.zeros(len(rows), dtype=np.int8)
         for ttft in np.unique(view.eco_ttft_ms[rows]):
@@ -90,6 +96,7 @@ class EcoServeFilter:
                 passing = passing[hit == hit.max()]
             keep |= np.isin(cand, passing)
         else:
+            self.fallbacks += 1
             load = view.running[rows] + view.waiting[rows]
             least = rows[load == load.min()]
             keep |= cand == min(least, key=lambda i: view.ids[i])

@@ -2,7 +2,7 @@
 (the sum of its step durations — the same time base on the real clock, ÷ speed, and in the
 cluster simulator):
 
-  saved TPOT slack of request r  = g_r · STP_r − (clock − t_first(r))
+  saved TPOT slack of request r  = (g_r + 1) · STP_r − (clock − t_first(r))   (shared.ecoserve)
       g_r = tokens r produced after its first, STP_r = its TPOT SLO (the request's own, or
       the engine's default); the engine reports the minimum over the requests decoding now
       (None when none decodes): a prefill delays every decode, so the tightest one counts.

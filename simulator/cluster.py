@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tokenyard.loadgen.workloads.blocks import TraceRequest
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
+from tokenyard.services.macro_instance.rolling import RollingConfig
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.router.core import Placement, RouterConfig, RouterCore
 from tokenyard.services.worker.sim.latency import profile as latency_profile
 from tokenyard.shared import schemas
+from tokenyard.shared.ecoserve import EcoConfig
 from tokenyard.shared.hashing import block_hash
 from tokenyard.shared.schemas import GenerateRequest, KVEventBatch, Phase, PriorityClass, Rejected
 from tokenyard.shared.tokenizer import ByteTokenizer
@@ -57,7 +59,31 @@ class SimConfig:
     router_options: dict = field(default_factory=dict)
     """Extra RouterConfig fields (policy knobs), passed as they are."""
     macro_options: dict = field(default_factory=dict)
-    """Extra MacroConfig fields (EcoServe's `rolling` rules and SLOs, `scaling`), as they are."""
+    """Extra MacroConfig fields (EcoServe's `rolling` rules, `scaling`), as they are; the
+    rolling rules' SLOs are replaced by the two below."""
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    """The SLOs the fleet runs to: EcoServe's constraint check and phase rules, and every
+    engine's saved-slack clock. None: EcoConfig's defaults. `simulate` fills them from the
+    goodput SLOs, so a run is held to the SLOs it is scored against (issue 13, fixes 1–2)."""
+
+    def slos(self) -> tuple[float, float]:
+        """(TTFT, TPOT) SLOs in ms, defaults filled in."""
+        eco = EcoConfig()
+        return (
+            eco.ttft_slo_ms if self.ttft_slo_ms is None else self.ttft_slo_ms,
+            eco.tpot_slo_ms if self.tpot_slo_ms is None else self.tpot_slo_ms,
+        )
+
+
+def with_slos(cfg: SimConfig, goodput_ms: dict[str, float] | None) -> SimConfig:
+    """`cfg` with the goodput's TTFT/TPOT SLOs where `cfg` sets none."""
+    g = goodput_ms or {}
+    return replace(
+        cfg,
+        ttft_slo_ms=cfg.ttft_slo_ms if cfg.ttft_slo_ms is not None else g.get("ttft"),
+        tpot_slo_ms=cfg.tpot_slo_ms if cfg.tpot_slo_ms is not None else g.get("tpot"),
+    )
 
 
 @dataclass
@@ -111,12 +137,17 @@ class ClusterSim:
         )
         self.queue = QueueCore(QueueConfig(slots_per_worker=cfg.slots_per_worker), make_policy(cfg.queue_policy))
         self.router = RouterCore(RouterConfig(policy=cfg.policy, seed=cfg.seed, **cfg.router_options))
-        self.macro = (
-            MacroCore(MacroConfig(size=cfg.macro_size, mode=cfg.mode, **cfg.macro_options)) if cfg.macro_size else None
-        )
+        ttft_ms, tpot_ms = cfg.slos()
+        self.macro = None
+        if cfg.macro_size:
+            opts = dict(cfg.macro_options)
+            rolling = opts.pop("rolling", None) or RollingConfig()
+            rolling = replace(rolling, eco=replace(rolling.eco, ttft_slo_ms=ttft_ms, tpot_slo_ms=tpot_ms))
+            self.macro = MacroCore(MacroConfig(size=cfg.macro_size, mode=cfg.mode, rolling=rolling, **opts))
         width = len(str(max(cfg.instances - 1, 0)))
         self.instances = [
-            SimInstance(f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks) for i in range(cfg.instances)
+            SimInstance(f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks, tpot_ms)
+            for i in range(cfg.instances)
         ]
         self.by_id = {inst.id: inst for inst in self.instances}
         self.chains = chains or ChainCache()

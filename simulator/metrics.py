@@ -13,6 +13,9 @@ tokens), plus tokenyard's own:
                                             prefill tokens, BS = running batch (seed 000's
                                             balance metric)
         batch_size_mean_max / _min / max_over_min   of the per-instance time-averaged batch size
+    fleet_slo_ms        the TTFT/TPOT SLOs the fleet ran to (EcoServe's check, engines' slack)
+    ecoserve_filter     decisions with EcoServe candidates, fallbacks (all refused: least
+                        loaded took it), refusals by reason
     preemptions, sim_time_s, wall_s, sim_speed = sim_time_s / wall_s (the only keys that
     depend on the machine; everything else is bit-for-bit a function of the inputs)
 """
@@ -64,6 +67,10 @@ def result(sim: ClusterSim, items: list[TraceRequest], goodput_ms: dict[str, flo
     out["prefix_hit_bound"] = prefix_hit_bound(items, sim.block_size)
     out["load_balance"] = load_balance(sim)
     out["preemptions"] = sum(inst.engine.stats().preemptions for inst in sim.instances)
+    ttft_ms, tpot_ms = sim.cfg.slos()
+    out["fleet_slo_ms"] = {"ttft": ttft_ms, "tpot": tpot_ms}
+    eco = sim.router.ecoserve
+    out["ecoserve_filter"] = {"decisions": eco.decisions, "fallbacks": eco.fallbacks, "refused": dict(eco.refused or {})}
     out["sim_time_s"] = sim.now
     out["wall_s"] = sim.wall_s
     out["sim_speed"] = sim.now / sim.wall_s if sim.wall_s > 0 else 0.0

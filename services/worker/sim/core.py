@@ -31,6 +31,7 @@ from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.services.worker.sim.kv_pool import BlockPool
 from tokenyard.services.worker.sim.kv_tiers import HostTier
 from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.phases import step_shape
 from tokenyard.services.worker.sim.preemption import PreemptionMode, wants_swap
 from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy, allows_prefill
 from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
@@ -51,7 +52,7 @@ class Seq:
 
     __slots__ = (
         "req", "rid", "order", "target", "computed", "generated", "cached", "private",
-        "cached_tokens", "started", "running", "swapped", "_tok", "plen", "max_tokens",
+        "cached_tokens", "started", "running", "swapped", "_tok", "plen", "max_tokens", "remote",
     )
 
     def __init__(self, req: AdmittedRequest, order: int):
@@ -77,6 +78,9 @@ class Seq:
         self._tok = len(self.rid)
         self.plen = req.prompt_len
         self.max_tokens = req.max_tokens
+        self.remote = False
+        """Its prompt's KV was computed on another instance (spatial P/D): it waits for
+        blocks to land in, then decodes."""
 
     @property
     def blocks(self) -> int:
@@ -112,6 +116,10 @@ class SimEngineCore:
         preemption_mode: PreemptionMode | str = PreemptionMode.RECOMPUTE,
         policy: SchedulingPolicy | None = None,
         tpot_slo_ms: float = 100.0,
+        chunked_prefill: bool = True,
+        prefill_only_phase: bool = False,
+        hand_off: bool = False,
+        max_model_len: int = 131_072,
     ):
         self.prof = prof
         self.block_size = block_size
@@ -141,6 +149,18 @@ class SimEngineCore:
         self.slack = SlackClock(tpot_slo_ms)
         self.prefill_ms_per_token = prefill_ms_per_token(prof)
         self.last_tokens = 0
+        # Issue 13's step shapes (phases.py says which step runs what):
+        self.chunked_prefill = chunked_prefill
+        """False: vLLM without chunked prefill — a step prefills whole prompts only, or decodes."""
+        self.prefill_only_phase = prefill_only_phase
+        """True: the prefill phase prefills only (seed 002 §2.2.1); decodes wait for the
+        decode phase, or a step with no prefill to do."""
+        self.hand_off = hand_off
+        """True: a spatial P/D prefill instance — a request leaves after its first token, its
+        KV sent to a decode instance (`handed_off`)."""
+        self.max_model_len = max_model_len
+        self.handed_off: list[tuple[AdmittedRequest, int]] = []
+        """(request, its num_cached_tokens) of each hand-off since the caller last drained it."""
 
     # ── requests ──
     def add(self, req: AdmittedRequest) -> None:
@@ -153,6 +173,31 @@ class SimEngineCore:
         self._order += 1
         self.seqs[req.request_id] = seq
         self.waiting.push(seq)
+
+    def add_prefilled(self, req: AdmittedRequest, cached_tokens: int = 0) -> None:
+        """Spatial P/D's decode leg: `req`'s prompt was prefilled elsewhere and its first token
+        sent; its KV (prompt + that token) arrives here and it decodes the rest. It waits in
+        line for the blocks like any request; `cached_tokens` is the prefill side's prefix hit."""
+        if req.max_tokens <= 1:
+            raise ValueError(f"request {req.request_id} was done at its first token")
+        self.add(req)
+        seq = self.seqs[req.request_id]
+        seq.remote = True
+        seq.started = True
+        seq.computed = seq.target = req.prompt_len
+        seq.generated = 1
+        seq.cached_tokens = cached_tokens
+
+    def _hand_off(self, outputs: list[EngineOutput]) -> None:
+        """Spatial P/D's prefill instance: each request that produced its first token (and is
+        not done) leaves with its KV; its full prompt blocks stay cached here."""
+        for out in outputs:
+            seq = self.seqs.get(out.request_id)
+            if seq is None or out.finished or not seq.running or seq.generated != 1 or seq.computed < seq.target:
+                continue
+            self._finish(seq)
+            self.slack.forget(seq.rid)
+            self.handed_off.append((seq.req, seq.cached_tokens))
 
     def abort(self, request_id: str) -> bool:
         seq = self.seqs.pop(request_id, None)
@@ -189,7 +234,7 @@ class SimEngineCore:
         decodes: list[Seq] = []
         append_decode = decodes.append
         chunks: dict[Seq, int] = {}
-        prefill_ok = allows_prefill(self.phase)
+        prefill_ok, decode_ok, whole, budget = step_shape(self, allows_prefill(self.phase), budget)
         preempted = self.preemptions
         decode_ctx = 0
 
@@ -200,6 +245,8 @@ class SimEngineCore:
                 continue
             c = seq.computed
             if c >= seq.target:  # decoding: a new block when the last one is full
+                if not decode_ok:
+                    continue
                 if c % bs == 0 and not self._grow(seq, c + 1):
                     budget = self._preempt_for(seq, c + 1, budget, decodes, chunks)
                     if not seq.running:
@@ -218,7 +265,7 @@ class SimEngineCore:
 
         scheduled_decodes = len(decodes)
         if prefill_ok:
-            self._admit_waiting(decodes, chunks, budget)
+            self._admit_waiting(decodes, chunks, budget, whole)
 
         # Timing and outputs.
         tokens = len(decodes)
@@ -235,6 +282,8 @@ class SimEngineCore:
         self.last_step_s = dur
         for seq, n in chunks.items():
             self._advance_prefill(seq, n, outputs)
+        if self.hand_off:
+            self._hand_off(outputs)
         append = outputs.append
         for seq in decodes:
             seq.computed += 1  # the previous token's KV
@@ -294,6 +343,7 @@ class SimEngineCore:
             b == 0 or self.waiting or self._aborted or max_steps < 2
             or b > self.prof.max_num_batched_tokens
             or self.policy.step_batch(running) is not running
+            or not self.chunked_prefill or self.prefill_only_phase or self.hand_off
         ):
             return self.step()
         ctx = 0
@@ -371,7 +421,7 @@ class SimEngineCore:
             toks = [_FILLER[(start + p) % _NF] for p in range(k)]
         return EngineOutput(seq.rid, toks, done, "length" if done else None, seq.cached_tokens)
 
-    def _admit_waiting(self, decodes: list[Seq], chunks: dict[Seq, int], budget: int) -> None:
+    def _admit_waiting(self, decodes: list[Seq], chunks: dict[Seq, int], budget: int, whole: bool = False) -> None:
         bs = self.block_size
         pool = self.pool
         waiting = self.waiting
@@ -381,7 +431,15 @@ class SimEngineCore:
             if not self.policy.admit(seq, self):
                 break
             chain = seq.req.block_hashes
-            if seq.swapped:
+            if seq.remote:  # spatial P/D: its KV lands in fresh blocks, then it decodes
+                n = 1
+                need = _cdiv(seq.computed + 1, bs)
+                if need > pool.available:
+                    break
+                pool.allocate(need)
+                seq.private = need
+                seq.remote = False
+            elif seq.swapped:
                 n = 1 if seq.computed >= seq.target else min(seq.target - seq.computed, budget)
                 gpu = pool.match_prefix(chain[: seq.computed // bs])
                 need = _cdiv(seq.computed + n, bs) - gpu
@@ -398,6 +456,8 @@ class SimEngineCore:
                 gpu, host = self._prefix_hit(seq)
                 hit = gpu + host
                 n = min(seq.target - hit * bs, budget)
+                if whole and n < seq.target - hit * bs:
+                    break  # no chunking: the whole prompt in this step, or wait for the next
                 need = _cdiv(hit * bs + n, bs) - gpu
                 if need > pool.available - self._pinned(chain, gpu):
                     break

@@ -200,6 +200,10 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     uses arrival + its class's target)."""
     tpot_slo_ms: float = 0.0
     """Per-request TPOT SLO (SCORPIO); 0 = none."""
+    kv_from: str = ""
+    """Spatial P/D's decode leg: the prefill worker that computed this request's KV and sent
+    its first token; the request goes to a decode worker, which receives the KV and makes
+    the remaining tokens. Empty: a new request."""
 
 
 class RouteDecision(msgspec.Struct, omit_defaults=True):

@@ -7,6 +7,9 @@ clock, in one process, with no NATS (Dynamo's offline replay, not Vidur's re-imp
               KV events of the step ─> RouterCore.on_kv_events (the live worker polls every 20 ms)
     every 100 ms: heartbeats (WorkerCore.heartbeat) ─> router, queue, macro controller;
               MacroCore.plan ─> router (MacroState), workers (WorkerControl); dispatch again
+    spatial P/D (mode pd): a prefill worker's engine hands a request off after its first
+              token ─> KV_ARRIVE at + prompt KV bytes / inter-node bandwidth ─> RouterCore
+              (decode leg, services.router.pd) ─> decode worker: SimEngineCore.add_prefilled
 
 What the shells do around the cores is repeated here and nothing else: the router shell's
 retry with the refusing worker excluded (services.router.core.Placement, as the shell), the queue shell's back-off after an
@@ -20,6 +23,7 @@ import time
 from array import array
 from dataclasses import dataclass, field, replace
 
+import msgspec
 from tokenyard.loadgen.workloads.blocks import TraceRequest
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
@@ -32,7 +36,7 @@ from tokenyard.shared.ecoserve import EcoConfig
 from tokenyard.shared.hashing import block_hash
 from tokenyard.shared.schemas import GenerateRequest, KVEventBatch, Phase, PriorityClass, Rejected
 from tokenyard.shared.tokenizer import ByteTokenizer
-from tokenyard.simulator.events import DISPATCH, STEP_DONE, TICK, EventQueue
+from tokenyard.simulator.events import DISPATCH, KV_ARRIVE, STEP_DONE, TICK, EventQueue
 from tokenyard.simulator.fleet import SimInstance
 
 MODEL = "tokenyard-sim"
@@ -61,6 +65,13 @@ class SimConfig:
     macro_options: dict = field(default_factory=dict)
     """Extra MacroConfig fields (EcoServe's `rolling` rules, `scaling`), as they are; the
     rolling rules' SLOs are replaced by the two below."""
+    chunked_prefill: bool = True
+    """False: every engine runs vLLM without chunked prefill (whole prompts, or decodes)."""
+    prefill_only_phases: bool = False
+    """EcoServe: a worker's prefill phase prefills only (seed 002 §2.2.1), instead of mixing
+    its decodes into the chunks."""
+    pd_prefill: int | None = None
+    """Mode `pd`: prefill workers per macro-instance (MacroConfig.pd_prefill)."""
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     """The SLOs the fleet runs to: EcoServe's constraint check and phase rules, and every
@@ -143,10 +154,18 @@ class ClusterSim:
             opts = dict(cfg.macro_options)
             rolling = opts.pop("rolling", None) or RollingConfig()
             rolling = replace(rolling, eco=replace(rolling.eco, ttft_slo_ms=ttft_ms, tpot_slo_ms=tpot_ms))
+            if cfg.mode == "pd":
+                opts.setdefault("pd_prefill", cfg.pd_prefill)
             self.macro = MacroCore(MacroConfig(size=cfg.macro_size, mode=cfg.mode, rolling=rolling, **opts))
+        elif cfg.mode != "nodg":
+            raise ValueError(f"mode '{cfg.mode}' needs macro-instances (a macro size)")
         width = len(str(max(cfg.instances - 1, 0)))
         self.instances = [
-            SimInstance(f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks, tpot_ms)
+            SimInstance(
+                f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks, tpot_ms,
+                chunked_prefill=cfg.chunked_prefill, prefill_only_phase=cfg.prefill_only_phases,
+                max_model_len=cfg.max_model_len,
+            )
             for i in range(cfg.instances)
         ]
         self.by_id = {inst.id: inst for inst in self.instances}
@@ -160,6 +179,9 @@ class ClusterSim:
         self._dispatch_at = float("-inf")
         """Time of the latest DISPATCH event queued (the queue's back-off end)."""
         self._on_kv = getattr(self.router, "on_kv_events", None)
+        self.legs: list[schemas.AdmittedRequest] = []
+        """Spatial P/D decode legs whose KV has landed but no decode worker took yet."""
+        self.handoffs = 0
 
     # ── the loop ──
     def run(self, items: list[TraceRequest]) -> None:
@@ -182,6 +204,8 @@ class ClusterSim:
                 self._tick(t, more=k < n)
             elif kind == DISPATCH:
                 self._dispatch(t)
+            elif kind == KV_ARRIVE:
+                self._place_leg(data, t)
         self.wall_s = time.perf_counter() - wall0
 
     def _arrive(self, item: TraceRequest, now: float) -> None:
@@ -225,11 +249,40 @@ class ClusterSim:
             self._dispatch_at = self.queue.paused_until
             self.events.push(self._dispatch_at, DISPATCH)
 
+    def _place_leg(self, req: schemas.AdmittedRequest, now: float) -> bool:
+        """A P/D decode leg (its KV sent): to a decode worker, as the router places it; kept
+        for the next tick if none takes it."""
+        placement = Placement(self.router, req)
+        while (choice := placement.next(now)) is not None:
+            inst = self.by_id[choice.worker_id]
+            reply, start = inst.worker.offer(req, inst.engine.stats())
+            if reply.accepted:
+                if start:
+                    self._start(inst, req, now)
+                return True
+            placement.refused(inst.id, reply.reason)
+        self.legs.append(req)
+        return False
+
+    def _hand_off(self, inst: SimInstance, now: float) -> None:
+        """Requests the P/D prefill worker finished prefilling: their KV goes out over the
+        inter-node link; each lands as a decode leg after its transfer time."""
+        for req, cached in inst.engine.handed_off:
+            inst.worker.streams.pop(req.request_id, None)
+            self.reqs[req.request_id].cached_tokens = cached
+            leg = msgspec.structs.replace(req, kv_from=inst.id)
+            self.events.push(now + self.prof.network_s(req.prompt_len), KV_ARRIVE, leg)
+            self.handoffs += 1
+        inst.engine.handed_off.clear()
+
     def _start(self, inst: SimInstance, req: schemas.AdmittedRequest, now: float) -> None:
         st = self.reqs[req.request_id]
         st.worker = inst.id
         try:
-            inst.engine.add(req)
+            if req.kv_from:
+                inst.engine.add_prefilled(req, st.cached_tokens)
+            else:
+                inst.engine.add(req)
         except ValueError:  # larger than the engine's whole KV cache: the live worker errors too
             inst.worker.streams.pop(req.request_id, None)
             st.error = "engine_refused"
@@ -265,6 +318,8 @@ class ClusterSim:
                 # decoding are transport, skipped (a quarter of the run time); the finished
                 # request leaves the worker's stream table as on_output would make it.
                 del streams[out.request_id]
+        if inst.engine.handed_off:
+            self._hand_off(inst, now)
         if self._on_kv is not None:
             events = inst.engine.pool.drain_events()
             if events:
@@ -297,7 +352,9 @@ class ClusterSim:
                     target.worker.on_control(ctl)
                     target.dirty = True
             for inst in self.instances:  # EcoServe: the engine runs the phase its worker says
-                if inst.worker.phase != Phase.MIXED:  # (as WorkerShell._sync_phase does live)
+                if self.cfg.mode == "pd":  # P/D: a prefill worker hands each request off
+                    inst.engine.hand_off = inst.worker.phase == Phase.PREFILL
+                elif inst.worker.phase != Phase.MIXED:  # (as WorkerShell._sync_phase does live)
                     phase = inst.worker.engine_phase(inst.engine.stats())
                     if phase != inst.engine.phase:
                         inst.engine.set_phase(phase)
@@ -307,8 +364,11 @@ class ClusterSim:
         for inst in self.instances:  # an engine that could not schedule anything retries here
             if not inst.busy and inst.engine.has_work():
                 self._step(inst, now)
+        legs, self.legs = self.legs, []
+        for leg in legs:
+            self._place_leg(leg, now)
         self._dispatch(now)
-        if more or len(self.queue) or any(inst.busy or inst.engine.has_work() for inst in self.instances):
+        if more or len(self.queue) or self.legs or any(inst.busy or inst.engine.has_work() for inst in self.instances):
             self.events.push(now + cfg.heartbeat_s, TICK)
 
     def _sample(self, now: float) -> None:

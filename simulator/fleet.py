@@ -22,11 +22,18 @@ class SimInstance:
     __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "pending", "busy_s", "bs_samples", "steps")
 
     def __init__(
-        self, worker_id: str, model: str, prof: LatencyProfile, block_size: int, num_blocks: int, tpot_slo_ms: float
+        self,
+        worker_id: str,
+        model: str,
+        prof: LatencyProfile,
+        block_size: int,
+        num_blocks: int,
+        tpot_slo_ms: float,
+        **engine_options,
     ):
         self.id = worker_id
         self.worker = WorkerCore(WorkerConfig(worker_id=worker_id, model=model, engine="sim"), ByteTokenizer())
-        self.engine = SimEngineCore(prof, block_size=block_size, num_blocks=num_blocks, tpot_slo_ms=tpot_slo_ms)
+        self.engine = SimEngineCore(prof, block_size=block_size, num_blocks=num_blocks, tpot_slo_ms=tpot_slo_ms, **engine_options)
         self.busy = False
         """A step is in flight (its STEP_DONE event is queued)."""
         self.dirty = True

@@ -16,6 +16,7 @@ tokens), plus tokenyard's own:
     fleet_slo_ms        the TTFT/TPOT SLOs the fleet ran to (EcoServe's check, engines' slack)
     ecoserve_filter     decisions with EcoServe candidates, fallbacks (all refused: least
                         loaded took it), refusals by reason
+    pd_handoffs         spatial P/D: requests whose KV went from a prefill to a decode worker
     preemptions, sim_time_s, wall_s, sim_speed = sim_time_s / wall_s (the only keys that
     depend on the machine; everything else is bit-for-bit a function of the inputs)
 """
@@ -71,6 +72,7 @@ def result(sim: ClusterSim, items: list[TraceRequest], goodput_ms: dict[str, flo
     out["fleet_slo_ms"] = {"ttft": ttft_ms, "tpot": tpot_ms}
     eco = sim.router.ecoserve
     out["ecoserve_filter"] = {"decisions": eco.decisions, "fallbacks": eco.fallbacks, "refused": dict(eco.refused or {})}
+    out["pd_handoffs"] = sim.handoffs
     out["sim_time_s"] = sim.now
     out["wall_s"] = sim.wall_s
     out["sim_speed"] = sim.now / sim.wall_s if sim.wall_s > 0 else 0.0

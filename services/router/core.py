@@ -38,6 +38,7 @@ from tokenyard.services.router.guards import (
 )
 from tokenyard.services.router.hotspot import HotspotConfig, HotspotDetector, HotspotFilter
 from tokenyard.services.router.index import BlockIndex
+from tokenyard.services.router.pd import PdLegFilter, pd_decode
 from tokenyard.services.router.pipeline import ArgminPicker, Choice, Filter, Guard, Picker, Pipeline, Scorer
 from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
 from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
@@ -129,6 +130,7 @@ class RouterCore:
             AcceptingFilter(),
             ModelFilter(),
             VbsFilter(),
+            PdLegFilter(),
             *spec.filters,
         ]
         if self.detector is not None:
@@ -157,6 +159,7 @@ class RouterCore:
         for wid in state.workers:
             self.view.set_accepting(wid, wid in state.accepting)
             self.view.set_ecoserve(wid, eco, state.ttft_slo_ms)
+            self.view.set_pd_decode(wid, pd_decode(state, wid))
 
     # ── the decision ──
     def hit_blocks(self, req: AdmittedRequest) -> np.ndarray | None:

@@ -36,7 +36,9 @@ class HealthyFilter:
 class AcceptingFilter:
     name: str = "accepting"
 
-    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray:
+    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray | bool:
+        if req.kv_from:  # a P/D decode leg: services.router.pd decides where it may go
+            return True
         return view.accepting[: view.n].copy()
 
 

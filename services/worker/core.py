@@ -2,7 +2,7 @@
 
 * offer(req)  → accept, or refuse with a reason: draining; in its decode phase (EcoServe:
   a decode-phase worker takes no new request; the router retries one in its prefill
-  phase); wrong model; full (more than `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
+  phase — a spatial P/D decode leg, `kv_from` set, is what a decode worker does take); wrong model; full (more than `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
   request: answered `aborted` so the router stops trying). A request id seen before is
   accepted again without a second generation (a queue redelivery after a crash).
 * Per request, chunk numbering (seq 0, 1, …) and the finished event with usage.
@@ -66,13 +66,14 @@ class WorkerCore:
             return schemas.GenerateReply(rid, True, "duplicate"), False
         if self.draining or not self.healthy:
             return schemas.GenerateReply(rid, False, "draining"), False
-        if self.phase == Phase.DECODE:
+        if self.phase == Phase.DECODE and not req.kv_from:  # a P/D decode leg is what it waits for
             return schemas.GenerateReply(rid, False, "decode phase"), False
         if req.model != self.cfg.model:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
-        self.streams[rid] = _Stream(req)
+        # A decode leg's first token went out from the prefill worker: number on from it.
+        self.streams[rid] = _Stream(req, 1, 1) if req.kv_from else _Stream(req)
         self._remember(self._seen, rid)
         return schemas.GenerateReply(rid, True), True
 

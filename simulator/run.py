@@ -26,6 +26,22 @@ def simulate(
     return (res, series(sim)) if with_series else res
 
 
+def compare_modes(
+    workload,
+    cfg: SimConfig,
+    modes: list[str],
+    goodput_ms: dict[str, float] | None = None,
+    with_series: bool = False,
+):
+    """One result per macro-instance mode (and series if asked), each on the same requests,
+    the same policy and a fresh fleet."""
+    chains = ChainCache()
+    runs = {m: simulate(workload, replace(cfg, mode=m), goodput_ms, chains, with_series) for m in modes}
+    if not with_series:
+        return runs
+    return {m: r[0] for m, r in runs.items()}, {m: r[1] for m, r in runs.items()}
+
+
 def compare(
     workload,
     cfg: SimConfig,

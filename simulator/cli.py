@@ -3,7 +3,7 @@
     tokenyard sim --workload chatbot|api|coder|trace:PATH --instances N --profile P
                   [--policy X | --compare A,B,...]
                   [--macro-size K --mode nodg|ecoserve|pd[,…]] [--no-chunked-prefill]
-                  [--prefill-only-phases] [--pd-prefill K] [--max-model-len N]
+                  [--prefill-only-phases] [--pd-prefill K] [--max-model-len N] [--mitosis]
                   [--queue-policy Q] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
                   [--seed S] [--json FILE] [--plots DIR]
                   [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
@@ -50,6 +50,8 @@ def register(sub) -> None:
     p.add_argument("--pd-prefill", type=int, default=None, metavar="K",
                    help="pd: prefill workers per macro-instance (default: half, rounded up)")
     p.add_argument("--max-model-len", type=int, default=131_072, help="longest prompt + output admitted")
+    p.add_argument("--mitosis", action="store_true",
+                   help="mitosis scaling acted on: workers added and removed as the macro controller says")
     p.add_argument("--queue-policy", default="fcfs")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
@@ -91,6 +93,7 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
         "prefill_only_phases": args.prefill_only_phases,
         "pd_prefill": args.pd_prefill,
         "max_model_len": args.max_model_len,
+        "mitosis": args.mitosis,
         "queue_policy": args.queue_policy,
         "priority_mix": args.priority_mix,
         "seed": args.seed,
@@ -141,6 +144,7 @@ def main(args: argparse.Namespace) -> int:
             prefill_only_phases=args.prefill_only_phases,
             pd_prefill=args.pd_prefill,
             max_model_len=args.max_model_len,
+            mitosis=args.mitosis,
         )
         if len(modes) > 1 and len(policies) > 1:
             raise ValueError("compare several modes or several policies, not both")

@@ -27,6 +27,7 @@ import msgspec
 from tokenyard.loadgen.workloads.blocks import TraceRequest
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
+from tokenyard.services.macro_instance.mitosis import MitosisConfig
 from tokenyard.services.macro_instance.rolling import RollingConfig
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.router.core import Placement, RouterConfig, RouterCore
@@ -36,7 +37,7 @@ from tokenyard.shared.ecoserve import EcoConfig
 from tokenyard.shared.hashing import block_hash
 from tokenyard.shared.schemas import GenerateRequest, KVEventBatch, Phase, PriorityClass, Rejected
 from tokenyard.shared.tokenizer import ByteTokenizer
-from tokenyard.simulator.events import DISPATCH, KV_ARRIVE, STEP_DONE, TICK, EventQueue
+from tokenyard.simulator.events import DISPATCH, KV_ARRIVE, PROVISION, STEP_DONE, TICK, EventQueue
 from tokenyard.simulator.fleet import SimInstance
 
 MODEL = "tokenyard-sim"
@@ -72,6 +73,13 @@ class SimConfig:
     its decodes into the chunks."""
     pd_prefill: int | None = None
     """Mode `pd`: prefill workers per macro-instance (MacroConfig.pd_prefill)."""
+    mitosis: bool = False
+    """Mitosis scaling acted on: the controller grows, splits, shrinks and merges the
+    macro-instances (seed's windows and thresholds, N_upper = the macro size, N_lower = half
+    of it) and the simulator starts and stops workers as it says."""
+    provision_delay_s: float = 30.0
+    """Mitosis: a worker the controller asks for heartbeats this long after (the vLLM
+    worker's engine takes 20–50 s to start before it registers)."""
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     """The SLOs the fleet runs to: EcoServe's constraint check and phase rules, and every
@@ -85,6 +93,12 @@ class SimConfig:
             eco.ttft_slo_ms if self.ttft_slo_ms is None else self.ttft_slo_ms,
             eco.tpot_slo_ms if self.tpot_slo_ms is None else self.tpot_slo_ms,
         )
+
+
+def mitosis_config(macro_size: int) -> MitosisConfig:
+    """The seed's mitosis for macro-instances of `macro_size` (§5.2 sizes them by cluster):
+    split past it, into groups of half of it; windows and thresholds as MitosisConfig's."""
+    return MitosisConfig(n_lower=max(1, macro_size // 2), n_upper=max(2, macro_size))
 
 
 def with_slos(cfg: SimConfig, goodput_ms: dict[str, float] | None) -> SimConfig:
@@ -156,6 +170,8 @@ class ClusterSim:
             rolling = replace(rolling, eco=replace(rolling.eco, ttft_slo_ms=ttft_ms, tpot_slo_ms=tpot_ms))
             if cfg.mode == "pd":
                 opts.setdefault("pd_prefill", cfg.pd_prefill)
+            if cfg.mitosis and "scaling" not in opts:
+                opts["scaling"] = mitosis_config(cfg.macro_size)
             self.macro = MacroCore(MacroConfig(size=cfg.macro_size, mode=cfg.mode, rolling=rolling, **opts))
         elif cfg.mode != "nodg":
             raise ValueError(f"mode '{cfg.mode}' needs macro-instances (a macro size)")
@@ -179,6 +195,18 @@ class ClusterSim:
         self._dispatch_at = float("-inf")
         """Time of the latest DISPATCH event queued (the queue's back-off end)."""
         self._on_kv = getattr(self.router, "on_kv_events", None)
+        self._engine_options = dict(
+            chunked_prefill=cfg.chunked_prefill, prefill_only_phase=cfg.prefill_only_phases,
+            max_model_len=cfg.max_model_len,
+        )
+        self._num_blocks, self._tpot_ms, self._width = num_blocks, tpot_ms, width
+        self.retiring: set[str] = set()
+        """Mitosis: workers told to go; each stops once its last request is done."""
+        self.stopped: set[str] = set()
+        self.scaling_log: list[tuple[float, str, str, str]] = []
+        """Mitosis: (time, add | remove | started | stopped, macro id, worker id)."""
+        self.fleet_samples: list[tuple[float, int, int]] = []
+        """(time, workers running, macro-instances) at every sample tick."""
         self.legs: list[schemas.AdmittedRequest] = []
         """Spatial P/D decode legs whose KV has landed but no decode worker took yet."""
         self.handoffs = 0
@@ -206,6 +234,8 @@ class ClusterSim:
                 self._dispatch(t)
             elif kind == KV_ARRIVE:
                 self._place_leg(data, t)
+            elif kind == PROVISION:
+                self._provisioned(data, t)
         self.wall_s = time.perf_counter() - wall0
 
     def _arrive(self, item: TraceRequest, now: float) -> None:
@@ -331,9 +361,38 @@ class ClusterSim:
         else:
             inst.busy = False
 
+    def _provision(self, plan_ops, now: float) -> None:
+        """Mitosis's ProvisionOps: `add` starts a simulated worker that joins after
+        `provision_delay_s`; `remove` lets the drained worker finish, then stops it."""
+        for op in plan_ops:
+            self.scaling_log.append((now, op.kind, op.macro_id, op.worker_id))
+            if op.kind == "add":
+                self.events.push(now + self.cfg.provision_delay_s, PROVISION, op.macro_id)
+            elif op.kind == "remove":
+                self.retiring.add(op.worker_id)
+
+    def _provisioned(self, macro_id: str, now: float) -> None:
+        wid = f"w{len(self.instances):0{self._width}d}"
+        inst = SimInstance(wid, MODEL, self.prof, self.block_size, self._num_blocks, self._tpot_ms, **self._engine_options)
+        self.instances.append(inst)
+        self.by_id[wid] = inst
+        self.scaling_log.append((now, "started", macro_id, wid))
+
+    def _retire(self, now: float) -> None:
+        for wid in sorted(self.retiring):
+            inst = self.by_id[wid]
+            if not inst.busy and not inst.engine.has_work() and not inst.worker.streams:
+                self.retiring.discard(wid)
+                self.stopped.add(wid)
+                self.scaling_log.append((now, "stopped", "", wid))
+
     def _tick(self, now: float, more: bool = True) -> None:
         cfg = self.cfg
+        if self.retiring:
+            self._retire(now)
         for inst in self.instances:
+            if inst.id in self.stopped:  # a stopped worker sends nothing: it falls silent
+                continue
             if inst.dirty or now - inst.last_hb_s >= cfg.keepalive_s:
                 hb = inst.worker.heartbeat(inst.engine.stats(), now)
                 self.router.on_heartbeat(hb, now)
@@ -346,6 +405,8 @@ class ClusterSim:
             plan = self.macro.plan(now)
             for state in plan.states:
                 self.router.on_macro_state(state)
+            if plan.provision:
+                self._provision(plan.provision, now)
             for ctl in plan.controls:
                 target = self.by_id.get(ctl.worker_id)
                 if target is not None:
@@ -368,11 +429,13 @@ class ClusterSim:
         for leg in legs:
             self._place_leg(leg, now)
         self._dispatch(now)
-        if more or len(self.queue) or self.legs or any(inst.busy or inst.engine.has_work() for inst in self.instances):
+        if more or len(self.queue) or self.legs or self.retiring or any(inst.busy or inst.engine.has_work() for inst in self.instances):
             self.events.push(now + cfg.heartbeat_s, TICK)
 
     def _sample(self, now: float) -> None:
         self.sample_times.append(now)
+        groups = len(self.macro.groups) if self.macro is not None else 0
+        self.fleet_samples.append((now, len(self.instances) - len(self.stopped), groups))
         products = []
         for inst in self.instances:
             s = inst.engine.stats()

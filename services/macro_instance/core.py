@@ -184,7 +184,7 @@ class MacroCore:
             util = sum(x.compute_util for x in loads) / len(loads)
             missing = sum(1 for x in loads if (x.slack_ms is not None and x.slack_ms < 0) or x.prefill_ms() > ttft)
             self.mitosis.observe(mid, now, util, missing / len(loads))
-        for d in self.mitosis.decide(self.groups, now):
+        for d in self.mitosis.decide(self.groups, now, len(self.pending_joins)):
             if d.kind == "grow":
                 self.pending_joins.append(d.macro_id)
                 plan.provision.append(ProvisionOp("add", d.macro_id))

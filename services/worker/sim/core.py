@@ -595,7 +595,8 @@ class SimEngineCore:
             kv_host_blocks_used=host.capacity - host.free,
             kv_host_blocks_free=host.free,
             tpot_slack_ms=self.slack.min_slack_ms(),
-            compute_util=self.last_tokens / self.prof.max_num_batched_tokens,
+            # an idle engine computes nothing, whatever its last step was
+            compute_util=self.last_tokens / self.prof.max_num_batched_tokens if self.has_work() else 0.0,
             prefill_ms_per_token=self.prefill_ms_per_token,
             **(fields(self) if (fields := getattr(self.policy, "heartbeat_fields", None)) else {}),
         )

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tokenyard.loadgen.workloads import open_workload  # noqa: E402
+from tokenyard.services.router.core import RouterConfig  # noqa: E402
 from tokenyard.simulator.cluster import ChainCache, SimConfig  # noqa: E402
 from tokenyard.simulator.run import simulate  # noqa: E402
 
@@ -95,7 +96,7 @@ def main() -> int:
     p.add_argument("--instances", type=int, default=16)
     p.add_argument("--macro-size", type=int, default=4)
     p.add_argument("--profile", default="l20-codellama34b-tp4")
-    p.add_argument("--policy", default="least-loaded")
+    p.add_argument("--policy", default=RouterConfig().policy, help="routing policy (the router's default)")
     p.add_argument("--rates", default="0.1,0.2,0.3,0.4", help="rate scales of the workload")
     p.add_argument("--num-requests", type=int, default=2000)
     p.add_argument("--ttft-ms", type=float, default=3000.0)

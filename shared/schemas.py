@@ -285,6 +285,9 @@ class WorkerControl(msgspec.Struct, omit_defaults=True):
     macro_id: str = ""
     drain: bool = False
     epoch: int = 0
+    mode: str = ""
+    """The macro-instance's mode: `pd` makes a prefill-phase worker hand each request off
+    after its first token (spatial P/D); empty or other modes: it keeps it."""
 
 
 class MacroState(msgspec.Struct, omit_defaults=True):

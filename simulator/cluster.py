@@ -413,9 +413,8 @@ class ClusterSim:
                     target.worker.on_control(ctl)
                     target.dirty = True
             for inst in self.instances:  # EcoServe: the engine runs the phase its worker says
-                if self.cfg.mode == "pd":  # P/D: a prefill worker hands each request off
-                    inst.engine.hand_off = inst.worker.phase == Phase.PREFILL
-                elif inst.worker.phase != Phase.MIXED:  # (as WorkerShell._sync_phase does live)
+                inst.engine.hand_off = inst.worker.hands_off  # spatial P/D's prefill workers
+                if inst.worker.phase != Phase.MIXED:  # (as WorkerShell._sync_phase does live)
                     phase = inst.worker.engine_phase(inst.engine.stats())
                     if phase != inst.engine.phase:
                         inst.engine.set_phase(phase)

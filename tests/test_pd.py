@@ -42,7 +42,7 @@ def test_the_controller_plans_prefill_and_decode_workers():
     assert (m0.mode, m0.workers, m0.accepting) == ("pd", ["w0", "w1", "w2", "w3"], ["w0"])
     assert m0.phases == {"w0": "prefill", "w1": "decode", "w2": "decode", "w3": "decode"}
     assert (m1.workers, m1.phases, m1.accepting) == (["w4"], {"w4": "mixed"}, ["w4"])  # alone: mixed
-    assert WorkerControl("w1", "decode", "m0", epoch=1) in plan.controls
+    assert WorkerControl("w1", "decode", "m0", epoch=1, mode="pd") in plan.controls
 
 
 def test_the_router_sends_new_requests_to_prefill_workers_and_legs_to_decode_workers():

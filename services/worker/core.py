@@ -43,6 +43,8 @@ class WorkerCore:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.phase = Phase.MIXED
+        self.mode = ""
+        """The macro-instance's mode, as its last WorkerControl said."""
         self.macro_id = ""
         self.draining = False
         self.healthy = True
@@ -102,14 +104,23 @@ class WorkerCore:
 
     def on_control(self, ctl: schemas.WorkerControl) -> None:
         self.phase = Phase(ctl.phase)
+        self.mode = ctl.mode
         self.macro_id = ctl.macro_id
         self.draining = ctl.drain
+
+    @property
+    def hands_off(self) -> bool:
+        """Spatial P/D's prefill worker: each request leaves after its first token."""
+        return self.mode == "pd" and self.phase == Phase.PREFILL
 
     def engine_phase(self, stats: EngineStats) -> Phase:
         """The phase to run the engine in (EcoServe): the commanded one, except that a
         worker told to decode first finishes the prefills it already accepted (the ≤ 2
         requests the switch rule allows; parking them would add a whole rotation to their
-        TTFT). It takes no new request meanwhile (offer refuses in the decode phase)."""
+        TTFT). It takes no new request meanwhile (offer refuses in the decode phase).
+        Spatial P/D runs its engines mixed: the roles are in the offers and the hand-off."""
+        if self.mode == "pd":
+            return Phase.MIXED
         if self.phase == Phase.DECODE and stats.queued_prefill_tokens > 0:
             return Phase.PREFILL
         return self.phase

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.request import Request
@@ -27,6 +28,9 @@ from tokenyard.shared import codec, config, schemas, subjects, telemetry
 from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("worker")
+
+LEG_ROUTE_TIMEOUT_S = 5.0
+"""How long a P/D decode leg waits for the router's answer (the queue's route timeout)."""
 
 
 class WorkerShell:
@@ -109,11 +113,32 @@ class WorkerShell:
                             span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
                             span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason])
                         await self.nc.publish(ar.reply_to, codec.encode(event, json=ar.json), headers=hdrs)
+                if self._handed_off(ar.request_id):
+                    await self._send_decode_leg(ar, hdrs)
             except Exception as e:
                 log.exception("generation_failed", request_id=ar.request_id)
                 self.core.streams.pop(ar.request_id, None)
                 error = schemas.Error(ar.request_id, 500, f"engine failed: {e!r}")
                 await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=hdrs)
+
+    def _handed_off(self, request_id: str) -> bool:
+        take = getattr(self.engine, "take_hand_off", None)
+        return take is not None and take(request_id) is not None
+
+    async def _send_decode_leg(self, ar: schemas.AdmittedRequest, hdrs) -> None:
+        """Spatial P/D: the first token went out from here; the router places the rest on a
+        decode worker, which streams on to the same reply subject (numbered from 1)."""
+        self.core.streams.pop(ar.request_id, None)
+        leg = msgspec.structs.replace(ar, kv_from=self.core.cfg.worker_id)
+        try:
+            msg = await self.nc.request(subjects.ROUTE, codec.encode(leg), timeout=LEG_ROUTE_TIMEOUT_S)
+            decision = codec.decode(msg.data, schemas.RouteDecision)
+        except Exception as e:  # no router answered
+            decision = schemas.RouteDecision(ar.request_id, schemas.Outcome.NO_CAPACITY, reason=repr(e))
+        if decision.outcome != schemas.Outcome.ROUTED:
+            log.warning("decode_leg_unplaced", request_id=ar.request_id, reason=decision.reason)
+            error = schemas.Error(ar.request_id, 503, f"no decode worker took the request: {decision.reason}")
+            await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=hdrs)
 
     async def _on_abort(self, msg: Msg) -> None:
         try:
@@ -133,10 +158,15 @@ class WorkerShell:
 
     def _sync_phase(self) -> None:
         """EcoServe: run the engine in the phase the core says (engines without phases, such
-        as vLLM's, only stop taking new requests in their decode phase)."""
+        as vLLM's, only stop taking new requests in their decode phase); spatial P/D: a
+        prefill worker's engine hands requests off (the simulated engine's; vLLM's needs a KV
+        connector, not wired here)."""
         set_phase = getattr(self.engine, "set_phase", None)
         if set_phase is not None:
             set_phase(self.core.engine_phase(self.engine.stats()))
+        set_hand_off = getattr(self.engine, "set_hand_off", None)
+        if set_hand_off is not None:
+            set_hand_off(self.core.hands_off)
 
     async def _publish_heartbeat(self) -> None:
         self._sync_phase()

@@ -94,6 +94,8 @@ def test_phase_switch_rules():
     # issue 13 fix 3: a decode that has just made its first token has a whole TPOT SLO of
     # slack, not 0 (which refused every prefill on its worker)
     assert saved_slack_ms(0, 0.0, 50.0) == 50.0
+    # 9 tokens still to come after the next, at 30 ms: 20 ms saved on each
+    assert saved_slack_ms(0, 0.0, 50.0, 9, 30.0) == 50.0 + 9 * 20.0
 
 
 # ───────────── rolling activation ─────────────

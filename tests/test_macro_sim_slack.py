@@ -40,6 +40,20 @@ def test_slack_is_the_tightest_decode_ahead_of_its_tpot_slo():
     assert c.min_slack_ms() is None
 
 
+def test_slack_counts_the_tokens_still_to_come_at_the_decode_pace():
+    """Issue 13: the mean TPOT is what the SLO scores, so a request with many tokens to come
+    at a decode step faster than its SLO can absorb a long prefill now."""
+    c = SlackClock(default_tpot_slo_ms=50.0)
+    c.on_step(0.2, [tok("a")], NONE, lambda rid: 101)  # 100 tokens after the first
+    # (0 + 1 + 99) × 50 − 0 − 99 × 20 = 3020 ms at 20 ms decode steps
+    assert c.min_slack_ms(20.0) == pytest.approx(3020.0)
+    assert c.min_slack_ms(50.0) == pytest.approx(50.0)  # decoding at the SLO saves nothing
+    for _ in range(99):
+        c.on_step(0.02, [tok("a")], NONE, lambda rid: 101)
+    # its last token is next: 100 × 50 − 99 × 20 = 3020, whatever the pace
+    assert c.min_slack_ms(20.0) == c.min_slack_ms(500.0) == pytest.approx(3020.0)
+
+
 def test_prefill_cost_per_token_is_a_full_chunk_over_its_tokens():
     prof = profile("a100-llama3-8b")
     n = prof.max_num_batched_tokens

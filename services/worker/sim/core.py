@@ -296,7 +296,7 @@ class SimEngineCore:
             else:
                 append(EngineOutput(seq.rid, token, False, None, seq.cached_tokens))
         self.last_tokens = tokens
-        self.slack.on_step(dur, outputs, self._tpot_slo_ms)
+        self.slack.on_step(dur, outputs, self._tpot_slo_ms, self._max_tokens)
         return StepResult(dur, outputs, tokens)
 
     def _preempt_for(self, seq: Seq, end: int, budget: int, decodes: list[Seq], chunks: dict[Seq, int]) -> int:
@@ -319,6 +319,10 @@ class SimEngineCore:
         without side effects where the policy can say so (`folds`, e.g. SCORPIO's credits)."""
         folds = getattr(self.policy, "folds", None)
         return folds(running) if folds is not None else self.policy.step_batch(running) is running
+
+    def _max_tokens(self, request_id: str) -> int:
+        seq = self.seqs.get(request_id)
+        return seq.max_tokens if seq is not None else 0
 
     def _tpot_slo_ms(self, request_id: str) -> float:
         seq = self.seqs.get(request_id)
@@ -405,7 +409,7 @@ class SimEngineCore:
         self.last_step_s = durations[-1]
         self.last_tokens = len(active) - first or len(order)
         total = sum(durations)
-        self.slack.on_step(total, outputs, self._tpot_slo_ms)
+        self.slack.on_step(total, outputs, self._tpot_slo_ms, self._max_tokens)
         return StepResult(total, outputs, sum(len(o.new_token_ids) for o in outputs), j, durations)
 
     def _fold_output(self, seq: Seq, k: int) -> EngineOutput:
@@ -577,9 +581,15 @@ class SimEngineCore:
         queued = 0
         for s in self.waiting:
             queued += s.target - s.computed
+        decoding = ctx = 0
         for s in self.running:
             if s.computed < s.target:
                 queued += s.target - s.computed
+            else:
+                decoding += 1
+                ctx += s.plen + s.generated
+        # the pace of the decodes' tokens still to come: a decode step of the batch now
+        decode_ms = self.prof.step_ms(decoding, decoding, ctx, 0.0)
         host = self.host
         return EngineStats(
             running=len(self.running),
@@ -594,7 +604,7 @@ class SimEngineCore:
             preemptions=self.preemptions,
             kv_host_blocks_used=host.capacity - host.free,
             kv_host_blocks_free=host.free,
-            tpot_slack_ms=self.slack.min_slack_ms(),
+            tpot_slack_ms=self.slack.min_slack_ms(decode_ms),
             # an idle engine computes nothing, whatever its last step was
             compute_util=self.last_tokens / self.prof.max_num_batched_tokens if self.has_work() else 0.0,
             prefill_ms_per_token=self.prefill_ms_per_token,

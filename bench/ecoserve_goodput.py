@@ -41,7 +41,8 @@ SYSTEMS = {
     "ecoserve-pure": {"mode": "ecoserve", "prefill_only_phases": True},
 }
 BASELINES = ("vllm", "sarathi", "distserve")
-KEYS = ("request_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms")
+KEYS = ("request_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
+        "prefix_hit_ratio", "preemptions")
 
 
 def run(args) -> dict:

@@ -47,7 +47,7 @@ KEYS = ("request_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms", 
 
 def run(args) -> dict:
     goodput = {"ttft": args.ttft_ms, "tpot": args.tpot_ms}
-    out: dict = {"workload": args.workload, "instances": args.instances, "macro_size": args.macro_size,
+    out: dict = {"workload": recorded(args.workload), "instances": args.instances, "macro_size": args.macro_size,
                  "profile": args.profile, "policy": args.policy, "slo_ms": goodput, "num_requests": args.num_requests,
                  "pd_prefill": args.pd_prefill, "max_model_len": args.max_model_len, "systems": args.systems,
                  "rows": []}
@@ -81,6 +81,13 @@ def run(args) -> dict:
     print(f"highest swept rate scale with ≥ {args.attainment:.0%} within SLO: "
           + ", ".join(f"{k} {v}" for k, v in out["max_rate_scale"].items()), flush=True)
     return out
+
+
+def recorded(spec: str) -> str:
+    """The workload as the results record it: a trace by its file name (TRACE_DIR/NAME), so
+    no path of the machine that ran it lands in the repository."""
+    kind, _, path = spec.partition(":")
+    return f"trace:TRACE_DIR/{Path(path).name}" if kind == "trace" else spec
 
 
 def print_one(scale: float, name: str, r: dict) -> None:

@@ -31,6 +31,5 @@ for x in 1 2; do
     --mode ecoserve,nodg,pd --json "$out/issue_coder_x$x.json" --quiet
 done
 # 8: mitosis acted on, a load that rises and falls.
-run nice -n 5 .venv/bin/python bench/ecoserve_mitosis.py --profile l20-codellama34b-tp4 --ttft-ms 3000 --tpot-ms 150 \
-  --phases 1:10,8:15,1:35 \
+run nice -n 5 .venv/bin/python bench/ecoserve_mitosis.py --phases 1:10,8:20,1:25 \
   --json "$out/mitosis.json" --plot "$out/mitosis.png"

@@ -4,7 +4,7 @@
                   [--policy X | --compare A,B,...]
                   [--macro-size K --mode nodg|ecoserve|pd[,…]] [--no-chunked-prefill]
                   [--prefill-only-phases] [--pd-prefill K] [--max-model-len N] [--mitosis]
-                  [--queue-policy Q] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
+                  [--queue-policy Q] [--flow-control on|off] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
                   [--seed S] [--json FILE] [--plots DIR]
                   [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
                   [--num-requests N] [--duration S]
@@ -23,6 +23,8 @@ from typing import Any
 
 
 def register(sub) -> None:
+    from tokenyard.services.priority_queue.policies.registry import DEFAULT_POLICY as DEFAULT_QUEUE_POLICY
+    from tokenyard.services.priority_queue.policies.registry import POLICY_NAMES
     from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser(
@@ -52,7 +54,11 @@ def register(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=131_072, help="longest prompt + output admitted")
     p.add_argument("--mitosis", action="store_true",
                    help="mitosis scaling acted on: workers added and removed as the macro controller says")
-    p.add_argument("--queue-policy", default="fcfs")
+    p.add_argument("--queue-policy", default=DEFAULT_QUEUE_POLICY,
+                   help=f"the priority queue's ordering: {', '.join(POLICY_NAMES)} "
+                        "(default: %(default)s, as `tokenyard queue`)")
+    p.add_argument("--flow-control", choices=("on", "off"), default="on",
+                   help="the queue holds the backlog while the fleet is saturated (default: on, as live)")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
     p.add_argument("--seed", type=int, default=0)
@@ -95,6 +101,7 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
         "max_model_len": args.max_model_len,
         "mitosis": args.mitosis,
         "queue_policy": args.queue_policy,
+        "flow_control": args.flow_control,
         "priority_mix": args.priority_mix,
         "seed": args.seed,
         "rate": args.rate,
@@ -137,6 +144,7 @@ def main(args: argparse.Namespace) -> int:
             profile=args.profile,
             policy=policies[0],
             queue_policy=args.queue_policy,
+            flow_control=args.flow_control == "on",
             macro_size=args.macro_size,
             mode=modes[0],
             seed=args.seed,

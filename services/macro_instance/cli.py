@@ -13,23 +13,25 @@ def register(sub) -> None:
     from tokenyard.services.macro_instance.core import MODES
 
     p = sub.add_parser("macro", help="group workers into macro-instances and set their phases")
-    p.add_argument("--nats", default=config.nats_url_from_env())
+    p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
     config.add_metrics_port_argument(p)
-    p.add_argument("--macro-size", type=int, default=4)
-    p.add_argument("--mode", choices=MODES, default="nodg")
+    p.add_argument("--macro-size", type=int, default=4, help="workers per macro-instance")
+    p.add_argument("--mode", choices=MODES, default="nodg",
+                   help="nodg: every worker mixed; ecoserve: workers take turns at prefill; "
+                        "pd: prefill and decode workers (spatial disaggregation)")
     p.add_argument("--pd-prefill", type=int, default=None, help="pd: prefill workers per macro-instance (default half)")
     p.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="EcoServe constraint check: TTFT SLO")
     p.add_argument("--tpot-slo-ms", type=float, default=100.0, help="EcoServe constraint check: TPOT SLO")
     p.add_argument("--min-phase-s", type=float, default=1.0, help="EcoServe: shortest prefill or decode phase")
     p.add_argument("--stagger-s", type=float, default=1.0, help="EcoServe: interval between two activations")
     p.add_argument("--scale", action="store_true", help="mitosis scaling with local worker processes")
-    p.add_argument("--n-lower", type=int, default=2)
-    p.add_argument("--n-upper", type=int, default=8)
-    p.add_argument("--max-workers", type=int, default=16)
-    p.add_argument("--worker-engine", default="sim")
-    p.add_argument("--worker-profile", default="a100-llama3-8b")
-    p.add_argument("--worker-speed", type=float, default=1.0)
-    p.add_argument("--worker-model", default=config.DEFAULT_MODEL)
+    p.add_argument("--n-lower", type=int, default=2, help="with --scale: a macro-instance below this many workers merges with another")
+    p.add_argument("--n-upper", type=int, default=8, help="with --scale: a macro-instance above this many workers splits in two")
+    p.add_argument("--max-workers", type=int, default=16, help="with --scale: most worker processes started")
+    p.add_argument("--worker-engine", default="sim", help="with --scale: engine of the workers it starts")
+    p.add_argument("--worker-profile", default="a100-llama3-8b", help="with --scale: their latency profile")
+    p.add_argument("--worker-speed", type=float, default=1.0, help="with --scale: their simulated seconds per wall second")
+    p.add_argument("--worker-model", default=config.DEFAULT_MODEL, help="with --scale: the model they serve")
     p.set_defaults(func=main)
 
 

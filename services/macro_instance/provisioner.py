@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tokenyard.shared import config, telemetry
+from tokenyard.shared.procs import die_with_parent
 
 log = telemetry.logger("macro")
 
@@ -61,7 +62,8 @@ class LocalProcessProvisioner:
     def add(self, macro_id: str) -> None:
         wid = f"{self.id_prefix}{self._next}"
         self._next += 1
-        self.procs[wid] = subprocess.Popen(self.command(wid), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs[wid] = subprocess.Popen(self.command(wid), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            preexec_fn=die_with_parent())
         log.info("worker_started", worker=wid, macro=macro_id, pid=self.procs[wid].pid)
 
     def remove(self, worker_id: str) -> None:

@@ -1,15 +1,22 @@
-"""EcoServe (partial disaggregation in time) vs NoDG on the cluster simulator: goodput at fixed
-TTFT/TPOT SLOs over a load sweep, same fleet, same requests (issue 8's results).
+"""EcoServe (partial disaggregation in time) against the baselines seed 002 names, on the
+cluster simulator: same fleet, same requests, same SLOs (issue 13's figures).
 
-    .venv/bin/python bench/ecoserve_goodput.py [--workload W] [--instances N] [--macro-size K]
-        [--profile P] [--rates a,b,c] [--num-requests N] [--ttft-ms T] [--tpot-ms T]
-        [--min-phase-s S] [--stagger-s S] [--json FILE]
+    .venv/bin/python bench/ecoserve_goodput.py --workload coder|trace:PATH|… [--profile P]
+        [--instances N] [--macro-size K] [--rates a,b,c] [--num-requests N]
+        [--ttft-ms T] [--tpot-ms T] [--systems vllm,sarathi,distserve,ecoserve,ecoserve-pure]
+        [--pd-prefill K] [--policy P] [--json FILE]
 
-For each rate scale and mode it runs `simulator.run.simulate` (what `tokenyard sim --macro-size K
---mode nodg|ecoserve` runs) with EcoServe's constraint check and phase rules held to the same
-SLOs the goodput counts against. Prints one row per (rate, mode): throughput, goodput, SLO
-attainment, TTFT mean/p99, TPOT mean/p99; then the ratio of goodputs, and the highest swept
-rate at which each mode still meets `--attainment` (default 90%) of requests within SLO.
+Systems (each what `tokenyard sim` runs with the flags shown):
+  vllm           NoDG, no chunked prefill (vLLM as the seed ran it)   --mode nodg --no-chunked-prefill
+  sarathi        NoDG, chunked prefill (vLLM V1's default)           --mode nodg
+  distserve      spatial P/D, KV over the inter-node link            --mode pd [--pd-prefill K]
+  ecoserve       EcoServe, prefill phases mixing in the decodes      --mode ecoserve
+  ecoserve-pure  EcoServe, prefill phases that prefill only (§2.2.1) --mode ecoserve --prefill-only-phases
+Every system runs to the SLOs the goodput counts against (the fleet's engines and EcoServe's
+controller get them). Prints one row per (rate, system): throughput, goodput, SLO attainment,
+TTFT and TPOT mean/p99, EcoServe filter fallbacks; EcoServe's goodput over each baseline's;
+then the highest swept rate each keeps ≥ `--attainment` (90%) of requests within SLO.
+Trace paths are arguments: nothing here names a file outside the repository.
 """
 
 from __future__ import annotations
@@ -22,74 +29,98 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tokenyard.loadgen.workloads import open_workload  # noqa: E402
-from tokenyard.services.macro_instance.rolling import RollingConfig  # noqa: E402
-from tokenyard.shared.ecoserve import EcoConfig  # noqa: E402
+from tokenyard.services.router.core import RouterConfig  # noqa: E402
 from tokenyard.simulator.cluster import ChainCache, SimConfig  # noqa: E402
 from tokenyard.simulator.run import simulate  # noqa: E402
 
-WORKLOADS = {"prefill-heavy": "azure-code", "decode-heavy": "azure-conv"}  # the shipped Azure traces
-KEYS = ("request_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms")
+SYSTEMS = {
+    "vllm": {"mode": "nodg", "chunked_prefill": False},
+    "sarathi": {"mode": "nodg"},
+    "distserve": {"mode": "pd"},
+    "ecoserve": {"mode": "ecoserve"},
+    "ecoserve-pure": {"mode": "ecoserve", "prefill_only_phases": True},
+}
+BASELINES = ("vllm", "sarathi", "distserve")
+KEYS = ("request_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
+        "prefix_hit_ratio", "preemptions")
 
 
 def run(args) -> dict:
-    spec = WORKLOADS.get(args.workload, args.workload)
     goodput = {"ttft": args.ttft_ms, "tpot": args.tpot_ms}
-    eco = {"rolling": RollingConfig(EcoConfig(ttft_slo_ms=args.ttft_ms, tpot_slo_ms=args.tpot_ms),
-                                    min_phase_s=args.min_phase_s, stagger_s=args.stagger_s)}
-    out: dict = {"workload": spec, "instances": args.instances, "macro_size": args.macro_size,
+    out: dict = {"workload": recorded(args.workload), "instances": args.instances, "macro_size": args.macro_size,
                  "profile": args.profile, "policy": args.policy, "slo_ms": goodput, "num_requests": args.num_requests,
-                 "min_phase_s": args.min_phase_s, "stagger_s": args.stagger_s, "rows": []}
+                 "pd_prefill": args.pd_prefill, "max_model_len": args.max_model_len, "systems": args.systems,
+                 "rows": []}
     for scale in args.rates:
-        wl = open_workload(spec, num_requests=args.num_requests, rate_scale=scale, seed=args.seed)
+        wl = open_workload(args.workload, num_requests=args.num_requests, rate_scale=scale, seed=args.seed)
         chains = ChainCache()
         row: dict = {"rate_scale": scale}
-        for mode in ("nodg", "ecoserve"):
+        for name in args.systems:
             cfg = SimConfig(instances=args.instances, profile=args.profile, policy=args.policy,
-                            macro_size=args.macro_size, mode=mode, macro_options=eco if mode == "ecoserve" else {})
+                            macro_size=args.macro_size, pd_prefill=args.pd_prefill,
+                            max_model_len=args.max_model_len, **SYSTEMS[name])
             res = simulate(wl, cfg, goodput, chains)
-            row[mode] = {k: res[k] for k in KEYS} | {
+            row[name] = {k: res[k] for k in KEYS} | {
                 "completed": res["completed"],
                 "attainment": res["request_goodput"] / res["request_throughput"] if res["request_throughput"] else 0.0,
+                "ecoserve_filter": res["ecoserve_filter"],
+                "pd_handoffs": res["pd_handoffs"],
                 "sim_speed": res.get("sim_speed"),
             }
-        row["goodput_ratio"] = row["ecoserve"]["request_goodput"] / max(row["nodg"]["request_goodput"], 1e-9)
+            print_one(scale, name, row[name])
+        for eco in ("ecoserve", "ecoserve-pure"):
+            for base in BASELINES:
+                if eco in row and base in row:
+                    row[f"{eco}/{base}"] = row[eco]["request_goodput"] / max(row[base]["request_goodput"], 1e-9)
+        print("       " + "  ".join(f"{k} {v:.2f}" for k, v in row.items() if "/" in k), flush=True)
         out["rows"].append(row)
-        print_row(row)
-    for mode in ("nodg", "ecoserve"):
-        ok = [r["rate_scale"] for r in out["rows"] if r[mode]["attainment"] >= args.attainment]
-        out[f"max_rate_scale_{mode}"] = max(ok) if ok else None
+    out["max_rate_scale"] = {}
+    for name in args.systems:
+        ok = [r["rate_scale"] for r in out["rows"] if r[name]["attainment"] >= args.attainment]
+        out["max_rate_scale"][name] = max(ok) if ok else None
     print(f"highest swept rate scale with ≥ {args.attainment:.0%} within SLO: "
-          f"nodg {out['max_rate_scale_nodg']}, ecoserve {out['max_rate_scale_ecoserve']}")
+          + ", ".join(f"{k} {v}" for k, v in out["max_rate_scale"].items()), flush=True)
     return out
 
 
-def print_row(row: dict) -> None:
-    for mode in ("nodg", "ecoserve"):
-        r = row[mode]
-        print(f"x{row['rate_scale']:<5} {mode:9} thr {r['request_throughput']:7.2f} good {r['request_goodput']:7.2f} "
-              f"attain {r['attainment']:6.1%} ttft {r['mean_ttft_ms']:8.0f}/{r['p99_ttft_ms']:8.0f} "
-              f"tpot {r['mean_tpot_ms']:6.1f}/{r['p99_tpot_ms']:6.1f}", flush=True)
-    print(f"       goodput ecoserve / nodg = {row['goodput_ratio']:.2f}", flush=True)
+def recorded(spec: str) -> str:
+    """The workload as the results record it: a trace by its file name (TRACE_DIR/NAME), so
+    no path of the machine that ran it lands in the repository."""
+    kind, _, path = spec.partition(":")
+    return f"trace:TRACE_DIR/{Path(path).name}" if kind == "trace" else spec
+
+
+def print_one(scale: float, name: str, r: dict) -> None:
+    f = r["ecoserve_filter"]
+    fb = f" fallbacks {f['fallbacks']}/{f['decisions']}" if f["decisions"] else ""
+    print(f"x{scale:<5} {name:13} thr {r['request_throughput']:6.2f} good {r['request_goodput']:6.2f} "
+          f"attain {r['attainment']:6.1%} ttft {r['mean_ttft_ms']:7.0f}/{r['p99_ttft_ms']:7.0f} "
+          f"tpot {r['mean_tpot_ms']:6.1f}/{r['p99_tpot_ms']:6.1f}{fb}", flush=True)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", default="prefill-heavy", help="prefill-heavy | decode-heavy | any tokenyard sim spec")
+    p.add_argument("--workload", required=True, help="chatbot | api | coder | trace:PATH (tokenyard sim's specs)")
     p.add_argument("--instances", type=int, default=16)
     p.add_argument("--macro-size", type=int, default=4)
-    p.add_argument("--profile", default="a100-llama3-8b")
-    p.add_argument("--policy", default="least-loaded")
-    p.add_argument("--rates", default="1,2,4,8", help="rate scales of the workload")
+    p.add_argument("--profile", default="l20-codellama34b-tp4")
+    p.add_argument("--policy", default=RouterConfig().policy, help="routing policy (the router's default)")
+    p.add_argument("--rates", default="0.1,0.2,0.3,0.4", help="rate scales of the workload")
     p.add_argument("--num-requests", type=int, default=2000)
-    p.add_argument("--ttft-ms", type=float, default=2000.0)
-    p.add_argument("--tpot-ms", type=float, default=100.0)
+    p.add_argument("--ttft-ms", type=float, default=3000.0)
+    p.add_argument("--tpot-ms", type=float, default=150.0)
     p.add_argument("--attainment", type=float, default=0.9)
-    p.add_argument("--min-phase-s", type=float, default=1.0, help="EcoServe: shortest phase")
-    p.add_argument("--stagger-s", type=float, default=1.0, help="EcoServe: interval between activations")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
+    p.add_argument("--pd-prefill", type=int, default=None, help="distserve: prefill workers per macro-instance")
+    p.add_argument("--max-model-len", type=int, default=16384, help="CodeLlama-34B's context (vllm's unchunked budget)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     args.rates = [float(x) for x in args.rates.split(",")]
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown system {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
     out = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

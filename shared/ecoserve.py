@@ -5,8 +5,14 @@ keeps a private copy of the policy.
 Inputs per worker, from its heartbeat:
   P  pending prefill tokens (accepted, not yet computed)      c  prefill cost, ms per token
   S  saved TPOT slack of its running decodes, ms (None: no decodes) — for a decoding request
-     that has produced g tokens since its first, t ms ago: g·TPOT_SLO − t; S is the minimum
-     over its decodes (a prefill delays every decode of the worker, so the tightest counts)
+     that has produced g tokens since its first, t ms ago, with k more to come after its next
+     one (k = max_tokens − 2 − g) at the worker's decode step time d:
+         (g + 1 + k)·TPOT_SLO − t − k·d
+     how long its next token may still be delayed with its mean TPOT — what the SLO scores —
+     kept within the SLO: the time its decodes run ahead of the SLO, already and still to come
+     (a request that has just produced its first token is not at 0; the seed's prefill phase
+     spends what its decode phase saves). S is the minimum over its decodes (a prefill delays
+     every decode of the worker, so the tightest counts)
   F  free KV blocks                                           u  compute utilisation (0…1)
 
 Estimated prefill time of n more tokens:    T(n) = c · (P + n)
@@ -157,6 +163,14 @@ def ready_for_prefill(slack_ms: float | None, est_prefill_ms: float, cfg: EcoCon
     return slack_ms is None or slack_ms >= cfg.slack_factor * est_prefill_ms
 
 
-def saved_slack_ms(tokens_since_first: int, ms_since_first: float, tpot_slo_ms: float) -> float:
-    """One decoding request's saved TPOT slack: how far ahead of its TPOT SLO it runs."""
-    return tokens_since_first * tpot_slo_ms - ms_since_first
+def saved_slack_ms(
+    tokens_since_first: int, ms_since_first: float, tpot_slo_ms: float, still_to_come: int = 0, decode_ms: float = 0.0
+) -> float:
+    """One decoding request's saved TPOT slack: how long its next token may still be delayed,
+    its mean TPOT then within the SLO — (g + 1 + k)·TPOT_SLO − t − k·d with k tokens still to
+    come after the next at d ms each. Counting only the tokens already made (g·TPOT_SLO − t)
+    gives a decode that has just produced its first token a slack ≤ 0, so every worker holding
+    a fresh decode refused every prefill (issue 13, fix 3); k = 0 is the slack of its next
+    token alone."""
+    k = max(still_to_come, 0)
+    return (tokens_since_first + 1 + k) * tpot_slo_ms - ms_since_first - k * decode_ms

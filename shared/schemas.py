@@ -215,6 +215,10 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     prefill_s: float = 0.0
     """Its own prefill as admission predicted it (fastest fresh worker, whole prompt); 0 =
     unknown. The queue releases it by deadline − prefill − H (shared.slo.latest_release_s)."""
+    kv_from: str = ""
+    """Spatial P/D's decode leg: the prefill worker that computed this request's KV and sent
+    its first token; the request goes to a decode worker, which receives the KV and makes
+    the remaining tokens. Empty: a new request."""
 
 
 class RouteDecision(msgspec.Struct, omit_defaults=True):
@@ -305,6 +309,9 @@ class WorkerControl(msgspec.Struct, omit_defaults=True):
     macro_id: str = ""
     drain: bool = False
     epoch: int = 0
+    mode: str = ""
+    """The macro-instance's mode: `pd` makes a prefill-phase worker hand each request off
+    after its first token (spatial P/D); empty or other modes: it keeps it."""
 
 
 class MacroState(msgspec.Struct, omit_defaults=True):

@@ -1,20 +1,24 @@
 """`tokenyard sim` (DESIGN.md §7): replay a workload through the cores on a virtual clock.
 
     tokenyard sim --workload NAME (loadgen.workloads.WORKLOADS) --instances N --profile P
-                  [--policy X | --compare A,B,...] [--macro-size K --mode nodg]
+                  [--policy X | --compare A,B,...]
+                  [--macro-size K --mode nodg|ecoserve|pd[,…]] [--no-chunked-prefill]
+                  [--prefill-only-phases] [--pd-prefill K] [--max-model-len N] [--mitosis]
                   [--queue-policy Q] [--flow-control on|off] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
                   [--seed S] [--json FILE] [--plots DIR]
                   [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
                   [--num-requests N] [--duration S] [--skip-requests N] [--input-len N --output-len N] (synthetic)
 
 `--num-requests` takes the first N requests (of a trace; a synthetic workload makes N, 1000
-by default); `--duration` drops arrivals at or after S virtual seconds (after scaling).
+by default); `--duration` drops arrivals at or after S virtual seconds (after scaling). Several modes
+(`--mode ecoserve,nodg,pd`) run one after the other on the same requests, ratios to the first.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any
 
 
@@ -37,7 +41,20 @@ def register(sub) -> None:
     group.add_argument("--policy", default=None, help="routing policy (default: the router's own default)")
     group.add_argument("--compare", default=None, metavar="A,B,...", help="run several policies; ratios to the first")
     p.add_argument("--macro-size", type=int, default=None, metavar="K", help="group workers into macro-instances of K")
-    p.add_argument("--mode", default="nodg", help="macro-instance mode: nodg (every worker mixed) or ecoserve (rolling prefill phases)")
+    p.add_argument(
+        "--mode", default="nodg",
+        help="macro-instance mode: nodg (every worker mixed), ecoserve (rolling prefill phases), pd (spatial "
+        "prefill/decode workers, KV sent between them); a comma list compares them",
+    )
+    p.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
+                   help="engines prefill whole prompts in steps of their own (vLLM without chunked prefill)")
+    p.add_argument("--prefill-only-phases", action="store_true",
+                   help="ecoserve: a prefill phase prefills only, its decodes wait (seed 002 §2.2.1)")
+    p.add_argument("--pd-prefill", type=int, default=None, metavar="K",
+                   help="pd: prefill workers per macro-instance (default: half, rounded up)")
+    p.add_argument("--max-model-len", type=int, default=131_072, help="longest prompt + output admitted")
+    p.add_argument("--mitosis", action="store_true",
+                   help="mitosis scaling acted on: workers added and removed as the macro controller says")
     p.add_argument("--queue-policy", default=DEFAULT_QUEUE_POLICY,
                    help=f"the priority queue's ordering: {', '.join(POLICY_NAMES)} "
                         "(default: %(default)s, as `tokenyard queue`)")
@@ -85,6 +102,11 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
         "policies": policies,
         "macro_size": args.macro_size,
         "mode": args.mode,
+        "chunked_prefill": args.chunked_prefill,
+        "prefill_only_phases": args.prefill_only_phases,
+        "pd_prefill": args.pd_prefill,
+        "max_model_len": args.max_model_len,
+        "mitosis": args.mitosis,
         "queue_policy": args.queue_policy,
         "flow_control": args.flow_control,
         "priority_mix": args.priority_mix,
@@ -103,10 +125,11 @@ def main(args: argparse.Namespace) -> int:
     from tokenyard.loadgen.workloads import open_workload
     from tokenyard.simulator import report
     from tokenyard.simulator.cluster import ClusterSim, SimConfig
-    from tokenyard.simulator.run import compare
+    from tokenyard.simulator.run import compare, compare_modes
 
     try:
         policies = _policies(args)
+        modes = [m.strip() for m in args.mode.split(",") if m.strip()] or ["nodg"]
         goodput = parse_goodput(args.goodput)
         mix = parse_priority_mix(args.priority_mix)
         if args.instances < 1:
@@ -135,14 +158,26 @@ def main(args: argparse.Namespace) -> int:
             queue_policy=args.queue_policy,
             flow_control=args.flow_control == "on",
             macro_size=args.macro_size,
-            mode=args.mode,
+            mode=modes[0],
             seed=args.seed,
+            chunked_prefill=args.chunked_prefill,
+            prefill_only_phases=args.prefill_only_phases,
+            pd_prefill=args.pd_prefill,
+            max_model_len=args.max_model_len,
+            mitosis=args.mitosis,
         )
-        ClusterSim(cfg, workload.block_tokens)  # bad profile / queue policy / mode fail here
+        if len(modes) > 1 and len(policies) > 1:
+            raise ValueError("compare several modes or several policies, not both")
+        for mode in modes:  # bad profile / queue policy / mode fail here
+            ClusterSim(replace(cfg, mode=mode), workload.block_tokens)
     except (ValueError, KeyError) as e:
         print(f"tokenyard sim: error: {e}", file=sys.stderr)
         return 2
-    results, series = compare(workload, cfg, policies, goodput or None, with_series=True)
+    if len(modes) > 1:
+        results, series = compare_modes(workload, cfg, modes, goodput or None, with_series=True)
+        policies = modes
+    else:
+        results, series = compare(workload, cfg, policies, goodput or None, with_series=True)
     if not args.quiet:
         report.print_results(results, title=f"{args.workload} · {args.instances} × {args.profile}")
     if args.json:

@@ -9,6 +9,9 @@ clock, in one process, with no NATS (Dynamo's offline replay, not Vidur's re-imp
     every 100 ms: heartbeats (WorkerCore.heartbeat) ─> router, queue, admission, macro controller;
               QueueCore.stats ─> admission (as llm.v1.pq.state live);
               MacroCore.plan ─> router (MacroState), workers (WorkerControl); dispatch again
+    spatial P/D (mode pd): a prefill worker's engine hands a request off after its first
+              token ─> KV_ARRIVE at + prompt KV bytes / inter-node bandwidth ─> RouterCore
+              (decode leg, services.router.pd) ─> decode worker: SimEngineCore.add_prefilled
 
 What the shells do around the cores is repeated here and nothing else: the router shell's
 retry with the refusing worker excluded (services.router.core.Placement, as the shell), the queue shell's back-off after an
@@ -20,20 +23,24 @@ from __future__ import annotations
 
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import msgspec
 from tokenyard.loadgen.workloads.blocks import TraceRequest
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
+from tokenyard.services.macro_instance.mitosis import MitosisConfig
+from tokenyard.services.macro_instance.rolling import RollingConfig
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.registry import DEFAULT_POLICY as DEFAULT_QUEUE_POLICY
 from tokenyard.services.router.core import Placement, RouterConfig, RouterCore
 from tokenyard.services.worker.sim.latency import profile as latency_profile
 from tokenyard.shared import schemas
+from tokenyard.shared.ecoserve import EcoConfig
 from tokenyard.shared.hashing import block_hash
 from tokenyard.shared.schemas import GenerateRequest, KVEventBatch, Phase, PriorityClass, Rejected
 from tokenyard.shared.tokenizer import ByteTokenizer
-from tokenyard.simulator.events import DISPATCH, STEP_DONE, TICK, EventQueue
+from tokenyard.simulator.events import DISPATCH, KV_ARRIVE, PROVISION, STEP_DONE, TICK, EventQueue
 from tokenyard.simulator.fleet import SimInstance
 
 MODEL = "tokenyard-sim"
@@ -68,7 +75,51 @@ class SimConfig:
     router_options: dict = field(default_factory=dict)
     """Extra RouterConfig fields (policy knobs), passed as they are."""
     macro_options: dict = field(default_factory=dict)
-    """Extra MacroConfig fields (EcoServe's `rolling` rules and SLOs, `scaling`), as they are."""
+    """Extra MacroConfig fields (EcoServe's `rolling` rules, `scaling`), as they are; the
+    rolling rules' SLOs are replaced by the two below."""
+    chunked_prefill: bool = True
+    """False: every engine runs vLLM without chunked prefill (whole prompts, or decodes)."""
+    prefill_only_phases: bool = False
+    """EcoServe: a worker's prefill phase prefills only (seed 002 §2.2.1), instead of mixing
+    its decodes into the chunks."""
+    pd_prefill: int | None = None
+    """Mode `pd`: prefill workers per macro-instance (MacroConfig.pd_prefill)."""
+    mitosis: bool = False
+    """Mitosis scaling acted on: the controller grows, splits, shrinks and merges the
+    macro-instances (seed's windows and thresholds, N_upper = the macro size, N_lower = half
+    of it) and the simulator starts and stops workers as it says."""
+    provision_delay_s: float = 30.0
+    """Mitosis: a worker the controller asks for heartbeats this long after (the vLLM
+    worker's engine takes 20–50 s to start before it registers)."""
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    """The SLOs the fleet runs to: EcoServe's constraint check and phase rules, and every
+    engine's saved-slack clock. None: EcoConfig's defaults. `simulate` fills them from the
+    goodput SLOs, so a run is held to the SLOs it is scored against (issue 13, fixes 1–2)."""
+
+    def slos(self) -> tuple[float, float]:
+        """(TTFT, TPOT) SLOs in ms, defaults filled in."""
+        eco = EcoConfig()
+        return (
+            eco.ttft_slo_ms if self.ttft_slo_ms is None else self.ttft_slo_ms,
+            eco.tpot_slo_ms if self.tpot_slo_ms is None else self.tpot_slo_ms,
+        )
+
+
+def mitosis_config(macro_size: int) -> MitosisConfig:
+    """The seed's mitosis for macro-instances of `macro_size` (§5.2 sizes them by cluster):
+    split past it, into groups of half of it; windows and thresholds as MitosisConfig's."""
+    return MitosisConfig(n_lower=max(1, macro_size // 2), n_upper=max(2, macro_size))
+
+
+def with_slos(cfg: SimConfig, goodput_ms: dict[str, float] | None) -> SimConfig:
+    """`cfg` with the goodput's TTFT/TPOT SLOs where `cfg` sets none."""
+    g = goodput_ms or {}
+    return replace(
+        cfg,
+        ttft_slo_ms=cfg.ttft_slo_ms if cfg.ttft_slo_ms is not None else g.get("ttft"),
+        tpot_slo_ms=cfg.tpot_slo_ms if cfg.tpot_slo_ms is not None else g.get("tpot"),
+    )
 
 
 @dataclass
@@ -132,12 +183,26 @@ class ClusterSim:
             make_policy(cfg.queue_policy),
         )
         self.router = RouterCore(RouterConfig(policy=cfg.policy, seed=cfg.seed, **cfg.router_options))
-        self.macro = (
-            MacroCore(MacroConfig(size=cfg.macro_size, mode=cfg.mode, **cfg.macro_options)) if cfg.macro_size else None
-        )
+        ttft_ms, tpot_ms = cfg.slos()
+        self.macro = None
+        if cfg.macro_size:
+            opts = dict(cfg.macro_options)
+            rolling = opts.pop("rolling", None) or RollingConfig()
+            rolling = replace(rolling, eco=replace(rolling.eco, ttft_slo_ms=ttft_ms, tpot_slo_ms=tpot_ms))
+            if cfg.mode == "pd":
+                opts.setdefault("pd_prefill", cfg.pd_prefill)
+            if cfg.mitosis and "scaling" not in opts:
+                opts["scaling"] = mitosis_config(cfg.macro_size)
+            self.macro = MacroCore(MacroConfig(size=cfg.macro_size, mode=cfg.mode, rolling=rolling, **opts))
+        elif cfg.mode != "nodg":
+            raise ValueError(f"mode '{cfg.mode}' needs macro-instances (a macro size)")
         width = len(str(max(cfg.instances - 1, 0)))
         self.instances = [
-            SimInstance(f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks, cfg.flow_control)
+            SimInstance(
+                f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks, tpot_ms, cfg.flow_control,
+                chunked_prefill=cfg.chunked_prefill, prefill_only_phase=cfg.prefill_only_phases,
+                max_model_len=cfg.max_model_len,
+            )
             for i in range(cfg.instances)
         ]
         self.by_id = {inst.id: inst for inst in self.instances}
@@ -151,6 +216,21 @@ class ClusterSim:
         self._dispatch_at = float("-inf")
         """Time of the latest DISPATCH event queued (the queue's back-off end)."""
         self._on_kv = getattr(self.router, "on_kv_events", None)
+        self._engine_options = dict(
+            chunked_prefill=cfg.chunked_prefill, prefill_only_phase=cfg.prefill_only_phases,
+            max_model_len=cfg.max_model_len,
+        )
+        self._num_blocks, self._tpot_ms, self._width = num_blocks, tpot_ms, width
+        self.retiring: set[str] = set()
+        """Mitosis: workers told to go; each stops once its last request is done."""
+        self.stopped: set[str] = set()
+        self.scaling_log: list[tuple[float, str, str, str]] = []
+        """Mitosis: (time, add | remove | started | stopped, macro id, worker id)."""
+        self.fleet_samples: list[tuple[float, int, int]] = []
+        """(time, workers running, macro-instances) at every sample tick."""
+        self.legs: list[schemas.AdmittedRequest] = []
+        """Spatial P/D decode legs whose KV has landed but no decode worker took yet."""
+        self.handoffs = 0
 
     # ── the loop ──
     def run(self, items: list[TraceRequest]) -> None:
@@ -173,6 +253,10 @@ class ClusterSim:
                 self._tick(t, more=k < n)
             elif kind == DISPATCH:
                 self._dispatch(t)
+            elif kind == KV_ARRIVE:
+                self._place_leg(data, t)
+            elif kind == PROVISION:
+                self._provisioned(data, t)
         self.wall_s = time.perf_counter() - wall0
 
     def _arrive(self, item: TraceRequest, now: float) -> None:
@@ -221,11 +305,40 @@ class ClusterSim:
             self._dispatch_at = self.queue.paused_until
             self.events.push(self._dispatch_at, DISPATCH)
 
+    def _place_leg(self, req: schemas.AdmittedRequest, now: float) -> bool:
+        """A P/D decode leg (its KV sent): to a decode worker, as the router places it; kept
+        for the next tick if none takes it."""
+        placement = Placement(self.router, req)
+        while (choice := placement.next(now)) is not None:
+            inst = self.by_id[choice.worker_id]
+            reply, start = inst.worker.offer(req, inst.engine.stats())
+            if reply.accepted:
+                if start:
+                    self._start(inst, req, now)
+                return True
+            placement.refused(inst.id, reply.reason)
+        self.legs.append(req)
+        return False
+
+    def _hand_off(self, inst: SimInstance, now: float) -> None:
+        """Requests the P/D prefill worker finished prefilling: their KV goes out over the
+        inter-node link; each lands as a decode leg after its transfer time."""
+        for req, cached in inst.engine.handed_off:
+            inst.worker.streams.pop(req.request_id, None)
+            self.reqs[req.request_id].cached_tokens = cached
+            leg = msgspec.structs.replace(req, kv_from=inst.id)
+            self.events.push(now + self.prof.network_s(req.prompt_len), KV_ARRIVE, leg)
+            self.handoffs += 1
+        inst.engine.handed_off.clear()
+
     def _start(self, inst: SimInstance, req: schemas.AdmittedRequest, now: float) -> None:
         st = self.reqs[req.request_id]
         st.worker = inst.id
         try:
-            inst.engine.add(req)
+            if req.kv_from:
+                inst.engine.add_prefilled(req, st.cached_tokens)
+            else:
+                inst.engine.add(req)
         except ValueError:  # larger than the engine's whole KV cache: the live worker errors too
             inst.worker.streams.pop(req.request_id, None)
             st.error = "engine_refused"
@@ -265,6 +378,8 @@ class ClusterSim:
                 # decoding are transport, skipped (a quarter of the run time); the finished
                 # request leaves the worker's stream table as on_output would make it.
                 del streams[out.request_id]
+        if inst.engine.handed_off:
+            self._hand_off(inst, now)
         if self._on_kv is not None:
             events = inst.engine.pool.drain_events()
             if events:
@@ -276,9 +391,39 @@ class ClusterSim:
         else:
             inst.busy = False
 
+    def _provision(self, plan_ops, now: float) -> None:
+        """Mitosis's ProvisionOps: `add` starts a simulated worker that joins after
+        `provision_delay_s`; `remove` lets the drained worker finish, then stops it."""
+        for op in plan_ops:
+            self.scaling_log.append((now, op.kind, op.macro_id, op.worker_id))
+            if op.kind == "add":
+                self.events.push(now + self.cfg.provision_delay_s, PROVISION, op.macro_id)
+            elif op.kind == "remove":
+                self.retiring.add(op.worker_id)
+
+    def _provisioned(self, macro_id: str, now: float) -> None:
+        wid = f"w{len(self.instances):0{self._width}d}"
+        inst = SimInstance(wid, MODEL, self.prof, self.block_size, self._num_blocks, self._tpot_ms,
+                           self.cfg.flow_control, **self._engine_options)
+        self.instances.append(inst)
+        self.by_id[wid] = inst
+        self.scaling_log.append((now, "started", macro_id, wid))
+
+    def _retire(self, now: float) -> None:
+        for wid in sorted(self.retiring):
+            inst = self.by_id[wid]
+            if not inst.busy and not inst.engine.has_work() and not inst.worker.streams:
+                self.retiring.discard(wid)
+                self.stopped.add(wid)
+                self.scaling_log.append((now, "stopped", "", wid))
+
     def _tick(self, now: float, more: bool = True) -> None:
         cfg = self.cfg
+        if self.retiring:
+            self._retire(now)
         for inst in self.instances:
+            if inst.id in self.stopped:  # a stopped worker sends nothing: it falls silent
+                continue
             if inst.dirty or now - inst.last_hb_s >= cfg.keepalive_s:
                 hb = inst.worker.heartbeat(inst.engine.stats(), now)
                 self.router.on_heartbeat(hb, now)
@@ -292,12 +437,15 @@ class ClusterSim:
             plan = self.macro.plan(now)
             for state in plan.states:
                 self.router.on_macro_state(state)
+            if plan.provision:
+                self._provision(plan.provision, now)
             for ctl in plan.controls:
                 target = self.by_id.get(ctl.worker_id)
                 if target is not None:
                     target.worker.on_control(ctl)
                     target.dirty = True
             for inst in self.instances:  # EcoServe: the engine runs the phase its worker says
+                inst.engine.hand_off = inst.worker.hands_off  # spatial P/D's prefill workers
                 if inst.worker.phase != Phase.MIXED:  # (as WorkerShell._sync_phase does live)
                     phase = inst.worker.engine_phase(inst.engine.stats())
                     if phase != inst.engine.phase:
@@ -310,13 +458,18 @@ class ClusterSim:
                 inst.dirty = True
             if not inst.busy and inst.engine.has_work():
                 self._step(inst, now)
+        legs, self.legs = self.legs, []
+        for leg in legs:
+            self._place_leg(leg, now)
         self._dispatch(now)
         self.admission.on_queue_stats(self.queue.stats("sim-queue", now), now)  # live: every 100 ms
-        if more or len(self.queue) or any(inst.busy or inst.engine.has_work() for inst in self.instances):
+        if more or len(self.queue) or self.legs or self.retiring or any(inst.busy or inst.engine.has_work() for inst in self.instances):
             self.events.push(now + cfg.heartbeat_s, TICK)
 
     def _sample(self, now: float) -> None:
         self.sample_times.append(now)
+        groups = len(self.macro.groups) if self.macro is not None else 0
+        self.fleet_samples.append((now, len(self.instances) - len(self.stopped), groups))
         products = []
         for inst in self.instances:
             s = inst.engine.stats()

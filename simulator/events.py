@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-STEP_DONE, TICK, DISPATCH = range(3)
+STEP_DONE, TICK, DISPATCH, KV_ARRIVE, PROVISION = range(5)
 """Event kinds. Arrivals are not queued: the loop merges the sorted workload with the heap."""
 
 

@@ -13,6 +13,10 @@ tokens), plus tokenyard's own:
                                             prefill tokens, BS = running batch (seed 000's
                                             balance metric)
         batch_size_mean_max / _min / max_over_min   of the per-instance time-averaged batch size
+    fleet_slo_ms        the TTFT/TPOT SLOs the fleet ran to (EcoServe's check, engines' slack)
+    ecoserve_filter     decisions with EcoServe candidates, fallbacks (all refused: least
+                        loaded took it), refusals by reason
+    pd_handoffs         spatial P/D: requests whose KV went from a prefill to a decode worker
     outcomes            per class P0..P3 and in all: refused (by admission: 429 / 503),
                         expired (admitted, then rejected by the queue once its TTFT deadline
                         passed: 429), met_slo / missed_slo (completed with TTFT within / beyond
@@ -73,6 +77,15 @@ def result(sim: ClusterSim, items: list[TraceRequest], goodput_ms: dict[str, flo
     out["outcomes"] = outcomes(sim)
     out["load_balance"] = load_balance(sim)
     out["preemptions"] = sum(inst.engine.stats().preemptions for inst in sim.instances)
+    ttft_ms, tpot_ms = sim.cfg.slos()
+    out["fleet_slo_ms"] = {"ttft": ttft_ms, "tpot": tpot_ms}
+    eco = sim.router.ecoserve
+    out["ecoserve_filter"] = {"decisions": eco.decisions, "fallbacks": eco.fallbacks, "refused": dict(eco.refused or {})}
+    out["pd_handoffs"] = sim.handoffs
+    if sim.scaling_log:
+        out["scaling"] = {k: sum(1 for e in sim.scaling_log if e[1] == k) for k in ("add", "remove", "started", "stopped")}
+        out["scaling"]["workers_max"] = max(n for _, n, _ in sim.fleet_samples)
+        out["scaling"]["workers_min"] = min(n for _, n, _ in sim.fleet_samples)
     out["sim_time_s"] = sim.now
     out["wall_s"] = sim.wall_s
     out["sim_speed"] = sim.now / sim.wall_s if sim.wall_s > 0 else 0.0

@@ -29,6 +29,7 @@ COLUMNS = (
     ("prefill cv", "load_balance.prefill_tokens_cv", "{:.3f}"),
     ("BS max/min", "load_balance.batch_size_max_over_min", "{:.2f}"),
     ("preempt", "preemptions", "{:.0f}"),
+    ("eco fallback", "ecoserve_filter.fallbacks", "{:.0f}"),
     ("speed", "sim_speed", "{:.0f}"),
 )
 """(header, result key, format) of the table; latencies in ms, speed = simulated s / wall s."""

@@ -31,8 +31,10 @@ def seen(c: MacroCore, now: float, *workers: str) -> None:
 
 
 def test_bad_config_is_refused():
-    with pytest.raises(ValueError, match="unknown mode 'pd'; known: nodg, ecoserve"):
-        MacroCore(MacroConfig(mode="pd"))
+    with pytest.raises(ValueError, match="unknown mode 'fudg'; known: nodg, ecoserve, pd"):
+        MacroCore(MacroConfig(mode="fudg"))
+    with pytest.raises(ValueError, match="pd_prefill must leave both roles in a macro-instance of 4: 1 … 3"):
+        MacroCore(MacroConfig(size=4, mode="pd", pd_prefill=4))
     with pytest.raises(ValueError, match="macro-instance size must be ≥ 1"):
         MacroCore(MacroConfig(size=0))
 

@@ -89,8 +89,13 @@ def test_phase_switch_rules():
     assert leaves_prefill(2, 0.0, ECO) and not leaves_prefill(3, 0.89, ECO) and leaves_prefill(3, 0.9, ECO)
     assert ready_for_prefill(None, 1e9, ECO)
     assert ready_for_prefill(150.0, 100.0, ECO) and not ready_for_prefill(149.9, 100.0, ECO)
-    # 10 tokens since the first, 450 ms ago, TPOT SLO 50 ms: 50 ms ahead of schedule
-    assert saved_slack_ms(10, 450.0, 50.0) == 50.0
+    # 9 tokens since the first, 450 ms ago, TPOT SLO 50 ms: the 10th may take 50 ms more
+    assert saved_slack_ms(9, 450.0, 50.0) == 50.0
+    # issue 13 fix 3: a decode that has just made its first token has a whole TPOT SLO of
+    # slack, not 0 (which refused every prefill on its worker)
+    assert saved_slack_ms(0, 0.0, 50.0) == 50.0
+    # 9 tokens still to come after the next, at 30 ms: 20 ms saved on each
+    assert saved_slack_ms(0, 0.0, 50.0, 9, 30.0) == 50.0 + 9 * 20.0
 
 
 # ───────────── rolling activation ─────────────

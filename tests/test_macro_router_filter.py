@@ -50,6 +50,23 @@ def test_none_passes_the_least_loaded_prefill_worker_takes_it():
     beats = [hb("a", pending=20_000, running=3), hb("b", pending=20_000, running=1, waiting=1), hb("c", running=0)]
     r = router(*beats, states=[eco_state(["a", "b", "c"], ["a", "b"])])
     assert r.route(req(), 0.0).worker_id == "b"  # c is in its decode phase
+    assert (r.ecoserve.decisions, r.ecoserve.fallbacks) == (1, 1)
+
+
+def test_a_worker_whose_decode_just_made_its_first_token_takes_a_short_prefill():
+    """Issue 13, fix 3: the engine reports a fresh decode's slack as a whole TPOT SLO (50 ms
+    here), which covers 0.1 × 400 = 40 ms of prefill; it used to report 0, every such worker
+    refused (TPOT) and the filter fell back to the least loaded."""
+    from tokenyard.services.worker.engine import EngineOutput
+    from tokenyard.services.worker.sim.slack import SlackClock
+
+    clock = SlackClock(default_tpot_slo_ms=50.0)
+    clock.on_step(0.2, [EngineOutput("d", [7], False, None)], lambda rid: 0.0)
+    beats = [hb("a", slack=clock.min_slack_ms(), running=1), hb("b", pending=20_000)]
+    r = router(*beats, states=[eco_state(["a", "b"], ["a", "b"])])
+    assert r.route(req(prompt=400), 0.0).worker_id == "a"
+    assert r.ecoserve.refused == {"ttft": 1}
+    assert (r.ecoserve.decisions, r.ecoserve.fallbacks) == (1, 0)
 
 
 def test_the_session_worker_holding_the_prefix_is_preferred():

@@ -137,7 +137,8 @@ def test_stats_count_running_waiting_and_blocks():
     core.step()  # a: 8 of 12
     assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12, compute_util=1.0)
     core.step()  # a: last 4 (first token); b: 4 of 5
-    assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17, tpot_slack_ms=0.0, compute_util=1.0)
+    # a's slack: its 3 tokens after the first, 100 ms each, decode steps of 0 ms (profile zero)
+    assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17, tpot_slack_ms=300.0, compute_util=1.0)
 
 
 # ───────────────────────────── prefix cache ─────────────────────────────

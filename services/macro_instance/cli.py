@@ -1,4 +1,4 @@
-"""`tokenyard macro --nats URL [--macro-size K] [--mode nodg|ecoserve] [--ttft-slo-ms T]
+"""`tokenyard macro --nats URL [--macro-size K] [--mode nodg|ecoserve|pd] [--pd-prefill K] [--ttft-slo-ms T]
 [--tpot-slo-ms T] [--scale --n-lower L --n-upper U --max-workers N --worker-profile P]`.
 
 With `--scale`, mitosis scaling starts and stops `tokenyard worker` processes on this
@@ -16,7 +16,10 @@ def register(sub) -> None:
     p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
     config.add_metrics_port_argument(p)
     p.add_argument("--macro-size", type=int, default=4, help="workers per macro-instance")
-    p.add_argument("--mode", choices=MODES, default="nodg", help="nodg: every worker mixed; ecoserve: workers take turns at prefill")
+    p.add_argument("--mode", choices=MODES, default="nodg",
+                   help="nodg: every worker mixed; ecoserve: workers take turns at prefill; "
+                        "pd: prefill and decode workers (spatial disaggregation)")
+    p.add_argument("--pd-prefill", type=int, default=None, help="pd: prefill workers per macro-instance (default half)")
     p.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="EcoServe constraint check: TTFT SLO")
     p.add_argument("--tpot-slo-ms", type=float, default=100.0, help="EcoServe constraint check: TPOT SLO")
     p.add_argument("--min-phase-s", type=float, default=1.0, help="EcoServe: shortest prefill or decode phase")
@@ -42,7 +45,7 @@ def main(args) -> int:
     from tokenyard.shared.service import run
 
     eco = EcoConfig(ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms)
-    cfg = MacroConfig(size=args.macro_size, mode=args.mode,
+    cfg = MacroConfig(size=args.macro_size, mode=args.mode, pd_prefill=args.pd_prefill,
                       rolling=RollingConfig(eco, min_phase_s=args.min_phase_s, stagger_s=args.stagger_s))
     provisioner = None
     if args.scale:

@@ -10,6 +10,10 @@ its group. Modes:
   ecoserve  rolling activation (services.macro_instance.rolling): each worker alternates
             between its prefill phase (accepting) and its decode phase, staggered so some
             worker of the group always accepts.
+  pd        spatial P/D (DistServe, MoonCake): the group's first `pd_prefill` workers (in
+            join order) are prefill workers (phase `prefill`, accepting new requests, each
+            request handed off after its first token), the rest decode workers (phase
+            `decode`, taking the hand-offs; services.router.pd).
 With `scaling` set, mitosis (services.macro_instance.mitosis) grows, splits, shrinks and
 merges the groups; worker additions and removals go out as ProvisionOps.
 
@@ -26,7 +30,7 @@ from tokenyard.services.macro_instance.rolling import Rolling, RollingConfig
 from tokenyard.shared.ecoserve import WorkerLoad, load_of
 from tokenyard.shared.schemas import Heartbeat, MacroState, Phase, WorkerControl
 
-MODES = ("nodg", "ecoserve")
+MODES = ("nodg", "ecoserve", "pd")
 
 
 @dataclass
@@ -38,6 +42,9 @@ class MacroConfig:
     """EcoServe's phase rules and SLOs (mode `ecoserve`)."""
     scaling: MitosisConfig | None = None
     """Mitosis scaling; None: the fleet is what the heartbeats show."""
+    pd_prefill: int | None = None
+    """Mode `pd`: prefill workers per macro-instance; None: half of it, rounded up. A group
+    of one worker has no decode worker and runs mixed."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,8 @@ class MacroCore:
             raise ValueError(f"unknown mode '{cfg.mode}'; known: {', '.join(MODES)}")
         if cfg.size < 1:
             raise ValueError("macro-instance size must be ≥ 1")
+        if cfg.pd_prefill is not None and not 1 <= cfg.pd_prefill < cfg.size:
+            raise ValueError(f"pd_prefill must leave both roles in a macro-instance of {cfg.size}: 1 … {cfg.size - 1}")
         self.cfg = cfg
         self.reported: dict[str, _Reported] = {}
         self.groups: dict[str, list[str]] = {}
@@ -138,7 +147,8 @@ class MacroCore:
             for w in state.workers:
                 hb = self.reported[w].hb
                 if hb.macro_id != mid or hb.phase != state.phases[w]:
-                    plan.controls.append(WorkerControl(w, state.phases[w], mid, epoch=state.epoch))
+                    mode = "pd" if state.mode == "pd" else ""  # the only mode a worker acts on itself
+                    plan.controls.append(WorkerControl(w, state.phases[w], mid, epoch=state.epoch, mode=mode))
         for w in sorted(self.retiring):
             if not self.reported[w].hb.draining:
                 plan.controls.append(WorkerControl(w, self.reported[w].hb.phase, "", drain=True))
@@ -158,6 +168,10 @@ class MacroCore:
             eco = self.cfg.rolling.eco
             state = MacroState(mid, self.cfg.mode, list(ws), phases, r.accepting(ws), epoch, now,
                                eco.ttft_slo_ms, eco.tpot_slo_ms)
+        elif self.cfg.mode == "pd" and len(ws) > 1:
+            phases = pd_roles(ws, self.cfg.pd_prefill)
+            accepting = [w for w in ws if phases[w] == Phase.PREFILL]
+            state = MacroState(mid, self.cfg.mode, list(ws), phases, accepting, epoch, now)
         else:
             state = MacroState(mid, self.cfg.mode, list(ws), {w: str(Phase.MIXED) for w in ws}, list(ws), epoch, now)
         self.states[mid] = state
@@ -171,7 +185,7 @@ class MacroCore:
             util = sum(x.compute_util for x in loads) / len(loads)
             missing = sum(1 for x in loads if (x.slack_ms is not None and x.slack_ms < 0) or x.prefill_ms() > ttft)
             self.mitosis.observe(mid, now, util, missing / len(loads))
-        for d in self.mitosis.decide(self.groups, now):
+        for d in self.mitosis.decide(self.groups, now, len(self.pending_joins)):
             if d.kind == "grow":
                 self.pending_joins.append(d.macro_id)
                 plan.provision.append(ProvisionOp("add", d.macro_id))
@@ -193,3 +207,11 @@ class MacroCore:
         for mid in [m for m, ws in self.groups.items() if not ws]:
             self._drop(mid)
             changed.add(mid)
+
+
+def pd_roles(workers: list[str], prefill: int | None) -> dict[str, str]:
+    """Spatial P/D roles of a group: the first `prefill` workers (half, rounded up, when
+    None; at least one of each role) prefill, the rest decode."""
+    n = len(workers)
+    k = min(max(1, -(-n // 2) if prefill is None else prefill), n - 1)
+    return {w: str(Phase.PREFILL if i < k else Phase.DECODE) for i, w in enumerate(workers)}

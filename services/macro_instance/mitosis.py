@@ -62,7 +62,10 @@ class _History:
 
     def add(self, t: float, u: float, v: float, keep_s: float) -> None:
         self.samples.append((t, u, v))
-        while self.samples and t - self.samples[0][0] > keep_s:
+        # Keep one sample at or past the window's far edge: dropping every sample older than
+        # the window left a history that never spanned it (ticks rarely land on its edge
+        # exactly), so a window as long as the longest one — shrink's — never filled.
+        while len(self.samples) > 1 and t - self.samples[1][0] >= keep_s:
             self.samples.popleft()
 
     def mean_over(self, now: float, window_s: float) -> tuple[float, float] | None:
@@ -89,10 +92,11 @@ class Mitosis:
         h = self.hist.get(mid)
         return h.mean_over(now, window_s) if h else None
 
-    def decide(self, groups: dict[str, list[str]], now: float) -> list[Decision]:
-        """The actions for this tick, given the groups (macro id → workers, in order)."""
+    def decide(self, groups: dict[str, list[str]], now: float, starting: int = 0) -> list[Decision]:
+        """The actions for this tick, given the groups (macro id → workers, in order) and the
+        workers asked for and not yet joined (`starting`: they count against max_workers)."""
         cfg = self.cfg
-        total = sum(len(ws) for ws in groups.values())
+        total = sum(len(ws) for ws in groups.values()) + starting
         out: list[Decision] = []
         acted: set[str] = set()
         for mid in sorted(groups):

@@ -38,6 +38,7 @@ from tokenyard.services.router.guards import (
 )
 from tokenyard.services.router.hotspot import HotspotConfig, HotspotDetector, HotspotFilter
 from tokenyard.services.router.index import BlockIndex
+from tokenyard.services.router.pd import PdLegFilter, pd_decode
 from tokenyard.services.router.pipeline import (
     TREE_BLOCKS,
     ArgminPicker,
@@ -144,6 +145,7 @@ class RouterCore:
             AcceptingFilter(),
             ModelFilter(),
             VbsFilter(),
+            PdLegFilter(),
             *spec.filters,
         ]
         if self.detector is not None:
@@ -171,6 +173,7 @@ class RouterCore:
         for wid in state.workers:
             self.view.set_accepting(wid, wid in state.accepting)
             self.view.set_ecoserve(wid, eco, state.ttft_slo_ms)
+            self.view.set_pd_decode(wid, pd_decode(state, wid))
 
     # ── the decision ──
     def hit_blocks(self, req: AdmittedRequest) -> np.ndarray | None:

@@ -38,7 +38,9 @@ class HealthyFilter:
 class AcceptingFilter:
     name: str = "accepting"
 
-    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray:
+    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray | bool:
+        if req.kv_from:  # a P/D decode leg: services.router.pd decides where it may go
+            return True
         return view.accepting[: view.n].copy()
 
 
@@ -68,12 +70,18 @@ class EcoServeGuard:
     """Refusals counted by reason (Refusal names), for metrics and tests: a running tally the
     owner passes in, not per-decision state."""
     inputs: frozenset[str] = frozenset()
+    decisions: int = 0
+    """Routing decisions that had EcoServe rows among their candidates."""
+    fallbacks: int = 0
+    """Of those, the ones where every EcoServe row was refused and the least loaded took the
+    request anyway (seed §3.1.2's last resort; issue 13 counts how often)."""
 
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
         eco = view.eco[cand]
         if not eco.any():
             return Narrowed(np.ones(len(cand), dtype=np.bool_))
         rows = cand[eco]
+        self.decisions += 1
         # Per-row SLOs come from each macro-instance's state; TPOT is the decodes' (their slack).
         why = np.zeros(len(rows), dtype=np.int8)
         for ttft in np.unique(view.eco_ttft_ms[rows]):
@@ -103,6 +111,7 @@ class EcoServeGuard:
                 passing = passing[hit == hit.max()]
             keep |= np.isin(cand, passing)
         else:
+            self.fallbacks += 1
             load = view.running[rows] + view.waiting[rows]
             least = rows[load == load.min()]
             keep |= cand == min(least, key=lambda i: view.ids[i])

@@ -50,7 +50,7 @@ class FleetView:
         "block_size",
         "tree_blocks",
     )
-    _BOOL = ("healthy", "accepting", "eco")
+    _BOOL = ("healthy", "accepting", "eco", "pd_decode")
     """`eco`, `eco_ttft_ms`, `slack_ms`, `ms_per_token`: EcoServe's constraint check (issue 8):
     the row's macro-instance runs EcoServe with this TTFT SLO; its decodes' saved TPOT slack
     (NaN: none decodes) and its prefill cost per token, from heartbeats."""
@@ -119,6 +119,12 @@ class FleetView:
         if i is not None:
             self.eco[i] = on
             self.eco_ttft_ms[i] = ttft_slo_ms
+
+    def set_pd_decode(self, worker_id: str, on: bool) -> None:
+        """The worker is a decode instance of a spatial P/D macro-instance."""
+        i = self.slot.get(worker_id)
+        if i is not None:
+            self.pd_decode[i] = on
 
     def note_routed(self, i: int, new_tokens: int, new_blocks: int = 0) -> None:
         self.waiting[i] += 1

@@ -2,7 +2,7 @@
 
 * offer(req)  → accept, or refuse with a reason: draining; in its decode phase (EcoServe:
   a decode-phase worker takes no new request; the router retries one in its prefill
-  phase); wrong model; full (more than `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
+  phase — a spatial P/D decode leg, `kv_from` set, is what a decode worker does take); wrong model; full (more than `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
   request: answered `aborted` so the router stops trying). A request id seen before is
   accepted again without a second generation when it comes with the same reply subject (a
   queue redelivery after a crash); with another reply subject the id was reused by another
@@ -71,6 +71,8 @@ class WorkerCore:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.phase = Phase.MIXED
+        self.mode = ""
+        """The macro-instance's mode, as its last WorkerControl said."""
         self.macro_id = ""
         self.draining = False
         self.healthy = True
@@ -98,7 +100,7 @@ class WorkerCore:
             return schemas.GenerateReply(rid, True, "duplicate"), False
         if self.draining or not self.healthy:
             return schemas.GenerateReply(rid, False, "draining"), False
-        if self.phase == Phase.DECODE:
+        if self.phase == Phase.DECODE and not req.kv_from:  # a P/D decode leg is what it waits for
             return schemas.GenerateReply(rid, False, "decode phase"), False
         if req.model != self.cfg.model:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
@@ -106,7 +108,9 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, "full"), False
         if self.cfg.flow_control and stats.queued_prefill_tokens * stats.prefill_ms_per_token > ENGINE_BACKLOG_S * 1000:
             return schemas.GenerateReply(rid, False, "saturated"), False
-        self.streams[rid] = _Stream(req, seq=req.resume_seq, tokens=len(req.resume_token_ids))
+        # A decode leg's first token went out from the prefill worker: number on from it.
+        self.streams[rid] = (_Stream(req, 1, 1) if req.kv_from
+                             else _Stream(req, seq=req.resume_seq, tokens=len(req.resume_token_ids)))
         self._remember(self._seen, rid, (req.reply_to, req.migrations))
         return schemas.GenerateReply(rid, True), True
 
@@ -153,14 +157,23 @@ class WorkerCore:
 
     def on_control(self, ctl: schemas.WorkerControl) -> None:
         self.phase = Phase(ctl.phase)
+        self.mode = ctl.mode
         self.macro_id = ctl.macro_id
         self.draining = ctl.drain
+
+    @property
+    def hands_off(self) -> bool:
+        """Spatial P/D's prefill worker: each request leaves after its first token."""
+        return self.mode == "pd" and self.phase == Phase.PREFILL
 
     def engine_phase(self, stats: EngineStats) -> Phase:
         """The phase to run the engine in (EcoServe): the commanded one, except that a
         worker told to decode first finishes the prefills it already accepted (the ≤ 2
         requests the switch rule allows; parking them would add a whole rotation to their
-        TTFT). It takes no new request meanwhile (offer refuses in the decode phase)."""
+        TTFT). It takes no new request meanwhile (offer refuses in the decode phase).
+        Spatial P/D runs its engines mixed: the roles are in the offers and the hand-off."""
+        if self.mode == "pd":
+            return Phase.MIXED
         if self.phase == Phase.DECODE and stats.queued_prefill_tokens > 0:
             return Phase.PREFILL
         return self.phase

@@ -41,6 +41,9 @@ from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("worker")
 
+LEG_ROUTE_TIMEOUT_S = 5.0
+"""How long a P/D decode leg waits for the router's answer (the queue's route timeout)."""
+
 REPLAY_AFTER_S = 2.0
 """After a reconnect: how long clients get to resubscribe before the replay."""
 REPLAY_BEFORE_S = 1.0
@@ -142,6 +145,8 @@ class WorkerShell:
                                 None if ttft_ms is None else ttft_ms / 1000.0, time.monotonic() - t0,
                                 event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
                         await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs)
+                if self._handed_off(ar.request_id):
+                    await self._send_decode_leg(ar, hdrs)
             except Exception as e:
                 log.exception("generation_failed", request_id=ar.request_id)
                 self.core.streams.pop(ar.request_id, None)
@@ -181,6 +186,25 @@ class WorkerShell:
         """A router's probe: the ids of the requests running here."""
         await req.respond(msgspec.msgpack.encode(self.core.running_ids()))
 
+    def _handed_off(self, request_id: str) -> bool:
+        take = getattr(self.engine, "take_hand_off", None)
+        return take is not None and take(request_id) is not None
+
+    async def _send_decode_leg(self, ar: schemas.AdmittedRequest, hdrs) -> None:
+        """Spatial P/D: the first token went out from here; the router places the rest on a
+        decode worker, which streams on to the same reply subject (numbered from 1)."""
+        self.core.streams.pop(ar.request_id, None)
+        leg = msgspec.structs.replace(ar, kv_from=self.core.cfg.worker_id)
+        try:
+            msg = await self.nc.request(subjects.ROUTE, codec.encode(leg), timeout=LEG_ROUTE_TIMEOUT_S)
+            decision = codec.decode(msg.data, schemas.RouteDecision)
+        except Exception as e:  # no router answered
+            decision = schemas.RouteDecision(ar.request_id, schemas.Outcome.NO_CAPACITY, reason=repr(e))
+        if decision.outcome != schemas.Outcome.ROUTED:
+            log.warning("decode_leg_unplaced", request_id=ar.request_id, reason=decision.reason)
+            error = schemas.Error(ar.request_id, 503, f"no decode worker took the request: {decision.reason}")
+            await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs)
+
     async def _on_abort(self, msg: Msg) -> None:
         try:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
@@ -199,10 +223,15 @@ class WorkerShell:
 
     def _sync_phase(self) -> None:
         """EcoServe: run the engine in the phase the core says (engines without phases, such
-        as vLLM's, only stop taking new requests in their decode phase)."""
+        as vLLM's, only stop taking new requests in their decode phase); spatial P/D: a
+        prefill worker's engine hands requests off (the simulated engine's; vLLM's needs a KV
+        connector, not wired here)."""
         set_phase = getattr(self.engine, "set_phase", None)
         if set_phase is not None:
             set_phase(self.core.engine_phase(self.engine.stats()))
+        set_hand_off = getattr(self.engine, "set_hand_off", None)
+        if set_hand_off is not None:
+            set_hand_off(self.core.hands_off)
 
     async def _publish_heartbeat(self) -> None:
         self._sync_phase()

@@ -32,6 +32,7 @@ from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.services.worker.sim.kv_pool import BlockPool
 from tokenyard.services.worker.sim.kv_tiers import HostTier
 from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.phases import step_shape
 from tokenyard.services.worker.sim.preemption import PreemptionMode, wants_swap
 from tokenyard.services.worker.sim.scheduler import (
     SchedulingPolicy,
@@ -62,7 +63,7 @@ class Seq:
 
     __slots__ = (
         "req", "rid", "order", "target", "computed", "generated", "cached", "private",
-        "cached_tokens", "started", "running", "swapped", "_tok", "plen", "max_tokens",
+        "cached_tokens", "started", "running", "swapped", "_tok", "plen", "max_tokens", "remote",
     )
 
     def __init__(self, req: AdmittedRequest, order: int):
@@ -88,6 +89,9 @@ class Seq:
         self._tok = len(self.rid)
         self.plen = req.prompt_len
         self.max_tokens = req.max_tokens
+        self.remote = False
+        """Its prompt's KV was computed on another instance (spatial P/D): it waits for
+        blocks to land in, then decodes."""
 
     @property
     def blocks(self) -> int:
@@ -123,6 +127,10 @@ class SimEngineCore:
         preemption_mode: PreemptionMode | str = PreemptionMode.RECOMPUTE,
         policy: SchedulingPolicy | None = None,
         tpot_slo_ms: float = 100.0,
+        chunked_prefill: bool = True,
+        prefill_only_phase: bool = False,
+        hand_off: bool = False,
+        max_model_len: int = 131_072,
     ):
         self.prof = prof
         self.block_size = block_size
@@ -152,6 +160,18 @@ class SimEngineCore:
         self.slack = SlackClock(tpot_slo_ms)
         self.prefill_ms_per_token = prefill_ms_per_token(prof)
         self.last_tokens = 0
+        # Issue 13's step shapes (phases.py says which step runs what):
+        self.chunked_prefill = chunked_prefill
+        """False: vLLM without chunked prefill — a step prefills whole prompts only, or decodes."""
+        self.prefill_only_phase = prefill_only_phase
+        """True: the prefill phase prefills only (seed 002 §2.2.1); decodes wait for the
+        decode phase, or a step with no prefill to do."""
+        self.hand_off = hand_off
+        """True: a spatial P/D prefill instance — a request leaves after its first token, its
+        KV sent to a decode instance (`handed_off`)."""
+        self.max_model_len = max_model_len
+        self.handed_off: list[tuple[AdmittedRequest, int]] = []
+        """(request, its num_cached_tokens) of each hand-off since the caller last drained it."""
 
     # ── requests ──
     def add(self, req: AdmittedRequest) -> None:
@@ -164,6 +184,31 @@ class SimEngineCore:
         self._order += 1
         self.seqs[req.request_id] = seq
         self.waiting.push(seq)
+
+    def add_prefilled(self, req: AdmittedRequest, cached_tokens: int = 0) -> None:
+        """Spatial P/D's decode leg: `req`'s prompt was prefilled elsewhere and its first token
+        sent; its KV (prompt + that token) arrives here and it decodes the rest. It waits in
+        line for the blocks like any request; `cached_tokens` is the prefill side's prefix hit."""
+        if req.max_tokens <= 1:
+            raise ValueError(f"request {req.request_id} was done at its first token")
+        self.add(req)
+        seq = self.seqs[req.request_id]
+        seq.remote = True
+        seq.started = True
+        seq.computed = seq.target = req.prompt_len
+        seq.generated = 1
+        seq.cached_tokens = cached_tokens
+
+    def _hand_off(self, outputs: list[EngineOutput]) -> None:
+        """Spatial P/D's prefill instance: each request that produced its first token (and is
+        not done) leaves with its KV; its full prompt blocks stay cached here."""
+        for out in outputs:
+            seq = self.seqs.get(out.request_id)
+            if seq is None or out.finished or not seq.running or seq.generated != 1 or seq.computed < seq.target:
+                continue
+            self._finish(seq)
+            self.slack.forget(seq.rid)
+            self.handed_off.append((seq.req, seq.cached_tokens))
 
     def abort(self, request_id: str) -> bool:
         seq = self.seqs.pop(request_id, None)
@@ -214,7 +259,7 @@ class SimEngineCore:
         decodes: list[Seq] = []
         append_decode = decodes.append
         chunks: dict[Seq, int] = {}
-        prefill_ok = allows_prefill(self.phase)
+        prefill_ok, decode_ok, whole, budget = step_shape(self, allows_prefill(self.phase), budget)
         preempted = self.preemptions
         decode_ctx = 0
 
@@ -226,6 +271,8 @@ class SimEngineCore:
                 continue
             c = seq.computed
             if c >= seq.target:  # decoding: a new block when the last one is full
+                if not decode_ok:
+                    continue
                 if c % bs == 0 and not self._grow(seq, c + 1):
                     budget = self._preempt_for(seq, c + 1, budget, decodes, chunks)
                     if not seq.running:
@@ -244,7 +291,7 @@ class SimEngineCore:
 
         scheduled_decodes = len(decodes)
         if prefill_ok:
-            self._admit_waiting(decodes, chunks, budget)
+            self._admit_waiting(decodes, chunks, budget, whole)
 
         # Timing and outputs.
         tokens = len(decodes)
@@ -261,6 +308,8 @@ class SimEngineCore:
         self.last_step_s = dur
         for seq, n in chunks.items():
             self._advance_prefill(seq, n, outputs)
+        if self.hand_off:
+            self._hand_off(outputs)
         append = outputs.append
         for seq in decodes:
             seq.computed += 1  # the previous token's KV
@@ -273,7 +322,7 @@ class SimEngineCore:
             else:
                 append(EngineOutput(seq.rid, token, False, None, seq.cached_tokens))
         self.last_tokens = tokens
-        self.slack.on_step(dur, outputs, self._tpot_slo_ms)
+        self.slack.on_step(dur, outputs, self._tpot_slo_ms, self._max_tokens)
         return StepResult(dur, outputs, tokens)
 
     def _preempt_for(self, seq: Seq, end: int, budget: int, decodes: list[Seq], chunks: dict[Seq, int]) -> int:
@@ -302,6 +351,10 @@ class SimEngineCore:
         folds = getattr(self.policy, "folds", None)
         return folds(running) if folds is not None else self.policy.step_batch(running) is running
 
+    def _max_tokens(self, request_id: str) -> int:
+        seq = self.seqs.get(request_id)
+        return seq.max_tokens if seq is not None else 0
+
     def _tpot_slo_ms(self, request_id: str) -> float:
         seq = self.seqs.get(request_id)
         return seq.req.tpot_slo_ms if seq is not None else 0.0
@@ -326,6 +379,7 @@ class SimEngineCore:
             b == 0 or self.waiting or self._aborted or max_steps < 2
             or b > self.prof.max_num_batched_tokens
             or self.policy.step_batch(running) is not running
+            or not self.chunked_prefill or self.prefill_only_phase or self.hand_off
         ):
             return self.step()
         ctx = 0
@@ -387,7 +441,7 @@ class SimEngineCore:
         self.last_step_s = durations[-1]
         self.last_tokens = len(active) - first or len(order)
         total = sum(durations)
-        self.slack.on_step(total, outputs, self._tpot_slo_ms)
+        self.slack.on_step(total, outputs, self._tpot_slo_ms, self._max_tokens)
         return StepResult(total, outputs, sum(len(o.new_token_ids) for o in outputs), j, durations)
 
     def _fold_output(self, seq: Seq, k: int) -> EngineOutput:
@@ -403,7 +457,7 @@ class SimEngineCore:
             toks = [_FILLER[(start + p) % _NF] for p in range(k)]
         return EngineOutput(seq.rid, toks, done, "length" if done else None, seq.cached_tokens)
 
-    def _admit_waiting(self, decodes: list[Seq], chunks: dict[Seq, int], budget: int) -> None:
+    def _admit_waiting(self, decodes: list[Seq], chunks: dict[Seq, int], budget: int, whole: bool = False) -> None:
         bs = self.block_size
         pool = self.pool
         waiting = self.waiting
@@ -413,7 +467,15 @@ class SimEngineCore:
             if not self.policy.admit(seq, self):
                 break
             chain = seq.req.block_hashes
-            if seq.swapped:
+            if seq.remote:  # spatial P/D: its KV lands in fresh blocks, then it decodes
+                n = 1
+                need = _cdiv(seq.computed + 1, bs)
+                if need > pool.available:
+                    break
+                pool.allocate(need)
+                seq.private = need
+                seq.remote = False
+            elif seq.swapped:
                 n = 1 if seq.computed >= seq.target else min(seq.target - seq.computed, budget)
                 gpu = pool.match_prefix(chain[: seq.computed // bs])
                 need = _cdiv(seq.computed + n, bs) - gpu
@@ -430,6 +492,8 @@ class SimEngineCore:
                 gpu, host = self._prefix_hit(seq)
                 hit = gpu + host
                 n = min(seq.target - hit * bs, budget)
+                if whole and n < seq.target - hit * bs:
+                    break  # no chunking: the whole prompt in this step, or wait for the next
                 need = _cdiv(hit * bs + n, bs) - gpu
                 if need > pool.available - self._pinned(chain, gpu):
                     break
@@ -549,9 +613,15 @@ class SimEngineCore:
         queued = 0
         for s in self.waiting:
             queued += s.target - s.computed
+        decoding = ctx = 0
         for s in self.running:
             if s.computed < s.target:
                 queued += s.target - s.computed
+            else:
+                decoding += 1
+                ctx += s.plen + s.generated
+        # the pace of the decodes' tokens still to come: a decode step of the batch now
+        decode_ms = self.prof.step_ms(decoding, decoding, ctx, 0.0)
         host = self.host
         return EngineStats(
             running=len(self.running),
@@ -566,8 +636,9 @@ class SimEngineCore:
             preemptions=self.preemptions,
             kv_host_blocks_used=host.capacity - host.free,
             kv_host_blocks_free=host.free,
-            tpot_slack_ms=self.slack.min_slack_ms(),
-            compute_util=self.last_tokens / self.prof.max_num_batched_tokens,
+            tpot_slack_ms=self.slack.min_slack_ms(decode_ms),
+            # an idle engine computes nothing, whatever its last step was
+            compute_util=self.last_tokens / self.prof.max_num_batched_tokens if self.has_work() else 0.0,
             prefill_ms_per_token=self.prefill_ms_per_token,
             prefill_ms_per_token2=self.prof.p3 / 2,  # Σ over the prompt of p3 × context ≈ p3 · L² / 2
             **(fields(self) if (fields := getattr(self.policy, "heartbeat_fields", None)) else {}),

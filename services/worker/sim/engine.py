@@ -14,6 +14,9 @@ from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.shared.schemas import AdmittedRequest, KVEvent
 
+HANDED_OFF = "handed_off"
+"""The end of a stream on a P/D prefill worker: the request went on to a decode worker."""
+
 
 class SimEngine:
     name = "sim"
@@ -26,6 +29,8 @@ class SimEngine:
         self._streams: dict[str, asyncio.Queue[EngineOutput]] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self.handed: dict[str, int] = {}
+        """Requests handed off (spatial P/D) and not yet collected: id → num_cached_tokens."""
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run())
@@ -40,12 +45,18 @@ class SimEngine:
 
     async def generate(self, req: AdmittedRequest) -> AsyncIterator[EngineOutput]:
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
-        self.core.add(req)
+        if req.kv_from:  # a P/D decode leg: its KV crosses the inter-node link, then it decodes
+            await asyncio.sleep(self.core.prof.network_s(req.prompt_len) / self.speed)
+            self.core.add_prefilled(req)
+        else:
+            self.core.add(req)
         self._streams[req.request_id] = queue
         self._wake.set()
         try:
             while True:
                 out = await queue.get()
+                if out.finish_reason == HANDED_OFF:
+                    return
                 yield out
                 if out.finished:
                     return
@@ -67,6 +78,14 @@ class SimEngine:
         if phase != self.core.phase:
             self.core.set_phase(phase)
             self._wake.set()
+
+    def set_hand_off(self, on: bool) -> None:
+        """Spatial P/D: hand each request off after its first token (a prefill worker)."""
+        self.core.hand_off = on
+
+    def take_hand_off(self, request_id: str) -> int | None:
+        """The request's num_cached_tokens if it was handed off (then forgotten), else None."""
+        return self.handed.pop(request_id, None)
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.core.pool.drain_events()
@@ -92,3 +111,9 @@ class SimEngine:
                 queue = self._streams.get(out.request_id)
                 if queue is not None:
                     queue.put_nowait(out)
+            for req, cached in self.core.handed_off:
+                self.handed[req.request_id] = cached
+                queue = self._streams.get(req.request_id)
+                if queue is not None:
+                    queue.put_nowait(EngineOutput(req.request_id, [], False, HANDED_OFF, cached))
+            self.core.handed_off.clear()

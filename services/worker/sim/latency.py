@@ -12,6 +12,9 @@ source of every number; data/vidur.json holds the measured tables, see calibrate
   For a mixture of experts (Qwen3-30B-A3B) a roofline instead:
       linear(T) = max((dense + E(T)·layers·expert bytes) / (HBM·η_mem), 2·T·active / (FLOPs·η_flop)),
       E(T) = experts·(1 − (1 − k/experts)^T)   distinct experts a step touches.
+  Another dense model or GPU (the seed's CodeLlama-34B on L20s): the A100 Llama-3-8B rows × the
+  per-GPU weight ratio × the GPU ratio (HBM bandwidth where memory-bound, FLOPs where compute-
+  bound); at tensor parallelism n, plus the all-reduces: 2·layers·(α + T·hidden·2 B / algbw).
 * attention: Vidur's A100 Llama-3-8B attention rows fitted to the forms above (×32 layers), scaled
   per profile (H100 prefill ×0.5 — compute —, decode ×0.6035 — memory —, …).
 * settings: weight quantization multiplies linear(T) by its documented factor (fp8: 1/1.6); the
@@ -86,6 +89,10 @@ class LatencyProfile:
     moe: MoE | None = None
     linear_factor: float = 1.0
     """Weight quantization speed factor on linear(T)."""
+    tp: int = 1
+    """GPUs per instance (tensor parallelism); linear(T) includes their all-reduces."""
+    network_bytes_per_s: float = 12.5e9
+    """Instance↔instance link (another node): spatial P/D moves a prompt's KV over it."""
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -138,6 +145,10 @@ class LatencyProfile:
         """Moving kv_tokens of KV between GPU and host memory."""
         return kv_tokens * self.kv_bytes_per_token / self.host_link_bytes_per_s
 
+    def network_s(self, kv_tokens: int) -> float:
+        """Moving kv_tokens of KV to another instance (spatial P/D's hand-off)."""
+        return kv_tokens * self.kv_bytes_per_token / self.network_bytes_per_s
+
     def with_settings(self, kv_cache_dtype: str = "auto", quantization: str = "none") -> LatencyProfile:
         """The profile with a KV cache dtype and a weight quantization (data/profiles.json)."""
         return _with_settings(self, kv_cache_dtype, quantization)
@@ -150,7 +161,7 @@ def _load() -> tuple[dict, dict]:
     return json.loads((DATA / "profiles.json").read_text()), json.loads((DATA / "vidur.json").read_text())
 
 
-def _linear_table(spec: dict, vidur: dict, layers: int) -> tuple[float, ...]:
+def _linear_table(spec: dict, vidur: dict, layers: int, allreduce=None) -> tuple[float, ...]:
     tables = vidur["linear_per_layer_ms"]
     base = tables[spec["table"]]
     top = base["tokens"][-1]
@@ -162,9 +173,32 @@ def _linear_table(spec: dict, vidur: dict, layers: int) -> tuple[float, ...]:
     if "memory_bound_scale" in spec:
         lo, hi, s = spec["memory_bound_until"], spec["compute_bound_from"], spec["memory_bound_scale"]
         ms = ms * np.interp(n, [lo, hi], [s, 1.0])
+    if "per_layer_factor" in spec:  # another model's layer, priced by its weights per GPU
+        ms = ms * spec["per_layer_factor"]
+    if "gpu_scale" in spec:  # another GPU: bandwidth ratio where memory-bound, FLOPs ratio where compute-bound
+        g = spec["gpu_scale"]
+        ms = ms * np.interp(n, [g["memory_bound_until"], g["compute_bound_from"]], [g["memory_bound"], g["compute_bound"]])
     ms = ms * layers
+    if allreduce is not None:
+        ms = ms + allreduce(n)
     ms[0] = 0.0
     return tuple(ms.tolist())
+
+
+def _allreduce(data: dict, spec: dict, model: dict, layers: int):
+    """Tensor parallelism's all-reduces of a step of T tokens (ms), NCCL ring, 2 per layer:
+        2 · layers · (latency + T · hidden · 2 bytes / algbw),  algbw = busbw · n / (2(n − 1))
+    None at TP 1."""
+    tp = spec.get("tp", 1)
+    if tp == 1:
+        return None
+    link = data["interconnects"][spec["interconnect"]]
+    if link["gpus"] != tp:
+        raise ValueError(f"interconnect {spec['interconnect']} is measured on {link['gpus']} GPUs, not {tp}")
+    algbw = _v(link["allreduce_bus_gbps"]) * 1e9 * tp / (2 * (tp - 1))  # bytes/s
+    lat_ms = _v(link["allreduce_latency_us"]) / 1000.0
+    bytes_per_token = _v(model["hidden"]) * 2
+    return lambda n: 2 * layers * (lat_ms + n * bytes_per_token / algbw * 1000.0)
 
 
 def _build(name: str, data: dict, vidur: dict, moe_fit: dict | None = None) -> LatencyProfile:
@@ -175,7 +209,8 @@ def _build(name: str, data: dict, vidur: dict, moe_fit: dict | None = None) -> L
     attn = vidur["attention_a100_llama3_8b"]
     pre, dec = attn["prefill_per_layer_ms"], attn["decode_per_layer_ms"]
     ps, ds = spec["attention"]["prefill_scale"] * _ATTN_LAYERS, spec["attention"]["decode_scale"] * _ATTN_LAYERS
-    mem = _v(gpu["memory_bytes"]) * _v(data["gpu_memory_utilization"]) - _v(model["weight_bytes"])
+    tp = spec.get("tp", 1)
+    mem = tp * _v(gpu["memory_bytes"]) * _v(data["gpu_memory_utilization"]) - _v(model["weight_bytes"])
     kv_bytes = _v(model["kv_bytes_per_token"])
     moe = None
     table: tuple[float, ...] = (0.0, 0.0)
@@ -194,7 +229,7 @@ def _build(name: str, data: dict, vidur: dict, moe_fit: dict | None = None) -> L
             compute_efficiency=fit["compute_efficiency"],
         )
     else:
-        table = _linear_table(spec["linear"], vidur, layers)
+        table = _linear_table(spec["linear"], vidur, layers, _allreduce(data, spec, model, layers))
     return LatencyProfile(
         name=name,
         linear_ms=table,
@@ -209,8 +244,10 @@ def _build(name: str, data: dict, vidur: dict, moe_fit: dict | None = None) -> L
         kv_capacity_tokens=int(mem // kv_bytes),
         max_num_batched_tokens=_v(spec["max_num_batched_tokens"]),
         max_num_seqs=_v(spec["max_num_seqs"]),
-        host_link_bytes_per_s=_v(gpu["host_link_gbps"]) * 1e9,
+        host_link_bytes_per_s=tp * _v(gpu["host_link_gbps"]) * 1e9,  # each GPU moves its KV shard on its own link
         moe=moe,
+        tp=tp,
+        network_bytes_per_s=_v(data["network"]["inter_node_gbps"]) * 1e9 / 8,
     )
 
 
@@ -239,7 +276,9 @@ def _with_settings(p: LatencyProfile, kv_cache_dtype: str, quantization: str) ->
     model = data["models"][spec["model"]]
     gpu = data["gpus"][spec["gpu"]]
     kv_bytes = int(_v(model["kv_bytes_per_token"]) * kv["bytes_factor"])
-    mem = _v(gpu["memory_bytes"]) * _v(data["gpu_memory_utilization"]) - _v(model["weight_bytes"]) * q["weight_bytes_factor"]
+    mem = spec.get("tp", 1) * _v(gpu["memory_bytes"]) * _v(data["gpu_memory_utilization"]) - _v(
+        model["weight_bytes"]
+    ) * q["weight_bytes_factor"]
     return dataclasses.replace(
         p,
         name=p.name,

@@ -2,7 +2,9 @@
 (the sum of its step durations — the same time base on the real clock, ÷ speed, and in the
 cluster simulator):
 
-  saved TPOT slack of request r  = g_r · STP_r − (clock − t_first(r))
+  saved TPOT slack of request r  = (g_r + 1 + k_r) · STP_r − (clock − t_first(r)) − k_r · d
+      (shared.ecoserve.saved_slack_ms) k_r = max_tokens − 2 − g_r tokens still to come after
+      its next, d = the engine's decode step time now
       g_r = tokens r produced after its first, STP_r = its TPOT SLO (the request's own, or
       the engine's default); the engine reports the minimum over the requests decoding now
       (None when none decodes): a prefill delays every decode, so the tightest one counts.
@@ -27,16 +29,26 @@ class SlackClock:
         """request id → (engine time of its first token, its TPOT SLO in ms)."""
         self._after: dict[str, int] = {}
         """request id → tokens produced after its first."""
+        self._max: dict[str, int] = {}
+        """request id → its max_tokens (0: unknown)."""
 
-    def on_step(self, duration_s: float, outputs: Iterable[EngineOutput], slo_ms: Callable[[str], float]) -> None:
+    def on_step(
+        self,
+        duration_s: float,
+        outputs: Iterable[EngineOutput],
+        slo_ms: Callable[[str], float],
+        max_tokens: Callable[[str], int] | None = None,
+    ) -> None:
         """A step of `duration_s` ended, delivering `outputs`; `slo_ms(id)` is a request's own
-        TPOT SLO (≤ 0: the default), asked once, at its first token."""
+        TPOT SLO (≤ 0: the default), `max_tokens(id)` its output length (None: unknown, its
+        slack then covers its next token only), each asked once, at its first token."""
         self.clock_s += duration_s
         for out in outputs:
             rid = out.request_id
             if out.finished:
                 self._first.pop(rid, None)
                 self._after.pop(rid, None)
+                self._max.pop(rid, None)
             elif out.new_token_ids:
                 if rid in self._first:
                     self._after[rid] += len(out.new_token_ids)
@@ -44,18 +56,24 @@ class SlackClock:
                     slo = slo_ms(rid)
                     self._first[rid] = (self.clock_s, slo if slo > 0 else self.default_tpot_slo_ms)
                     self._after[rid] = len(out.new_token_ids) - 1
+                    self._max[rid] = max_tokens(rid) if max_tokens is not None else 0
 
     def forget(self, request_id: str) -> None:
         """A request left without a finished output of its own (an abort)."""
         self._first.pop(request_id, None)
         self._after.pop(request_id, None)
+        self._max.pop(request_id, None)
 
-    def min_slack_ms(self) -> float | None:
+    def min_slack_ms(self, decode_ms: float = 0.0) -> float | None:
+        """The tightest decode's slack; `decode_ms` is the engine's decode step time now (the
+        pace of the tokens still to come)."""
         if not self._first:
             return None
         now_ms = self.clock_s * 1000.0
+        after, most = self._after, self._max
         return min(
-            saved_slack_ms(self._after[rid], now_ms - t0 * 1000.0, slo) for rid, (t0, slo) in self._first.items()
+            saved_slack_ms(after[rid], now_ms - t0 * 1000.0, slo, most[rid] - 2 - after[rid], decode_ms)
+            for rid, (t0, slo) in self._first.items()
         )
 
 

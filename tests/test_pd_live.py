@@ -1,0 +1,97 @@
+"""Spatial P/D live over a real nats-server with the simulated engine (issue 13): a
+macro-instance in mode `pd`; a request is prefilled on a prefill worker, which streams its
+first token and sends the decode leg to the router; a decode worker receives the KV (after
+its transfer time) and streams the rest to the same client, numbered on."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tokenyard.services.macro_instance.core import MacroConfig
+from tokenyard.services.macro_instance.shell import MacroShell
+from tokenyard.shared import codec, schemas, subjects
+from tokenyard.shared.client import TokenyardClient
+
+from tests.conftest import InProcFleet
+
+WORKERS = ("pw0", "pw1", "pw2", "pw3")
+
+
+async def start_pd_fleet(url: str) -> InProcFleet:
+    from tokenyard.services.admission.core import AdmissionConfig
+    from tokenyard.services.admission.shell import AdmissionShell
+    from tokenyard.services.priority_queue.core import QueueConfig
+    from tokenyard.services.priority_queue.policies.fcfs import FCFS
+    from tokenyard.services.priority_queue.shell import QueueShell
+    from tokenyard.services.router.core import RouterConfig
+    from tokenyard.services.router.shell import RouterShell
+    from tokenyard.services.worker.core import WorkerConfig
+    from tokenyard.services.worker.shell import WorkerShell
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.engine import SimEngine
+    from tokenyard.services.worker.sim.latency import profile
+    from tokenyard.shared import config, natsutil
+    from tokenyard.shared.tokenizer import ByteTokenizer
+
+    nc = await natsutil.connect(url, "test-client")
+    await natsutil.ensure_queue_stream(nc)
+    await nc.jetstream().purge_stream("LLM_QUEUE")
+    fleet = InProcFleet(url, nc)
+    tok = ByteTokenizer()
+    for wid in WORKERS:
+        engine = SimEngine(SimEngineCore(profile("a100-llama3-8b"), 16), speed=1.0)
+        fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(wid, config.DEFAULT_MODEL), engine, tok)))
+    await fleet.add(AdmissionShell(AdmissionConfig(), tok))
+    await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
+    await fleet.add(QueueShell(QueueConfig(), FCFS()))
+    await fleet.add(MacroShell(MacroConfig(size=4, mode="pd"), plan_s=0.05))
+    return fleet
+
+
+async def test_a_request_is_prefilled_on_a_prefill_worker_and_decoded_on_a_decode_worker(nats_server):
+    fleet = await start_pd_fleet(nats_server.url)
+    cores = {h.shell.core.cfg.worker_id: h.shell.core for h in fleet.workers}
+    offers: list[tuple[str, str, bool, bool]] = []  # (request, worker, a decode leg, accepted)
+    for wid, core in cores.items():
+
+        def offer(req, stats, wid=wid, inner=core.offer):
+            reply, start = inner(req, stats)
+            offers.append((req.request_id, wid, bool(req.kv_from), reply.accepted))
+            return reply, start
+
+        core.offer = offer
+    planned = asyncio.Event()
+
+    async def on_state(msg) -> None:
+        s = codec.decode(msg.data, schemas.MacroState)
+        if s.mode == "pd" and set(s.workers) == set(WORKERS):
+            planned.set()
+
+    await fleet.nats.subscribe(subjects.MACRO_STATE_ALL, cb=on_state)
+    try:
+        async with asyncio.timeout(30):
+            await planned.wait()
+            while not all(c.mode == "pd" and c.phase != "mixed" for c in cores.values()):
+                await asyncio.sleep(0.05)  # the controls reached every worker (no event to await)
+        prefill = {w for w, c in cores.items() if c.phase == "prefill"}
+        decode = set(WORKERS) - prefill
+        assert (len(prefill), len(decode)) == (2, 2)
+        client = TokenyardClient(fleet.nats)
+        events = []
+        async with asyncio.timeout(30):
+            async for ev in client.stream(schemas.GenerateRequest(prompt="x" * 600, max_tokens=8)):
+                events.append(ev)
+        chunks = [e for e in events if isinstance(e, schemas.Chunk)]
+        done = events[-1]
+        assert isinstance(done, schemas.Finished), events
+        assert [c.seq for c in chunks] == list(range(8)) and done.seq == 8
+        assert done.finish_reason == "length" and done.usage.completion_tokens == 8
+        assert done.worker_id in decode
+        accepted = [(w, leg) for rid, w, leg, ok in offers if ok and rid == done.request_id]
+        assert len(accepted) == 2
+        assert accepted[0][0] in prefill and not accepted[0][1]  # the new request: a prefill worker
+        assert accepted[1] == (done.worker_id, True)  # the decode leg: the decode worker
+        assert all(not c.streams for c in cores.values())  # nobody holds a stream
+    finally:
+        await fleet.stop()
+        await fleet.nats.drain()

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
-from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 
 
 @dataclass
@@ -44,8 +44,10 @@ class TokenyardClient:
         self._owns = owns_connection
 
     @classmethod
-    async def connect(cls, url: str, name: str = "tokenyard-client") -> TokenyardClient:
-        return cls(await natsutil.connect(url, name), owns_connection=True)
+    async def connect(cls, url: str, name: str = "tokenyard-client",
+                      creds: nats_auth.Credentials | None = None) -> TokenyardClient:
+        """Connect as a client (nats_auth: `client.creds`, or `TOKENYARD_NATS_CREDS`)."""
+        return cls(await natsutil.connect(url, name, kind=nats_auth.CLIENT, creds=creds), owns_connection=True)
 
     async def close(self) -> None:
         if self._owns and not self.nc.is_closed:

@@ -19,7 +19,7 @@ from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from tokenyard.shared import natsutil  # noqa: E402
+from tokenyard.shared import nats_auth, natsutil  # noqa: E402
 
 SPANS = InMemorySpanExporter()
 _provider = TracerProvider()
@@ -28,9 +28,18 @@ trace.set_tracer_provider(_provider)
 os.environ.setdefault("TOKENYARD_LOG_LEVEL", "WARNING")
 
 
+CLIENT_USERS = ("client", "alice", "bob")
+"""Client users of the session's server besides the services' own (tests of inbox isolation)."""
+
+
 @pytest.fixture(scope="session")
-async def nats_server():
-    server = await natsutil.NatsServer().start()
+async def nats_server(tmp_path_factory):
+    """A nats-server secured as `tokenyard up` secures it: one user per service kind with its
+    permissions (shared/nats_auth.py). This process holds the keys, so a test's plain
+    `natsutil.connect(url, …)` is the operator (admin), a shell in the in-process fleet
+    connects as its kind, and `TokenyardClient.connect` as the user `client`."""
+    auth = nats_auth.FleetAuth.generate(tmp_path_factory.mktemp("nats-creds"), clients=CLIENT_USERS)
+    server = await natsutil.NatsServer(auth=auth).start()
     yield server
     server.stop()
 

@@ -20,10 +20,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tokenyard.shared import config, natsutil
+from tokenyard.shared import config, nats_auth, natsutil
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
 
@@ -45,11 +46,17 @@ class FleetProcesses:
     ready_timeout_s: float = 60.0
     macro_args: list[str] = field(default_factory=list)
     """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
+    nats_auth: bool = True
+    """A started nats-server gets one user per service kind (shared/nats_auth.py); False: open."""
+    nats_tls: nats_auth.TlsFiles | None = None
+    creds_dir: str | None = None
+    """Where the creds files go (default: a temp dir removed on stop)."""
 
     def __post_init__(self) -> None:
         self.server: natsutil.NatsServer | None = None
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self._logs: list = []
+        self._creds_tmp: tempfile.TemporaryDirectory | None = None
 
     @property
     def http_url(self) -> str:
@@ -79,7 +86,7 @@ class FleetProcesses:
 
     async def start(self) -> FleetProcesses:
         if not self.nats_url:
-            self.server = await natsutil.NatsServer(port=self.nats_port).start()
+            self.server = await natsutil.NatsServer(port=self.nats_port, auth=self._auth()).start()
             self.nats_url = self.server.url
         if not self.http_port:
             self.http_port = natsutil.free_port()
@@ -95,13 +102,30 @@ class FleetProcesses:
                     os.makedirs(self.log_dir, exist_ok=True)
                     out = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
                     self._logs.append(out)
-                self.procs.append((name, subprocess.Popen(cmd, env=env, stdout=out, stderr=out)))
+                users = ("macro", "worker") if name == "macro" else (name.split("-")[0],)
+                child_env = {**env, **nats_auth.child_env(self.nats_url, *users)}
+                self.procs.append((name, subprocess.Popen(cmd, env=child_env, stdout=out, stderr=out)))
             await self._wait_ready(nc)
             await nc.drain()
         except BaseException:
             await self.stop()
             raise
         return self
+
+    def _auth(self) -> nats_auth.FleetAuth | None:
+        if not self.nats_auth:
+            return None
+        if self.creds_dir is None:
+            self._creds_tmp = tempfile.TemporaryDirectory(prefix="tokenyard-creds-")
+            self.creds_dir = self._creds_tmp.name
+        return nats_auth.FleetAuth.generate(self.creds_dir, tls=self.nats_tls)
+
+    @property
+    def client_creds(self) -> str | None:
+        """The creds file of the `client` user, when this fleet's server is secured."""
+        if self.server is None or self.server.auth is None:
+            return None
+        return str(self.server.auth.path(nats_auth.CLIENT))
 
     def expected(self) -> Counter:
         want = Counter({f"tokenyard-{s}": 1 for s in SERVICES})
@@ -141,6 +165,9 @@ class FleetProcesses:
         if self.server:
             self.server.stop()
             self.server = None
+        if self._creds_tmp is not None:
+            self._creds_tmp.cleanup()
+            self._creds_tmp = None
 
     async def __aenter__(self) -> FleetProcesses:
         return await self.start()
@@ -181,6 +208,11 @@ def register(sub) -> None:
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--nats", help="use this NATS server instead of starting one")
     p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server to start (default: free)")
+    p.add_argument("--no-nats-auth", action="store_true",
+                   help="start nats-server open to anyone (default: a user per service kind, see docs/security.md)")
+    p.add_argument("--nats-creds-dir", help="write the generated creds files here (default: a temp dir)")
+    p.add_argument("--nats-tls-cert", help="serve NATS over TLS with this certificate (PEM; with --nats-tls-key)")
+    p.add_argument("--nats-tls-key", help="the certificate's private key (PEM)")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--policy", default="multiplicative", help="router policy (see `tokenyard router --help`)")
     p.add_argument("--macro-size", type=int, default=4)
@@ -208,6 +240,13 @@ def _macro_args(args) -> list[str]:
     return out
 
 
+def _tls(args) -> nats_auth.TlsFiles | None:
+    if bool(args.nats_tls_cert) != bool(args.nats_tls_key):
+        raise SystemExit("--nats-tls-cert and --nats-tls-key go together")
+    return nats_auth.TlsFiles(args.nats_tls_cert, args.nats_tls_key, getattr(args, "nats_tls_ca", None) or "") if args.nats_tls_cert \
+        else None
+
+
 async def _up(args) -> int:
     if args.engine == "vllm" and args.model == config.DEFAULT_MODEL:
         raise SystemExit("tokenyard up --engine vllm needs --model PATH (the model's local path)")
@@ -216,7 +255,8 @@ async def _up(args) -> int:
         nats_url=args.nats, nats_port=args.nats_port, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
-        macro_args=_macro_args(args),
+        macro_args=_macro_args(args), nats_auth=not args.no_nats_auth, creds_dir=args.nats_creds_dir,
+        nats_tls=_tls(args),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -226,6 +266,8 @@ async def _up(args) -> int:
     try:
         print(f"tokenyard is up: {args.workers} {args.engine} worker(s), profile {args.profile}, speed {args.speed}")
         print(f"  NATS     {fleet.nats_url}   (publish requests on llm.v1.submit)")
+        if fleet.client_creds:
+            print(f"  creds    {nats_auth.CREDS_ENV}={fleet.client_creds}   (the `client` user)")
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
         print(f"  model    {args.model}")
         if args.bench_prompts:

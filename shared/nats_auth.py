@@ -122,7 +122,7 @@ def inbox_prefix(user: str) -> str:
 @dataclass(frozen=True)
 class Credentials:
     user: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)
     jwt_file: str = ""
     """A NATS JWT creds file (decentralised auth), instead of user + password."""
     tls_ca: str = ""
@@ -166,8 +166,8 @@ class FleetAuth:
     """One fleet's users and passwords, written as creds files into `dir`."""
 
     dir: Path
-    users: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """user → (role, password)."""
+    users: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
+    """user → (role, password); not in the repr, which logs and test reports show."""
     tls: TlsFiles | None = None
 
     @classmethod

@@ -121,15 +121,19 @@ def error_from_event(event: schemas.Rejected | schemas.Error) -> ApiError:
 # ───────────────────────────── requests ─────────────────────────────
 
 _PATH = re.compile(r" - at `\$\.?(.*)`$")
-NATS_HEADROOM_BYTES = 16 * 1024
-"""Room left in a NATS message for its headers (trace context, tier, API key): a request
-body may take the server's max payload less this."""
+NATS_HEADER_ROOM = 8 * 1024
+"""Bytes of a NATS message kept for headers (trace context, tier, tenant, API key); the
+request's MessagePack form may take the rest of the server's max payload."""
+NATS_HEADROOM_BYTES = 2 * NATS_HEADER_ROOM
+"""A body may take the max payload less this: the header room, and as much again for what
+the edge adds to the body (model, request id: well under 1 KiB)."""
 
 
 def body_limit(max_payload: int) -> int:
     """The largest HTTP body a front accepts when its requests travel in NATS messages of at
-    most `max_payload` bytes. The body's MessagePack form is never larger than its JSON, so
-    any body within the limit fits; the encoded request is checked again all the same."""
+    most `max_payload` bytes. MessagePack never takes more bytes than the JSON it came from,
+    so with NATS_HEADROOM_BYTES to spare every body within the limit fits; the encoded
+    request is checked again all the same (`parse_request`)."""
     return max(1024, max_payload - NATS_HEADROOM_BYTES)
 
 
@@ -156,7 +160,8 @@ def parse_request(
         text = str(e)
         m = _PATH.search(text)
         param = (m.group(1) or None) if m else None
-        code = "invalid_type" if text.startswith("Expected") else "invalid_value"
+        out_of_range = any(op in text for op in (" <= ", " >= ", " < ", " > "))  # "Expected `int` <= 2^63-1"
+        code = "invalid_type" if text.startswith("Expected") and not out_of_range else "invalid_value"
         raise ApiError(400, text, param=param, code=code) from None
     except msgspec.DecodeError as e:
         raise ApiError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from None
@@ -195,8 +200,8 @@ def _check_encodable(req: schemas.GenerateRequest, max_payload: int) -> None:
         size = len(codec.encode(req))
     except (OverflowError, TypeError, ValueError) as e:  # a value MessagePack cannot carry
         raise ApiError(400, f"the request holds a value that cannot be sent on: {e}", code="invalid_value") from None
-    if size > max_payload - NATS_HEADROOM_BYTES:
-        raise ApiError(413, f"the request is {size} bytes encoded; at most {max_payload - NATS_HEADROOM_BYTES} "
+    if size > max_payload - NATS_HEADER_ROOM:
+        raise ApiError(413, f"the request is {size} bytes encoded; at most {max_payload - NATS_HEADER_ROOM} "
                             "fit a message of the fleet's bus", code="request_too_large")
 
 

@@ -69,7 +69,8 @@ class InProcFleet:
 
 
 async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", speed: float = 1.0,
-                             policy: str = "least-loaded", num_blocks: int | None = None) -> InProcFleet:
+                             policy: str = "least-loaded", num_blocks: int | None = None,
+                             admission=None) -> InProcFleet:
     from tokenyard.services.admission.core import AdmissionConfig
     from tokenyard.services.admission.shell import AdmissionShell
     from tokenyard.services.macro_instance.core import MacroConfig
@@ -96,7 +97,7 @@ async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", 
     for i in range(workers):
         engine = SimEngine(SimEngineCore(get_profile(profile), 16, num_blocks), speed=speed)
         fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(f"tw{i}", config.DEFAULT_MODEL), engine, tok)))
-    await fleet.add(AdmissionShell(AdmissionConfig(), tok))
+    await fleet.add(AdmissionShell(admission or AdmissionConfig(), tok))
     await fleet.add(RouterShell(RouterConfig(policy=policy)))
     await fleet.add(QueueShell(QueueConfig(), FCFS()))
     await fleet.add(MacroShell(MacroConfig(size=2)))

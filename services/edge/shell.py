@@ -197,10 +197,13 @@ class EdgeShell:
             call.outcome = e.outcome()
             return http_front.error_response(e, call.request_id)
         assert self._client is not None
+        try:
+            headers = core.nats_headers(request.headers)
+        except ApiError as e:
+            call.outcome = e.outcome()
+            return http_front.error_response(e, call.request_id)
         renderer = core.Renderer(call.endpoint, req, created=int(time.time()))
-        events = self._client.stream(
-            req, headers=core.nats_headers(request.headers), idle_timeout_s=self.config.request_timeout_s
-        )
+        events = self._client.stream(req, headers=headers, idle_timeout_s=self.config.request_timeout_s)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 try:

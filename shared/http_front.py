@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
-from tokenyard.shared import schemas
+from tokenyard.shared import schemas, validation
 from tokenyard.shared.openai_api import ApiError
 
 
@@ -28,9 +28,11 @@ class OpenAIFront(Protocol):
     async def on_metrics(self, request: web.Request) -> web.StreamResponse: ...
 
 
-def make_app(front: OpenAIFront, *, max_body_bytes: int, log, title: str) -> web.Application:
-    """The application a front serves; `log` records crashes (structlog logger)."""
-    document = msgspec.json.encode(openapi_document(title, max_body_bytes))
+def make_app(front: OpenAIFront, *, max_body_bytes: int, log, title: str,
+             limits: validation.Limits | None = None) -> web.Application:
+    """The application a front serves; `log` records crashes (structlog logger); `limits`
+    (served models, context length) are stated in the OpenAPI document."""
+    document = msgspec.json.encode(openapi_document(title, max_body_bytes, limits or validation.Limits()))
 
     async def openapi(request: web.Request) -> web.Response:
         return web.Response(body=document, content_type="application/json")
@@ -104,15 +106,22 @@ def error_response(err: ApiError, request_id: str | None = None) -> web.Response
 _REF = "#/components/schemas/{name}"
 _CHAT_ONLY = ("messages",)
 _COMPLETION_ONLY = ("prompt", "block_hashes", "prompt_len")
+_REPLAY = ("block_hashes", "prompt_len")
+"""Trace replay (hashes instead of text) is tokenyard's own and takes the place of `prompt`:
+left out of the document, which describes OpenAI's API."""
 
 
-def openapi_document(title: str, max_body_bytes: int) -> dict[str, Any]:
+def openapi_document(title: str, max_body_bytes: int, limits: validation.Limits) -> dict[str, Any]:
     """OpenAPI 3.1 for the routes above. The request schemas are msgspec's own for
-    GenerateRequest (so they cannot drift from what the decoder accepts), split per endpoint
-    into completions (`prompt` required) and chat (`messages` required)."""
+    GenerateRequest (so they cannot drift from what the decoder accepts) with the rules of
+    shared.validation added, split per endpoint into completions (`prompt` required) and
+    chat (`messages` required, roles named)."""
     (generate,), components = msgspec.json.schema_components((schemas.GenerateRequest,), ref_template=_REF)
     base = components.pop("GenerateRequest")
-    components["CompletionRequest"] = _variant(base, drop=_CHAT_ONLY, required="prompt")
+    for name, rule in validation.json_schema_rules(limits).items():
+        _constrain(base["properties"][name], rule)
+    components["ChatMessage"]["properties"]["role"] = {"enum": list(validation.CHAT_ROLES)}
+    components["CompletionRequest"] = _variant(base, drop=_CHAT_ONLY + _REPLAY, required="prompt")
     components["ChatCompletionRequest"] = _variant(base, drop=_COMPLETION_ONLY, required="messages")
     components["Error"] = {
         "type": "object", "required": ["error"],
@@ -161,6 +170,17 @@ def openapi_document(title: str, max_body_bytes: int) -> dict[str, Any]:
         },
         "components": {"schemas": components},
     }
+
+
+def _constrain(prop: dict[str, Any], rule: dict[str, Any]) -> None:
+    """Add `rule` to a property, inside its non-null branch when it is optional."""
+    branches = prop.get("anyOf")
+    if branches:
+        for branch in branches:
+            if branch.get("type") != "null":
+                branch.update(rule)
+    else:
+        prop.update(rule)
 
 
 def _variant(base: dict[str, Any], drop: tuple[str, ...], required: str) -> dict[str, Any]:

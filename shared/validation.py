@@ -76,6 +76,26 @@ class Prepared:
     max_tokens: int
 
 
+def json_schema_rules(limits: Limits) -> dict[str, dict]:
+    """The rules `check` enforces, as JSON Schema keywords per field, for the OpenAPI document
+    (a client reads them there; schemathesis generates valid requests from them)."""
+    rules: dict[str, dict] = {
+        "n": {"minimum": 1, "maximum": 1},
+        "temperature": {"minimum": 0.0, "maximum": 2.0},
+        "top_p": {"exclusiveMinimum": 0.0, "maximum": 1.0},
+        "max_tokens": {"minimum": 1, "maximum": limits.max_model_len},
+        "max_completion_tokens": {"minimum": 1, "maximum": limits.max_model_len},
+        "request_id": {"pattern": REQUEST_ID.pattern},
+        "ttft_slo_ms": {"exclusiveMinimum": 0.0},
+        "tpot_slo_ms": {"exclusiveMinimum": 0.0},
+        "messages": {"minItems": 1},
+        "prompt_len": {"minimum": 1},
+    }
+    if limits.models:
+        rules["model"] = {"enum": list(limits.models)}
+    return rules
+
+
 def check(req: GenerateRequest, limits: Limits) -> Checked | Invalid:
     """Everything that needs no tokenizer, in the order a client fixes them."""
     if req.request_id is not None and not REQUEST_ID.match(req.request_id):

@@ -39,7 +39,7 @@ from prometheus_client import (
 )
 from tokenyard.services.edge import core
 from tokenyard.services.edge.core import ApiError, Endpoint
-from tokenyard.shared import config, http_front, openai_api, schemas, subjects, telemetry
+from tokenyard.shared import config, http_front, openai_api, schemas, subjects, telemetry, validation
 from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.schemas import Outcome
 from tokenyard.shared.service import new_instance_id
@@ -135,7 +135,8 @@ class EdgeShell:
         self._started_at = int(time.time())
         self.max_body_bytes = self.config.max_body_bytes or openai_api.body_limit(nc.max_payload)
         self.max_payload = nc.max_payload
-        app = http_front.make_app(self, max_body_bytes=self.max_body_bytes, log=self.log, title="tokenyard edge")
+        app = http_front.make_app(self, max_body_bytes=self.max_body_bytes, log=self.log, title="tokenyard edge",
+                                  limits=validation.Limits(models=tuple(self.config.models)))
         self._runner, self.port = await http_front.serve(
             app, self.config.host, self.config.http_port, self.config.shutdown_timeout_s
         )

@@ -75,7 +75,8 @@ class WorkerHttp:
 
     async def start(self) -> None:
         self.started_at = int(time.time())
-        app = http_front.make_app(self, max_body_bytes=self.cfg.max_body_bytes, log=log, title="tokenyard worker")
+        app = http_front.make_app(self, max_body_bytes=self.cfg.max_body_bytes, log=log, title="tokenyard worker",
+                                  limits=self._limits())
         self._runner, self.port = await http_front.serve(app, self.cfg.host, self.cfg.port)
 
     async def stop(self) -> None:
@@ -125,12 +126,15 @@ class WorkerHttp:
         finally:
             await events.aclose()
 
+    def _limits(self) -> validation.Limits:
+        return validation.Limits(models=(self.cfg.model,), max_model_len=self.cfg.max_model_len,
+                                 block_size=self.cfg.block_size)
+
     def _admit(self, req: schemas.GenerateRequest, endpoint: Endpoint) -> schemas.AdmittedRequest:
         """What admission does for a request (shared.validation, the same functions), without
         its fleet-wide parts (tiers, rates); then what only this engine can say: KV capacity
         and a full waiting line."""
-        limits = validation.Limits(models=(self.cfg.model,), max_model_len=self.cfg.max_model_len,
-                                   block_size=self.cfg.block_size)
+        limits = self._limits()
         checked = validation.check(req, limits)
         if isinstance(checked, validation.Invalid):
             raise api_error(checked)

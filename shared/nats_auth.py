@@ -115,6 +115,16 @@ ROLES: dict[str, Role] = {
 SERVICE_KINDS = ("edge", "admission", "queue", "router", "macro", "worker")
 
 
+def permission_table() -> str:
+    """ROLES as a markdown table (docs/security.md holds this very text; a test compares)."""
+    rows = ["| user | may publish | may subscribe | replies | why |", "|---|---|---|---|---|"]
+    for name, role in ROLES.items():
+        pub = ", ".join(f"`{s}`" for s in role.publish)
+        sub = ", ".join(f"`{s}`" for s in role.subscribe)
+        rows.append(f"| `{name}` | {pub} | {sub} | {role.responses or ''} | {role.why} |")
+    return "\n".join(rows) + "\n"
+
+
 def inbox_prefix(user: str) -> str:
     return f"_INBOX.{user}"
 

@@ -27,8 +27,8 @@ schemathesis = pytest.importorskip("schemathesis")
 
 MAX_TOKENS_SENT = 16
 CASES = {  # operation → examples per generation mode; GETs without parameters have few cases
-    "POST /v1/completions": 300,
-    "POST /v1/chat/completions": 220,
+    "POST /v1/completions": 370,
+    "POST /v1/chat/completions": 150,
     "GET /v1/models/{model}": 60,
     "GET /v1/models": 10,
     "GET /health": 10,

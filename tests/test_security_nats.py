@@ -347,3 +347,10 @@ def test_server_config_quotes_every_value_and_lists_each_user(tmp_path):
     assert 'store_dir: "' in conf and '\\"x\\"' in conf
     assert conf.count("{user: ") == len(auth.users)
     assert '"_INBOX.team-a.>"' in conf and "max_payload: 1048576" in conf
+
+
+def test_the_documented_permission_table_is_the_one_enforced():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
+    assert nats_auth.permission_table() in doc

@@ -131,9 +131,9 @@ class NatsServer:
         self.store_dir = self._tmp.name
         args = ["-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir]
         if self.auth is not None:
-            conf = Path(self.store_dir) / "nats.conf"
-            conf.write_text(self.auth.server_config(self.host, self.port, self.store_dir, self.max_payload))
-            conf.chmod(0o600)
+            conf = Path(self.store_dir) / "nats.conf"  # holds the passwords: private from the start
+            with os.fdopen(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                f.write(self.auth.server_config(self.host, self.port, self.store_dir, self.max_payload))
             args = ["-c", str(conf)]
             nats_auth.register(self.url, self.auth)
         self.proc = subprocess.Popen(

@@ -57,6 +57,7 @@ class ServiceHost:
             metadata={"instance": self.shell.instance_id},
         )
         await self.shell.start(self.nc, self.service)
+        await self.nc.flush()  # the server has every subscription: started means serving
         telemetry.logger(self.shell.kind).info("started", instance=self.shell.instance_id, nats=self.nats_url)
         return self
 

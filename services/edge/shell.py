@@ -5,7 +5,11 @@
         wait for the first event: Rejected/Error → that status as an OpenAI error body;
         Accepted → stream=true: SSE 200, one frame per event (core.Renderer)
                    stream=false: gather until Finished, answer one JSON object
-    GET /v1/models[/{model}], /health (NATS connected?), /metrics (Prometheus text)
+    GET /v1/models[/{model}], /health (NATS connected?), /metrics (Prometheus text),
+        /openapi.json (the app, its routes, body limit and error bodies: shared.http_front)
+
+The body limit follows the NATS server's max payload (openai_api.body_limit), so whatever the
+edge takes can be sent on; every bad input is a 4xx (docs/security.md).
 
 The HTTP status is decided before any byte goes out, hence the wait for the first event.
 A client that goes away aborts its request: aiohttp cancels the handler (handler_cancellation)

@@ -74,12 +74,14 @@ class ServiceHost:
                 await self.nc.drain()
 
     async def run_until_signalled(self) -> None:
-        """Serve until SIGINT / SIGTERM, then drain and stop."""
-        await self.start()
+        """Serve until SIGINT / SIGTERM, then drain and stop. The handlers go in first: a
+        signal that arrives while starting (a worker heartbeats before start returns) still
+        means drain and exit 0, not death by the default handler."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        await self.start()
         await stop.wait()
         telemetry.logger(self.shell.kind).info("stopping", instance=self.shell.instance_id)
         await self.stop()

@@ -126,3 +126,35 @@ def test_the_openapi_document_states_the_rules_check_enforces():
     assert "messages" not in props and "block_hashes" not in props
     chat = doc["components"]["schemas"]["ChatCompletionRequest"]
     assert chat["required"] == ["messages"] and "prompt" not in chat["properties"]
+
+
+async def test_the_worker_front_is_the_same_app_with_the_same_refusals():
+    """One app factory: the worker's HTTP front serves its OpenAPI document and answers the
+    inputs that once crashed the edge with the same 4xx."""
+    import aiohttp
+    from tokenyard.services.worker.http import serve_engine
+
+    front = await serve_engine(SimEngine(SimEngineCore(profile("zero"), 16, 4096), speed=1000.0), TOK,
+                               HttpFrontConfig(port=0, model=MODEL))
+    url = f"http://127.0.0.1:{front.port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/openapi.json") as resp:
+                doc = await resp.json()
+            assert doc["info"]["title"] == "tokenyard worker"
+            assert doc["components"]["schemas"]["CompletionRequest"]["properties"]["model"]["enum"] == [MODEL]
+            bodies = {
+                b'{"prompt": "a", "max_tokens": ' + str(2**70).encode() + b"}": (400, "invalid_value"),
+                b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}": (400, "invalid_json"),
+                b'{"prompt": "' + b"x" * (2 * 1024 * 1024) + b'"}': (413, "request_too_large"),
+                b'{"messages": []}': (400, "missing_required_parameter"),  # the chat endpoint's own rule
+            }
+            for body, expected in bodies.items():
+                path = "/v1/chat/completions" if body.startswith(b'{"messages"') else "/v1/completions"
+                async with http.post(url + path, data=body) as resp:
+                    assert (resp.status, (await resp.json())["error"]["code"]) == expected, body[:60]
+            async with http.post(f"{url}/v1/completions", json={"prompt": "ok", "max_tokens": 2}) as resp:
+                assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 2
+    finally:
+        await front.stop()
+        await front.engine.stop()

@@ -46,7 +46,7 @@ class FleetProcesses:
     ready_timeout_s: float = 60.0
     macro_args: list[str] = field(default_factory=list)
     """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
-    nats_auth: bool = True
+    nats_secure: bool = True
     """A started nats-server gets one user per service kind (shared/nats_auth.py); False: open."""
     nats_tls: nats_auth.TlsFiles | None = None
     creds_dir: str | None = None
@@ -113,7 +113,7 @@ class FleetProcesses:
         return self
 
     def _auth(self) -> nats_auth.FleetAuth | None:
-        if not self.nats_auth:
+        if not self.nats_secure:
             return None
         if self.creds_dir is None:
             self._creds_tmp = tempfile.TemporaryDirectory(prefix="tokenyard-creds-")
@@ -255,7 +255,7 @@ async def _up(args) -> int:
         nats_url=args.nats, nats_port=args.nats_port, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
-        macro_args=_macro_args(args), nats_auth=not args.no_nats_auth, creds_dir=args.nats_creds_dir,
+        macro_args=_macro_args(args), nats_secure=not args.no_nats_auth, creds_dir=args.nats_creds_dir,
         nats_tls=_tls(args),
     )
     stop = asyncio.Event()

@@ -71,6 +71,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
     p.add_argument("--tenant", default=None)
     p.add_argument("--result-json", default=None, metavar="FILE")
+    p.add_argument("--plots", default=None, metavar="DIR",
+                   help="write PNG figures here: TTFT/TPOT CDFs, latency by class, per-worker load")
+    p.add_argument("--fleet-nats", default=None, metavar="URL",
+                   help="read worker heartbeats here for the per-worker plot (default: the target, if NATS)")
     p.add_argument("--no-progress", "--disable-tqdm", dest="no_progress", action="store_true")
 
 
@@ -93,6 +97,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         request_timeout_s=args.request_timeout,
         progress=not args.no_progress,
         tenant=args.tenant,
+        plots_dir=args.plots,
+        fleet_nats=args.fleet_nats,
     )
     cfg.validate()
     return cfg
@@ -121,6 +127,10 @@ def serve_main(args: argparse.Namespace) -> int:
         )
         return 1
     print_result(result)
+    for name, path in result.get("plots", {}).items():
+        print(f"plot {name}: {path}")
+    if result.get("plots_note"):
+        print(result["plots_note"])
     if args.result_json:
         write_result_json(result, args.result_json)
     return 0

@@ -45,6 +45,10 @@ class BenchConfig:
     progress: bool = True
     """Show a rich progress bar on stderr."""
     tenant: str | None = None
+    plots_dir: str | None = None
+    """Write the run's figures here (loadgen/plots.py)."""
+    fleet_nats: str | None = None
+    """Where to read the workers' heartbeats for the per-worker plot; None: the target if NATS."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option."""

@@ -47,11 +47,24 @@ async def run_bench(config: BenchConfig) -> dict[str, Any]:
         config.tenant,
         config.connect_timeout_s,
     )
+    sampler = None
+    heartbeats_from = config.fleet_nats or (config.target if config.target.startswith(("nats://", "tls://")) else None)
+    if config.plots_dir and heartbeats_from:
+        from tokenyard.loadgen.plots import HeartbeatSampler
+
+        sampler = await HeartbeatSampler(heartbeats_from).start()
     try:
         records, duration = await drive(requests, target, config)
     finally:
         await target.close()
+        samples = await sampler.stop() if sampler else None
     result = compute_metrics(records, duration, config.goodput or None)
+    if config.plots_dir:
+        from tokenyard.loadgen.plots import write_plots
+
+        result["plots"] = write_plots(records, samples, config.plots_dir)
+        if samples is None:
+            result["plots_note"] = "no worker_load.png: an HTTP target tells no worker; pass --fleet-nats URL"
     result.update(config.describe())
     result["arrival_span_s"] = requests[-1].arrival_s if requests else 0.0
     result["max_send_lag_ms"] = max(((r.dispatched_s - r.scheduled_s) * 1000 for r in records), default=0.0)

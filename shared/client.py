@@ -66,8 +66,12 @@ class TokenyardClient:
         json: bool = False,
         headers: dict[str, str] | None = None,
         idle_timeout_s: float = 60.0,
+        no_responders_retry_s: float = 2.0,
     ) -> AsyncIterator[schemas.StreamEvent]:
-        """Submit and yield the request's events in order, ending with a terminal one."""
+        """Submit and yield the request's events in order, ending with a terminal one. While no
+        admission replica is subscribed (none runs, or the only one is reconnecting after its
+        NATS node died) the submit is repeated for `no_responders_retry_s`, then answered 503:
+        nothing received it, so a repeat cannot run it twice."""
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         inbox = self.nc.new_inbox()
@@ -81,12 +85,18 @@ class TokenyardClient:
         sub = await self.nc.subscribe(inbox, cb=deliver)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
-            await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox, headers=hdrs)
+            body = codec.encode(request, json=json)
+            await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
             next_seq = 0
+            give_up = asyncio.get_running_loop().time() + no_responders_retry_s
             while True:
                 async with asyncio.timeout(idle_timeout_s):
                     msg = await queue.get()
                 if not msg.data and msg.headers and msg.headers.get("Status") == "503":
+                    if asyncio.get_running_loop().time() < give_up:
+                        await asyncio.sleep(0.1)
+                        await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
+                        continue
                     yield schemas.Rejected(request.request_id, 503, "no_responders", "no admission service is running")
                     return
                 event = codec.decode_event(msg.data, msg.headers)

@@ -26,3 +26,11 @@ STALE_AFTER_S = float(os.environ.get("TOKENYARD_STALE_S", "1.0"))
 
 def nats_url_from_env(default: str = "nats://127.0.0.1:4222") -> str:
     return os.environ.get("TOKENYARD_NATS_URL", default)
+
+
+def add_metrics_port_argument(parser) -> None:
+    """`--metrics-port`: every service's Prometheus endpoint (shared/metrics.py), env
+    TOKENYARD_METRICS_PORT; unset: none."""
+    env = os.environ.get("TOKENYARD_METRICS_PORT")
+    parser.add_argument("--metrics-port", type=int, default=int(env) if env else None,
+                        help="serve Prometheus GET /metrics on this port (env TOKENYARD_METRICS_PORT; 0: any free port)")

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NoStreamResponseError
 from tokenyard.shared import nats_auth, subjects, telemetry
 
 log = telemetry.logger("nats")
@@ -40,8 +42,10 @@ async def connect(
 ) -> Client:
     """Reconnect forever once connected, but bound the first connection: with unlimited
     reconnects nats-py would retry an unreachable server forever, and a service or client
-    pointed at the wrong port must fail with a clear error, not hang. Credentials: `creds`,
-    else those of `kind` (nats_auth.resolve); a refusal of them fails at once (PermissionError)."""
+    pointed at the wrong port must fail with a clear error, not hang. `url` may list several
+    servers, comma-separated (a cluster's nodes): the client fails over between them.
+    Credentials: `creds`, else those of `kind` (nats_auth.resolve); a refusal of them fails at
+    once (PermissionError)."""
     creds = creds or nats_auth.resolve(url, kind)
     nc = Client()
     connected = False
@@ -57,7 +61,7 @@ async def connect(
             refused.set()
 
     connecting = asyncio.ensure_future(nc.connect(
-        url,
+        [u.strip() for u in url.split(",") if u.strip()],
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
@@ -169,9 +173,38 @@ class NatsServer:
             self._tmp = None
 
 
+def cluster_replicas(nc: Client) -> int:
+    """JetStream replicas for tokenyard's stream and buckets: R3 on a cluster of three or more
+    nodes, else one per node (the server's INFO lists every node's client URL)."""
+    return max(1, min(3, len(nc._server_info.get("connect_urls") or [])))
+
+
+ENQUEUE_DEADLINE_S = 20.0
+"""How long a JetStream publish keeps trying: when a cluster node holding a stream's leader
+dies, the stream answers nothing until its peers elect a new leader (~5-10 s measured on a
+loopback cluster of three)."""
+
+
+async def publish_durably(js, subject: str, data: bytes, msg_id: str, headers: dict[str, str] | None = None,
+                          deadline_s: float = ENQUEUE_DEADLINE_S, attempt_timeout_s: float = 2.0):
+    """Publish to JetStream until it acknowledges or `deadline_s` passes. Every attempt carries
+    the same `Nats-Msg-Id`, so a retry of a publish that did land is dropped as a duplicate."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    headers = {**(headers or {}), "Nats-Msg-Id": msg_id}
+    while True:
+        try:
+            return await js.publish(subject, data, headers=headers, timeout=attempt_timeout_s)
+        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError):
+            if loop.time() + attempt_timeout_s > end:
+                raise
+            await asyncio.sleep(0.1)
+
+
 async def ensure_queue_stream(nc: Client) -> None:
     """LLM_QUEUE: work-queue retention (a message is gone once acked), file storage (survives
-    a restart), dedup by request id within QUEUE_DUPLICATE_WINDOW_S."""
+    a restart), dedup by request id within QUEUE_DUPLICATE_WINDOW_S, replicated
+    `cluster_replicas` times (never scaled down by a service that saw fewer nodes)."""
     js = nc.jetstream()
     config = StreamConfig(
         name=subjects.QUEUE_STREAM,
@@ -181,11 +214,16 @@ async def ensure_queue_stream(nc: Client) -> None:
         discard=DiscardPolicy.NEW,
         max_msgs=int(os.environ.get("TOKENYARD_QUEUE_MAX_MSGS", "1000000")),
         duplicate_window=QUEUE_DUPLICATE_WINDOW_S,
+        num_replicas=cluster_replicas(nc),
     )
     try:
         await js.add_stream(config)
-    except BadRequestError:
-        await js.update_stream(config)
+    except BadRequestError:  # it exists: update only what differs (no write while a node is down)
+        have = (await js.stream_info(subjects.QUEUE_STREAM)).config
+        config.num_replicas = max(config.num_replicas, have.num_replicas or 1)
+        fields = ("subjects", "retention", "storage", "discard", "max_msgs", "duplicate_window", "num_replicas")
+        if any(getattr(have, f) != getattr(config, f) for f in fields):
+            await js.update_stream(config)
 
 
 async def topology_bucket(nc: Client):
@@ -193,4 +231,4 @@ async def topology_bucket(nc: Client):
     try:
         return await js.key_value(subjects.TOPOLOGY_BUCKET)
     except Exception:
-        return await js.create_key_value(bucket=subjects.TOPOLOGY_BUCKET, history=5)
+        return await js.create_key_value(bucket=subjects.TOPOLOGY_BUCKET, history=5, replicas=cluster_replicas(nc))

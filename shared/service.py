@@ -2,6 +2,10 @@
 service (so `$SRV.PING` / `$SRV.INFO` / `$SRV.STATS` find it), start the shell, wait for
 SIGINT/SIGTERM or `stop()`, then let the shell drain its in-flight work and drain NATS.
 
+A shell that has `metrics` (shared/metrics.py) gets them served on `GET /metrics` at
+`metrics_port` when one is given, and their `snapshot()` in `$SRV.STATS` as each endpoint's
+`data` (what `tokenyard top` reads).
+
 The same host runs a shell in its own process (`tokenyard router --nats URL`) or inside a
 test's event loop next to other shells, each with its own connection.
 """
@@ -17,7 +21,7 @@ from typing import Protocol
 import nats.micro
 from nats.aio.client import Client
 from nats.micro.service import Service
-from tokenyard.shared import natsutil, telemetry
+from tokenyard.shared import metrics, natsutil, telemetry
 
 VERSION = "0.1.0"
 
@@ -39,11 +43,17 @@ def new_instance_id(kind: str) -> str:
 
 
 class ServiceHost:
-    def __init__(self, shell: Shell, nats_url: str):
+    def __init__(self, shell: Shell, nats_url: str, metrics_port: int | None = None,
+                 metrics_host: str = "0.0.0.0"):
         self.shell = shell
         self.nats_url = nats_url
+        self.metrics_port = metrics_port
+        """None: no /metrics endpoint; 0: a free port (`metrics_url` tells which)."""
+        self.metrics_host = metrics_host
+        self.metrics_url: str | None = None
         self.nc: Client | None = None
         self.service: Service | None = None
+        self._metrics_runner = None
         self._stopped = asyncio.Event()
 
     async def start(self) -> ServiceHost:
@@ -55,17 +65,29 @@ class ServiceHost:
             version=VERSION,
             description=f"tokenyard {self.shell.kind}",
             metadata={"instance": self.shell.instance_id},
+            stats_handler=self._stats_data,
         )
         await self.shell.start(self.nc, self.service)
-        await self.nc.flush()  # the server has every subscription: started means serving
+        await self.nc.flush()  # the server has every subscription before anyone is told we serve
+        shell_metrics = getattr(self.shell, "metrics", None)
+        if self.metrics_port is not None and shell_metrics is not None:
+            self._metrics_runner = await metrics.serve(shell_metrics.registry, self.metrics_port, self.metrics_host)
+            host = "127.0.0.1" if self.metrics_host in ("0.0.0.0", "") else self.metrics_host
+            self.metrics_url = f"http://{host}:{metrics.bound_port(self._metrics_runner)}/metrics"
         telemetry.logger(self.shell.kind).info("started", instance=self.shell.instance_id, nats=self.nats_url)
         return self
+
+    def _stats_data(self, _endpoint) -> dict:
+        snapshot = getattr(getattr(self.shell, "metrics", None), "snapshot", None)
+        return snapshot() if snapshot is not None else {}
 
     async def stop(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
         await self.shell.stop()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
         if self.service:
             with contextlib.suppress(Exception):
                 await self.service.stop()
@@ -74,9 +96,9 @@ class ServiceHost:
                 await self.nc.drain()
 
     async def run_until_signalled(self) -> None:
-        """Serve until SIGINT / SIGTERM, then drain and stop. The handlers go in first: a
-        signal that arrives while starting (a worker heartbeats before start returns) still
-        means drain and exit 0, not death by the default handler."""
+        """Serve until SIGINT / SIGTERM, then drain and stop. The handlers go in before start():
+        a worker is visible (its first heartbeat) before start() returns, and a SIGTERM sent as
+        soon as it is seen must drain it, not kill it."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -87,7 +109,7 @@ class ServiceHost:
         await self.stop()
 
 
-def run(shell: Shell, nats_url: str) -> None:
+def run(shell: Shell, nats_url: str, metrics_port: int | None = None) -> None:
     """Entry point of a service process."""
     try:
         import uvloop
@@ -95,4 +117,4 @@ def run(shell: Shell, nats_url: str) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(ServiceHost(shell, nats_url).run_until_signalled())
+    asyncio.run(ServiceHost(shell, nats_url, metrics_port).run_until_signalled())

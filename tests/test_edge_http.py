@@ -307,9 +307,9 @@ async def test_models_health_and_metrics(edge):
             assert r.status == 404
     models = await edge.openai().models.list()
     assert [m.id for m in models.data] == [MODEL]
-    assert 'tokenyard_edge_requests_total{endpoint="completions",outcome="finished"}' in metrics
-    assert 'tokenyard_edge_ttft_seconds_count{endpoint="completions"}' in metrics
-    assert "tokenyard_edge_in_flight_requests 0.0" in metrics
+    assert 'tokenyard:edge_requests_total{endpoint="completions",outcome="finished"}' in metrics
+    assert 'tokenyard:edge_ttft_seconds_count{endpoint="completions"}' in metrics
+    assert "tokenyard:edge_in_flight_requests 0.0" in metrics
 
 
 async def test_micro_health_endpoint(edge):

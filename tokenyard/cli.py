@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tokenyard import launcher
+    from tokenyard import launcher, top
     from tokenyard.loadgen import cli as loadgen_cli
     from tokenyard.services.admission import cli as admission_cli
     from tokenyard.services.edge import cli as edge_cli
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenyard", description="Control plane of an LLM serving fleet.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     launcher.register(sub)
+    top.register(sub)
     for module in (edge_cli, admission_cli, queue_cli, router_cli, macro_cli, worker_cli, loadgen_cli, sim_cli, tune_cli):
         module.register(sub)
     _add_nats_credentials(sub)

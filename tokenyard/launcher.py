@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tokenyard.shared import config, nats_auth, natsutil
+from tokenyard.shared.nats_cluster import NatsCluster
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
 
@@ -51,12 +52,17 @@ class FleetProcesses:
     nats_tls: nats_auth.TlsFiles | None = None
     creds_dir: str | None = None
     """Where the creds files go (default: a temp dir removed on stop)."""
+    nats_cluster: int = 0
+    """Start a NATS cluster of this many nodes (shared/nats_cluster.py) instead of one server."""
+    metrics: bool = True
+    """Give every service a Prometheus /metrics port (`scrape_targets()` lists them)."""
 
     def __post_init__(self) -> None:
-        self.server: natsutil.NatsServer | None = None
+        self.server: natsutil.NatsServer | NatsCluster | None = None
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self._logs: list = []
         self._creds_tmp: tempfile.TemporaryDirectory | None = None
+        self.metrics_ports: dict[str, int] = {}
 
     @property
     def http_url(self) -> str:
@@ -78,14 +84,30 @@ class FleetProcesses:
                 [*base, "worker", *url, "--engine", self.engine, "--profile", self.profile,
                  "--speed", str(self.speed), "--id", f"w{i}", "--model", self.model],
             ))
-        return cmds
+        return [(name, [*cmd, *self._metrics_args(name)]) for name, cmd in cmds]
+
+    def _metrics_args(self, name: str) -> list[str]:
+        """The edge serves /metrics on its HTTP port; every other service on one of its own."""
+        if not self.metrics or name == "edge":
+            return []
+        port = self.metrics_ports.setdefault(name, natsutil.free_port())
+        return ["--metrics-port", str(port)]
+
+    def scrape_targets(self) -> dict[str, str]:
+        """Service name → its Prometheus endpoint."""
+        targets = {"edge": f"{self.http_url}/metrics"} if self.metrics else {}
+        targets.update({name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metrics_ports.items()})
+        return targets
 
     def _tokenizer_args(self) -> list[str]:
         """With vLLM, `model` is the model's path: admission tokenizes with its tokenizer."""
         return ["--tokenizer", self.model] if self.engine == "vllm" else []
 
     async def start(self) -> FleetProcesses:
-        if not self.nats_url:
+        if not self.nats_url and self.nats_cluster > 1:
+            self.server = await NatsCluster(self.nats_cluster, log_dir=self.log_dir, auth=self._auth()).start()
+            self.nats_url = self.server.url
+        elif not self.nats_url:
             self.server = await natsutil.NatsServer(port=self.nats_port, auth=self._auth()).start()
             self.nats_url = self.server.url
         if not self.http_port:
@@ -213,6 +235,8 @@ def register(sub) -> None:
     p.add_argument("--nats-creds-dir", help="write the generated creds files here (default: a temp dir)")
     p.add_argument("--nats-tls-cert", help="serve NATS over TLS with this certificate (PEM; with --nats-tls-key)")
     p.add_argument("--nats-tls-key", help="the certificate's private key (PEM)")
+    p.add_argument("--nats-cluster", type=int, default=0, metavar="N",
+                   help="start N nats-servers clustered over loopback routes (JetStream R3) instead of one")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--policy", default="multiplicative", help="router policy (see `tokenyard router --help`)")
     p.add_argument("--macro-size", type=int, default=4)
@@ -222,6 +246,8 @@ def register(sub) -> None:
                    help="mitosis scaling: the macro controller starts/stops worker processes")
     p.add_argument("--model", default=config.DEFAULT_MODEL)
     p.add_argument("--log-dir", help="write each service's log here")
+    p.add_argument("--prometheus-config", metavar="PATH",
+                   help="write a prometheus.yml that scrapes every service of this fleet")
     p.add_argument("--bench-prompts", type=int, default=0,
                    help="once up, run `bench serve` with this many prompts against the edge, then stop")
     p.add_argument("--bench-rate", type=float, default=20.0)
@@ -252,7 +278,7 @@ async def _up(args) -> int:
         raise SystemExit("tokenyard up --engine vllm needs --model PATH (the model's local path)")
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
-        nats_url=args.nats, nats_port=args.nats_port, http_port=args.http_port,
+        nats_url=args.nats, nats_port=args.nats_port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=_macro_args(args), nats_secure=not args.no_nats_auth, creds_dir=args.nats_creds_dir,
@@ -266,10 +292,21 @@ async def _up(args) -> int:
     try:
         print(f"tokenyard is up: {args.workers} {args.engine} worker(s), profile {args.profile}, speed {args.speed}")
         print(f"  NATS     {fleet.nats_url}   (publish requests on llm.v1.submit)")
+        if args.nats_cluster > 1:
+            print(f"           a cluster of {args.nats_cluster} nodes; stream and buckets replicated R"
+                  f"{min(3, args.nats_cluster)}")
         if fleet.client_creds:
             print(f"  creds    {nats_auth.CREDS_ENV}={fleet.client_creds}   (the `client` user)")
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
         print(f"  model    {args.model}")
+        for name, url in fleet.scrape_targets().items():
+            print(f"  metrics  {name:<10} {url}")
+        if args.prometheus_config:
+            from tokenyard.shared.metrics import prometheus_config
+
+            with open(args.prometheus_config, "w") as f:
+                f.write(prometheus_config(fleet.scrape_targets()))
+            print(f"  prometheus --config.file {args.prometheus_config}")
         if args.bench_prompts:
             from tokenyard.loadgen.serve import BenchConfig, print_result, run_bench
 

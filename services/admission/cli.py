@@ -9,6 +9,7 @@ from tokenyard.shared import config
 def register(sub) -> None:
     p = sub.add_parser("admission", help="validate, tokenize and enqueue requests")
     p.add_argument("--nats", default=config.nats_url_from_env())
+    config.add_metrics_port_argument(p)
     p.add_argument("--model", action="append", help="served model name (repeatable)")
     p.add_argument("--tokenizer", help="path of a tokenizer.json (default: the built-in byte tokenizer)")
     p.add_argument("--max-model-len", type=int, default=config.MAX_MODEL_LEN)
@@ -42,5 +43,5 @@ def main(args) -> int:
         models=args.model or [config.DEFAULT_MODEL], max_model_len=args.max_model_len, block_size=args.block_size,
         tenants=table, slo_check=not args.no_slo_check,
     )
-    run(AdmissionShell(cfg, load_tokenizer(args.tokenizer)), args.nats)
+    run(AdmissionShell(cfg, load_tokenizer(args.tokenizer)), args.nats, args.metrics_port)
     return 0

@@ -23,6 +23,7 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.metrics import AdmissionMetrics
 from tokenyard.shared.service import new_instance_id
 from tokenyard.shared.tokenizer import Tokenizer
 
@@ -36,6 +37,7 @@ class AdmissionShell:
         self.core = AdmissionCore(cfg, tokenizer)
         self.instance_id = new_instance_id(self.kind)
         self.nc: Client | None = None
+        self.metrics = AdmissionMetrics()
         self._inflight: set[asyncio.Task] = set()
 
     async def start(self, nc: Client, service: Service) -> None:
@@ -98,6 +100,7 @@ class AdmissionShell:
                 outcome = {429: schemas.Outcome.REJECTED_RATE, 503: schemas.Outcome.REJECTED_CAPACITY}.get(
                     verdict.status, schemas.Outcome.REJECTED_INVALID)
                 span.set_attribute("tokenyard.outcome", outcome)
+                self.metrics.observe(outcome, verdict.code)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
                 if reply_to:
                     await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))
@@ -107,15 +110,14 @@ class AdmissionShell:
             )
             await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
             try:
-                await self.js.publish(
-                    subjects.QUEUE,
-                    queued,
-                    headers=telemetry.inject({"Nats-Msg-Id": verdict.request_id}),
-                    timeout=5.0,
-                )
+                # Retried through a cluster node's failover; the request id dedups a retry.
+                await natsutil.publish_durably(self.js, subjects.QUEUE, queued, verdict.request_id,
+                                               headers=telemetry.inject())
             except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
                 log.warning("enqueue_failed", request_id=verdict.request_id, error=repr(e))
                 error = schemas.Error(request_id=verdict.request_id, status=503, message=f"queue unavailable: {e!r}")
                 await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
                 return
             span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)
+            self.metrics.observe(schemas.Outcome.ADMITTED)

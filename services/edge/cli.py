@@ -13,6 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "edge", help="OpenAI-compatible HTTP edge (/v1/completions, /v1/chat/completions)"
     )
     p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS URL (env TOKENYARD_NATS_URL)")
+    config.add_metrics_port_argument(p)
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP port (0: any free one)")
     p.add_argument(
@@ -36,4 +37,4 @@ def _run(args: argparse.Namespace) -> None:
         models=args.models or [config.DEFAULT_MODEL],
         request_timeout_s=args.request_timeout,
     )
-    service.run(EdgeShell(cfg), args.nats)
+    service.run(EdgeShell(cfg), args.nats, args.metrics_port)

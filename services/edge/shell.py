@@ -43,7 +43,7 @@ from prometheus_client import (
 )
 from tokenyard.services.edge import core
 from tokenyard.services.edge.core import ApiError, Endpoint
-from tokenyard.shared import config, http_front, openai_api, schemas, subjects, telemetry, validation
+from tokenyard.shared import config, http_front, metrics, openai_api, schemas, subjects, telemetry, validation
 from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.schemas import Outcome
 from tokenyard.shared.service import new_instance_id
@@ -80,21 +80,25 @@ class EdgeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "tokenyard_edge_requests",
+            "tokenyard:edge_requests",
             "Generation requests by endpoint and outcome.",
             ["endpoint", "outcome"],
             registry=self.registry,
         )
         self.ttft = Histogram(
-            "tokenyard_edge_ttft_seconds",
+            "tokenyard:edge_ttft_seconds",
             "HTTP request received → first token chunk.",
             ["endpoint"],
             buckets=TTFT_BUCKETS_S,
             registry=self.registry,
         )
         self.in_flight = Gauge(
-            "tokenyard_edge_in_flight_requests", "Generation requests in flight.", registry=self.registry
+            "tokenyard:edge_in_flight_requests", "Generation requests in flight.", registry=self.registry
         )
+
+    def snapshot(self) -> dict:
+        """Requests by `endpoint,outcome`, for `$SRV.STATS` (shared/metrics.py)."""
+        return {"requests": metrics.count_samples(self.requests)}
 
 
 @dataclass

@@ -14,6 +14,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("macro", help="group workers into macro-instances and set their phases")
     p.add_argument("--nats", default=config.nats_url_from_env())
+    config.add_metrics_port_argument(p)
     p.add_argument("--macro-size", type=int, default=4)
     p.add_argument("--mode", choices=MODES, default="nodg")
     p.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="EcoServe constraint check: TTFT SLO")
@@ -48,5 +49,5 @@ def main(args) -> int:
         cfg.scaling = MitosisConfig(n_lower=args.n_lower, n_upper=args.n_upper, max_workers=args.max_workers)
         provisioner = LocalProcessProvisioner(args.nats, args.worker_engine, args.worker_profile, args.worker_speed,
                                               args.worker_model)
-    run(MacroShell(cfg, provisioner=provisioner), args.nats)
+    run(MacroShell(cfg, provisioner=provisioner), args.nats, args.metrics_port)
     return 0

@@ -19,6 +19,7 @@ from nats.micro.service import Service
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
 from tokenyard.services.macro_instance.provisioner import NoProvisioner, Provisioner
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.metrics import MacroMetrics
 from tokenyard.shared.service import new_instance_id
 
 log = telemetry.logger("macro")
@@ -37,6 +38,7 @@ class MacroShell:
         self.plan_s = plan_s
         self.republish_s = republish_s
         self._task: asyncio.Task | None = None
+        self.metrics = MacroMetrics()
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
@@ -65,6 +67,7 @@ class MacroShell:
             now = time.time()
             try:
                 plan = self.core.plan(now)
+                self.metrics.observe_states(plan.states)
                 for state in plan.states:
                     await self._publish(state)
                     log.info("macro_state", macro=state.macro_id, workers=state.workers, epoch=state.epoch)

@@ -12,6 +12,7 @@ from tokenyard.shared import config
 def register(sub) -> None:
     p = sub.add_parser("queue", help="the priority queue between admission and the router")
     p.add_argument("--nats", default=config.nats_url_from_env())
+    config.add_metrics_port_argument(p)
     p.add_argument("--policy", "--queue-policy", dest="policy", choices=POLICY_NAMES, default="hybrid")
     p.add_argument("--aging", default="30,15,5", help="seconds in P1,P2,P3 before moving up a class, or 'off'")
     p.add_argument("--bubble-width", type=float, default=1024.0, help="width of a bubble queue, in tokens")
@@ -30,5 +31,5 @@ def main(args) -> int:
     policy = make_policy(args.policy, aging_s=parse_aging(args.aging), bubble_width=args.bubble_width)
     cfg = QueueConfig(slots_per_worker=args.slots_per_worker, p0_reserve_per_worker=args.p0_reserve,
                       batch_cap_per_worker=args.batch_cap)
-    run(QueueShell(cfg, policy), args.nats)
+    run(QueueShell(cfg, policy), args.nats, args.metrics_port)
     return 0

@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanKind
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.metrics import QueueMetrics
 from tokenyard.shared.service import new_instance_id
 
 log = telemetry.logger("queue")
@@ -45,6 +46,7 @@ class QueueShell:
         self._tasks: list[asyncio.Task] = []
         self._routes: set[asyncio.Task] = set()
         self._running = False
+        self.metrics = QueueMetrics(lambda: self.core.stats(self.instance_id, time.time()))
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
@@ -144,6 +146,7 @@ class QueueShell:
                 log.warning("route_failed", request_id=req.request_id, error=repr(e))
             outcome = decision.outcome if decision else schemas.Outcome.FAILED
             span.set_attribute("tokenyard.outcome", outcome)
+        self.metrics.observe_dispatch(outcome, req.priority, time.time() - req.arrival_s)
         if decision is not None and decision.outcome == schemas.Outcome.ROUTED:
             self.core.on_routed(req.request_id, decision.worker_id, time.time())
             msg = self.held.pop(req.request_id, None)

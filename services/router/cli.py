@@ -11,6 +11,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("router", help="pick the worker for each request")
     p.add_argument("--nats", default=config.nats_url_from_env())
+    config.add_metrics_port_argument(p)
     d = RouterConfig()
     p.add_argument("--policy", choices=list(POLICIES), default=d.policy)
     p.add_argument(
@@ -40,5 +41,5 @@ def main(args) -> int:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         bs_cap=args.bs_cap,
     )
-    run(RouterShell(cfg), args.nats)
+    run(RouterShell(cfg), args.nats, args.metrics_port)
     return 0

@@ -17,6 +17,7 @@ from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
 from tokenyard.shared import codec, schemas, subjects, telemetry
+from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.service import new_instance_id
 
 log = telemetry.logger("router")
@@ -31,6 +32,7 @@ class RouterShell:
         self.core = RouterCore(cfg)
         self.instance_id = new_instance_id(self.kind)
         self.max_attempts = max_attempts
+        self.metrics = RouterMetrics(cfg.policy)
         self._inflight: set[asyncio.Task] = set()
         self._housekeeping: asyncio.Task | None = None
 
@@ -84,24 +86,30 @@ class RouterShell:
         with telemetry.span(
             self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id
         ) as span:
-            decision = await self._place(ar, span)
+            t0 = time.perf_counter()
+            decision, hit_tokens = await self._place(ar, span)
+            self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
+            view = self.core.view
+            fresh = view.fresh(time.time(), self.core.cfg.stale_after_s)
+            self.metrics.observe_fleet(view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh])
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
                 span.set_attribute("tokenyard.worker_id", decision.worker_id)
         await req.respond(codec.encode(decision))
 
-    async def _place(self, ar: schemas.AdmittedRequest, span=None) -> schemas.RouteDecision:
+    async def _place(self, ar: schemas.AdmittedRequest, span=None) -> tuple[schemas.RouteDecision, int | None]:
+        """The decision, and the prefix-hit tokens on the worker that took the request."""
         placement = Placement(self.core, ar, self.max_attempts)
         while (choice := placement.next(time.time())) is not None:
             if span is not None:
                 span.set_attributes(span_attributes(choice))
             reply = await self._offer(ar, choice.worker_id)
             if reply is not None and reply.accepted:
-                return schemas.RouteDecision(ar.request_id, schemas.Outcome.ROUTED, choice.worker_id)
+                return schemas.RouteDecision(ar.request_id, schemas.Outcome.ROUTED, choice.worker_id), choice.hit_tokens
             if reply is not None and reply.reason == schemas.Outcome.ABORTED:
-                return schemas.RouteDecision(ar.request_id, schemas.Outcome.ABORTED, reason="aborted")
+                return schemas.RouteDecision(ar.request_id, schemas.Outcome.ABORTED, reason="aborted"), None
             placement.refused(choice.worker_id, reply.reason if reply else "no answer")
-        return schemas.RouteDecision(ar.request_id, schemas.Outcome.NO_CAPACITY, reason=placement.reason)
+        return schemas.RouteDecision(ar.request_id, schemas.Outcome.NO_CAPACITY, reason=placement.reason), None
 
     async def _offer(self, ar: schemas.AdmittedRequest, worker_id: str) -> schemas.GenerateReply | None:
         subject = subjects.worker_generate(worker_id)

@@ -18,6 +18,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("worker", help="host an engine (simulated or vLLM) as a fleet member")
     p.add_argument("--nats", default=config.nats_url_from_env())
+    config.add_metrics_port_argument(p)
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
@@ -125,7 +126,7 @@ def main(args) -> int:
     from tokenyard.shared.service import run
 
     if args.engine != "vllm":
-        run(build(args), args.nats)
+        run(build(args), args.nats, args.metrics_port)
         return 0
     from tokenyard.services.worker.vllm.settings import SettingsError
 

@@ -24,6 +24,7 @@ from nats.micro.service import Service
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import Engine
 from tokenyard.shared import codec, config, schemas, subjects, telemetry
+from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("worker")
@@ -43,6 +44,7 @@ class WorkerShell:
         self.core = WorkerCore(cfg, tokenizer)
         self.engine = engine
         self.instance_id = cfg.worker_id
+        self.metrics = WorkerMetrics(cfg.worker_id, cfg.model)
         self.heartbeat_s = heartbeat_s
         self.kv_poll_s = kv_poll_s
         self._streams: dict[str, asyncio.Task] = {}
@@ -108,6 +110,9 @@ class WorkerShell:
                             event.ttft_ms = ttft_ms
                             span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
                             span.set_attribute("gen_ai.response.finish_reasons", [event.finish_reason])
+                            self.metrics.observe_finished(
+                                None if ttft_ms is None else ttft_ms / 1000.0, time.monotonic() - t0,
+                                event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
                         await self.nc.publish(ar.reply_to, codec.encode(event, json=ar.json), headers=hdrs)
             except Exception as e:
                 log.exception("generation_failed", request_id=ar.request_id)
@@ -141,6 +146,7 @@ class WorkerShell:
     async def _publish_heartbeat(self) -> None:
         self._sync_phase()
         hb = self.core.heartbeat(self.engine.stats(), time.time())
+        self.metrics.heartbeat = hb
         await self.nc.publish(subjects.heartbeat(self.core.cfg.worker_id), codec.encode(hb))
 
     async def _heartbeat_loop(self) -> None:

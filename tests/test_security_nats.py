@@ -354,3 +354,30 @@ def test_the_documented_permission_table_is_the_one_enforced():
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
     assert nats_auth.permission_table() in doc
+
+
+async def test_every_node_of_a_secured_cluster_refuses_alike(tmp_path):
+    """`tokenyard up --nats-cluster 3` secures each node with the same users: anonymous is
+    refused on every node, and a client's refusals hold whichever node it reaches."""
+    from tokenyard.shared.nats_cluster import NatsCluster
+
+    auth = nats_auth.FleetAuth.generate(tmp_path / "creds")
+    async with NatsCluster(3, auth=auth) as cluster:
+        for url in cluster.urls:
+            with pytest.raises(PermissionError):
+                await natsutil.connect(url, "anon", creds=nats_auth.Credentials())
+        errors: asyncio.Queue = asyncio.Queue()
+
+        async def on_error(e: Exception) -> None:
+            errors.put_nowait(e)
+
+        nc = await nats.connect(cluster.urls[2], error_cb=on_error, allow_reconnect=False,
+                                **auth.credentials("client").connect_options())
+        conn = Conn(nc, errors)
+        await nc.publish(subjects.heartbeat("w0"), b"x")
+        await conn.refused('publish to "llm.v1.hb.w0"')
+        await nc.close()
+        admin = await natsutil.connect(cluster.url, "admin")  # the whole URL: the operator's keys
+        await natsutil.ensure_queue_stream(admin)
+        assert (await admin.jetstream().stream_info(subjects.QUEUE_STREAM)).config.name == subjects.QUEUE_STREAM
+        await admin.close()

@@ -5,6 +5,7 @@ all. The OpenAPI-driven fuzzing is in test_edge_fuzz_openapi.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import aiohttp
@@ -166,8 +167,9 @@ async def test_api_keys_name_tenants_and_claims_without_one_are_ignored(keyed_fl
             assert resp.status == status, await resp.text()
     nats_headers = {k if k != "authorization" else "x-api-key": v.removeprefix("Bearer ") for k, v in headers.items()}
     client = TokenyardClient(keyed_fleet.nats)
-    first = await anext(client.stream(schemas.GenerateRequest(prompt="tenant?", max_tokens=2, **body),
-                                      headers=nats_headers))
+    stream = client.stream(schemas.GenerateRequest(prompt="tenant?", max_tokens=2, **body), headers=nats_headers)
+    async with contextlib.aclosing(stream):
+        first = await anext(stream)
     if priority is None:
         assert isinstance(first, schemas.Rejected) and (first.status, first.code) == (401, "invalid_api_key")
     else:

@@ -9,8 +9,11 @@ TTFT SLO of 5 s (P1). A request is good when TTFT ≤ 5 s and its own TPOT ≤ i
 goodput = good requests per second of the arrival window (the same window for both
 policies, so their ratio is the ratio of good requests; `throughput` is per second of the
 whole run, drain included). Policies: `fcfs` = vLLM's (scheduler.py),
-`scorpio` = VBS admission + credit batching (scorpio.py). Steps are run one by one (no
-folding), outputs land at the end of the step that made them.
+`scorpio` = VBS admission + credit batching + the seed's rejection path (scorpio.py: a request
+still waiting, never started, past its 5 s TTFT deadline is rejected; SimEngineCore.expire),
+`fcfs+reject` = vLLM's with that same rejection, `scorpio-noreject` = SCORPIO without it. A
+rejected request counts as not good. Steps are run one by one (no folding), outputs land at
+the end of the step that made them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile as get_profile
+from tokenyard.services.worker.sim.scheduler import VllmPolicy
 from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
 from tokenyard.shared.schemas import AdmittedRequest
 
@@ -47,7 +51,13 @@ def workload(n: int, rate: float, seed: int = 0) -> list[AdmittedRequest]:
 def simulate(policy: str, reqs: list[AdmittedRequest], profile: str = "a100-llama3-8b") -> dict[str, Any]:
     """Run `reqs` through one engine under `policy`; goodput and SLO attainment."""
     prof = get_profile(profile)
-    core = SimEngineCore(prof, 16, policy=ScorpioPolicy(prof) if policy == "scorpio" else None)
+    if policy.startswith("scorpio"):
+        pol = ScorpioPolicy(prof, reject=policy == "scorpio")
+    else:
+        pol = VllmPolicy()
+        pol.rejects_past_deadline = policy == "fcfs+reject"
+    core = SimEngineCore(prof, 16, policy=pol)
+    rejected = 0
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     now, k = 0.0, 0
@@ -58,6 +68,7 @@ def simulate(policy: str, reqs: list[AdmittedRequest], profile: str = "a100-llam
         if not core.has_work():
             now = reqs[k].arrival_s
             continue
+        rejected += len(core.expire(now))
         res = core.step()
         if res.duration_s <= 0 and not res.outputs:
             now = reqs[k].arrival_s if k < len(reqs) else now  # nothing schedulable: wait for arrivals
@@ -71,6 +82,8 @@ def simulate(policy: str, reqs: list[AdmittedRequest], profile: str = "a100-llam
     tpot_ok = {TIGHT_MS: [0, 0], LOOSE_MS: [0, 0]}
     ttfts = []
     for r in reqs:
+        if r.request_id not in first:  # rejected
+            continue
         ttft = first[r.request_id] - r.arrival_s
         tpot = (last[r.request_id] - first[r.request_id]) * 1000 / max(r.max_tokens - 1, 1)
         ok = tpot <= r.tpot_slo_ms
@@ -81,7 +94,7 @@ def simulate(policy: str, reqs: list[AdmittedRequest], profile: str = "a100-llam
     duration = now - reqs[0].arrival_s
     window = reqs[-1].arrival_s - reqs[0].arrival_s
     return {
-        "policy": policy, "goodput": good / window, "good": good, "requests": len(reqs),
+        "policy": policy, "goodput": good / window, "good": good, "requests": len(reqs), "rejected": rejected,
         "throughput": len(reqs) / duration, "duration_s": duration,
         "tight_tpot_met": tpot_ok[TIGHT_MS][0] / max(tpot_ok[TIGHT_MS][1], 1),
         "loose_tpot_met": tpot_ok[LOOSE_MS][0] / max(tpot_ok[LOOSE_MS][1], 1),
@@ -93,9 +106,14 @@ def run(n: int, loads: list[float], profile: str = "a100-llama3-8b") -> list[dic
     rows = []
     for load in loads:
         reqs = workload(n, BASE_RATE * load)
-        res = {p: simulate(p, reqs, profile) for p in ("fcfs", "scorpio")}
+        res = {p: simulate(p, reqs, profile) for p in ("fcfs", "fcfs+reject", "scorpio", "scorpio-noreject")}
+
+        def ratio(a: str, b: str, res: dict = res) -> float | None:
+            return res[a]["goodput"] / res[b]["goodput"] if res[b]["goodput"] else None
+
         row = {"load": load, "rate": BASE_RATE * load, **{p: r for p, r in res.items()},
-               "goodput_ratio": res["scorpio"]["goodput"] / res["fcfs"]["goodput"] if res["fcfs"]["goodput"] else None}
+               "goodput_ratio": ratio("scorpio", "fcfs"), "goodput_ratio_same_rejection": ratio("scorpio", "fcfs+reject"),
+               "goodput_ratio_noreject": ratio("scorpio-noreject", "fcfs")}
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

@@ -51,6 +51,8 @@ class Outcome(enum.StrEnum):
     ABORTED = "aborted"
     FINISHED = "finished"
     FAILED = "failed"
+    REJECTED_DEADLINE = "rejected_deadline"
+    """The queue let a request go once it could no longer meet its TTFT deadline (429)."""
 
 
 class Phase(enum.StrEnum):
@@ -275,6 +277,9 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     vbs_limit: float = 0.0
     """SCORPIO: the largest VBS whose estimated TPOT still meets min_tpot_slo_ms (router's
     VBS filter); 0: unknown."""
+    prefill_ms_per_token2: float = 0.0
+    """Attention's share of a prefill: an uncached prompt of L tokens takes about
+    L·prefill_ms_per_token + L²·this ms (admission's per-request TTFT feasibility); 0: unknown."""
 
 
 class WorkerControl(msgspec.Struct, omit_defaults=True):

@@ -2,7 +2,7 @@
 
     tokenyard sim --workload chatbot|api|coder|trace:PATH --instances N --profile P
                   [--policy X | --compare A,B,...] [--macro-size K --mode nodg]
-                  [--queue-policy Q] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
+                  [--queue-policy Q] [--flow-control on|off] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
                   [--seed S] [--json FILE] [--plots DIR]
                   [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
                   [--num-requests N] [--duration S]
@@ -19,6 +19,8 @@ from typing import Any
 
 
 def register(sub) -> None:
+    from tokenyard.services.priority_queue.policies.registry import DEFAULT_POLICY as DEFAULT_QUEUE_POLICY
+    from tokenyard.services.priority_queue.policies.registry import POLICY_NAMES
     from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser(
@@ -35,7 +37,11 @@ def register(sub) -> None:
     group.add_argument("--compare", default=None, metavar="A,B,...", help="run several policies; ratios to the first")
     p.add_argument("--macro-size", type=int, default=None, metavar="K", help="group workers into macro-instances of K")
     p.add_argument("--mode", default="nodg", help="macro-instance mode: nodg (every worker mixed) or ecoserve (rolling prefill phases)")
-    p.add_argument("--queue-policy", default="fcfs")
+    p.add_argument("--queue-policy", default=DEFAULT_QUEUE_POLICY,
+                   help=f"the priority queue's ordering: {', '.join(POLICY_NAMES)} "
+                        "(default: %(default)s, as `tokenyard queue`)")
+    p.add_argument("--flow-control", choices=("on", "off"), default="on",
+                   help="the queue holds the backlog while the fleet is saturated (default: on, as live)")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
     p.add_argument("--seed", type=int, default=0)
@@ -73,6 +79,7 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
         "macro_size": args.macro_size,
         "mode": args.mode,
         "queue_policy": args.queue_policy,
+        "flow_control": args.flow_control,
         "priority_mix": args.priority_mix,
         "seed": args.seed,
         "rate": args.rate,
@@ -114,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
             profile=args.profile,
             policy=policies[0],
             queue_policy=args.queue_policy,
+            flow_control=args.flow_control == "on",
             macro_size=args.macro_size,
             mode=args.mode,
             seed=args.seed,

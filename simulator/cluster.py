@@ -2,10 +2,12 @@
 clock, in one process, with no NATS (Dynamo's offline replay, not Vidur's re-implementation).
 
     arrival ─> AdmissionCore.admit ─> QueueCore.offer ─> dispatch:
-        QueueCore.dispatchable(now) ─> RouterCore.route ─> WorkerCore.offer ─> SimEngineCore.add
+        QueueCore.expire(now) (429s), QueueCore.dispatchable(now) ─> RouterCore.route ─>
+        WorkerCore.offer ─> SimEngineCore.add
     instance: step() at t ─> outputs at t + duration ─> next step at once
               KV events of the step ─> RouterCore.on_kv_events (the live worker polls every 20 ms)
-    every 100 ms: heartbeats (WorkerCore.heartbeat) ─> router, queue, macro controller;
+    every 100 ms: heartbeats (WorkerCore.heartbeat) ─> router, queue, admission, macro controller;
+              QueueCore.stats ─> admission (as llm.v1.pq.state live);
               MacroCore.plan ─> router (MacroState), workers (WorkerControl); dispatch again
 
 What the shells do around the cores is repeated here and nothing else: the router shell's
@@ -24,6 +26,7 @@ from tokenyard.loadgen.workloads.blocks import TraceRequest
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
+from tokenyard.services.priority_queue.policies.registry import DEFAULT_POLICY as DEFAULT_QUEUE_POLICY
 from tokenyard.services.router.core import Placement, RouterConfig, RouterCore
 from tokenyard.services.worker.sim.latency import profile as latency_profile
 from tokenyard.shared import schemas
@@ -40,8 +43,16 @@ MODEL = "tokenyard-sim"
 class SimConfig:
     instances: int = 16
     profile: str = "a100-llama3-8b"
-    policy: str = "least-loaded"
-    queue_policy: str = "fcfs"
+    policy: str = RouterConfig.policy
+    """The router's declared default, as `tokenyard router` runs it."""
+    queue_policy: str = DEFAULT_QUEUE_POLICY
+    flow_control: bool = True
+    """Flow control, on as live: the queue's (QueueConfig.flow_control) and the workers' refusal
+    while saturated (WorkerConfig.flow_control)."""
+    deadline_reject: bool = True
+    """The queue rejects a request that can no longer meet its TTFT deadline (QueueConfig.expire_deadlines)."""
+    slo_check: bool = True
+    """Admission refuses a request whose predicted wait breaks its target (AdmissionConfig.slo_check)."""
     macro_size: int | None = None
     """None: no macro-instance controller (every worker accepts, as a plain fleet)."""
     mode: str = "nodg"
@@ -69,6 +80,8 @@ class ReqState:
     worker: str = ""
     error: str | None = None
     finished: bool = False
+    expired: bool = False
+    """Admitted, then rejected by the queue once its TTFT deadline passed."""
 
 
 class ChainCache:
@@ -106,17 +119,23 @@ class ClusterSim:
                 max_model_len=cfg.max_model_len,
                 block_size=block_size,
                 default_ceiling=PriorityClass.P0,  # the simulated tenant may declare any class
+                slo_check=cfg.slo_check,
             ),
             ByteTokenizer(),
         )
-        self.queue = QueueCore(QueueConfig(slots_per_worker=cfg.slots_per_worker), make_policy(cfg.queue_policy))
+        self.queue = QueueCore(
+            QueueConfig(flow_control=cfg.flow_control, expire_deadlines=cfg.deadline_reject,
+                        slots_per_worker=cfg.slots_per_worker),
+            make_policy(cfg.queue_policy),
+        )
         self.router = RouterCore(RouterConfig(policy=cfg.policy, seed=cfg.seed, **cfg.router_options))
         self.macro = (
             MacroCore(MacroConfig(size=cfg.macro_size, mode=cfg.mode, **cfg.macro_options)) if cfg.macro_size else None
         )
         width = len(str(max(cfg.instances - 1, 0)))
         self.instances = [
-            SimInstance(f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks) for i in range(cfg.instances)
+            SimInstance(f"w{i:0{width}d}", MODEL, self.prof, block_size, num_blocks, cfg.flow_control)
+            for i in range(cfg.instances)
         ]
         self.by_id = {inst.id: inst for inst in self.instances}
         self.chains = chains or ChainCache()
@@ -175,6 +194,10 @@ class ClusterSim:
         self._dispatch(now)
 
     def _dispatch(self, now: float) -> None:
+        for req, rejected in self.queue.expire(now):
+            st = self.reqs[req.request_id]
+            st.error = f"status_{rejected.status}"
+            st.expired = True
         for req in self.queue.dispatchable(now):
             self._place(req, now)
 
@@ -184,7 +207,7 @@ class ClusterSim:
             inst = self.by_id[choice.worker_id]
             reply, start = inst.worker.offer(req, inst.engine.stats())
             if reply.accepted:
-                self.queue.on_routed(req.request_id, inst.id)
+                self.queue.on_routed(req.request_id, inst.id, now)
                 if start:
                     self._start(inst, req, now)
                 return
@@ -227,6 +250,10 @@ class ClusterSim:
             st = reqs[out.request_id]
             if out.new_token_ids:
                 st.tokens.append(now)
+            if out.finish_reason == "deadline":  # rejected by the engine (SCORPIO), never started
+                st.error, st.expired = "status_429", True
+                del streams[out.request_id]
+                continue
             if out.finished:
                 st.finished = True
                 st.cached_tokens = out.num_cached_tokens
@@ -252,6 +279,7 @@ class ClusterSim:
                 hb = inst.worker.heartbeat(inst.engine.stats(), now)
                 self.router.on_heartbeat(hb, now)
                 self.queue.on_heartbeat(hb, now)
+                self.admission.on_heartbeat(hb, now)
                 if self.macro is not None:
                     self.macro.on_heartbeat(hb, now)
                 inst.last_hb_s = now
@@ -274,9 +302,12 @@ class ClusterSim:
         if not self.sample_times or now - self.sample_times[-1] >= cfg.sample_s - 1e-9:
             self._sample(now)
         for inst in self.instances:  # an engine that could not schedule anything retries here
+            if inst.engine.expire(now):  # SCORPIO's rejection path (a no-op for other policies)
+                inst.dirty = True
             if not inst.busy and inst.engine.has_work():
                 self._step(inst, now)
         self._dispatch(now)
+        self.admission.on_queue_stats(self.queue.stats("sim-queue", now), now)  # live: every 100 ms
         if more or len(self.queue) or any(inst.busy or inst.engine.has_work() for inst in self.instances):
             self.events.push(now + cfg.heartbeat_s, TICK)
 

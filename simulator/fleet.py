@@ -21,9 +21,11 @@ from tokenyard.shared.tokenizer import ByteTokenizer
 class SimInstance:
     __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "pending", "busy_s", "bs_samples", "steps")
 
-    def __init__(self, worker_id: str, model: str, prof: LatencyProfile, block_size: int, num_blocks: int):
+    def __init__(self, worker_id: str, model: str, prof: LatencyProfile, block_size: int, num_blocks: int,
+                 flow_control: bool = True):
         self.id = worker_id
-        self.worker = WorkerCore(WorkerConfig(worker_id=worker_id, model=model, engine="sim"), ByteTokenizer())
+        self.worker = WorkerCore(WorkerConfig(worker_id=worker_id, model=model, engine="sim", flow_control=flow_control),
+                                 ByteTokenizer())
         self.engine = SimEngineCore(prof, block_size=block_size, num_blocks=num_blocks)
         self.busy = False
         """A step is in flight (its STEP_DONE event is queued)."""

@@ -13,6 +13,11 @@ tokens), plus tokenyard's own:
                                             prefill tokens, BS = running batch (seed 000's
                                             balance metric)
         batch_size_mean_max / _min / max_over_min   of the per-instance time-averaged batch size
+    outcomes            per class P0..P3 and in all: refused (by admission: 429 / 503),
+                        expired (admitted, then rejected by the queue once its TTFT deadline
+                        passed: 429), met_slo / missed_slo (completed with TTFT within / beyond
+                        its class target, shared.slo; P3 has none: met), other failures, and
+                        max_ttft_over_target (the worst completed TTFT ÷ its class target)
     preemptions, sim_time_s, wall_s, sim_speed = sim_time_s / wall_s (the only keys that
     depend on the machine; everything else is bit-for-bit a function of the inputs)
 """
@@ -25,6 +30,7 @@ import numpy as np
 from tokenyard.loadgen.metrics import compute_metrics
 from tokenyard.loadgen.records import RequestRecord
 from tokenyard.loadgen.workloads.blocks import TraceRequest, prefix_hit_bound
+from tokenyard.shared.slo import NUM_CLASSES, klass, ttft_target_s
 from tokenyard.simulator.cluster import ClusterSim
 
 WALL_CLOCK_KEYS = ("wall_s", "sim_speed")
@@ -62,12 +68,34 @@ def result(sim: ClusterSim, items: list[TraceRequest], goodput_ms: dict[str, flo
     prompt = sum(st.item.prompt_len for st in done)
     out["prefix_hit_ratio"] = sum(st.cached_tokens for st in done) / prompt if prompt else 0.0
     out["prefix_hit_bound"] = prefix_hit_bound(items, sim.block_size)
+    out["outcomes"] = outcomes(sim)
     out["load_balance"] = load_balance(sim)
     out["preemptions"] = sum(inst.engine.stats().preemptions for inst in sim.instances)
     out["sim_time_s"] = sim.now
     out["wall_s"] = sim.wall_s
     out["sim_speed"] = sim.now / sim.wall_s if sim.wall_s > 0 else 0.0
     return out
+
+
+def outcomes(sim: ClusterSim) -> dict[str, dict[str, float]]:
+    keys = ("refused", "expired", "met_slo", "missed_slo", "failed_other")
+    rows = {f"P{c}": dict.fromkeys(keys, 0) | {"max_ttft_over_target": 0.0} for c in range(NUM_CLASSES)}
+    for st in sim.reqs.values():
+        c = klass(st.item.priority)
+        row = rows[f"P{c}"]
+        if st.expired:
+            row["expired"] += 1
+        elif st.error is not None and st.error.startswith("status_") and not st.worker:
+            row["refused"] += 1
+        elif st.finished and st.error is None and len(st.tokens):
+            over = (st.tokens[0] - st.item.arrival_s) / ttft_target_s(c)
+            row["met_slo" if over <= 1.0 else "missed_slo"] += 1
+            row["max_ttft_over_target"] = max(row["max_ttft_over_target"], over)
+        else:
+            row["failed_other"] += 1
+    total = {k: sum(r[k] for r in rows.values()) for k in keys}
+    total["max_ttft_over_target"] = max(r["max_ttft_over_target"] for r in rows.values())
+    return rows | {"all": total}
 
 
 def load_balance(sim: ClusterSim) -> dict[str, Any]:

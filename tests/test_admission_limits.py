@@ -199,13 +199,13 @@ def test_no_queue_state_no_prediction():
 def test_a_class_whose_wait_breaks_its_target_is_refused_with_the_queue_depth():
     c = core()
     c.on_queue_stats(stats(work=(0, 6000, 0, 0), depth=(0, 30, 0, 0), drain=1000.0), 100.0)
-    # P1: 6000 tokens ahead at 1000 tokens/s = 6 s > 5 s
+    # P1: 6000 tokens ahead at 1000 tokens/s = 6 s, + 0.25 s in an engine > 5 s
     out = admit(c, GenerateRequest(prompt="a", priority=1), now=100.0)
     assert out == Rejected(
         "gen-1", 503, "overloaded",
         "Fleet saturated: a P1 request faces a predicted wait of 6.00 s against its 5 s TTFT target "
         "(30 requests queued); retry later",
-        retry_after_s=1.0, queue_depth=30,
+        retry_after_s=1.25, queue_depth=30,
     )
     # P2 has a 60 s target; P3 none
     assert isinstance(admit(c, GenerateRequest(prompt="a", priority=2), now=100.0), AdmittedRequest)
@@ -221,19 +221,21 @@ def test_a_client_deadline_replaces_the_class_target():
     assert admit(c, GenerateRequest(prompt="a", ttft_slo_ms=0)).param == "ttft_slo_ms"
 
 
-def test_free_headroom_means_no_wait():
+def test_free_headroom_means_no_wait_and_no_rate_at_all_means_no_prediction():
     c = core()
     c.on_queue_stats(stats(work=(0, 10**6, 0, 0), drain=1.0, headroom=3), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.0), AdmittedRequest)
+    c.on_queue_stats(stats(work=(0, 10**6, 0, 0), drain=0.0, headroom=0), 100.0)
     assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.0), AdmittedRequest)
 
 
 def test_admitted_work_counts_until_the_next_queue_state():
     c = core()
-    c.on_queue_stats(stats(work=(0, 4900, 0, 0), depth=(0, 7, 0, 0), drain=1000.0), 100.0)
+    c.on_queue_stats(stats(work=(0, 4650, 0, 0), depth=(0, 7, 0, 0), drain=1000.0), 100.0)
     assert isinstance(admit(c, GenerateRequest(prompt="a" * 84, max_tokens=16), now=100.0), AdmittedRequest)
-    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 4900 + 100 = 5000 → 5 s: still fits
+    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 4650 + 100 → 4.75 s + 0.25 s: still fits
     assert isinstance(out, AdmittedRequest)
-    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 5017 → over
+    out = admit(c, GenerateRequest(prompt="a"), now=100.0)  # 4767 → over
     assert (out.status, out.queue_depth) == (503, 9)
     c.on_queue_stats(stats(work=(0, 0, 0, 0), drain=1000.0), 100.1)
     assert isinstance(admit(c, GenerateRequest(prompt="a"), now=100.1), AdmittedRequest)
@@ -302,3 +304,49 @@ def test_a_refused_request_changes_no_state(script):
             assert snapshot(c) == before
         else:
             assert c.buckets[out.tenant].level(now) >= 0 and c.global_bucket.level(now) >= 0
+
+
+def fresh_worker(c, wid="w0", a=0.1, b=0.0, now=100.0):
+    """A heartbeat reporting a prefill of L tokens as L·a + L²·b ms."""
+    c.on_heartbeat(Heartbeat(wid, "m", 1, now, 0, 0, 0, 0, 1000, 16, prefill_ms_per_token=a,
+                             prefill_ms_per_token2=b), now)
+
+
+def test_a_prompt_whose_own_prefill_breaks_its_target_is_refused_whatever_the_load():
+    c = core()
+    c.on_queue_stats(stats(headroom=10**6), 100.0)  # an idle fleet
+    fresh_worker(c, a=1.0, b=1e-4)  # 3000 tokens: 3000 + 900 ms; 4000: 4000 + 1600 ms
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 3000), now=100.0), AdmittedRequest)  # P1: 5 s
+    out = admit(c, GenerateRequest(prompt="a" * 4000), now=100.0)  # 5.6 s + 0.25 s > 5 s
+    assert (out.status, out.code, out.param) == (400, "slo_infeasible", "prompt")
+    assert "5.6 s to prefill" in out.message and "x-request-tier" in out.message
+    # a looser class, or a client deadline, fits
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 4000, priority=2), now=100.0), AdmittedRequest)
+    ok = admit(c, GenerateRequest(prompt="a" * 4000, ttft_slo_ms=6000), now=100.0)
+    assert isinstance(ok, AdmittedRequest)
+
+
+def test_the_fastest_fresh_worker_counts_and_stale_ones_do_not():
+    c = core()
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    fresh_worker(c, "slow", a=2.0, now=100.0)
+    fresh_worker(c, "fast", a=1.0, now=98.0)  # stale at 100 s
+    out = admit(c, GenerateRequest(prompt="a" * 3000), now=100.0)  # 6 s on the slow one
+    assert out.code == "slo_infeasible"
+    fresh_worker(c, "fast", a=1.0, now=100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 3000), now=100.0), AdmittedRequest)
+
+
+def test_a_burst_spends_the_reported_headroom_then_waits_at_the_workers_prefill_rate():
+    c = core()
+    fresh_worker(c, "w0", a=1.0)  # 1000 prompt tokens per second
+    c.on_queue_stats(stats(work=(0, 0, 0, 0), drain=0.0, headroom=150), 100.0)
+    big = GenerateRequest(prompt="a" * 100, max_tokens=1000, priority=1)
+    for _ in range(2):  # 100 then 200 prompt tokens admitted: the second spends the headroom
+        assert isinstance(admit(c, big, now=100.0), AdmittedRequest)
+    for _ in range(2):  # 2200 then 3300 work ahead at 1000 tokens/s, + 0.25 s: fits 5 s
+        assert isinstance(admit(c, big, now=100.0), AdmittedRequest)
+    out = admit(c, big, now=100.0)  # 4400 + 0.25 → 4.65 s fits; the next does not
+    assert isinstance(out, AdmittedRequest)
+    out = admit(c, big, now=100.0)
+    assert (out.status, out.code, out.retry_after_s) == (503, "overloaded", pytest.approx(5.5 + 0.25 - 5.0))

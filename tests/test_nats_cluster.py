@@ -65,7 +65,10 @@ async def test_node_sigkilled_under_30_streams_all_complete(tmp_path):
         async def one(i: int) -> tuple[str, list[int]]:
             nonlocal first_chunks
             seqs: list[int] = []
-            req = schemas.GenerateRequest(prompt=f"stream {i} " * 20, max_tokens=MAX_TOKENS, ignore_eos=True)
+            # A TTFT deadline the failover fits in: the queue rejects a request past its deadline
+            # (P1's 5 s by default), and this test is about losing none, not about latency.
+            req = schemas.GenerateRequest(prompt=f"stream {i} " * 20, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                          ttft_slo_ms=120_000)
             async for event in client.stream(req, idle_timeout_s=60.0):
                 if isinstance(event, schemas.Chunk):
                     if not seqs:

@@ -19,7 +19,7 @@ def hb(wid: str, waiting: int = 0, healthy: bool = True, draining: bool = False)
 
 def make(slots: int = 2, stale: float = 1.0, backoff: float = 0.5) -> QueueCore:
     return QueueCore(
-        QueueConfig(slots_per_worker=slots, stale_after_s=stale, retry_backoff_s=backoff), FCFS()
+        QueueConfig(flow_control=False, slots_per_worker=slots, stale_after_s=stale, retry_backoff_s=backoff), FCFS()
     )
 
 
@@ -210,7 +210,7 @@ def classed(rid: str, cls: int, arrival: float = 0.0, prompt_len: int = 8) -> Ad
 def test_p0_is_dispatched_from_its_reserve_once_the_headroom_is_spent():
     from tokenyard.services.priority_queue.policies.registry import make_policy
 
-    q = QueueCore(QueueConfig(slots_per_worker=1, p0_reserve_per_worker=2), make_policy("hybrid"))
+    q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=1, p0_reserve_per_worker=2), make_policy("hybrid"))
     q.on_heartbeat(hb("w0"), 0.0)
     for rid, cls in [("a", 1), ("b", 1), ("z0", 0), ("z1", 0), ("z2", 0)]:
         q.offer(classed(rid, cls), 0.0)
@@ -225,7 +225,7 @@ def test_p0_is_dispatched_from_its_reserve_once_the_headroom_is_spent():
 
 
 def test_fcfs_has_no_reserve_to_give():
-    q = QueueCore(QueueConfig(slots_per_worker=1, p0_reserve_per_worker=2), FCFS())
+    q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=1, p0_reserve_per_worker=2), FCFS())
     q.on_heartbeat(hb("w0"), 0.0)
     for rid in ("a", "b"):
         q.offer(classed(rid, 0), 0.0)
@@ -233,7 +233,7 @@ def test_fcfs_has_no_reserve_to_give():
 
 
 def test_stats_count_waiting_work_per_admitted_class_and_the_drain_rate():
-    q = QueueCore(QueueConfig(slots_per_worker=2, drain_window_s=2.0), FCFS())
+    q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=2, drain_window_s=2.0), FCFS())
     q.on_heartbeat(hb("w0"), 0.0)
     q.offer(classed("a", 0, 0.0, prompt_len=10), 0.0)  # cost 14
     q.offer(classed("b", 2, 1.0, prompt_len=100), 0.0)  # cost 104
@@ -245,14 +245,15 @@ def test_stats_count_waiting_work_per_admitted_class_and_the_drain_rate():
     q.on_routed("b", "w0", now=1.5)
     s = q.stats("pq-1", 2.0)
     assert (s.depth, s.work_tokens, s.in_flight) == ([0, 0, 1, 0], [0, 0, 24, 0], 0)
-    assert (s.drain_tokens_per_s, s.drain_requests_per_s) == (59.0, 1.0)  # 118 tokens / 2 s
+    # c has waited since the dispatch at 0: 118 tokens routed out of a backlog held for 2 s
+    assert (s.drain_tokens_per_s, s.drain_requests_per_s) == (59.0, 1.0)
     assert q.drain_rate(2.5) == (52.0, 0.5)  # a (at 0.5) has left the window
     q.on_not_routed("zz", 3.0)
     assert q.drain_rate(9.0) == (0.0, 0.0)
 
 
 def test_aborted_and_put_back_requests_keep_the_counts_right():
-    q = QueueCore(QueueConfig(slots_per_worker=1), FCFS())
+    q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=1), FCFS())
     q.on_heartbeat(hb("w0"), 0.0)
     q.offer(classed("a", 1), 0.0)
     q.offer(classed("b", 3), 0.0)
@@ -264,9 +265,143 @@ def test_aborted_and_put_back_requests_keep_the_counts_right():
 
 
 def test_a_batch_cap_counts_running_requests_too():
-    q = QueueCore(QueueConfig(slots_per_worker=8, batch_cap_per_worker=10), FCFS())
+    q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=8, batch_cap_per_worker=10), FCFS())
     q.on_heartbeat(Heartbeat("w0", "m", 1, 0.0, 7, 1, 0, 0, 100, 16), 0.0)  # 7 running, 1 waiting
     q.on_heartbeat(Heartbeat("w1", "m", 1, 0.0, 0, 3, 0, 0, 100, 16), 0.0)
     assert q.headroom(0.0) == 2 + 5  # w0: min(8 − 1, 10 − 8); w1: min(8 − 3, 10 − 3)
     q.on_heartbeat(Heartbeat("w0", "m", 2, 0.0, 12, 0, 0, 0, 100, 16), 0.1)  # over its cap: 0
     assert q.headroom(0.1) == 5
+
+
+# ───────────────────────────── flow control (on by default) ─────────────────────────────
+
+
+def fhb(wid: str, queued: int = 0, kv_free_blocks: int = 10_000, ms_per_token: float = 0.1, waiting: int = 0):
+    """A heartbeat as flow control reads it: 0.1 ms per prompt token → H = 0.25 s is 2500 tokens."""
+    return Heartbeat(wid, "m", 1, 0.0, 0, waiting, queued, 0, kv_free_blocks, 16, prefill_ms_per_token=ms_per_token)
+
+
+def sized(rid: str, prompt_len: int, arrival: float = 0.0, cls: int = 1) -> AdmittedRequest:
+    return AdmittedRequest(rid, f"inbox.{rid}", "m", [], prompt_len, [], 16, 4, cls, arrival)
+
+
+def test_flow_control_is_on_by_default_and_measures_room_in_prefill_time():
+    q = QueueCore(QueueConfig(), FCFS())
+    assert q.cfg.flow_control and q.cfg.expire_deadlines
+    q.on_heartbeat(fhb("w0", queued=1000), 0.0)  # 2500 − 1000 = 1500 tokens of room
+    q.on_heartbeat(fhb("w1", queued=3000), 0.0)  # over its backlog: 0, not −500
+    assert q.headroom(0.0) == 1500
+    for i, n in enumerate((1000, 400, 300, 50)):
+        q.offer(sized(f"r{i}", n, float(i)), 0.0)
+    # 1000 + 400 = 1400 < 1500: one more goes (the last may overshoot), then the room is spent
+    assert ids(q.dispatchable(0.0)) == ["r0", "r1", "r2"]
+    assert q.headroom(0.0) == 1500 - 1700 and q.saturated(0.0)
+
+
+def test_what_was_routed_since_a_heartbeat_fills_its_worker_until_the_next():
+    q = QueueCore(QueueConfig(), FCFS())
+    q.on_heartbeat(fhb("w0"), 0.0)
+    q.offer(sized("a", 2000), 0.0)
+    q.offer(sized("b", 2000), 0.0)
+    assert ids(q.dispatchable(0.0)) == ["a", "b"]  # 2500 room: a leaves 500, b overshoots
+    q.on_routed("a", "w0", 0.0)
+    q.on_routed("b", "w0", 0.0)
+    q.offer(sized("c", 10), 0.0)
+    assert q.dispatchable(0.05) == []  # backlog 4000 > 2500
+    q.on_heartbeat(fhb("w0", queued=2000), 0.1)  # the engine prefilled 2000 of them
+    assert ids(q.dispatchable(0.1)) == ["c"]
+
+
+def test_kv_memory_bounds_the_room_too():
+    q = QueueCore(QueueConfig(), FCFS())
+    q.on_heartbeat(fhb("w0", queued=100, kv_free_blocks=20), 0.0)  # 320 tokens of KV free
+    assert q.headroom(0.0) == 220
+
+
+def test_a_worker_that_reports_no_prefill_rate_takes_requests_while_under_two_wait():
+    q = QueueCore(QueueConfig(), FCFS())
+    q.on_heartbeat(fhb("w0", ms_per_token=0.0, waiting=1), 0.0)
+    q.on_heartbeat(fhb("w1", ms_per_token=0.0, waiting=2), 0.0)
+    assert q.headroom(0.0) == 1
+
+
+def test_flow_control_off_fills_workers_by_slots():
+    q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=3), FCFS())
+    q.on_heartbeat(fhb("w0", queued=10**6), 0.0)
+    assert q.headroom(0.0) == 3
+
+
+def test_p0_goes_from_its_reserve_while_the_fleet_is_saturated():
+    from tokenyard.services.priority_queue.policies.registry import make_policy
+
+    q = QueueCore(QueueConfig(p0_reserve_per_worker=1), make_policy("hybrid"))
+    q.on_heartbeat(fhb("w0", queued=5000), 0.0)
+    q.offer(sized("p1", 10), 0.0)
+    q.offer(sized("z0", 10, cls=0), 0.0)
+    q.offer(sized("z1", 10, cls=0), 0.0)
+    assert ids(q.dispatchable(0.0)) == ["z0"]
+    q.on_routed("z0", "w0", 0.0)
+    assert q.dispatchable(0.05) == []  # its reserve is spent until the next heartbeat
+    q.on_heartbeat(fhb("w0", queued=5000), 0.1)
+    assert ids(q.dispatchable(0.1)) == ["z1"]
+
+
+def test_a_request_that_can_no_longer_meet_its_deadline_leaves_with_a_429():
+    q = QueueCore(QueueConfig(), FCFS())
+    q.offer(sized("p0", 10, 0.0, cls=0), 0.0)  # deadline 0.5 s; leaves once < 0.25 s is left
+    q.offer(sized("p1", 10, 0.0, cls=1), 0.0)  # 5 s
+    q.offer(sized("p3", 10, 0.0, cls=3), 0.0)  # none
+    assert q.expire(0.25) == []
+    [(req, rej)] = q.expire(0.26)
+    assert req.request_id == "p0" and (rej.status, rej.code, rej.queue_depth) == (429, "deadline_exceeded", 2)
+    assert q.stats("pq", 0.26).depth == [0, 1, 0, 1]
+    assert ids([r for r, _ in q.expire(1000.0)]) == ["p1"] and len(q) == 1
+
+
+def test_a_dispatched_request_does_not_expire_and_a_put_back_one_keeps_its_deadline():
+    q = QueueCore(QueueConfig(), FCFS())
+    q.on_heartbeat(fhb("w0"), 0.0)
+    q.offer(sized("a", 10, 0.0, cls=0), 0.0)
+    assert ids(q.dispatchable(0.0)) == ["a"]
+    assert q.expire(1.0) == []  # in flight, not waiting
+    q.on_not_routed("a", 1.0)
+    [(req, _)] = q.expire(1.0)
+    assert req.request_id == "a" and len(q) == 0
+
+
+def test_deadline_expiry_can_be_switched_off():
+    q = QueueCore(QueueConfig(expire_deadlines=False), FCFS())
+    q.offer(sized("a", 10, 0.0, cls=0), 0.0)
+    assert q.expire(100.0) == [] and len(q) == 1
+
+
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 3), st.floats(0, 3)), max_size=40),
+       st.lists(st.integers(0, 6000), min_size=1, max_size=4))
+@settings(max_examples=60, deadline=None)
+def test_released_prompt_tokens_never_exceed_the_room_by_more_than_one_request(reqs, backlogs):
+    q = QueueCore(QueueConfig(p0_reserve_per_worker=0), FCFS())
+    for i, b in enumerate(backlogs):
+        q.on_heartbeat(fhb(f"w{i}", queued=b), 0.0)
+    room = q.headroom(0.0)
+    for i, (n, c, t) in enumerate(reqs):
+        q.offer(sized(f"r{i}", n, t, cls=c), 0.0)
+    out = q.dispatchable(0.0)
+    sent = sum(r.prompt_len for r in out)
+    assert sent == 0 if room <= 0 else sent - max((r.prompt_len for r in out), default=0) < room
+    assert len(out) + len(q) == len(reqs)
+
+
+def test_the_drain_counts_only_what_left_a_backlog_per_second_of_backlog():
+    q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=1, drain_window_s=2.0), FCFS())
+    q.on_heartbeat(hb("w0"), 0.0)
+    q.offer(classed("a", 1, 0.0, prompt_len=96), 0.0)  # cost 100; the queue empties: no backlog
+    assert ids(q.dispatchable(0.0)) == ["a"]
+    q.on_routed("a", "w0", now=0.1)
+    assert q.drain_rate(0.2) == (400.0, 4.0)  # no backlog yet: all routed over ≥ 0.25 s
+    q.on_heartbeat(hb("w0"), 1.0)
+    for rid in ("b", "c"):
+        q.offer(classed(rid, 1, 1.0, prompt_len=46), 1.0)  # cost 50 each
+    assert ids(q.dispatchable(1.0)) == ["b"]  # c waits: a backlog from 1.0
+    q.on_routed("b", "w0", now=1.2)
+    # 0.5 s of backlog held, 50 tokens left it (a's 100 routed with nothing waiting do not count)
+    assert q.drain_rate(1.5) == (100.0, 2.0)

@@ -35,10 +35,10 @@ def test_p0_reclaims_from_p3_after_the_victims_step():
     core.step()
     # the core's own growth preempted the newest P3; P0's claim marked the next newest
     assert rids(pol.marked) == ["c3-5"] and "c3-5" in rids(core.running)
-    assert rids(core.waiting) == ["p0", "c3-6"]  # P0 heads the class-ordered line
+    assert rids(core.waiting.ordered()) == ["p0", "c3-6"]  # P0 heads the class-ordered line
     core.step()  # c3-5 finished its step; now it is preempted and P0 joins
     assert rids(core.running) == ["c3-0", "c3-1", "c3-2", "c3-3", "c3-4", "p0"]
-    assert rids(core.waiting) == ["c3-5", "c3-6"]  # preempted first within its class
+    assert rids(core.waiting.ordered()) == ["c3-5", "c3-6"]  # preempted first within its class
     assert pol.reclaims == 1 and pol.marked == []
 
 
@@ -61,13 +61,16 @@ def test_beyond_its_ceiling_p0_gets_only_free_blocks():
     assert pol.marked == [] and pol.reclaims == 0
 
 
-def test_victims_are_the_lowest_class_then_the_fewest_generated():
-    pol = PriorityKVPolicy()
-    a, b, c, d = (Seq(areq("a", prio=2), 0), Seq(areq("b", prio=3), 1), Seq(areq("c", prio=3), 2),
-                  Seq(areq("d", prio=3), 3))
-    b.generated, c.generated, d.generated = 5, 9, 5
-    assert pol.victim([a, b, c, d]).rid == "d"  # class 3; 5 generated (c's 9 are kept); newest
-    assert pol.victim([a, c]).rid == "c"
+def test_claims_take_victims_by_the_engines_one_rule_lowest_class_then_latest_arrival():
+    core, pol = full_engine(cls=2, n=4)  # c2-0..c2-3 hold 20 blocks
+    for i in range(3):
+        core.add(areq(f"c3-{i}", prompt=80, out=40, prio=3, arrival=10.0 + i))
+    core.step()  # 35 of 40 blocks held: the P3s are the latest and the lowest
+    core.add(areq("p1", prompt=160, prio=1, arrival=20.0))  # needs 10 blocks, 5 free
+    core.step()
+    # a decode's growth preempted the latest P3 (the core's rule), the claim marks the next
+    assert "c3-2" in rids(core.waiting) and core.preemptions == 1
+    assert rids(pol.marked) == ["c3-1"]
 
 
 def test_the_waiting_line_orders_classes_then_the_inner_policys_order():
@@ -76,7 +79,7 @@ def test_the_waiting_line_orders_classes_then_the_inner_policys_order():
             Seq(areq("p1-urgent", prio=1, arrival=6.0, deadline=6.1), 2), Seq(areq("p0", prio=0, arrival=9.0), 3)]
     for s in seqs:
         line.push(s)
-    assert rids(line) == ["p0", "p1-urgent", "p1-late", "p2"]
+    assert rids(line.ordered()) == ["p0", "p1-urgent", "p1-late", "p2"]
 
 
 def test_heartbeat_fields_and_budget_come_from_the_inner_policy():

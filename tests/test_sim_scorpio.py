@@ -9,6 +9,7 @@ import pytest
 from tokenyard.services.router.filters import VbsFilter
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, estimated_tpot_ms, ldf_key
@@ -77,7 +78,7 @@ def test_ldf_line_serves_preempted_then_least_deadline():
                Seq(areq("c", arrival=0.0, deadline=1.5), 2))
     for s in (a, b, c):
         line.push(s)
-    assert [s.rid for s in line] == ["c", "b", "a"]  # deadlines 1.5, 2.5, 61
+    assert [s.rid for s in line.ordered()] == ["c", "b", "a"]  # deadlines 1.5, 2.5, 61
     d = Seq(areq("d", arrival=9.0), 3)
     line.push_front(d)
     line.remove(b)
@@ -160,3 +161,27 @@ def test_scorpio_meets_more_tpot_slos_than_fcfs_under_mixed_slos():
     fcfs, scorpio = simulate("fcfs", reqs), simulate("scorpio", reqs)
     assert scorpio["tight_tpot_met"] > fcfs["tight_tpot_met"]
     assert scorpio["good"] > fcfs["good"]
+
+
+def test_scorpio_rejects_a_request_it_kept_waiting_past_its_ttft_deadline():
+    pol = ScorpioPolicy(PROF)
+    core = SimEngineCore(PROF, 16, policy=pol)
+    core.add(areq("tight", 10.0, arrival=0.0))  # 10 ms TPOT: alone it fits, nobody joins it
+    core.step()
+    core.add(areq("late", 10.0, arrival=0.0, deadline=2.0))
+    core.add(areq("p1", 10.0, arrival=0.0))  # P1: arrival + 5 s
+    core.step()
+    assert {s.rid for s in core.waiting} == {"late", "p1"}  # the VBS check keeps them waiting
+    assert core.expire(2.0) == []  # not yet past
+    assert core.expire(2.5) == ["late"] and "late" not in core.seqs
+    outs = core.step().outputs
+    assert EngineOutput("late", [], True, "deadline", 0) in outs
+    assert core.expire(5.5) == ["p1"] and [s.rid for s in core.waiting] == []
+    assert core.expire(99.0) == []  # the running one is never rejected
+
+
+def test_vllms_policy_and_scorpio_without_the_path_keep_late_requests():
+    for pol in (None, ScorpioPolicy(PROF, reject=False)):
+        core = SimEngineCore(PROF, 16, policy=pol)
+        core.add(areq("a", 10.0, arrival=0.0))
+        assert core.expire(100.0) == [] and "a" in core.seqs

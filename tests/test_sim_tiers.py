@@ -56,7 +56,7 @@ def test_the_lowest_priority_class_is_preempted_first_even_when_older():
     assert [s.rid for s in core.waiting] == ["a"] and core.preemptions == 1
 
 
-def test_within_a_class_the_one_with_most_generated_tokens_goes():
+def test_within_a_class_the_latest_arrival_goes():
     core = engine(blocks=5)
     core.add(req("a", list(range(4)), 8))  # 1 block for its prompt
     core.step()
@@ -68,21 +68,42 @@ def test_within_a_class_the_one_with_most_generated_tokens_goes():
     core.step()
     core.step()  # a: 7 tokens, 2 blocks; b: 10 tokens, 3 blocks; 5 used
     core.step()  # a at 8 tokens still fits; b 11: fits
-    r = core.step()  # a needs its third block (9 tokens), none free: a has most generated → a goes
-    assert [s.rid for s in core.waiting] == ["a"]
-    assert r.outputs == [out("b", 4)]
+    r = core.step()  # a needs its third block (9 tokens), none free: b arrived later → b goes
+    assert [s.rid for s in core.waiting] == ["b"] and core.seqs["b"].target == 11  # re-prefills 8 + 3
+    assert r.outputs == [out("a", 6)] and core.pool.available == 2  # b's 3 blocks back, a took one
 
 
 def test_a_victim_scheduled_earlier_in_the_step_gives_its_tokens_back():
     core = engine(blocks=4)
     core.add(req("x", list(range(6)), 6, priority=3))
+    assert core.step().outputs == [out("x", 0)]  # x runs first, so it decodes first below
     core.add(req("y", list(range(50, 58)), 6, priority=1))
-    assert core.step().outputs == [out("x", 0), out("y", 0)]  # 2 blocks each
-    # x decodes first (7 tokens: no new block); y's 9th token needs a third block, none is
+    assert core.step().outputs == [out("y", 0), out("x", 1)]  # 2 blocks each, none free
+    # x decodes first (8 tokens: no new block); y's 9th token needs a third block, none is
     # free: the victim is x (P3), already scheduled — its token goes back to the budget
     r = core.step()
     assert (r.outputs, r.scheduled_tokens) == ([out("y", 1)], 1)
-    assert [s.rid for s in core.waiting] == ["x"] and core.seqs["x"].target == 7
+    assert [s.rid for s in core.waiting] == ["x"] and core.seqs["x"].target == 8
+
+
+def test_the_waiting_line_serves_the_higher_class_first_then_arrival_as_vllm_priority():
+    core = engine(budget=8, max_seqs=1)
+    for rid, prio in (("a", 2), ("b", 1), ("c", 2), ("d", 0)):
+        core.add(req(rid, list(range(ord(rid), ord(rid) + 4)), 1, priority=prio))
+    order = [o.request_id for o in drain(core) if o.finished]
+    assert order == ["d", "b", "a", "c"]
+
+
+def test_one_preemption_rule_lowest_class_then_latest_arrival():
+    from tokenyard.services.worker.sim.core import Seq
+    from tokenyard.services.worker.sim.scheduler import preemption_victim
+
+    a, b, c, d = (Seq(req(r, [1], 4, priority=p), i) for i, (r, p) in enumerate((("a", 3), ("b", 1), ("c", 3), ("d", 2))))
+    c.generated = 0
+    a.generated = 3  # tokens generated do not matter
+    assert preemption_victim([a, b, c, d]).rid == "c"
+    assert preemption_victim([a, b, d]).rid == "a"
+    assert preemption_victim([b, d]).rid == "d"
 
 
 # ───────────────────────────── swap ─────────────────────────────

@@ -182,3 +182,16 @@ def test_heartbeat_carries_engine_stats_and_worker_state():
     c.on_control(WorkerControl("w0", "decode", "m1", drain=True))
     hb = c.heartbeat(s, 100.1)
     assert (hb.seq, hb.ts, hb.phase, hb.macro_id, hb.draining) == (2, 100.1, "decode", "m1", True)
+
+
+def test_offer_refuses_while_the_prefill_backlog_exceeds_the_flow_control_horizon():
+    c = core()
+    # 0.1 ms per token: 2500 queued tokens are 0.25 s (= the horizon, still fine), 2600 are not
+    ok, start = c.offer(req("a"), stats(queued_prefill_tokens=2500, prefill_ms_per_token=0.1))
+    assert ok.accepted and start
+    no, start = c.offer(req("b"), stats(queued_prefill_tokens=2600, prefill_ms_per_token=0.1))
+    assert (no.accepted, no.reason, start) == (False, "saturated", False)
+    # an engine that reports no prefill rate, or a worker with flow control off, takes it
+    assert c.offer(req("c"), stats(queued_prefill_tokens=10**6))[0].accepted
+    off = WorkerCore(WorkerConfig("w", "m", flow_control=False), ByteTokenizer())
+    assert off.offer(req("d"), stats(queued_prefill_tokens=10**6, prefill_ms_per_token=0.1))[0].accepted

@@ -3,12 +3,15 @@
 The cluster simulator (simulator.cluster.ClusterSim) builds its queue policy by name; the
 knobs are put in by replacing its policy with `make_policy(name, **knobs)` before the run
 (the same registry `tokenyard queue` uses). A request's length is prompt + max_tokens, the
-length the bubble queues partition on.
+length the bubble queues partition on. The study measures how the queue orders a backlog
+it holds, long requests included, so the run turns off what would drop them instead:
+admission's SLO refusals and the queue's deadline rejection (SimConfig.slo_check,
+deadline_reject); flow control stays as configured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenyard.services.priority_queue.policies.registry import make_policy
@@ -37,7 +40,8 @@ class SimSetup:
         from tokenyard.simulator.cluster import ClusterSim
 
         items = self.workload.items()
-        sim = ClusterSim(self.sim_config, self.workload.block_tokens)
+        cfg = replace(self.sim_config, slo_check=False, deadline_reject=False)
+        sim = ClusterSim(cfg, self.workload.block_tokens)
         sim.queue.policy = make_policy(self.queue_policy, **policy_knobs(params))
         sim.run(items)
         rows = []

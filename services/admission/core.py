@@ -17,7 +17,8 @@ rejected request leaves no trace in any queue, bucket or counter):
   6. token buckets, first on a lower bound of the price (max_tokens + 1) so a client over
      its rate is also refused before tokenizing: 429 (tenant's bucket) or 503 (global);
   7. shared.validation.tokenize: tokens, block-hash chain; prompt tokens in the vocabulary;
-     prompt + max_tokens ≤ max_model_len (400 context_length_exceeded);
+     prompt + max_tokens ≤ max_model_len (400 context_length_exceeded); then the prompt's own
+     prefill on the fastest worker fits the TTFT target (400 slo_infeasible, feasibility.py);
   8. token buckets on the exact price prompt + max_tokens; both are charged together only
      now, when the request is admitted.
 """
@@ -31,6 +32,7 @@ from tokenyard.services.admission.tenants import TenantPolicy, TenantTable
 from tokenyard.services.admission.token_bucket import TokenBucket
 from tokenyard.shared import config, schemas, validation
 from tokenyard.shared.schemas import GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
+from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S
 from tokenyard.shared.tokenizer import Tokenizer
 
 TIER_HEADER = "x-request-tier"
@@ -135,12 +137,22 @@ class AdmissionCore:
             return prepared.rejected(rid)
         tokens, prompt_len, chain, max_tokens = (prepared.tokens, prepared.prompt_len, prepared.chain,
                                                   prepared.max_tokens)
+        if self.cfg.slo_check:
+            own = self.fleet.own_prefill_s(prompt_len, now)
+            target = deadline_s if deadline_s is not None else TTFT_TARGET_S[int(priority)]
+            if own is not None and own + ENGINE_BACKLOG_S > target:
+                return bad(
+                    f"A P{int(priority)} request's {prompt_len}-token prompt takes about {own:.1f} s to "
+                    f"prefill, beyond its {target:g} s TTFT target; ask for a class with a looser target "
+                    f"({TIER_HEADER}) or a larger ttft_slo_ms",
+                    checked.prompt_param, "slo_infeasible",
+                )
         price = prompt_len + max_tokens
         refusal = self._rate_check(rid, tenant, policy, price, now)
         if refusal is not None:
             return refusal
         self._charge(tenant, policy, price, now)
-        self.fleet.on_admitted(int(priority), price)
+        self.fleet.on_admitted(int(priority), price, prompt_len)
 
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
         return schemas.AdmittedRequest(

@@ -1,15 +1,19 @@
 """SLO feasibility: will a request of class c meet its TTFT deadline if admitted now?
 
     wait(c)   = ahead(c) / D
-    refuse    ⇔ wait(c) > deadline (the request's ttft_slo_ms, else its class target:
-                P0 0.5 s, P1 5 s, P2 60 s; P3 has none and is never refused here)
-    Retry-After = wait(c) − deadline   (when, at this drain rate, the backlog would fit)
+    refuse    ⇔ wait(c) + H > deadline (the request's ttft_slo_ms, else its class target:
+                P0 0.5 s, P1 5 s, P2 60 s; P3 has none and is never refused here); H = the
+                engine backlog a released request may still wait behind (shared.slo, 0.25 s)
+    Retry-After = wait(c) + H − deadline   (when, at this drain rate, the backlog would fit)
 
 D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue routed per
 second over its last few seconds, summed over fresh queue replicas: the queue releases work
-only into the headroom the workers' heartbeats report, so D is what the fleet absorbs. While
-a queue reports free headroom it is not the bottleneck (what waits is about to leave):
-wait = 0. With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
+only into the headroom its flow control judges from the workers' heartbeats, so D is what the
+fleet absorbs. While the headroom the queues report (their flow control's room, in prompt
+tokens; 0 while a queue pauses after a refused route) exceeds the prompt tokens admitted since,
+the queue is not the bottleneck: what waits is about to leave, wait = 0. Without headroom and
+with no drain measured (a burst after a quiet spell), D is the fresh workers' prefill rate
+Σ 1 / (s per token); with neither, nothing is predicted (wait = 0). With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
 
 ahead(c), the work that leaves before a class-c request, follows the queue's policy over the
 waiting work W_k per class (weights w = 16/8/4/2; aging ignored, so it errs against the low
@@ -19,7 +23,11 @@ classes, which have the loosest targets):
     wfq, drr             W_c + Σ_{k ≠ c} min(W_k, W_c · w_k / w_c)
     hybrid family        P0: W_0;  P3: Σ W;  P1, P2: W_0 + W_c + min(W_o, W_c · w_o / w_c),
                          o the other of P1 / P2
-Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
+A request's own prefill counts too, once it is tokenized: if even the fastest fresh worker's
+prefill of its whole prompt (L·a + L²·b, a and b the worker's reported linear and attention
+costs; admission does not see the prefix cache, so the whole prompt counts) leaves it past its
+deadline, no wait could make it: refuse (`own_prefill_s`, 400 slo_infeasible, with how
+to ask for a looser class). Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
 wait is unbounded (every class with a deadline is refused: 503). Work admitted since the last queue
 state is added to W at once, so a burst between two states cannot all slip in.
 """
@@ -30,10 +38,11 @@ from dataclasses import dataclass, field
 
 from tokenyard.shared import config
 from tokenyard.shared.schemas import Heartbeat, QueueStats
+from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S
 
 NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
-TARGET_S = (0.5, 5.0, 60.0, float("inf"))
+TARGET_S = TTFT_TARGET_S
 HYBRID_FAMILY = ("hybrid", "bubble", "fixed", "sjf")
 
 
@@ -60,11 +69,11 @@ class Verdict:
 
     @property
     def feasible(self) -> bool:
-        return self.wait_s <= self.deadline_s
+        return self.wait_s == 0.0 or self.wait_s + ENGINE_BACKLOG_S <= self.deadline_s
 
     @property
     def retry_after_s(self) -> float:
-        return self.wait_s - self.deadline_s
+        return self.wait_s + ENGINE_BACKLOG_S - self.deadline_s
 
 
 @dataclass
@@ -73,20 +82,39 @@ class FleetView:
     queues: dict[str, tuple[float, QueueStats]] = field(default_factory=dict)
     workers: dict[str, tuple[float, bool]] = field(default_factory=dict)
     """worker id → (seen at, healthy and not draining)."""
+    prefill_cost: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """worker id → its reported prefill costs (ms per token, ms per token²), workers that report one."""
     admitted_work: list[float] = field(default_factory=lambda: [0.0] * NUM_CLASSES)
     admitted_depth: int = 0
+    admitted_prompt: int = 0
+    """Prompt tokens admitted since the last queue state: they take the headroom it reported."""
 
     def on_queue_stats(self, s: QueueStats, now: float) -> None:
         self.queues[s.instance_id] = (now, s)
         self.admitted_work = [0.0] * NUM_CLASSES
         self.admitted_depth = 0
+        self.admitted_prompt = 0
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
+        if hb.prefill_ms_per_token > 0:
+            self.prefill_cost[hb.worker_id] = (hb.prefill_ms_per_token, hb.prefill_ms_per_token2)
 
-    def on_admitted(self, c: int, cost: float) -> None:
+    def own_prefill_s(self, prompt_len: int, now: float) -> float | None:
+        """The request's prefill alone on the fastest fresh, healthy worker; None: unknown."""
+        times = [prompt_len * a + prompt_len * prompt_len * b for w, (a, b) in self.prefill_cost.items()
+                 if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s]
+        return min(times) / 1000.0 if times else None
+
+    def on_admitted(self, c: int, cost: float, prompt_len: int = 0) -> None:
         self.admitted_work[c] += cost
         self.admitted_depth += 1
+        self.admitted_prompt += prompt_len
+
+    def _prefill_rate(self, now: float) -> float:
+        """The fleet's prompt tokens per second at a full chunk, from the fresh workers' reports."""
+        return sum(1000.0 / a for w, (a, _) in self.prefill_cost.items()
+                   if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s)
 
     def _fresh_queues(self, now: float) -> list[QueueStats]:
         return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
@@ -111,8 +139,11 @@ class FleetView:
         drain = sum(s.drain_tokens_per_s for s in qs)
         if self.fleet_down(now):
             wait = float("inf")
-        elif ahead <= 0 or any(s.headroom > 0 for s in qs):
+        elif ahead <= 0 or sum(s.headroom for s in qs) > self.admitted_prompt:
             wait = 0.0
-        else:
-            wait = ahead / drain if drain > 0 else float("inf")
+        elif drain > 0:
+            wait = ahead / drain
+        else:  # nothing routed lately (a burst after a quiet spell): the workers' prefill rate
+            rate = self._prefill_rate(now)
+            wait = ahead / rate if rate > 0 else 0.0  # no rate known at all: nothing to predict from
         return Verdict(wait, deadline, depth)

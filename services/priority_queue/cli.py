@@ -1,11 +1,17 @@
-"""`tokenyard queue --nats URL [--policy hybrid] [--aging 30,15,5] [--bubble-width W]`.
+"""`tokenyard queue --nats URL [--policy hybrid] [--flow-control on|off] [--deadline-reject on|off]
+[--aging 30,15,5] [--bubble-width W]`.
 
 `make_policy(name)` is the one registry of queue policies (services.priority_queue.policies
 .registry), shared with `tokenyard sim --queue-policy`."""
 
 from __future__ import annotations
 
-from tokenyard.services.priority_queue.policies.registry import POLICY_NAMES, make_policy, parse_aging  # noqa: F401
+from tokenyard.services.priority_queue.policies.registry import (  # noqa: F401
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    make_policy,
+    parse_aging,
+)
 from tokenyard.shared import config
 
 
@@ -13,13 +19,22 @@ def register(sub) -> None:
     p = sub.add_parser("queue", help="the priority queue between admission and the router")
     p.add_argument("--nats", default=config.nats_url_from_env())
     config.add_metrics_port_argument(p)
-    p.add_argument("--policy", "--queue-policy", dest="policy", choices=POLICY_NAMES, default="hybrid")
+    p.add_argument("--policy", "--queue-policy", dest="policy", choices=POLICY_NAMES, default=DEFAULT_POLICY,
+                   help="ordering policy (default: %(default)s)")
+    p.add_argument("--flow-control", choices=("on", "off"), default="on",
+                   help="hold the backlog here while the fleet is saturated, judged from heartbeats "
+                        "(default: on); off: fill every worker up to --slots-per-worker")
+    p.add_argument("--deadline-reject", choices=("on", "off"), default="on",
+                   help="reject a waiting request once its TTFT deadline has passed, 429 (default: on)")
     p.add_argument("--aging", default="30,15,5", help="seconds in P1,P2,P3 before moving up a class, or 'off'")
     p.add_argument("--bubble-width", type=float, default=1024.0, help="width of a bubble queue, in tokens")
-    p.add_argument("--slots-per-worker", type=int, default=64, help="waiting requests a worker may hold")
+    p.add_argument("--slots-per-worker", type=int, default=64,
+                   help="with --flow-control off: waiting requests a worker may hold (default: 64)")
     p.add_argument("--batch-cap", type=int, default=0,
-                   help="a worker is full at this many running + waiting requests (0: no cap)")
-    p.add_argument("--p0-reserve", type=int, default=4, help="extra slots per worker only P0 may use")
+                   help="with --flow-control off: a worker is full at this many running + waiting requests "
+                        "(default 0: no cap)")
+    p.add_argument("--p0-reserve", type=int, default=4,
+                   help="P0 requests per worker and heartbeat released beyond the headroom (default: 4)")
     p.set_defaults(func=main)
 
 
@@ -29,7 +44,8 @@ def main(args) -> int:
     from tokenyard.shared.service import run
 
     policy = make_policy(args.policy, aging_s=parse_aging(args.aging), bubble_width=args.bubble_width)
-    cfg = QueueConfig(slots_per_worker=args.slots_per_worker, p0_reserve_per_worker=args.p0_reserve,
+    cfg = QueueConfig(flow_control=args.flow_control == "on", expire_deadlines=args.deadline_reject == "on",
+                      slots_per_worker=args.slots_per_worker, p0_reserve_per_worker=args.p0_reserve,
                       batch_cap_per_worker=args.batch_cap)
     run(QueueShell(cfg, policy), args.nats, args.metrics_port)
     return 0

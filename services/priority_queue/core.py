@@ -1,38 +1,73 @@
 """The priority queue's core: hold admitted requests in the order a policy decides, and hand
-them to the router only while the fleet has headroom, so ordering is decided late, on fresh
-state (DESIGN.md §3.3).
+them to the router only while the fleet has room, so the backlog waits here, where its order
+is decided, and ordering is decided late, on fresh state (DESIGN.md §3.3).
 
-    headroom = Σ_{fresh, healthy workers w} max(0, room_w − sent_w) − in_flight
-      room_w     = slots − waiting_w, and with a batch cap also ≤ cap − running_w − waiting_w
-      waiting_w  = requests waiting on w, from its last heartbeat; running_w likewise
-      sent_w     = requests routed to w since that heartbeat (not yet in its count)
-      in_flight  = requests sent to the router and not yet answered
+Flow control (on by default; llm-d's flow control and saturation detector): the queue holds
+requests while the fleet is saturated, judged per fresh, healthy worker w from its last
+heartbeat and what was routed to it since, with no per-deployment number:
+
+    backlog_w  = queued_prefill_w + sent_tokens_w          prompt tokens not yet prefilled
+    room_w     = min( H / prefill_s_per_token_w − backlog_w,   time: the backlog drains in H
+                      kv_free_w · block_size − backlog_w )     memory: the backlog fits its KV
+    H          = TTFT target of the tightest class / 2  (shared.slo: 0.25 s)
+    headroom   = Σ_w max(0, room_w) − prompt tokens in flight to the router
+    A worker that reports no prefill rate (vLLM's) has room while waiting_w + sent_w < 2.
+
+The queue releases requests in its policy's order while headroom > 0 (each takes its prompt
+tokens off it; the last one may overshoot). H is half the tightest TTFT target, so a request
+released now starts its prefill well within any class's target, and it spans 2.5 heartbeat
+intervals, so an engine does not run dry between two heartbeats. With flow control off
+(`flow_control=False`) a worker takes up to `slots_per_worker` waiting requests (with a batch
+cap, also ≤ cap − running − waiting), counted in requests, and the backlog waits in the
+engines.
+
+P0 is served from reserved capacity (DESIGN §3.3): once the headroom is spent, a class-aware
+policy may still release `p0_reserve_per_worker` P0 requests per fresh worker and heartbeat
+(the engines run P0 first: vLLM's priority scheduling).
+
+Deadlines: a request that can no longer meet its TTFT deadline (its own `ttft_slo_ms`, else its
+class target; P3 has none) leaves with a 429 `deadline_exceeded` (`expire`) — once less than H
+is left before the deadline, since a released request may still wait up to H in its engine;
+serving it would only delay the requests behind it.
 
 A request leaves for good only when the router answers `routed` (the shell then acks its
 JetStream message); `no_capacity` or a failed route puts it back with its original key and
-pauses dispatch for `retry_backoff_s`.
-
-P0 is served from reserved capacity (DESIGN §3.3): once the headroom is spent, a class-aware
-policy may still release P0 requests into `p0_reserve_per_worker` more slots per fresh
-worker. The core also keeps what admission needs for SLO feasibility (`stats`): requests and
-work (prompt + max_tokens) waiting per admitted class, and the drain rate, work routed per
-second over the last `drain_window_s`.
+pauses dispatch for `retry_backoff_s`. The core also keeps what admission needs for SLO
+feasibility (`stats`): requests and work (prompt + max_tokens) waiting per admitted class,
+and the drain rate D: the work routed out of a backlog per second the queue held one, over the
+last `drain_window_s` (what the fleet absorbs while saturated; while the queue is not the
+bottleneck, its routing rate is the demand, not the fleet's capacity).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, klass
+from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, deadline, klass
 from tokenyard.shared import config
-from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, QueueStats
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, QueueStats, Rejected
+from tokenyard.shared.slo import ENGINE_BACKLOG_S
+
+BACKLOG_S = ENGINE_BACKLOG_S
+"""H: the prefill backlog a worker may hold, in seconds of its prefill time."""
+DRAIN_MIN_SPAN_S = 0.25
+"""The drain rate is never measured over less than this (one release fills H of backlog)."""
+UNKNOWN_RATE_WAITING = 2
+"""A worker without a prefill rate has room while fewer than this wait in it."""
 
 
 @dataclass
 class QueueConfig:
+    flow_control: bool = True
+    """Hold the backlog here while the fleet is saturated (see the module's formulas); off:
+    fill each worker up to `slots_per_worker` waiting requests."""
+    expire_deadlines: bool = True
+    """Reject a waiting request once its TTFT deadline has passed (429 deadline_exceeded)."""
     slots_per_worker: int = 64
-    """Requests a worker may have waiting before the queue holds back more."""
+    """Flow control off: requests a worker may have waiting before the queue holds back more."""
     stale_after_s: float = config.STALE_AFTER_S
     retry_backoff_s: float = 0.05
     ack_wait_s: float = 30.0
@@ -40,9 +75,9 @@ class QueueConfig:
     batch_cap_per_worker: int = 0
     """With > 0, a worker is also full once running + waiting reach it: the backlog then waits
     here, in the policy's order, rather than in the engine's first-come line."""
-    p0_reserve_per_worker: int = 0
-    """Slots per fresh worker beyond `slots_per_worker` that only P0 may take."""
-    drain_window_s: float = 5.0
+    p0_reserve_per_worker: int = 4
+    """P0 requests per fresh worker and heartbeat the queue may release beyond the headroom."""
+    drain_window_s: float = 2.0
 
 
 @dataclass
@@ -52,6 +87,20 @@ class _Worker:
     seen_s: float
     sent: int = 0
     running: int = 0
+    queued_prefill: int = 0
+    kv_free_tokens: int = 0
+    prefill_s_per_token: float = 0.0
+    sent_tokens: int = 0
+    """Prompt tokens routed to it since its heartbeat."""
+    sent_p0: int = 0
+    """P0 requests released from the reserve and routed to it since its heartbeat."""
+
+    def room(self) -> int:
+        """Flow control: prompt tokens it may still take (≤ 0: saturated)."""
+        if self.prefill_s_per_token <= 0.0:
+            return 1 if self.waiting + self.sent < UNKNOWN_RATE_WAITING else 0
+        backlog = self.queued_prefill + self.sent_tokens
+        return int(min(BACKLOG_S / self.prefill_s_per_token, self.kv_free_tokens)) - backlog
 
 
 @dataclass
@@ -63,9 +112,16 @@ class QueueCore:
     paused_until: float = 0.0
     depth: list[int] = field(default_factory=lambda: [0] * NUM_CLASSES)
     work: list[int] = field(default_factory=lambda: [0] * NUM_CLASSES)
-    routed: deque[tuple[float, int]] = field(default_factory=deque)
-    """(time, cost) of the requests routed within the last drain_window_s."""
-    routed_work: int = 0
+    routed: deque[tuple[float, int, bool]] = field(default_factory=deque)
+    """(time, cost, out of a backlog) of the requests routed within the last drain_window_s."""
+    backlog_since: float | None = None
+    """Since when requests have been left waiting after every dispatch; None: none are."""
+    backlog_spells: deque[tuple[float, float]] = field(default_factory=deque)
+    """Ended (start, end) spells with a backlog, within the last drain_window_s."""
+    from_reserve: set[str] = field(default_factory=set)
+    """Ids of the requests in flight that the P0 reserve released."""
+    deadlines: list[tuple[float, str]] = field(default_factory=list)
+    """(deadline, request id) of waiting requests with one; lazily cleaned (a heap)."""
 
     def offer(self, req: AdmittedRequest, now: float) -> bool:
         """Queue a request; False if it is already here or on its way (a redelivery)."""
@@ -78,6 +134,35 @@ class QueueCore:
         self.policy.push(req, now)
         self.depth[klass(req)] += 1
         self.work[klass(req)] += cost(req)
+        due = deadline(req, klass(req))
+        if self.cfg.expire_deadlines and math.isfinite(due):
+            heapq.heappush(self.deadlines, (due, req.request_id))
+
+    def next_expiry(self) -> float | None:
+        """When `expire` may next take a request out (an upper bound on the wait; None: never)."""
+        return self.deadlines[0][0] - BACKLOG_S if self.deadlines else None
+
+    def expire(self, now: float) -> list[tuple[AdmittedRequest, Rejected]]:
+        """Take out every waiting request whose TTFT deadline has passed, each with the 429
+        its client gets (Retry-After: the predicted wait of its class at the drain rate)."""
+        out = []
+        heap = self.deadlines
+        while heap and heap[0][0] - BACKLOG_S < now:
+            due, rid = heapq.heappop(heap)
+            req = self.policy.remove(rid)
+            if req is None:  # dispatched, aborted, or an older entry of a put-back request
+                continue
+            self._left(req)
+            c = klass(req)
+            drain, _ = self.drain_rate(now)
+            ahead = sum(self.work[: c + 1])
+            out.append((req, Rejected(
+                request_id=rid, status=429, code="deadline_exceeded",
+                message=f"The request waited {now - req.arrival_s:.2f} s in the queue and can no longer "
+                        f"meet its {due - req.arrival_s:g} s TTFT deadline (P{c}); retry later",
+                retry_after_s=ahead / drain if drain > 0 else None, queue_depth=len(self.policy),
+            )))
+        return out
 
     def _left(self, req: AdmittedRequest) -> AdmittedRequest:
         self.depth[klass(req)] -= 1
@@ -91,39 +176,62 @@ class QueueCore:
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.workers[hb.worker_id] = _Worker(
-            waiting=hb.waiting, healthy=hb.healthy and not hb.draining, seen_s=now, running=hb.running)
+            waiting=hb.waiting, healthy=hb.healthy and not hb.draining, seen_s=now, running=hb.running,
+            queued_prefill=hb.queued_prefill_tokens, kv_free_tokens=hb.kv_blocks_free * hb.block_size,
+            prefill_s_per_token=hb.prefill_ms_per_token / 1000.0)
 
     def _fresh(self, now: float) -> list[_Worker]:
         return [w for w in self.workers.values() if w.healthy and now - w.seen_s <= self.cfg.stale_after_s]
 
+    def _size(self, req: AdmittedRequest) -> int:
+        """What a request takes off the headroom: its prompt tokens (flow control), else 1."""
+        return max(1, req.prompt_len) if self.cfg.flow_control else 1
+
     def headroom(self, now: float) -> int:
+        """Flow control: prompt tokens the fleet may still take; off: requests."""
+        fresh = self._fresh(now)
+        if self.cfg.flow_control:
+            room = sum(max(0, w.room()) for w in fresh)
+            return room - sum(self._size(r) for r in self.in_flight.values())
         cap = self.cfg.batch_cap_per_worker
         room = 0
-        for w in self._fresh(now):
+        for w in fresh:
             free = self.cfg.slots_per_worker - w.waiting
             if cap > 0:
                 free = min(free, cap - w.running - w.waiting)
             room += max(0, free - w.sent)
         return room - len(self.in_flight)
 
+    def saturated(self, now: float) -> bool:
+        return self.headroom(now) <= 0
+
     def dispatchable(self, now: float) -> list[AdmittedRequest]:
         """Pop what may go to the router now; each is in flight until routed / not routed."""
         if now < self.paused_until:
             return []
-        out = []
-        for _ in range(max(0, self.headroom(now))):
+        out: list[AdmittedRequest] = []
+        room = self.headroom(now)
+        while room > 0:
             req = self.policy.pop(now)
             if req is None:
                 break
             self._send(req, out)
+            room -= self._size(req)
         pop_realtime = getattr(self.policy, "pop_realtime", None)
         if pop_realtime is not None and self.cfg.p0_reserve_per_worker > 0:
-            reserve = self.cfg.p0_reserve_per_worker * len(self._fresh(now))
-            for _ in range(max(0, min(reserve, self.headroom(now) + reserve))):
+            fresh = self._fresh(now)
+            reserve = sum(max(0, self.cfg.p0_reserve_per_worker - w.sent_p0) for w in fresh)
+            for _ in range(max(0, reserve - len(self.from_reserve))):
                 req = pop_realtime(now)
                 if req is None:
                     break
                 self._send(req, out)
+                self.from_reserve.add(req.request_id)
+        if len(self.policy) and self.backlog_since is None:
+            self.backlog_since = now
+        elif not len(self.policy) and self.backlog_since is not None:
+            self.backlog_spells.append((self.backlog_since, now))
+            self.backlog_since = None
         return out
 
     def _send(self, req: AdmittedRequest, out: list[AdmittedRequest]) -> None:
@@ -133,33 +241,53 @@ class QueueCore:
 
     def on_routed(self, request_id: str, worker_id: str, now: float | None = None) -> AdmittedRequest | None:
         w = self.workers.get(worker_id)
+        req = self.in_flight.pop(request_id, None)
         if w is not None:
             w.sent += 1
-        req = self.in_flight.pop(request_id, None)
+            if req is not None:
+                w.sent_tokens += req.prompt_len
+        if request_id in self.from_reserve:
+            self.from_reserve.discard(request_id)
+            if w is not None:
+                w.sent_p0 += 1
         if req is not None and now is not None:
-            self.routed.append((now, cost(req)))
-            self.routed_work += cost(req)
+            self.routed.append((now, cost(req), self.backlog_since is not None))
         return req
 
     def on_not_routed(self, request_id: str, now: float, aborted: bool = False) -> None:
+        self.from_reserve.discard(request_id)
         req = self.in_flight.pop(request_id, None)
         if req is not None and not aborted:
             self._push(req, now)
             self.paused_until = now + self.cfg.retry_backoff_s
 
     def drain_rate(self, now: float) -> tuple[float, float]:
-        """(work, requests) routed per second over the last drain_window_s."""
-        window = self.cfg.drain_window_s
-        while self.routed and self.routed[0][0] <= now - window:
-            self.routed_work -= self.routed.popleft()[1]
-        return self.routed_work / window, len(self.routed) / window
+        """(work, requests) per second over the last drain_window_s: routed out of a backlog
+        per second of backlog, once the window holds DRAIN_MIN_SPAN_S of backlog; before that,
+        all routed over the time since the oldest of them (at least DRAIN_MIN_SPAN_S: a burst
+        after an idle spell is not measured against idle seconds)."""
+        start = now - self.cfg.drain_window_s
+        while self.routed and self.routed[0][0] <= start:
+            self.routed.popleft()
+        while self.backlog_spells and self.backlog_spells[0][1] <= start:
+            self.backlog_spells.popleft()
+        if not self.routed:
+            return 0.0, 0.0
+        spells = [*self.backlog_spells, *([(self.backlog_since, now)] if self.backlog_since is not None else [])]
+        held = sum(end - max(begin, start) for begin, end in spells)
+        if held >= DRAIN_MIN_SPAN_S:
+            out = [c for _, c, backlog in self.routed if backlog]
+            return sum(out) / held, len(out) / held
+        span = min(self.cfg.drain_window_s, max(DRAIN_MIN_SPAN_S, now - self.routed[0][0]))
+        return sum(c for _, c, _ in self.routed) / span, len(self.routed) / span
 
     def stats(self, instance_id: str, now: float) -> QueueStats:
         tokens, requests = self.drain_rate(now)
         return QueueStats(
             instance_id=instance_id, ts=now, policy=self.policy.name, depth=list(self.depth),
             work_tokens=list(self.work), in_flight=len(self.in_flight),
-            drain_tokens_per_s=tokens, drain_requests_per_s=requests, headroom=max(0, self.headroom(now)),
+            drain_tokens_per_s=tokens, drain_requests_per_s=requests,
+            headroom=max(0, self.headroom(now)) if now >= self.paused_until else 0,
         )
 
     def __len__(self) -> int:

@@ -3,7 +3,8 @@ a dispatch loop sends what the core releases to the router (`llm.v1.route`, requ
 and acks a JetStream message only once the router answered `routed`. A crash before that
 loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
 replica runs. Messages held long are kept alive with
-`in_progress`. Every `stats_interval_s` it publishes its QueueStats on `llm.v1.pq.state`
+`in_progress`. A request that can no longer meet its TTFT deadline gets `rejected` (429) on its
+reply subject and its message acked (QueueCore.expire). Every `stats_interval_s` it publishes its QueueStats on `llm.v1.pq.state`
 (work waiting per class, drain rate), which admission reads for SLO feasibility.
 """
 
@@ -68,6 +69,7 @@ class QueueShell:
             asyncio.create_task(self._dispatch_loop()),
             asyncio.create_task(self._keepalive_loop()),
             asyncio.create_task(self._stats_loop()),
+            asyncio.create_task(self._deadline_loop()),
         ]
 
     async def stop(self) -> None:
@@ -121,6 +123,8 @@ class QueueShell:
             await self._wake.wait()
             self._wake.clear()
             now = time.time()
+            for req, rejected in self.core.expire(now):
+                await self._finish_rejected(req, rejected)
             for req in self.core.dispatchable(now):
                 task = asyncio.create_task(self._route(req))
                 self._routes.add(task)
@@ -176,6 +180,26 @@ class QueueShell:
         req = self.core.abort(abort.request_id)
         if req is not None:
             await self._finish_aborted(req)
+
+    async def _finish_rejected(self, req: schemas.AdmittedRequest, rejected: schemas.Rejected) -> None:
+        """A request that can no longer meet its deadline: its stream ends with `rejected`
+        (the edge answers 429), its message is acked (it is not redelivered)."""
+        log.info("deadline_exceeded", request_id=req.request_id, waited_s=time.time() - req.arrival_s)
+        self.metrics.observe_dispatch(schemas.Outcome.REJECTED_DEADLINE, req.priority, time.time() - req.arrival_s)
+        msg = self.held.pop(req.request_id, None)
+        if msg is not None:
+            await msg.ack()
+        await self.nc.publish(req.reply_to, codec.encode(rejected, json=req.json), headers=codec.content_headers(req.json))
+
+    async def _deadline_loop(self) -> None:
+        """Wake the dispatch loop at the next deadline, so a quiet fleet still rejects on time."""
+        while self._running:
+            due = self.core.next_expiry()
+            delay = due - time.time() if due is not None else 0.5
+            await asyncio.sleep(min(0.5, max(0.01, delay)))
+            due = self.core.next_expiry()
+            if due is not None and due <= time.time():
+                self._wake.set()
 
     async def _finish_aborted(self, req: schemas.AdmittedRequest) -> None:
         """An aborted request that never reached a worker: end its stream here, drop its message."""

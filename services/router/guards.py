@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.slo import FINITE_TTFT_TARGET_S
 
-TTFT_BUDGET_S = (0.5, 5.0, 60.0, 60.0)
-"""TTFT targets of P0…P3 (DESIGN.md §3.2; P3 has none, and gets P2's so its guard still works)."""
+TTFT_BUDGET_S = FINITE_TTFT_TARGET_S
+"""TTFT targets of P0…P3 (shared.slo; P3 has none, and gets P2's so its guard still works)."""
 
 PREFILL_TOKENS_PER_S = 15_000.0
 """One instance's prefill rate: the a100-llama3-8b profile's 65.7 µs per prompt token

@@ -32,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", help="tokenizer.json for output text (default: the model's with vllm, "
                                        "else the built-in byte tokenizer)")
     p.add_argument("--num-blocks", type=int, help="sim: KV blocks (default: the profile's)")
+    p.add_argument("--flow-control", choices=("on", "off"), default="on",
+                   help="refuse new requests while the prefill backlog exceeds the queue's horizon "
+                        "(default: on; off with `tokenyard queue --flow-control off`)")
     p.add_argument("--block-size", type=int, default=None,
                    help=f"sim: KV block size (default {config.BLOCK_SIZE}); vllm: vLLM's KV block size "
                         "(default: the platform's, 128 on CPU, where it must be a multiple of 32)")
@@ -99,7 +102,8 @@ def build(args):
         engine_kwargs(settings, platform_name(), "ipc://check")  # refuse now, not after the engine starts
         engine = VllmEngine(settings)
         tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else HFTokenizer(settings.model)
-        shell = WorkerShell(WorkerConfig(worker_id=worker_id, model=settings.name, engine="vllm"), engine, tokenizer)
+        shell = WorkerShell(WorkerConfig(worker_id=worker_id, model=settings.name, engine="vllm",
+                                         flow_control=args.flow_control == "on"), engine, tokenizer)
         return _with_http(args, shell, settings.fleet_block_size)
 
     from tokenyard.services.worker.sim.engine import SimEngine
@@ -108,7 +112,8 @@ def build(args):
 
     block_size = args.block_size or config.BLOCK_SIZE
     engine = SimEngine(sim_core(profile(args.profile), block_size, args), speed=args.speed)
-    cfg = WorkerConfig(worker_id=worker_id, model=args.model or config.DEFAULT_MODEL, engine="sim")
+    cfg = WorkerConfig(worker_id=worker_id, model=args.model or config.DEFAULT_MODEL, engine="sim",
+                       flow_control=args.flow_control == "on")
     return _with_http(args, WorkerShell(cfg, engine, load_tokenizer(args.tokenizer)), block_size)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared import schemas
 from tokenyard.shared.schemas import AdmittedRequest, Outcome, Phase
+from tokenyard.shared.slo import ENGINE_BACKLOG_S
 from tokenyard.shared.tokenizer import Tokenizer
 
 
@@ -28,6 +29,10 @@ class WorkerConfig:
     engine: str = "sim"
     max_waiting: int = 256
     remember: int = 50_000
+    flow_control: bool = True
+    """Refuse new requests ("saturated") while the engine's prefill backlog already takes more
+    than shared.slo.ENGINE_BACKLOG_S: the queue's flow control, enforced where the state is
+    exact (the router then tries another worker, or the request waits in the queue)."""
 
 
 @dataclass
@@ -72,6 +77,8 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
+        if self.cfg.flow_control and stats.queued_prefill_tokens * stats.prefill_ms_per_token > ENGINE_BACKLOG_S * 1000:
+            return schemas.GenerateReply(rid, False, "saturated"), False
         self.streams[rid] = _Stream(req)
         self._remember(self._seen, rid)
         return schemas.GenerateReply(rid, True), True
@@ -143,4 +150,5 @@ class WorkerCore:
             vbs=stats.vbs,
             min_tpot_slo_ms=stats.min_tpot_slo_ms,
             vbs_limit=stats.vbs_limit,
+            prefill_ms_per_token2=stats.prefill_ms_per_token2,
         )

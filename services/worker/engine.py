@@ -53,6 +53,9 @@ class EngineStats(msgspec.Struct):
     """SCORPIO (services/worker/sim/scorpio.py): virtual batch size, min TPOT SLO, VBS limit."""
     min_tpot_slo_ms: float = 0.0
     vbs_limit: float = 0.0
+    prefill_ms_per_token2: float = 0.0
+    """Attention's share of a prefill: an uncached prompt of L tokens takes about
+    L·prefill_ms_per_token + L²·this ms; 0: unknown."""
 
 
 class Engine(Protocol):

@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.slo import TTFT_TARGET_S
 
 NUM_CLASSES = 4
 WFQ_WEIGHTS: tuple[float, ...] = (16.0, 8.0, 4.0, 2.0)
 """P0..P3 weights of weighted fair queueing (seed 001 §3.3)."""
-TARGET_S: tuple[float, ...] = (0.5, 5.0, 60.0, 3600.0)
-"""TTFT targets of P0..P2 (DESIGN §3.2); P3 has none: an hour stands in, so LDF stays FIFO."""
+TARGET_S = TTFT_TARGET_S
+"""The class SLO table (shared.slo); P3 has none (infinity), so its line stays FIFO."""
 AGING_S: tuple[float, ...] = (float("inf"), 30.0, 15.0, 5.0)
 """Time in class P1, P2, P3 after which a waiting request moves up one class."""
 

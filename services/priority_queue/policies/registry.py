@@ -26,6 +26,8 @@ from tokenyard.services.priority_queue.policies.keeps_turn import KeepsTurn
 from tokenyard.services.priority_queue.policies.lines import ShortestLine
 from tokenyard.services.priority_queue.policies.strict import Strict
 
+DEFAULT_POLICY = "hybrid"
+"""The queue policy of `tokenyard queue` and `tokenyard sim` when none is named."""
 POLICY_NAMES = ("fcfs", "strict", "drr", "wfq", "hybrid", "bubble", "fixed", "sjf")
 KNOBS = ("aging_s", "bubble_width", "weights", "drr_quantum")
 

@@ -4,10 +4,11 @@ clock, no I/O; the live worker sleeps each step's duration (÷ speed), the clust
 advances a virtual clock by it (`advance` runs many steps at once where nothing can change).
 
 One step, as vLLM's scheduler builds it (token budget = max_num_batched_tokens):
+  0. the victims a policy's earlier claim marked (`due_victims`) are preempted.
   1. running requests first, in order (the policy's `step_batch`): a decoding one takes 1
      token (and a new block when it crosses a block boundary); one still prefilling takes
-     its next chunk. If a block cannot be had, the policy's victim (lowest priority class,
-     then most generated tokens, then newest) is preempted — if it was scheduled this step,
+     its next chunk. If a block cannot be had, the one preemption rule's victim (lowest
+     priority class, then latest arrival: scheduler.preemption_victim) is preempted — if it was scheduled this step,
      its tokens go back to the budget — by recompute (its blocks freed, it re-prefills
      prompt + generated tokens) or swap (its KV parked in the host tier), preemption.py.
   2. then, unless the phase is decode-only, the waiting line's head while budget, max_num_seqs
@@ -32,14 +33,24 @@ from tokenyard.services.worker.sim.kv_pool import BlockPool
 from tokenyard.services.worker.sim.kv_tiers import HostTier
 from tokenyard.services.worker.sim.latency import LatencyProfile
 from tokenyard.services.worker.sim.preemption import PreemptionMode, wants_swap
-from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy, allows_prefill
+from tokenyard.services.worker.sim.scheduler import (
+    SchedulingPolicy,
+    VllmPolicy,
+    allows_prefill,
+    preemption_victim,
+)
 from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
 from tokenyard.shared.schemas import AdmittedRequest, Phase
+from tokenyard.shared.slo import ttft_target_s
 
 _FILLER = b"the quick brown fox jumps over the lazy dog. "
 _NF = len(_FILLER)
 _FILLER_LONG = _FILLER * 64
 _LONG = len(_FILLER_LONG) - _NF
+
+
+def _deadline(req: AdmittedRequest) -> float:
+    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + ttft_target_s(req.priority)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -58,7 +69,7 @@ class Seq:
         self.req = req
         self.rid = req.request_id
         self.order = order
-        """Arrival order in this engine (ties in victim choice: the newest goes)."""
+        """Arrival order in this engine (the waiting line's tiebreak; the latest is preempted first)."""
         self.target = req.prompt_len
         """Tokens to compute before decoding: the prompt, plus generated ones after a recompute."""
         self.computed = 0
@@ -170,6 +181,20 @@ class SimEngineCore:
         self._aborted.append(EngineOutput(request_id, [], True, "abort", seq.cached_tokens))
         return True
 
+    def expire(self, now: float) -> list[str]:
+        """With a policy that rejects past the deadline (SCORPIO's rejection path): take out
+        every waiting request that never started and whose TTFT deadline (its own, else arrival
+        + its class target) has passed before `now`; each ends at the next step with finish
+        reason `deadline` and no token. Returns their ids."""
+        if not self.policy.rejects_past_deadline or not self.waiting:
+            return []
+        late = [s for s in self.waiting if not s.started and s.generated == 0 and _deadline(s.req) < now]
+        for seq in late:
+            self.waiting.remove(seq)
+            del self.seqs[seq.rid]
+            self._aborted.append(EngineOutput(seq.rid, [], True, "deadline", 0))
+        return [s.rid for s in late]
+
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self._aborted)
 
@@ -193,6 +218,7 @@ class SimEngineCore:
         preempted = self.preemptions
         decode_ctx = 0
 
+        self._preempt_due()
         for seq in list(self.policy.step_batch(self.running)):
             if budget <= 0:
                 break
@@ -255,7 +281,7 @@ class SimEngineCore:
         it is the victim itself; a victim scheduled earlier in this step gives its tokens back.
         Returns the budget left."""
         while True:
-            victim = self.policy.victim(self.running)
+            victim = preemption_victim(self.running)
             if victim in chunks:
                 budget += chunks.pop(victim)
             elif victim is not seq and victim in decodes:
@@ -264,6 +290,11 @@ class SimEngineCore:
             self._preempt(victim)
             if victim is seq or self._grow(seq, end):
                 return budget
+
+    def _preempt_due(self) -> None:
+        for victim in self.policy.due_victims(self):
+            if victim.running:
+                self._preempt(victim)
 
     def _folds(self, running: list[Seq]) -> bool:
         """May identical steps be folded: the policy runs the whole batch every step. Asked
@@ -288,6 +319,7 @@ class SimEngineCore:
         Blocks are taken segment by segment (between two finishes) and a finishing request
         frees its blocks after its segment's allocations, as step by step: the same blocks
         are evicted, the same KV events come out."""
+        self._preempt_due()
         running = self.running
         b = len(running)
         if (
@@ -537,5 +569,6 @@ class SimEngineCore:
             tpot_slack_ms=self.slack.min_slack_ms(),
             compute_util=self.last_tokens / self.prof.max_num_batched_tokens,
             prefill_ms_per_token=self.prefill_ms_per_token,
+            prefill_ms_per_token2=self.prof.p3 / 2,  # Σ over the prompt of p3 × context ≈ p3 · L² / 2
             **(fields(self) if (fields := getattr(self.policy, "heartbeat_fields", None)) else {}),
         )

@@ -9,11 +9,10 @@ A waiting request of class c that the free blocks cannot hold (need = its uncomp
 in blocks) may reclaim blocks from lower classes, within its entitlement:
     P0: from P2/P3 while used_0 + need ≤ 40%·T, and from P1 while used_0 + need ≤ 15%·T
     P1: from P2/P3 while used_1 + need ≤ 35%·T
-Victims: the lowest class first, then the fewest generated tokens (the most generated are
-kept), then the newest; they are preempted after their current step (no priority
-inversion: a step in flight completes), at the start of the next, and the claimant is
-admitted then. Out of blocks while running (the core's own preemption) the same victim
-order applies. The waiting line serves classes in order (P0 first), preempted requests
+Victims follow the engine's one preemption rule (scheduler.victim_key: the lowest class,
+then the latest arrival); they are preempted after their current step (no priority
+inversion: a step in flight completes), at the start of the next (`due_victims`, the core
+preempts them), and the claimant is admitted then. The waiting line serves classes in order (P0 first), preempted requests
 first within their class, then the wrapped policy's order (arrival, or deadline for SCORPIO).
 """
 
@@ -23,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy
-from tokenyard.services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, deadline
+from tokenyard.services.worker.sim.scheduler import KeyedLine, SchedulingPolicy, VllmPolicy, victim_key
+from tokenyard.services.worker.sim.scorpio import ScorpioPolicy, deadline
 
 if TYPE_CHECKING:
     from tokenyard.services.worker.sim.core import Seq, SimEngineCore
@@ -50,6 +49,7 @@ class PriorityKVPolicy:
         self.core: SimEngineCore | None = None
         self.reclaims = 0
         """Claims that marked victims."""
+        self.rejects_past_deadline = self.inner.rejects_past_deadline
 
     def new_waiting_line(self) -> KeyedLine:
         by_deadline = isinstance(self.inner, ScorpioPolicy)
@@ -71,13 +71,11 @@ class PriorityKVPolicy:
         folds = getattr(self.inner, "folds", None)
         return folds(running) if folds is not None else self.inner.step_batch(running) is running
 
+    def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
+        marked, self.marked = self.marked, []
+        return [*marked, *self.inner.due_victims(core)]
+
     def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
-        if self.marked and self.core is not None:
-            for v in self.marked:
-                if v.running:
-                    self.core._preempt(v)
-            self.marked = []
-            running = self.core.running
         return self.inner.step_batch(running)
 
     def admit(self, seq: Seq, core: SimEngineCore) -> bool:
@@ -99,7 +97,7 @@ class PriorityKVPolicy:
             lowest = 1 if used[1] + need <= r.p1_share * total else None
         if lowest is None:
             return True  # beyond its region: only free blocks, which the core checks
-        pool = sorted((s for s in core.running if s.req.priority > max(c, lowest)), key=self._victim_key,
+        pool = sorted((s for s in core.running if s.req.priority > max(c, lowest)), key=victim_key,
                       reverse=True)
         freed, chosen = 0, []
         for v in pool:
@@ -123,10 +121,3 @@ class PriorityKVPolicy:
     @staticmethod
     def core_budget(core: SimEngineCore) -> int:
         return core.prof.max_num_batched_tokens
-
-    @staticmethod
-    def _victim_key(s: Seq) -> tuple:
-        return (s.req.priority, -s.generated, s.order)
-
-    def victim(self, candidates: Sequence[Seq]) -> Seq:
-        return max(candidates, key=self._victim_key)

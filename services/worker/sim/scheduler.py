@@ -4,33 +4,48 @@ order, who joins the running set, and who is preempted. SimEngineCore keeps the 
 (SCORPIO's VBS admission and credit-based batching, KV regions by priority) and issue 8
 (prefill/decode phases) add policies, not branches in the core.
 
-    each step:   batch = policy.step_batch(running)        which running requests run, in order
+    each step:   for v in policy.due_victims(core): core preempts v   (claims decided earlier)
+                 batch = policy.step_batch(running)        which running requests run, in order
                  then, if phase allows prefill:
                    while waiting and budget:   seq = waiting.peek()
                        policy.admit(seq, core) → join the running set (else stop: head-of-line)
-    out of KV:   victim = policy.victim(candidates)
+    out of KV:   victim = preemption_victim(running)
 
-The default, `VllmPolicy`, is vLLM V1's: every running request each step (decodes and
-prefill chunks in running order), waiting requests first come first served, always
-admitted while the budget, max_num_seqs and blocks allow; victims: the lowest priority
-class first (highest class number), then the one with most generated tokens (DESIGN §3.5),
-then the newest (vLLM V1's own choice, `running.pop()`, when all else ties).
+The default, `VllmPolicy`, is vLLM V1's with `scheduling_policy="priority"` (what the vLLM
+worker sets): every running request each step (decodes and prefill chunks in running order);
+the waiting line ordered by (class, arrival), a preempted request going back into it by the
+same key; always admitted while the budget, max_num_seqs and blocks allow.
+
+The one preemption rule, every policy's (vLLM V1's priority mode,
+`max(running, key=(priority, arrival_time))`):
+    victim = the running request of the lowest class (highest class number), then the latest
+             arrival in this engine
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator, Sequence
+import heapq
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from tokenyard.shared.schemas import Phase
+from tokenyard.shared.slo import klass
 
 if TYPE_CHECKING:
     from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 
 
+def victim_key(seq: Seq) -> tuple[int, int]:
+    """Larger goes first: lower class, then later arrival."""
+    return (klass(seq.req.priority), seq.order)
+
+
+def preemption_victim(candidates: Sequence[Seq]) -> Seq:
+    return max(candidates, key=victim_key)
+
+
 class WaitingLine(Protocol):
-    """Requests not running: new ones at the back, preempted ones at the front."""
+    """Requests not running: new ones pushed, preempted ones pushed back (`push_front`)."""
 
     def push(self, seq: Seq) -> None: ...
 
@@ -47,19 +62,90 @@ class WaitingLine(Protocol):
     def __iter__(self) -> Iterator[Seq]: ...
 
 
-class FcfsLine(deque):
-    """First come, first served (vLLM's `fcfs` scheduling policy)."""
+class KeyedLine:
+    """A waiting line ordered by `key(seq, preempted)` (ties: arrival order in the engine);
+    a lazy-deletion heap. With a `gate`, the head is the first of the `lookahead` first
+    requests that passes it (else the true head): SCORPIO's admission tries every waiting
+    request in deadline order, not only the first. Iteration is in no particular order."""
 
-    push = deque.append
-    push_front = deque.appendleft
-    pop = deque.popleft
+    def __init__(self, key: Callable[[Seq, bool], tuple], gate: Callable[[Seq], bool] | None = None,
+                 lookahead: int = 32) -> None:
+        self.key = key
+        self.gate = gate
+        self.lookahead = lookahead
+        self._heap: list[tuple[tuple, int, int, Seq]] = []
+        self._live: dict[int, int] = {}
+        """id(seq) → the stamp of its live entry."""
+        self._stamp = 0
+
+    def _push(self, seq: Seq, preempted: bool) -> None:
+        self._stamp += 1
+        self._live[id(seq)] = self._stamp
+        heapq.heappush(self._heap, (self.key(seq, preempted), seq.order, self._stamp, seq))
+
+    def push(self, seq: Seq) -> None:
+        self._push(seq, False)
+
+    def push_front(self, seq: Seq) -> None:
+        self._push(seq, True)
+
+    def _clean(self) -> None:
+        heap = self._heap
+        while heap and self._live.get(id(heap[0][3])) != heap[0][2]:
+            heapq.heappop(heap)
 
     def peek(self) -> Seq:
-        return self[0]
+        self._clean()
+        head = self._heap[0][3]
+        if self.gate is None or self.gate(head):
+            return head
+        for entry in heapq.nsmallest(self.lookahead, self._heap):
+            if self._live.get(id(entry[3])) == entry[2] and self.gate(entry[3]):
+                return entry[3]
+        return head
+
+    def pop(self) -> Seq:
+        seq = self.peek()
+        del self._live[id(seq)]  # its heap entry is now stale, dropped when it surfaces
+        return seq
+
+    def remove(self, seq: Seq) -> None:
+        del self._live[id(seq)]
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
+
+    def __iter__(self) -> Iterator[Seq]:
+        live = self._live
+        for entry in self._heap:
+            if live.get(id(entry[3])) == entry[2]:
+                yield entry[3]
+
+    def ordered(self) -> list[Seq]:
+        """The waiting requests in the order they would be served (gate aside)."""
+        return [e[3] for e in sorted(self._heap, key=lambda e: e[:3]) if self._live.get(id(e[3])) == e[2]]
+
+
+def priority_key(seq: Seq, preempted: bool) -> tuple[int]:
+    """vLLM's priority order: class, then arrival (the line's tiebreak); a preempted request
+    keeps its place by the same key."""
+    return (klass(seq.req.priority),)
 
 
 class SchedulingPolicy(Protocol):
+    rejects_past_deadline: bool
+    """Whether the engine rejects a waiting request that never started once its TTFT deadline
+    has passed (SimEngineCore.expire; SCORPIO's rejection path), instead of keeping it."""
+
     def new_waiting_line(self) -> WaitingLine: ...
+
+    def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
+        """Running requests to preempt before this step's batch is built (a claim an earlier
+        `admit` decided: the victims finished their step first)."""
+        ...
 
     def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
         """The running requests this step schedules, in order (a subset for credit-based
@@ -71,23 +157,21 @@ class SchedulingPolicy(Protocol):
         blocks, which the core checks)? False stops admission for this step."""
         ...
 
-    def victim(self, candidates: Sequence[Seq]) -> Seq:
-        """The request to preempt when KV blocks run out."""
-        ...
-
 
 class VllmPolicy:
+    rejects_past_deadline = False
+
     def new_waiting_line(self) -> WaitingLine:
-        return FcfsLine()
+        return KeyedLine(priority_key)
+
+    def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
+        return ()
 
     def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
         return running
 
     def admit(self, seq: Seq, core: SimEngineCore) -> bool:
         return True
-
-    def victim(self, candidates: Sequence[Seq]) -> Seq:
-        return max(candidates, key=lambda s: (s.req.priority, s.generated, s.order))
 
 
 def allows_prefill(phase: str) -> bool:

@@ -9,7 +9,9 @@ engine (scheduler.py's seam).
     only if EstimatedTPOT(VBS(R ∪ {w}), L_avg(R ∪ {w})) ≤ min_{R ∪ {w}} STP, where
     EstimatedTPOT(v, L) is the latency profile's decode step of v sequences of context L
     (linear between ⌊v⌋ and ⌈v⌉). A request whose SLO cannot be met waits rather than slow
-    everyone; an empty engine always admits (someone must run).
+    everyone; an empty engine always admits (someone must run). The seed rejects the requests
+    it cannot serve in time: one still waiting, never started, once its TTFT deadline has
+    passed leaves the engine rejected (finish reason `deadline`; SimEngineCore.expire).
   * Credit-based batching: each step every decoding request earns TRP(r) credit and runs in
     the step when its credit reaches 1, paying 1; so a request with twice the tightest SLO
     runs every other step, and the step's batch holds ≈ VBS decodes. Steps longer than min
@@ -24,85 +26,22 @@ engine (scheduler.py's seam).
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.services.worker.sim.scheduler import KeyedLine
+from tokenyard.shared.slo import ttft_target_s
 
 if TYPE_CHECKING:
     from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 
-TARGET_S = (0.5, 5.0, 60.0, 3600.0)
-"""TTFT targets of P0..P3 (DESIGN §3.2; P3 has none: an hour keeps LDF first come first served)."""
 
 
 def deadline(seq: Seq) -> float:
     req = seq.req
-    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + TARGET_S[min(max(req.priority, 0), 3)]
-
-
-class KeyedLine:
-    """A waiting line ordered by `key(seq, preempted)` (ties: arrival order in the engine);
-    a lazy-deletion heap. With a `gate`, the head is the first of the `lookahead` first
-    requests that passes it (else the true head): SCORPIO's admission tries every waiting
-    request in deadline order, not only the first."""
-
-    def __init__(self, key: Callable[[Seq, bool], tuple], gate: Callable[[Seq], bool] | None = None,
-                 lookahead: int = 32) -> None:
-        self.key = key
-        self.gate = gate
-        self.lookahead = lookahead
-        self._heap: list[tuple[tuple, int, int, Seq]] = []
-        self._live: dict[int, int] = {}
-        """id(seq) → the stamp of its live entry."""
-        self._stamp = 0
-
-    def _push(self, seq: Seq, preempted: bool) -> None:
-        self._stamp += 1
-        self._live[id(seq)] = self._stamp
-        heapq.heappush(self._heap, (self.key(seq, preempted), seq.order, self._stamp, seq))
-
-    def push(self, seq: Seq) -> None:
-        self._push(seq, False)
-
-    def push_front(self, seq: Seq) -> None:
-        self._push(seq, True)
-
-    def _clean(self) -> None:
-        heap = self._heap
-        while heap and self._live.get(id(heap[0][3])) != heap[0][2]:
-            heapq.heappop(heap)
-
-    def peek(self) -> Seq:
-        self._clean()
-        head = self._heap[0][3]
-        if self.gate is None or self.gate(head):
-            return head
-        for entry in heapq.nsmallest(self.lookahead, self._heap):
-            if self._live.get(id(entry[3])) == entry[2] and self.gate(entry[3]):
-                return entry[3]
-        return head
-
-    def pop(self) -> Seq:
-        seq = self.peek()
-        del self._live[id(seq)]  # its heap entry is now stale, dropped when it surfaces
-        return seq
-
-    def remove(self, seq: Seq) -> None:
-        del self._live[id(seq)]
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def __bool__(self) -> bool:
-        return bool(self._live)
-
-    def __iter__(self) -> Iterator[Seq]:
-        for entry in sorted(self._heap, key=lambda e: e[:3]):
-            if self._live.get(id(entry[3])) == entry[2]:
-                yield entry[3]
+    return req.deadline_s if req.deadline_s > 0 else req.arrival_s + ttft_target_s(req.priority)
 
 
 def ldf_key(seq: Seq, preempted: bool) -> tuple:
@@ -124,8 +63,12 @@ def estimated_tpot_ms(prof: LatencyProfile, vbs: float, l_avg: float) -> float:
 
 
 class ScorpioPolicy:
-    def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, min_budget: int = 64) -> None:
+    def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, min_budget: int = 64,
+                 reject: bool = True) -> None:
         self.prof = prof
+        self.rejects_past_deadline = reject
+        """The seed's rejection path (SimEngineCore.expire): a request the VBS check kept waiting
+        past its TTFT deadline is rejected, not served late."""
         self.default_stp_ms = default_stp_ms
         self.min_budget = min_budget
         self.credits: dict[str, float] = {}
@@ -147,6 +90,9 @@ class ScorpioPolicy:
     # ── the seam ──
     def new_waiting_line(self) -> KeyedLine:
         return KeyedLine(ldf_key, self._gate)
+
+    def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
+        return ()
 
     def _gate(self, seq: Seq) -> bool:
         return self._core is None or self.feasible(seq, self._core)
@@ -253,7 +199,3 @@ class ScorpioPolicy:
         vbs, tight = self.vbs(core.running)
         l_avg = sum(self.context(s) for s in core.running) / len(core.running)
         return {"vbs": vbs, "min_tpot_slo_ms": tight, "vbs_limit": self.vbs_limit(tight, l_avg)}
-
-    def victim(self, candidates: Sequence[Seq]) -> Seq:
-        """The lowest class, then the loosest SLO, then the newest."""
-        return max(candidates, key=lambda s: (s.req.priority, self.stp(s), s.order))

@@ -208,22 +208,23 @@ async def test_the_whole_fleet_serves_with_zero_permission_violations(nats_serve
     from tokenyard.services.edge.shell import EdgeConfig, EdgeShell
 
     edge = await fleet.add(EdgeShell(EdgeConfig(http_port=0)))
+    async with aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{edge.shell.port}/v1/completions"
+        async with http.post(url, json={"prompt": "via http", "max_tokens": 3}) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["usage"]["completion_tokens"] == 3
     async with await TokenyardClient.connect(nats_server.url) as client:
         for i in range(4):
             done = await client.generate(schemas.GenerateRequest(prompt=f"hello {i}", max_tokens=4))
             assert done.finish_reason == "length", done
         rejected = await client.generate(schemas.GenerateRequest(prompt="x", max_tokens=10**9))
         assert rejected.rejected is not None and rejected.rejected.status == 400
+        # last: a long request aborted (what it leaves queued would make admission refuse more)
         stream = client.stream(schemas.GenerateRequest(prompt="long", max_tokens=20000, request_id="sec-abort"))
         assert isinstance(await anext(stream), schemas.Accepted)
         await client.abort("sec-abort")
         events = [e async for e in stream]  # the stream still ends, with a terminal event
         assert isinstance(events[-1], schemas.TERMINAL_EVENTS) and len(events) < 20000
-    async with aiohttp.ClientSession() as http:
-        url = f"http://127.0.0.1:{edge.shell.port}/v1/completions"
-        async with http.post(url, json={"prompt": "via http", "max_tokens": 3}) as resp:
-            assert resp.status == 200, await resp.text()
-            assert (await resp.json())["usage"]["completion_tokens"] == 3
     # Anything the fleet's connections were refused shows in the server's log by name.
     log = nats_server.log_text()
     names = [h.shell.instance_id for h in fleet.hosts]

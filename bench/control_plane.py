@@ -26,6 +26,12 @@ control plane's (edge → admission → queue → router → worker → back to 
     `max_send_lag_ms` per step shows when the load generator itself fell behind its
     schedule (one Python process); a step missed with a large lag is client-bound.
 
+(c) Where the first token's time goes, hop by hop (bench/hop_profile.py): a second fleet
+    with tracing on exports every hop's spans to this process; the TTFT of each request,
+    one at a time, is cut at the spans' edges — edge, admission, the JetStream hop, queue,
+    router, worker and back — and the medians are printed per path. Tracing adds its own
+    cost to each hop, so these totals exceed (a)'s; skip with --profile-requests 0.
+
 Exit code 0 when every target is met, 1 when one is missed, 2 when the run failed.
 """
 
@@ -216,6 +222,22 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         )
     console.print(t)
 
+    if result.get("hops"):
+        hops = result["hops"]
+        t = Table(title=f"Where the first token's time goes (mean ms over {hops['requests']} requests a path, "
+                        "tracing on; the segments add up to the total)", box=box.SIMPLE_HEAD)
+        for col in ("segment", "NATS", "HTTP"):
+            t.add_column(col, justify="left" if col == "segment" else "right")
+        names = ["client → edge", "edge → admission", "client → admission",
+                 *(n for n in hops["nats"]["segments"] if n not in ("client → admission", "total (TTFT)")),
+                 "total (TTFT)"]
+        for name in names:
+            cells = [f"{hops[p]['segments'][name]['mean_ms']:.3f}" if name in hops[p]["segments"] else "–"
+                     for p in ("nats", "http")]
+            t.add_row(name, *cells)
+        t.add_row("median TTFT", *(f"{hops[p]['segments']['total (TTFT)']['p50_ms']:.3f}" for p in ("nats", "http")))
+        console.print(t)
+
     t = Table(title="Control-plane targets", box=box.SIMPLE_HEAD)
     for col in ("target", "measured", "goal", ""):
         t.add_column(col, justify="left" if col == "target" else "right")
@@ -230,7 +252,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from tokenyard.launcher import FleetProcesses
 
     async with FleetProcesses(workers=args.workers, profile="zero", http_port=0, model=args.model) as fleet:
-        return await measure(fleet.nats_url, fleet.http_url, args)
+        result = await measure(fleet.nats_url, fleet.http_url, args)
+    if args.profile_requests > 0:
+        from bench import hop_profile
+
+        result["hops"] = await hop_profile.profile(args.workers, args.model, args.profile_requests, args.ttft_rate)
+    return result
 
 
 async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -257,6 +284,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RATES))
     p.add_argument("--step-seconds", type=float, default=3.0, help="each rate step lasts about this long")
     p.add_argument("--min-prompts", type=int, default=500)
+    p.add_argument("--profile-requests", type=int, default=200,
+                   help="requests a path for the per-hop profile, on a second, traced fleet (0: skip)")
     p.add_argument("--json", help="write the result here")
     return p.parse_args(argv)
 

@@ -27,11 +27,7 @@ from tokenyard.shared.ecoserve import EcoConfig  # noqa: E402
 from tokenyard.simulator.cluster import ChainCache, SimConfig  # noqa: E402
 from tokenyard.simulator.run import simulate  # noqa: E402
 
-TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
-WORKLOADS = {
-    "prefill-heavy": f"trace:{TRACES / 'azure2023_code.csv'}",
-    "decode-heavy": f"trace:{TRACES / 'azure2023_conv.csv'}",
-}
+WORKLOADS = {"prefill-heavy": "azure-code", "decode-heavy": "azure-conv"}  # the shipped Azure traces
 KEYS = ("request_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms")
 
 

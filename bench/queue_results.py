@@ -16,7 +16,7 @@ any machine (only wall time differs).
   only P0 may take (`p0_reserve_per_worker`).
 * bubble — seed 004's: short-request p50 TTFT and long-request p99 TTFT under SJF, fixed
   log-spaced partitions and bubble queues (and FCFS), on the heavy-tailed length mix
-  (tuning.workloads) on 4 × a100-llama3-8b, one class, at several rates around saturation.
+  (loadgen/workloads/heavy_tail.py) on 4 × a100-llama3-8b, one class, at several rates around saturation.
 * scorpio — seed 003's: goodput of SCORPIO's engine scheduling against FCFS batching under
   mixed TPOT SLOs (services/worker/sim/scorpio.py).
 """
@@ -78,9 +78,9 @@ def priorities(n: int, loads: list[float], instances: int = 16, cap: int = 32) -
 
 
 def bubble(n: int, rates: list[float], instances: int = 4, slots: int = 2) -> list[dict[str, Any]]:
+    from tokenyard.loadgen.workloads.heavy_tail import HeavyTailWorkload
     from tokenyard.simulator.cluster import SimConfig
     from tokenyard.tuning.evaluate import SimSetup
-    from tokenyard.tuning.workloads import HeavyTailWorkload
 
     rows = []
     for rate in rates:

@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "traces"
 
 POLICIES = "multiplicative,multiplicative-exact,llmd,dynamo,sglang,least-loaded,round-robin"
 LOADS = (0.5, 1.0, 1.5, 2.0, 3.0)
@@ -32,13 +31,13 @@ GOODPUT = ("ttft:2000", "tpot:100")
 WORKLOADS: dict[str, tuple[str, int | None]] = {
     # name → (--workload, --num-requests). Mooncake: the first 3,000 of its 12,031 requests
     # (its first ~1,030 s); the synthetic ones make that many requests at ×1 of their base rate.
-    "mooncake": (f"trace:{TRACES / 'mooncake_conversation_trace.jsonl'}", 3000),
+    "mooncake": ("mooncake", 3000),
     "chatbot": ("chatbot", 3000),
     "api": ("api", 4000),
     "coder": ("coder", 2000),
     # The whole trace (12,031 requests, 3,537 s), run at ×1 and ×2 only (`--only mooncake-full
     # --loads 1,2`): the check that the 3,000-request prefix does not mislead.
-    "mooncake-full": (f"trace:{TRACES / 'mooncake_conversation_trace.jsonl'}", None),
+    "mooncake-full": ("mooncake", None),
 }
 DEFAULT_ONLY = ("mooncake", "chatbot", "api", "coder")
 PLOTTED = {("mooncake", 1.0), ("mooncake", 2.0)}
@@ -59,7 +58,7 @@ def command(name: str, load: float, out: Path) -> list[str]:
 def shown(cmd: list[str]) -> str:
     """The command as a reader types it: paths relative to the repository root."""
     text = shlex.join(cmd)
-    return text.replace(str(TRACES), "../shared/traces").replace(str(ROOT) + "/", "")
+    return text.replace(str(ROOT) + "/", "")
 
 
 def run_point(name: str, load: float, out: Path) -> tuple[str, float, float, int]:

@@ -11,13 +11,14 @@ Scenarios (A100 Llama-3-8B profile unless named):
   chat-mixed              Poisson arrivals at 4 req/s, prompts 200–4000 tokens sharing system
                           prompts, 50–500 tokens out: chunked prefill, prefix hits, decodes
   mooncake                one instance's share (1/16) of the Mooncake conversation trace at its
-                          own rate, 512-token blocks, ids as hashes (../shared/traces)
+                          own rate, 512-token blocks, ids as hashes (data/traces)
 Each runs `step()` one at a time, then with `advance()` (identical decode steps folded).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import sys
@@ -26,12 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tokenyard.data import TRACES  # noqa: E402
 from tokenyard.services.worker.sim.core import SimEngineCore  # noqa: E402
 from tokenyard.services.worker.sim.latency import PROFILES  # noqa: E402
 from tokenyard.shared.hashing import ids_chain  # noqa: E402
 from tokenyard.shared.schemas import AdmittedRequest  # noqa: E402
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+TRACE = TRACES / "mooncake_conversation_trace.jsonl.gz"
 
 
 def _req(rid: str, prompt_len: int, ids: list[int], max_tokens: int, bs: int) -> AdmittedRequest:
@@ -64,7 +66,7 @@ def chat_mixed():
 
 def mooncake():
     def arrivals():
-        with TRACE.open() as f:
+        with gzip.open(TRACE, "rt") as f:
             for k, line in enumerate(f):
                 if k % 16:
                     continue
@@ -121,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     scenarios = {"decode-32": lambda: steady(32), "decode-128": lambda: steady(128), "chat-mixed": chat_mixed}
-    if TRACE.exists():
-        scenarios["mooncake"] = mooncake
+    scenarios["mooncake"] = mooncake
     results = {}
     print(f"{'scenario':<12} {'mode':<8} {'steps/s':>9} {'sim s/wall s':>13} {'x real time @' + str(args.instances):>18}")
     for name, make in scenarios.items():

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 _CHILD = """
 import json, resource, sys
@@ -31,7 +30,7 @@ from tokenyard.loadgen.workloads import open_workload
 from tokenyard.simulator.cluster import SimConfig
 from tokenyard.simulator.run import simulate
 trace, n, instances, scale, policy = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-w = open_workload("trace:" + trace, num_requests=None if n == "all" else int(n), rate_scale=scale)
+w = open_workload(trace, num_requests=None if n == "all" else int(n), rate_scale=scale)
 r = simulate(w, SimConfig(instances=instances, policy=policy))
 print(json.dumps({
     "instances": instances, "rate_scale": scale, "requests": len(w.items()), "policy": policy,
@@ -44,12 +43,13 @@ print(json.dumps({
 
 def point(n: str, instances: int, scale: float, policy: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(TRACE), n, str(instances), str(scale), policy],
+        [sys.executable, "-c", _CHILD, "mooncake", n, str(instances), str(scale), policy],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode != 0:  # the child's own error, not a CalledProcessError around it
+        raise SystemExit(f"sim_speed: the {instances}-instance run failed:\n{out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

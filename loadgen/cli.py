@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 from tokenyard.loadgen.config import DEFAULT_PRIORITY_MIX, BenchConfig, parse_goodput, parse_priority_mix
+from tokenyard.loadgen.workloads import workload_help
 from tokenyard.shared import config as shared_config
 
 
@@ -46,11 +47,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", default=shared_config.nats_url_from_env(), help="nats://HOST:PORT or http://HOST:PORT"
     )
-    p.add_argument("--model", default=d.model)
+    p.add_argument("--model", default=d.model, help="model name sent with each request")
     p.add_argument(
-        "--workload", default=d.workload, help="synthetic | chatbot | api | coder | trace:PATH (Mooncake .jsonl, Azure .csv)"
+        "--workload", default=d.workload, help=workload_help()
     )
-    p.add_argument("--num-prompts", type=int, default=d.num_prompts)
+    p.add_argument("--num-prompts", type=int, default=d.num_prompts, help="requests to send")
     p.add_argument("--input-len", type=int, default=d.input_len, help="prompt tokens (synthetic)")
     p.add_argument(
         "--output-len", type=int, default=d.output_len, help="max_tokens, with ignore_eos (synthetic)"
@@ -62,20 +63,22 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--rate", "--request-rate", dest="rate", type=float, default=d.rate, help="req/s; inf = all at once"
     )
     p.add_argument("--burstiness", type=float, default=d.burstiness, help="gamma shape of gaps; 1 = Poisson")
-    p.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=int, default=None)
+    p.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=int, default=None,
+                   help="most requests in flight at once (default: no limit)")
     p.add_argument(
         "--priority-mix", default=",".join(f"{x:g}" for x in DEFAULT_PRIORITY_MIX), help="fractions of P0..P3"
     )
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the workload: same seed, same requests")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
-    p.add_argument("--tenant", default=None)
-    p.add_argument("--result-json", default=None, metavar="FILE")
+    p.add_argument("--tenant", default=None, help="tenant the requests are charged to (default: none)")
+    p.add_argument("--result-json", default=None, metavar="FILE", help="also write the result as JSON here")
     p.add_argument("--plots", default=None, metavar="DIR",
                    help="write PNG figures here: TTFT/TPOT CDFs, latency by class, per-worker load")
     p.add_argument("--fleet-nats", default=None, metavar="URL",
                    help="read worker heartbeats here for the per-worker plot (default: the target, if NATS)")
-    p.add_argument("--no-progress", "--disable-tqdm", dest="no_progress", action="store_true")
+    p.add_argument("--no-progress", "--disable-tqdm", dest="no_progress", action="store_true",
+                   help="no progress bar")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:

@@ -22,7 +22,7 @@ class BenchConfig:
     """`nats://HOST:PORT` (TokenyardClient on llm.v1.submit) or `http://HOST:PORT` (the edge)."""
     model: str = shared_config.DEFAULT_MODEL
     workload: str = "synthetic"
-    """`synthetic`, `chatbot`, `api`, `coder` or `trace:PATH` (loadgen.workloads)."""
+    """A name of the workload registry (loadgen.workloads.WORKLOADS) or `trace:PATH`."""
     num_prompts: int = 1000
     input_len: int = 1024
     output_len: int = 128

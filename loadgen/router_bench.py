@@ -2,7 +2,7 @@
 latency on a warm fleet, no NATS in the way.
 
 Setup (seeded, no wall clock in the decisions themselves):
-  * chains: the Mooncake conversation trace (../shared/traces), each 512-token `hash_id` cut
+  * chains: the Mooncake conversation trace (data/traces, shipped), each 512-token `hash_id` cut
     into 512 / B blocks of B tokens (B = --block-tokens, 16 = vLLM's page, as admission hashes
     a live prompt), block hash = splitmix64(id · 512/B + j): ids encode their whole prefix, so
     equal hashes ⇔ equal prefixes, as with real chain hashes;
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import json
 import sys
 import time
@@ -34,8 +35,9 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from tokenyard.data import TRACES
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+TRACE = TRACES / "mooncake_conversation_trace.jsonl.gz"
 MOONCAKE_BLOCK = 512
 MODEL = "bench"
 
@@ -89,7 +91,7 @@ def load_chains(path: Path, block_tokens: int) -> list[tuple[int, int, list[int]
     per = MOONCAKE_BLOCK // block_tokens
     dec = msgspec.json.Decoder(_Row)
     out = []
-    with open(path, "rb") as f:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
         for line in f:
             if line.strip():
                 r = dec.decode(line)
@@ -216,12 +218,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats", type=int, default=5, help="passes over the timed decisions (floor_*: the least)"
     )
-    p.add_argument("--policy", choices=list(POLICIES), default="multiplicative")
+    p.add_argument("--policy", choices=list(POLICIES), default="multiplicative", help="routing policy timed")
     p.add_argument(
         "--block-tokens", type=int, default=16, help="tokens per block of the chains (divides 512)"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trace", type=Path, default=TRACE, help="Mooncake-format JSONL")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fleet's load and the policy")
+    p.add_argument("--trace", type=Path, default=TRACE, help="Mooncake-format JSONL, plain or .gz (default: the shipped Mooncake trace)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

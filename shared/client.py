@@ -9,18 +9,49 @@
 The protocol underneath, for clients in other languages: subscribe to an inbox, publish the
 request on `llm.v1.submit` with that inbox as reply subject (MessagePack, or JSON with
 header `Content-Type: application/json`), then read events tagged by `type` until one of
-`rejected`, `finished`, `error`. Chunks carry `seq` 0, 1, 2 …; drop a seq seen before.
+`rejected`, `finished`, `error`. Chunks carry `seq` 0, 1, 2 …; drop a seq seen before (a
+migrated request may repeat one); a seq skipped, or a `finished` whose seq is not the next
+one, means tokens were lost: treat the stream as failed. Optionally hold a lease: publish
+`llm.v1.lease.<lease>` every second and use inboxes `_INBOX.<lease>.<n>`; if you vanish, the
+routers abort your requests.
+
+What this client guarantees on top: every stream ends with exactly one terminal event.
+  * A gap in the seqs (or a `finished` that skips some) is repaired when the missing chunks
+    arrive within GAP_WAIT_S (a worker replays what it sent during a NATS outage; the
+    events after the gap wait in order meanwhile), else the stream ends with an `error` 502
+    and the request is aborted: a stream is never silently short.
+  * No event for `idle_timeout_s` (the idle watchdog) ends it with an `error` 504 and aborts it.
+  * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
+    inbox was resubscribed after they went by): a stream that then stays silent for
+    RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
+  * Events that overtake `accepted` (admission answers once the request is queued) are held
+    back until it arrives, so `accepted` always comes first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
+
+LEASE_INTERVAL_S = 1.0
+"""How often a client says it is alive (the router's orphan detection waits 3 of these)."""
+
+GAP_WAIT_S = 6.0
+"""How long chunks after a gap wait for the missing ones (a worker replays 2 s after it
+reconnects) before the stream fails."""
+
+RECONNECT_GRACE_S = 8.0
+"""After a reconnect, the silence that says the stream's end was lost in the outage."""
+
+IDLE_TIMEOUT_S = 60.0
+"""Default silence after which a stream ends with an error: above the queue's longest
+ordinary wait for a P2 request (its 60 s TTFT target), far above worker-death detection."""
 
 
 @dataclass
@@ -38,10 +69,103 @@ class Completion:
     worker_id: str = ""
 
 
+class StreamCheck:
+    """The receiving end of one stream, pure: orders `accepted` first, drops repeated seqs,
+    holds what comes after a gap until the gap fills, and turns a gap that stays open for
+    GAP_WAIT_S into an error.
+
+        check.on_event(event, now) → the events to hand on now (possibly none)
+        check.expired(now)         → the error once a gap waited too long, else None
+    """
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self.next_seq = 0
+        self.accepted = False
+        self.held: list[schemas.StreamEvent] = []
+        self.ahead: dict[int, schemas.Chunk] = {}
+        """Chunks past a gap, by seq, waiting for the missing ones."""
+        self.ahead_end: schemas.StreamEvent | None = None
+        """A terminal event that came while a gap was open."""
+        self.gap_since: float | None = None
+        self.done = False
+
+    def expired(self, now: float) -> schemas.Error | None:
+        if self.done or self.gap_since is None or now - self.gap_since < GAP_WAIT_S:
+            return None
+        got = min(self.ahead) if self.ahead else getattr(self.ahead_end, "seq", self.next_seq)
+        return self._gap(self.next_seq, got)
+
+    def on_event(self, event: schemas.StreamEvent, now: float = 0.0) -> list[schemas.StreamEvent]:
+        self._now = now
+        if self.done:
+            return []
+        if isinstance(event, schemas.Accepted | schemas.Rejected) or (
+            isinstance(event, schemas.Error) and not self.accepted
+        ):
+            self.accepted = True
+            held, self.held = self.held, []
+            out: list[schemas.StreamEvent] = [event]
+            for e in held:
+                out.extend(self._check(e))
+            return out
+        if not self.accepted:
+            self.held.append(event)
+            return []
+        return self._check(event)
+
+    def _check(self, event: schemas.StreamEvent) -> list[schemas.StreamEvent]:
+        if self.done:
+            return []
+        if isinstance(event, schemas.Chunk):
+            if event.seq < self.next_seq or event.seq in self.ahead:
+                return []  # a repeat (a migration or a replay resent it)
+            if event.seq > self.next_seq:
+                self._hold(event)
+                return []
+            self.next_seq += 1
+            return [event, *self._release()]
+        if isinstance(event, schemas.Finished) and event.seq != self.next_seq and event.finish_reason != "abort":
+            if event.seq < self.next_seq:  # it counts fewer chunks than came: not this stream's end
+                return [self._gap(self.next_seq, event.seq)]
+            self.ahead_end = event
+            self._hold(None)
+            return []
+        if isinstance(event, schemas.TERMINAL_EVENTS):
+            self.done = True
+        return [event]
+
+    def _hold(self, chunk: schemas.Chunk | None) -> None:
+        if chunk is not None:
+            self.ahead[chunk.seq] = chunk
+        if self.gap_since is None:
+            self.gap_since = self._now
+
+    def _release(self) -> list[schemas.StreamEvent]:
+        """The chunks (and the end) a filled gap lets through."""
+        out: list[schemas.StreamEvent] = []
+        while self.next_seq in self.ahead:
+            out.append(self.ahead.pop(self.next_seq))
+            self.next_seq += 1
+        if self.ahead or (self.ahead_end is not None and self.ahead_end.seq > self.next_seq):
+            return out  # another gap further on: keep its clock running
+        self.gap_since = None
+        if self.ahead_end is not None:
+            out.extend(self._check(self.ahead_end))
+            self.ahead_end = None
+        return out
+
+    def _gap(self, want: int, got: int) -> schemas.Error:
+        self.done = True
+        return schemas.Error(self.request_id, 502, f"stream lost chunks: expected seq {want}, got {got}", seq=want)
+
+
 class TokenyardClient:
-    def __init__(self, nc: Client, owns_connection: bool = False):
+    def __init__(self, nc: Client, owns_connection: bool = False, lease: bool = True):
         self.nc = nc
         self._owns = owns_connection
+        self.lease_id = uuid.uuid4().hex[:16] if lease else ""
+        self._lease_task: asyncio.Task | None = None
 
     @classmethod
     async def connect(cls, url: str, name: str = "tokenyard-client",
@@ -50,6 +174,9 @@ class TokenyardClient:
         return cls(await natsutil.connect(url, name, kind=nats_auth.CLIENT, creds=creds), owns_connection=True)
 
     async def close(self) -> None:
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            self._lease_task = None
         if self._owns and not self.nc.is_closed:
             await self.nc.drain()
 
@@ -59,22 +186,37 @@ class TokenyardClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+    def _inbox(self) -> str:
+        if not self.lease_id:
+            return self.nc.new_inbox()
+        if self._lease_task is None:
+            self._lease_task = asyncio.create_task(self._renew_lease())
+        return f"_INBOX.{self.lease_id}.{uuid.uuid4().hex}"
+
+    async def _renew_lease(self) -> None:
+        subject = subjects.lease(self.lease_id)
+        while True:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subject, b"")
+            await asyncio.sleep(LEASE_INTERVAL_S)
+
     async def stream(
         self,
         request: schemas.GenerateRequest,
         *,
         json: bool = False,
         headers: dict[str, str] | None = None,
-        idle_timeout_s: float = 60.0,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
         no_responders_retry_s: float = 2.0,
     ) -> AsyncIterator[schemas.StreamEvent]:
-        """Submit and yield the request's events in order, ending with a terminal one. While no
-        admission replica is subscribed (none runs, or the only one is reconnecting after its
-        NATS node died) the submit is repeated for `no_responders_retry_s`, then answered 503:
-        nothing received it, so a repeat cannot run it twice."""
+        """Submit and yield the request's events in order, ending with exactly one terminal one.
+        While no admission replica is subscribed (none runs, or the only one is reconnecting
+        after its NATS node died) the submit is repeated for `no_responders_retry_s`, then
+        answered 503: nothing received it, so a repeat cannot run it twice."""
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
-        inbox = self.nc.new_inbox()
+        rid = request.request_id
+        inbox = self._inbox()
         # A callback feeding a queue: far cheaper per message than sub.next_msg, which makes a
         # task and a timer for each one.
         queue: asyncio.Queue = asyncio.Queue()
@@ -82,43 +224,71 @@ class TokenyardClient:
         async def deliver(msg) -> None:
             queue.put_nowait(msg)
 
+        check = StreamCheck(rid)
         sub = await self.nc.subscribe(inbox, cb=deliver)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
             body = codec.encode(request, json=json)
             await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
-            next_seq = 0
-            give_up = asyncio.get_running_loop().time() + no_responders_retry_s
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + no_responders_retry_s
+            reconnects = self.nc.stats["reconnects"]
             while True:
-                async with asyncio.timeout(idle_timeout_s):
-                    msg = await queue.get()
+                idle_until = loop.time() + idle_timeout_s
+                after_reconnect = False
+                msg = None
+                # Wake at least every second to notice that the connection reconnected.
+                while msg is None and (wait := min(idle_until - loop.time(), 1.0)) > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait):
+                            msg = await queue.get()
+                    if msg is None and (gap := check.expired(loop.time())) is not None:
+                        await self.abort(rid, reason="client_gap")
+                        yield gap
+                        return
+                    if msg is None and self.nc.stats["reconnects"] != reconnects:
+                        reconnects = self.nc.stats["reconnects"]
+                        after_reconnect = True
+                        idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
+                if msg is None:
+                    await self.abort(rid, reason="client_idle_timeout")
+                    if after_reconnect:
+                        yield schemas.Error(rid, 503, "events lost while NATS reconnected", seq=check.next_seq)
+                    else:
+                        yield schemas.Error(rid, 504, f"no event for {idle_timeout_s:g} s", seq=check.next_seq)
+                    return
                 if not msg.data and msg.headers and msg.headers.get("Status") == "503":
-                    if asyncio.get_running_loop().time() < give_up:
+                    if loop.time() < give_up:
                         await asyncio.sleep(0.1)
                         await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
                         continue
-                    yield schemas.Rejected(request.request_id, 503, "no_responders", "no admission service is running")
+                    yield schemas.Rejected(rid, 503, "no_responders", "no admission service is running")
                     return
-                event = codec.decode_event(msg.data, msg.headers)
-                if isinstance(event, schemas.Chunk):
-                    if event.seq < next_seq:
-                        continue  # a duplicate (redelivery after a migration)
-                    next_seq = event.seq + 1
-                yield event
-                if isinstance(event, schemas.TERMINAL_EVENTS):
+                try:
+                    event = codec.decode_event(msg.data, msg.headers)
+                except codec.DecodeError:
+                    continue  # not ours to read: garbage on the inbox changes nothing
+                for out in check.on_event(event, loop.time()):
+                    yield out
+                    if isinstance(out, schemas.TERMINAL_EVENTS):
+                        return
+                if (gap := check.expired(loop.time())) is not None:  # chunks flow, the hole stays
+                    await self.abort(rid, reason="client_gap")
+                    yield gap
                     return
         except asyncio.CancelledError:
-            await self.abort(request.request_id, reason="client_cancelled")
+            await self.abort(rid, reason="client_cancelled")
             raise
         finally:
-            await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def generate(self, request: schemas.GenerateRequest, **kwargs) -> Completion:
         """Submit and wait for the whole completion."""
         out = Completion(request_id=request.request_id or "")
         parts: list[str] = []
         async for event in self.stream(request, **kwargs):
-            out.request_id = event.request_id
+            out.request_id = event.request_id or out.request_id
             match event:
                 case schemas.Accepted():
                     out.accepted = event

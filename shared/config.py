@@ -24,6 +24,10 @@ STALE_AFTER_S = float(os.environ.get("TOKENYARD_STALE_S", "1.0"))
 """A worker with no heartbeat for this long is out of the routing candidates."""
 
 
+EDGE_MAX_IN_FLIGHT = 4096
+"""Generation requests one edge holds open at once (beyond: 503 with Retry-After)."""
+
+
 def nats_url_from_env(default: str = "nats://127.0.0.1:4222") -> str:
     return os.environ.get("TOKENYARD_NATS_URL", default)
 

@@ -75,7 +75,8 @@ async def serve(app: web.Application, host: str, port: int, shutdown_timeout_s: 
     request wherever it runs."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout_s, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    # A deep accept backlog: under a burst, clients should get a fast 503, not a connect timeout.
+    await web.TCPSite(runner, host, port, backlog=4096).start()
     return runner, runner.addresses[0][1]
 
 

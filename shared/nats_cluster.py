@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from tokenyard.shared import nats_auth, natsutil
+from tokenyard.shared.procs import die_with_parent
 
 CLUSTER_NAME = "tokenyard"
 
@@ -74,7 +75,8 @@ class NatsCluster:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             out = open(os.path.join(self.log_dir, f"nats-n{i}.log"), "ab")  # noqa: SIM115 (the child owns it)
-        proc = subprocess.Popen(self._command(i), stdout=out, stderr=out, start_new_session=True)
+        proc = subprocess.Popen(self._command(i), stdout=out, stderr=out, start_new_session=True,
+                                preexec_fn=die_with_parent())  # no orphaned node if its parent is killed
         if out is not subprocess.DEVNULL:
             out.close()
         return proc

@@ -21,6 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NoStreamResponseError
 from tokenyard.shared import nats_auth, subjects, telemetry
+from tokenyard.shared.procs import die_with_parent
 
 log = telemetry.logger("nats")
 
@@ -145,6 +146,7 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent(),  # no orphaned server if its parent is killed outright
         )
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:

@@ -51,6 +51,8 @@ class Outcome(enum.StrEnum):
     ABORTED = "aborted"
     FINISHED = "finished"
     FAILED = "failed"
+    MIGRATED = "migrated"
+    DUPLICATE = "duplicate"
     REJECTED_DEADLINE = "rejected_deadline"
     """The queue let a request go once it could no longer meet its TTFT deadline (429)."""
 
@@ -126,7 +128,7 @@ class Accepted(msgspec.Struct, tag="accepted", tag_field="type"):
 class Rejected(msgspec.Struct, tag="rejected", tag_field="type"):
     request_id: str
     status: int
-    """The HTTP status the edge answers with: 400, 404, 413, 429, 503."""
+    """The HTTP status the edge answers with: 400, 404, 409 (a reused request id), 413, 429, 503."""
     code: str
     """OpenAI's error `code` (e.g. `invalid_value`, `model_not_found`)."""
     message: str
@@ -206,6 +208,13 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     uses arrival + its class's target)."""
     tpot_slo_ms: float = 0.0
     """Per-request TPOT SLO (SCORPIO); 0 = none."""
+    resume_token_ids: list[int] = msgspec.field(default_factory=list)
+    """Migration: the tokens the client already received from a worker that died. The next
+    worker prefills prompt + these and generates the rest (max_tokens counts both)."""
+    resume_seq: int = 0
+    """Migration: the seq of the first chunk the next worker sends (the client's next one)."""
+    migrations: int = 0
+    """How many times this request moved to another worker (capped by the router)."""
 
 
 class RouteDecision(msgspec.Struct, omit_defaults=True):
@@ -229,6 +238,12 @@ class GenerateReply(msgspec.Struct, omit_defaults=True):
 class Abort(msgspec.Struct, omit_defaults=True):
     request_id: str
     reason: str = "client"
+    """Why: `client`, `edge_*`, `orphaned` (its client's lease lapsed), or MIGRATED."""
+
+
+MIGRATED = "migrated"
+"""The abort reason of the router's migration fence: the request now runs on another worker,
+so the old one stops without a word to the client and keeps the id open."""
 
 
 # ───────────────────────────── fleet state ─────────────────────────────

@@ -117,4 +117,7 @@ def run(shell: Shell, nats_url: str, metrics_port: int | None = None) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(ServiceHost(shell, nats_url, metrics_port).run_until_signalled())
+    try:
+        asyncio.run(ServiceHost(shell, nats_url, metrics_port).run_until_signalled())
+    except OSError as e:  # "cannot reach NATS at …", "address already in use": a message, not a traceback
+        raise SystemExit(f"tokenyard {shell.kind}: error: {e}") from None

@@ -28,6 +28,10 @@ ROUTE = f"{PREFIX}.route"
 ABORT = f"{PREFIX}.abort"
 """edge, client → workers and queue: fan-out cancel of one request."""
 
+LEASE_ALL = f"{PREFIX}.lease.*"
+"""client, edge → routers: `llm.v1.lease.<lease>` every second while the client lives; its
+inboxes are `_INBOX.<lease>.<n>`, so a router can tell a request's client is gone."""
+
 HEARTBEAT_ALL = f"{PREFIX}.hb.*"
 KV_EVENTS_ALL = f"{PREFIX}.kv.*"
 MACRO_STATE_ALL = f"{PREFIX}.macro.*.state"
@@ -42,6 +46,15 @@ GROUP_ROUTER = "router"
 def worker_generate(worker_id: str) -> str:
     """router → worker: core request/reply; the worker accepts or refuses."""
     return f"{PREFIX}.worker.{worker_id}.generate"
+
+
+def worker_status(worker_id: str) -> str:
+    """router → worker: request/reply; the ids of the requests the worker runs (a probe)."""
+    return f"{PREFIX}.worker.{worker_id}.status"
+
+
+def lease(lease_id: str) -> str:
+    return f"{PREFIX}.lease.{lease_id}"
 
 
 def worker_control(worker_id: str) -> str:

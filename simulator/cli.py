@@ -1,11 +1,11 @@
 """`tokenyard sim` (DESIGN.md §7): replay a workload through the cores on a virtual clock.
 
-    tokenyard sim --workload chatbot|api|coder|trace:PATH --instances N --profile P
+    tokenyard sim --workload NAME (loadgen.workloads.WORKLOADS) --instances N --profile P
                   [--policy X | --compare A,B,...] [--macro-size K --mode nodg]
                   [--queue-policy Q] [--flow-control on|off] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
                   [--seed S] [--json FILE] [--plots DIR]
                   [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
-                  [--num-requests N] [--duration S]
+                  [--num-requests N] [--duration S] [--input-len N --output-len N] (synthetic)
 
 `--num-requests` takes the first N requests (of a trace; a synthetic workload makes N, 1000
 by default); `--duration` drops arrivals at or after S virtual seconds (after scaling).
@@ -19,6 +19,7 @@ from typing import Any
 
 
 def register(sub) -> None:
+    from tokenyard.loadgen.workloads import workload_help
     from tokenyard.services.priority_queue.policies.registry import DEFAULT_POLICY as DEFAULT_QUEUE_POLICY
     from tokenyard.services.priority_queue.policies.registry import POLICY_NAMES
     from tokenyard.services.worker.sim.latency import PROFILES
@@ -29,8 +30,8 @@ def register(sub) -> None:
         description="Replay a trace or synthetic workload through admission → queue → router → "
         "simulated engines on a virtual clock, and compare routing policies.",
     )
-    p.add_argument("--workload", required=True, help="chatbot | api | coder | trace:PATH (.jsonl Mooncake, .csv Azure)")
-    p.add_argument("--instances", type=int, default=16)
+    p.add_argument("--workload", required=True, help=workload_help())
+    p.add_argument("--instances", type=int, default=16, help="simulated engine instances")
     p.add_argument("--profile", default="a100-llama3-8b", help=f"latency profile: {', '.join(PROFILES)}")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--policy", default=None, help="routing policy (default: the router's own default)")
@@ -44,15 +45,19 @@ def register(sub) -> None:
                    help="the queue holds the backlog while the fleet is saturated (default: on, as live)")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the policies: same seed, same run")
     p.add_argument("--rate", type=float, default=None, help="base rate of a synthetic workload (req/s)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of gaps; 1 = Poisson")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
     p.add_argument("--time-scale", type=float, default=1.0, help="stretch the clock X times (slower)")
-    p.add_argument("--num-requests", "--max-requests", dest="num_requests", type=int, default=None)
+    p.add_argument("--input-len", type=int, default=1024, help="prompt tokens (synthetic)")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens (synthetic)")
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths drawn within ±this fraction (synthetic)")
+    p.add_argument("--num-requests", "--max-requests", dest="num_requests", type=int, default=None,
+                   help="requests to replay (default: a whole trace, or 1000 generated)")
     p.add_argument("--duration", type=float, default=None, metavar="S", help="arrivals before S virtual seconds")
-    p.add_argument("--json", default=None, metavar="FILE")
-    p.add_argument("--plots", default=None, metavar="DIR")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON here")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no table")
     p.set_defaults(func=main)
 
@@ -113,6 +118,9 @@ def main(args: argparse.Namespace) -> int:
             priority_mix=mix,
             seed=args.seed,
             duration_s=args.duration,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            range_ratio=args.range_ratio,
         )
         if not workload.items():
             raise ValueError("the workload has no requests")

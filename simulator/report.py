@@ -33,6 +33,15 @@ COLUMNS = (
 )
 """(header, result key, format) of the table; latencies in ms, speed = simulated s / wall s."""
 
+GROUPS = (
+    ("requests", ("done", "fail", "req/s", "goodput", "preempt")),
+    ("first token and end to end", ("TTFT mean", "TTFT p50", "TTFT p99", "E2E mean")),
+    ("decoding", ("TPOT mean", "TPOT p99", "ITL p99")),
+    ("cache and balance", ("hit", "prefill cv", "BS max/min", "speed")),
+)
+"""COLUMNS split into tables that each fit a 100-column terminal."""
+WIDTH = 100
+
 
 def lookup(result: dict[str, Any], key: str) -> Any:
     value: Any = result
@@ -47,22 +56,23 @@ def _fmt(fmt: str, v: Any) -> str:
     return fmt.format(v)
 
 
-def table(results: dict[str, dict[str, Any]], title: str = "") -> Table:
+def table(results: dict[str, dict[str, Any]], title: str = "", headers: tuple[str, ...] | None = None) -> Table:
     """A row per policy; each cell is the value and, below the first row, its ratio to the
-    first policy's."""
+    first policy's. `headers` picks columns (default: all)."""
     names = list(results)
     base = results[names[0]]
     bound = base.get("prefix_hit_bound")
     caption = f"latencies in ms · ratio to {names[0]} in brackets"
     if isinstance(bound, float):
         caption += f" · infinite-cache hit bound {bound:.3f}"
+    columns = [c for c in COLUMNS if headers is None or c[0] in headers]
     t = Table(title=title or None, caption=caption)
-    t.add_column("policy")
-    for header, _, _ in COLUMNS:
+    t.add_column("policy", no_wrap=True, min_width=max(len(n) for n in names))
+    for header, _, _ in columns:
         t.add_column(header, justify="right")
     for i, name in enumerate(names):
         cells = [name]
-        for _, key, fmt in COLUMNS:
+        for _, key, fmt in columns:
             v, b = lookup(results[name], key), lookup(base, key)
             cell = _fmt(fmt, v)
             if i and isinstance(v, int | float) and isinstance(b, int | float) and b:
@@ -73,10 +83,13 @@ def table(results: dict[str, dict[str, Any]], title: str = "") -> Table:
 
 
 def print_results(results: dict[str, dict[str, Any]], title: str = "", console: Console | None = None) -> None:
-    console = console or Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 240)
-    console.print(table(results, title))
+    """The table in GROUPS of columns, one under the other, each at most WIDTH columns wide."""
+    console = console or Console(width=WIDTH)
+    for k, (name, headers) in enumerate(GROUPS):
+        t = table(results, f"{title} · {name}" if title else name, headers)
+        if k < len(GROUPS) - 1:
+            t.caption = None  # said once, under the last
+        console.print(t)
 
 
 def write_json(doc: dict[str, Any], path: str | Path) -> None:

@@ -97,12 +97,24 @@ async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", 
     for i in range(workers):
         engine = SimEngine(SimEngineCore(get_profile(profile), 16, num_blocks), speed=speed)
         fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(f"tw{i}", config.DEFAULT_MODEL), engine, tok)))
-    await fleet.add(AdmissionShell(admission or AdmissionConfig(), tok))
-    await fleet.add(RouterShell(RouterConfig(policy=policy)))
-    await fleet.add(QueueShell(QueueConfig(), FCFS()))
-    await fleet.add(MacroShell(MacroConfig(size=2)))
-    await asyncio.sleep(0.15)  # one heartbeat round, so the router knows the workers
+    admission = AdmissionShell(admission or AdmissionConfig(), tok)
+    router = RouterShell(RouterConfig(policy=policy))
+    queue = QueueShell(QueueConfig(), FCFS())
+    macro = MacroShell(MacroConfig(size=2))
+    for shell in (admission, router, queue, macro):
+        await fleet.add(shell)
+    ids = {f"tw{i}" for i in range(workers)}
+    # Ready when every service that reads heartbeats has had one from every worker.
+    await until(lambda: ids <= set(admission.core.fleet.workers) and ids <= set(router.core.view.ids)
+                and ids <= set(queue.core.workers) and ids <= set(macro.core.reported))
     return fleet
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    """Await a state of the services (checked as the event loop turns), not a guessed delay."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.005)
 
 
 @pytest.fixture

@@ -16,12 +16,13 @@ from tokenyard.services.admission.token_bucket import TokenBucket
 from tokenyard.shared.schemas import (
     AdmittedRequest,
     GenerateRequest,
-    Heartbeat,
     PriorityClass,
     QueueStats,
     Rejected,
 )
 from tokenyard.shared.tokenizer import ByteTokenizer
+
+from tests.builders import hb
 
 # ───────────────────────────── token bucket ─────────────────────────────
 
@@ -250,10 +251,6 @@ def test_stale_queue_state_is_ignored_and_replicas_add_up():
     assert f.judge(1, None, 1.6) is None
 
 
-def hb(wid: str, healthy: bool = True) -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, 0, 0, 0, 0, 100, 16, healthy=healthy)
-
-
 def test_a_fleet_with_no_healthy_worker_refuses_every_class_with_a_deadline():
     c = core()
     c.on_heartbeat(hb("w0", healthy=False), 100.0)
@@ -308,8 +305,7 @@ def test_a_refused_request_changes_no_state(script):
 
 def fresh_worker(c, wid="w0", a=0.1, b=0.0, now=100.0):
     """A heartbeat reporting a prefill of L tokens as L·a + L²·b ms."""
-    c.on_heartbeat(Heartbeat(wid, "m", 1, now, 0, 0, 0, 0, 1000, 16, prefill_ms_per_token=a,
-                             prefill_ms_per_token2=b), now)
+    c.on_heartbeat(hb(wid, ts=now, prefill_ms_per_token=a, prefill_ms_per_token2=b), now)
 
 
 def test_a_prompt_whose_own_prefill_breaks_its_target_is_refused_whatever_the_load():

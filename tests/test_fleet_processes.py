@@ -1,16 +1,23 @@
 """The fleet as `tokenyard up` runs it: every service its own OS process on a real
 nats-server, discovered through `$SRV.PING`, one request over NATS and one over HTTP, then a
-clean stop (every process drains and exits 0)."""
+clean stop (every process drains and exits 0); a service that fails at start-up named with its
+own last lines; no orphans when `up` is killed outright; no fleet without workers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import sys
+from pathlib import Path
 
 import aiohttp
+import pytest
 from tokenyard.shared import natsutil, schemas
 from tokenyard.shared.client import TokenyardClient
 
-from tokenyard.launcher import FleetProcesses, ping
+from tokenyard import cli
+from tokenyard.launcher import NATS_PORT, FleetProcesses, nats_port, ping
 
 
 async def test_fleet_of_processes_serves_nats_and_http(tmp_path):
@@ -34,7 +41,115 @@ async def test_fleet_of_processes_serves_nats_and_http(tmp_path):
         assert lines[-1] == "data: [DONE]"
         chunks = [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) != ""
+        assert len("".join(c["choices"][0]["text"] for c in chunks if c["choices"])) == 3  # 3 one-byte tokens
     finally:
         await fleet.stop()
     assert {name: p.returncode for name, p in procs} == {name: 0 for name, _ in procs}
+
+
+async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
+    """The edge cannot bind its HTTP port: `up` says which service failed and why, in the
+    service's own words (not a traceback: a one-line error)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        fleet = FleetProcesses(workers=1, profile="zero", http_port=taken.getsockname()[1])
+        with pytest.raises(RuntimeError) as err:
+            await fleet.start()
+    text = str(err.value)
+    assert text.startswith("during start-up, edge exited with code 1; its last lines:")
+    assert "tokenyard edge: error:" in text and "address already in use" in text
+    assert "Traceback" not in text
+    assert fleet.procs == []  # everything started was stopped
+
+
+def descendants(pid: int) -> set[int]:
+    out: set[int] = set()
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:  # the process ended meanwhile
+        return out
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            continue
+        for child in children:
+            out |= {int(child), *descendants(int(child))}
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")  # a zombie has exited; only its parent has not reaped it
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+async def test_children_die_with_up_when_it_is_killed_outright():
+    up = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tokenyard.cli", "up", "--workers", "1", "--profile", "zero", "--http-port", "0",
+        "--nats-port", "0", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with asyncio.timeout(120):
+            while not (line := await up.stdout.readline()).startswith(b"tokenyard is up"):
+                assert line, "up exited before the fleet was up"
+        children = descendants(up.pid)
+        assert len(children) >= 7  # nats-server, edge, admission, queue, router, macro, a worker
+        up.kill()  # SIGKILL: no handler runs, nothing is stopped by the parent
+        await up.wait()
+        async with asyncio.timeout(60):  # each child gets SIGTERM from the kernel and drains
+            while left := {p for p in children if alive(p)}:
+                await asyncio.sleep(0.1)
+        assert left == set()
+    finally:
+        if up.returncode is None:
+            up.kill()
+            await up.wait()
+
+
+def test_up_refuses_a_fleet_without_workers(capsys):
+    assert cli.main(["up", "--workers", "0"]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+def test_up_takes_nats_port_4222_unless_it_is_taken():
+    assert nats_port(5000) == 5000
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", NATS_PORT))
+        except OSError:
+            pass  # already taken by someone else: the same situation
+        assert nats_port(None) == 0  # a free port, chosen when the server starts
+
+
+async def test_a_service_dying_while_the_fleet_is_up_is_named_once_and_the_rest_serve():
+    fleet = FleetProcesses(workers=2, profile="zero", http_port=0)
+    await fleet.start()
+    try:
+        dict(fleet.procs)["worker-0"].kill()
+        async with asyncio.timeout(30):
+            why = await fleet.next_exit(poll_s=0.05)
+        assert why.startswith("worker-0 exited with code -9; its last lines:")
+        nc = await natsutil.connect(fleet.nats_url, "test")
+        done = await TokenyardClient(nc).generate(schemas.GenerateRequest(prompt="still there", max_tokens=2))
+        assert done.finish_reason == "length" and done.worker_id == "w1"
+        await nc.drain()
+        with pytest.raises(TimeoutError):  # reported once: nothing new to say
+            async with asyncio.timeout(0.3):
+                await fleet.next_exit(poll_s=0.05)
+    finally:
+        await fleet.stop()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--speed", "0"], "--speed must be > 0"),
+    (["--macro-size", "0"], "--macro-size must be at least 1"),
+    (["--engine", "vllm"], "--engine vllm needs --model PATH"),
+])
+def test_up_refuses_bad_settings_before_starting_anything(capsys, argv, message):
+    assert cli.main(["up", *argv]) == 2
+    assert capsys.readouterr().err.startswith(f"tokenyard up: error: {message}")

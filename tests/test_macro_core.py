@@ -6,11 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
-from tokenyard.shared.schemas import Heartbeat, MacroState, WorkerControl
+from tokenyard.shared.schemas import MacroState, WorkerControl
 
-
-def hb(wid: str, macro: str = "", phase: str = "mixed") -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, 0, 0, 0, 0, 100, 16, phase=phase, macro_id=macro)
+from tests.builders import hb
 
 
 def state(mid: str, workers: list[str], epoch: int, ts: float) -> MacroState:
@@ -29,7 +27,7 @@ def seen(c: MacroCore, now: float, *workers: str) -> None:
     """Heartbeats from workers that report the membership the core gave them (if any)."""
     member = {w: mid for mid, ws in c.groups.items() for w in ws}
     for w in workers:
-        c.on_heartbeat(hb(w, member.get(w, "")), now)
+        c.on_heartbeat(hb(w, macro_id=member.get(w, "")), now)
 
 
 def test_bad_config_is_refused():
@@ -59,13 +57,13 @@ def test_controls_repeat_until_the_worker_reports_the_plan():
     c.on_heartbeat(hb("w0"), 0.0)
     c.on_heartbeat(hb("w1"), 0.0)
     c.plan(0.0)
-    c.on_heartbeat(hb("w0", "m0"), 0.5)
+    c.on_heartbeat(hb("w0", macro_id="m0"), 0.5)
     p = c.plan(0.5)
     assert p.states == []  # nothing changed
     assert p.controls == [ctl("w1", "m0", 1)]  # w1 has not taken its membership yet
-    c.on_heartbeat(hb("w1", "m0", phase="prefill"), 0.6)  # right group, wrong phase
+    c.on_heartbeat(hb("w1", macro_id="m0", phase="prefill"), 0.6)  # right group, wrong phase
     assert c.plan(0.6).controls == [ctl("w1", "m0", 1)]
-    c.on_heartbeat(hb("w1", "m0"), 0.7)
+    c.on_heartbeat(hb("w1", macro_id="m0"), 0.7)
     assert c.plan(0.7).controls == []
 
 
@@ -118,7 +116,7 @@ def test_a_worker_that_comes_back_rejoins():
     c.plan(0.0)
     seen(c, 5.0, "w1")
     assert c.plan(5.0).states == [state("m0", ["w1"], 2, 5.0)]
-    c.on_heartbeat(hb("w0", "m0"), 6.0)  # it still believes it is in m0
+    c.on_heartbeat(hb("w0", macro_id="m0"), 6.0)  # it still believes it is in m0
     seen(c, 6.0, "w1")
     p = c.plan(6.0)
     assert p.states == [state("m0", ["w1", "w0"], 3, 6.0)]

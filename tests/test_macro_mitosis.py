@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore, ProvisionOp
 from tokenyard.services.macro_instance.mitosis import Decision, Mitosis, MitosisConfig
 from tokenyard.services.macro_instance.provisioner import LocalProcessProvisioner
-from tokenyard.shared.schemas import Heartbeat, WorkerControl
+from tokenyard.shared.schemas import WorkerControl
+
+from tests.builders import hb
 
 CFG = MitosisConfig(n_lower=2, n_upper=4, grow_window_s=300.0, shrink_window_s=600.0)
 
@@ -86,10 +88,6 @@ def test_the_fleet_bounds_hold():
 
 # ───────────── the controller applies them ─────────────
 
-def hb(wid, macro="", util=0.0, draining=False) -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, 0, 0, 0, 0, 1000, 16, macro_id=macro, compute_util=util, draining=draining)
-
-
 def scaling_core(size=2, n_lower=1, n_upper=2) -> MacroCore:
     return MacroCore(MacroConfig(size=size, scaling=MitosisConfig(n_lower=n_lower, n_upper=n_upper, grow_window_s=2.0,
                                                                   shrink_window_s=4.0)))
@@ -98,7 +96,7 @@ def scaling_core(size=2, n_lower=1, n_upper=2) -> MacroCore:
 def tick(c: MacroCore, now: float, util: dict[str, float]):
     member = {w: mid for mid, ws in c.groups.items() for w in ws}
     for w, u in util.items():
-        c.on_heartbeat(hb(w, member.get(w, ""), u), now)
+        c.on_heartbeat(hb(w, macro_id=member.get(w, ""), compute_util=u), now)
     return c.plan(now)
 
 
@@ -130,7 +128,7 @@ def test_shrink_drains_and_removes_the_worker_then_merge():
     # c keeps sending heartbeats while it drains: it does not rejoin
     tick(c, 4.5, {"a": 0.1, "b": 0.1, "c": 0.1, "d": 0.1})
     assert c.groups == {"m1": ["d", "a", "b"]}
-    c.on_heartbeat(hb("c", "", 0.0, draining=True), 4.6)
+    c.on_heartbeat(hb("c", draining=True), 4.6)
     assert [x.worker_id for x in c.plan(4.6).controls] == []  # it reports draining: no repeat
     # once silent it is forgotten; should it come back, it would join like any newcomer
     c.plan(10.0)

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineStats
-from tokenyard.shared.schemas import AdmittedRequest, GenerateReply, Phase, WorkerControl
+from tokenyard.shared.schemas import GenerateReply, Phase, WorkerControl
 from tokenyard.shared.tokenizer import ByteTokenizer
 
-
-def req(rid: str = "r1") -> AdmittedRequest:
-    return AdmittedRequest(rid, f"inbox.{rid}", "m", [], 20, [], 16, 4, 1, 0.0)
+from tests.builders import req
 
 
 def stats(queued: int = 0, **kw) -> EngineStats:

@@ -6,15 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
-from tokenyard.shared.schemas import AdmittedRequest, Heartbeat
+from tokenyard.shared.schemas import AdmittedRequest
+
+from tests.builders import hb
 
 
 def req(rid: str, arrival: float = 0.0) -> AdmittedRequest:
     return AdmittedRequest(rid, f"inbox.{rid}", "m", [], 8, [], 16, 4, 1, arrival)
-
-
-def hb(wid: str, waiting: int = 0, healthy: bool = True, draining: bool = False) -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, 0, waiting, 0, 0, 100, 16, healthy=healthy, draining=draining)
 
 
 def make(slots: int = 2, stale: float = 1.0, backoff: float = 0.5) -> QueueCore:
@@ -266,10 +264,10 @@ def test_aborted_and_put_back_requests_keep_the_counts_right():
 
 def test_a_batch_cap_counts_running_requests_too():
     q = QueueCore(QueueConfig(flow_control=False, slots_per_worker=8, batch_cap_per_worker=10), FCFS())
-    q.on_heartbeat(Heartbeat("w0", "m", 1, 0.0, 7, 1, 0, 0, 100, 16), 0.0)  # 7 running, 1 waiting
-    q.on_heartbeat(Heartbeat("w1", "m", 1, 0.0, 0, 3, 0, 0, 100, 16), 0.0)
+    q.on_heartbeat(hb("w0", running=7, waiting=1), 0.0)
+    q.on_heartbeat(hb("w1", waiting=3), 0.0)
     assert q.headroom(0.0) == 2 + 5  # w0: min(8 − 1, 10 − 8); w1: min(8 − 3, 10 − 3)
-    q.on_heartbeat(Heartbeat("w0", "m", 2, 0.0, 12, 0, 0, 0, 100, 16), 0.1)  # over its cap: 0
+    q.on_heartbeat(hb("w0", running=12), 0.1)  # over its cap: 0
     assert q.headroom(0.1) == 5
 
 
@@ -278,7 +276,7 @@ def test_a_batch_cap_counts_running_requests_too():
 
 def fhb(wid: str, queued: int = 0, kv_free_blocks: int = 10_000, ms_per_token: float = 0.1, waiting: int = 0):
     """A heartbeat as flow control reads it: 0.1 ms per prompt token → H = 0.25 s is 2500 tokens."""
-    return Heartbeat(wid, "m", 1, 0.0, 0, waiting, queued, 0, kv_free_blocks, 16, prefill_ms_per_token=ms_per_token)
+    return hb(wid, waiting=waiting, queued=queued, free=kv_free_blocks, prefill_ms_per_token=ms_per_token)
 
 
 def sized(rid: str, prompt_len: int, arrival: float = 0.0, cls: int = 1) -> AdmittedRequest:

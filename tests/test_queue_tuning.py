@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from tokenyard.loadgen.workloads.heavy_tail import BUCKETS, HeavyTailWorkload
 from tokenyard.tuning.evaluate import KNOB_DEFAULTS, SimSetup, policy_knobs
 from tokenyard.tuning.objective import Classes, Measures, Weights, measure, score
 from tokenyard.tuning.search import SPACE, tune
-from tokenyard.tuning.workloads import BUCKETS, HeavyTailWorkload
 
 
 def test_measure_splits_short_and_long_by_length():

@@ -24,9 +24,7 @@ from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch
 
-
-def hb(wid, running=0, queued=0) -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, running, 0, queued, 0, 1000, 16)
+from tests.builders import hb
 
 
 def req(prompt_len, priority=1, rid="r") -> AdmittedRequest:

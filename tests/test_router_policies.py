@@ -14,14 +14,12 @@ from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicke
 from tokenyard.services.router.policies.llmd import LlmdWeightedScorer
 from tokenyard.services.router.policies.sglang import SglangCacheAwareScorer
 from tokenyard.shared.hashing import ids_chain
-from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch, MacroState
+from tokenyard.shared.schemas import AdmittedRequest, BlockStored, KVEventBatch, MacroState
+
+from tests.builders import hb
 
 MODEL = "m"
 BS = 16
-
-
-def hb(wid, running=0, waiting=0, queued=0, used=0, free=1000, healthy=True, model=MODEL) -> Heartbeat:
-    return Heartbeat(wid, model, 1, 0.0, running, waiting, queued, used, free, BS, healthy=healthy)
 
 
 def req(prompt_len, chain=(), rid="r", priority=1) -> AdmittedRequest:
@@ -68,7 +66,7 @@ def build(policy: str, fleet) -> RouterCore:
     c = core(policy)
     shared = chain(12)
     for k, (running, waiting, queued, used, cached, healthy, _accepting, events) in enumerate(fleet):
-        c.on_heartbeat(hb(f"w{k}", running, waiting, queued, used, 1000 - used, healthy), 0.0)
+        c.on_heartbeat(hb(f"w{k}", running=running, waiting=waiting, queued=queued, used=used, free=1000 - used, healthy=healthy), 0.0)
         if events:
             cache(c, f"w{k}", shared[:cached])
     c.on_macro_state(MacroState("m", "nodg", [f"w{k}" for k in range(len(fleet))], {},
@@ -267,7 +265,7 @@ def test_the_batch_size_cap_filters_full_instances():
 def view_of(*rows) -> FleetView:
     v = FleetView()
     for k, (running, waiting, queued, used, free, hit) in enumerate(rows):
-        v.upsert(hb(f"w{k}", running, waiting, queued, used, free), 0.0)
+        v.upsert(hb(f"w{k}", running=running, waiting=waiting, queued=queued, used=used, free=free), 0.0)
         v.hit[k] = hit
     return v
 

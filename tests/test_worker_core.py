@@ -5,7 +5,6 @@ from __future__ import annotations
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared.schemas import (
-    AdmittedRequest,
     Chunk,
     Finished,
     GenerateReply,
@@ -17,9 +16,7 @@ from tokenyard.shared.schemas import (
 )
 from tokenyard.shared.tokenizer import ByteTokenizer
 
-
-def req(rid: str = "r1", model: str = "m", prompt_len: int = 20) -> AdmittedRequest:
-    return AdmittedRequest(rid, f"inbox.{rid}", model, [], prompt_len, [], 16, 4, 1, 0.0)
+from tests.builders import req
 
 
 def stats(waiting: int = 0, **kw) -> EngineStats:

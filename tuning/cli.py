@@ -2,7 +2,7 @@
 for a workload by Bayesian optimisation over the cluster simulator; prints the best settings
 and the gain over the defaults (objective: tuning/objective.py).
 
-    tokenyard tune --workload heavy-tail|chatbot|api|coder|trace:PATH [--trials 20]
+    tokenyard tune --workload NAME (loadgen.workloads.WORKLOADS) [--trials 20]
                    [--instances 4] [--profile a100-llama3-8b] [--queue-policy bubble]
                    [--slots-per-worker 2] [--num-requests 1000] [--rate R] [--rate-scale X]
                    [--priority-mix a,b,c,d] [--alpha 1 --beta 1 --gamma 1] [--seed 0] [--json FILE]
@@ -17,33 +17,30 @@ from dataclasses import asdict
 
 
 def register(sub) -> None:
+    from tokenyard.loadgen.workloads import workload_help
+
     p = sub.add_parser("tune", help="tune the queue's bubble width and aging over the simulator (optuna)")
-    p.add_argument("--workload", required=True, help="heavy-tail | chatbot | api | coder | trace:PATH")
-    p.add_argument("--trials", type=int, default=20)
-    p.add_argument("--instances", type=int, default=4)
-    p.add_argument("--profile", default="a100-llama3-8b")
+    p.add_argument("--workload", required=True, help=workload_help())
+    p.add_argument("--trials", type=int, default=20, help="settings tried after the defaults")
+    p.add_argument("--instances", type=int, default=4, help="simulated engine instances")
+    p.add_argument("--profile", default="a100-llama3-8b", help="latency profile of the simulated engines")
     p.add_argument("--queue-policy", default="bubble", help="the policy whose knobs are tuned")
     p.add_argument("--slots-per-worker", type=int, default=2,
                    help="waiting requests a worker may hold: small keeps the backlog in the queue, where "
                         "its order is decided")
-    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--num-requests", type=int, default=1000, help="requests per simulated run")
     p.add_argument("--rate", type=float, default=None, help="arrival rate, requests/s (synthetic workloads)")
-    p.add_argument("--rate-scale", type=float, default=1.0)
+    p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--alpha", type=float, default=1.0, help="weight of throughput")
     p.add_argument("--beta", type=float, default=1.0, help="weight of long-request completion")
     p.add_argument("--gamma", type=float, default=1.0, help="weight of short-request latency")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the search")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON here")
     p.set_defaults(func=main)
 
 
 def open_any(args, mix):
-    from tokenyard.tuning.workloads import HeavyTailWorkload
-
-    if args.workload == "heavy-tail":
-        return HeavyTailWorkload(args.num_requests, rate=(args.rate or 4.0) * args.rate_scale, priority_mix=mix,
-                                 seed=args.seed)
     from tokenyard.loadgen.workloads import open_workload
 
     return open_workload(args.workload, num_requests=args.num_requests, rate=args.rate, rate_scale=args.rate_scale,

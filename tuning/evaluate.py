@@ -30,7 +30,7 @@ def policy_knobs(params: dict[str, float]) -> dict[str, Any]:
 @dataclass
 class SimSetup:
     workload: Any
-    """name, block_tokens, items() → list[TraceRequest] (loadgen.workloads, tuning.workloads)."""
+    """name, block_tokens, items() → list[TraceRequest] (loadgen.workloads)."""
     sim_config: Any
     """simulator.cluster.SimConfig."""
     queue_policy: str = "bubble"

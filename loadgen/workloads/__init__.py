@@ -1,36 +1,91 @@
-"""Workloads as chains of block ids (blocks.py): trace readers (traces.py: Mooncake JSONL,
-Azure 2023 CSV) and seed 000's synthetic ChatBot / API / Coder generators (synthetic.py).
-The same objects feed the cluster simulator (`tokenyard sim`, block ids → chain hashes) and
-`tokenyard bench serve` against a live fleet (block ids → text, `BlockBenchWorkload`).
+"""Workloads as chains of block ids (blocks.py), and the one registry of workload names that
+`tokenyard sim`, `tokenyard tune` and `tokenyard bench serve` all read:
 
-    open_workload("chatbot" | "api" | "coder" | "trace:PATH", …) → a workload with
-        name, block_tokens, items() → list[TraceRequest]
+    synthetic      vLLM's random dataset: fixed lengths ± a range, no shared prefixes (uniform.py)
+    heavy-tail     prompt lengths from 16 to 32k tokens, log-uniform in 4 buckets (heavy_tail.py)
+    chatbot, api, coder   multi-turn chat, short prompts on shared system prompts, long shared
+                   repository contexts (synthetic.py)
+    mooncake, azure-code, azure-conv   the public traces shipped in data/traces (traces.py)
+    trace:PATH     any Mooncake JSONL or Azure 2023 CSV file (or the same .gz)
+
+    open_workload(spec, …) → a workload with name, block_tokens, items() → list[TraceRequest]
+
+The simulator maps block ids to chain hashes; `bench serve` turns them into text
+(loadgen/workload.py), except `synthetic`, which it sends as vLLM's random letters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tokenyard.loadgen.workloads.blocks import BlockText, PrefixIds, TraceRequest, prefix_hit_bound
-from tokenyard.loadgen.workloads.synthetic import SYNTHETIC, ApiWorkload, ChatBotWorkload, CoderWorkload
-from tokenyard.loadgen.workloads.traces import AzureTrace, MooncakeTrace, open_trace, trace_rate
+from tokenyard.loadgen.workloads.heavy_tail import HeavyTailWorkload
+from tokenyard.loadgen.workloads.synthetic import ApiWorkload, ChatBotWorkload, CoderWorkload
+from tokenyard.loadgen.workloads.traces import (
+    BUNDLED,
+    AzureTrace,
+    MooncakeTrace,
+    bundled_trace,
+    open_trace,
+    trace_rate,
+)
+from tokenyard.loadgen.workloads.uniform import UniformWorkload
 
 __all__ = [
+    "WORKLOADS",
     "ApiWorkload",
     "AzureTrace",
-    "BlockBenchWorkload",
     "BlockText",
     "ChatBotWorkload",
     "CoderWorkload",
+    "HeavyTailWorkload",
     "MooncakeTrace",
     "PrefixIds",
     "TraceRequest",
+    "UniformWorkload",
+    "is_trace",
     "open_workload",
     "prefix_hit_bound",
     "trace_rate",
+    "workload_help",
 ]
 
-WORKLOAD_NAMES = (*SYNTHETIC, "trace")
+
+@dataclass(frozen=True)
+class WorkloadKind:
+    name: str
+    what: str
+    """One line for --help."""
+    generated: type | None = None
+    """The generator class; None for a trace (replayed at its own rate)."""
+
+
+WORKLOADS: dict[str, WorkloadKind] = {
+    k.name: k
+    for k in (
+        WorkloadKind("synthetic", "vLLM's random dataset: --input-len/--output-len tokens, no shared prefixes",
+                     UniformWorkload),
+        WorkloadKind("heavy-tail", "prompts of 16 to 32k tokens, log-uniform in four buckets", HeavyTailWorkload),
+        WorkloadKind("chatbot", "multi-turn conversations: each turn extends the last", ChatBotWorkload),
+        WorkloadKind("api", "short requests on a few shared system prompts", ApiWorkload),
+        WorkloadKind("coder", "long shared repository contexts, short questions", CoderWorkload),
+        *(WorkloadKind(name, what) for name, (_, what) in BUNDLED.items()),
+        WorkloadKind("trace", "trace:PATH — a Mooncake .jsonl or Azure 2023 .csv file (or .gz)"),
+    )
+}
+"""Every workload name, one registry: sim, tune and bench serve accept exactly these."""
+
+
+def workload_help() -> str:
+    """The names as a --help line."""
+    return " | ".join(n if n != "trace" else "trace:PATH" for n in WORKLOADS)
+
+
+def is_trace(spec: str) -> bool:
+    """Whether `spec` names a trace (it has its own rate; scale it instead of setting one)."""
+    kind = WORKLOADS.get(spec.partition(":")[0])
+    return kind is not None and kind.generated is None
 
 
 def open_workload(
@@ -44,19 +99,26 @@ def open_workload(
     priority_mix: Sequence[float] = (0.0, 1.0, 0.0, 0.0),
     seed: int = 0,
     duration_s: float | None = None,
+    input_len: int = 1024,
+    output_len: int = 128,
+    range_ratio: float = 0.0,
 ):
-    """The workload `spec` names. For a trace, `num_requests` takes a prefix of it (None: all)
-    and `rate` must be None (the trace has its own; scale it). A synthetic workload makes
-    `num_requests` requests (1000 if None) at `rate` (its DEFAULT_RATE if None), then drops
-    arrivals at or after `duration_s`."""
+    """The workload `spec` names (see WORKLOADS). For a trace, `num_requests` takes a prefix of
+    it (None: all) and `rate` must be None (the trace has its own; scale it). A generated
+    workload makes `num_requests` requests (1000 if None) at `rate` (its DEFAULT_RATE if None),
+    then drops arrivals at or after `duration_s`. `input_len`, `output_len` and `range_ratio`
+    shape `synthetic` only."""
     name, _, arg = spec.partition(":")
-    if name == "trace":
-        if not arg:
+    kind = WORKLOADS.get(name)
+    if kind is None or (arg and name != "trace"):
+        raise ValueError(f"unknown workload {spec!r} (known: {workload_help()})")
+    if kind.generated is None:
+        if name == "trace" and not arg:
             raise ValueError("trace workloads are named trace:PATH")
         if rate is not None:
             raise ValueError("a trace replays at its own rate: scale it with rate_scale / time_scale")
         return open_trace(
-            arg,
+            arg if name == "trace" else bundled_trace(name),
             rate_scale=rate_scale,
             time_scale=time_scale,
             max_requests=num_requests,
@@ -64,10 +126,8 @@ def open_workload(
             priority_mix=tuple(priority_mix),
             seed=seed,
         )
-    cls = SYNTHETIC.get(name)
-    if cls is None or arg:
-        raise ValueError(f"unknown workload {spec!r} (known: {', '.join(SYNTHETIC)}, trace:PATH)")
-    return cls(
+    shape = dict(input_len=input_len, output_len=output_len, range_ratio=range_ratio) if name == "synthetic" else {}
+    return kind.generated(
         1000 if num_requests is None else num_requests,
         rate=rate,
         burstiness=burstiness,
@@ -76,27 +136,5 @@ def open_workload(
         priority_mix=priority_mix,
         seed=seed,
         duration_s=duration_s,
+        **shape,
     )
-
-
-class BlockBenchWorkload:
-    """A block-id workload as `bench serve` requests: prompt text synthesised per block id
-    (BlockText), max_tokens with ignore_eos, declared priority, arrival offset."""
-
-    def __init__(self, inner, seed: int = 0):
-        self.inner = inner
-        self.name = inner.name
-        self.text = BlockText(inner.block_tokens, seed)
-
-    def requests(self) -> Iterator:
-        from tokenyard.loadgen.workload import BenchRequest
-
-        for r in self.inner.items():
-            yield BenchRequest(
-                index=r.index,
-                prompt=self.text.prompt(r.block_ids, r.prompt_len),
-                prompt_len=r.prompt_len,
-                max_tokens=r.max_tokens,
-                priority=r.priority,
-                arrival_s=r.arrival_s,
-            )

@@ -1,4 +1,7 @@
-"""Readers of the public traces in ../shared/traces/ (see its README), as block-id workloads.
+"""Readers of public request traces, as block-id workloads. The repository ships three
+(data/traces, gzip; sources and licences in its README), named in the workload registry:
+`mooncake`, `azure-code`, `azure-conv`; any other file is `trace:PATH` (.jsonl / .csv, or the
+same gzip-compressed).
 
 * Mooncake conversation trace (JSONL: `timestamp` ms, `input_length`, `output_length`,
   `hash_ids`): `hash_ids` are 512-token block ids that encode the whole prefix (equal ids =
@@ -18,6 +21,8 @@ after scaling). Priorities, which neither trace has, are drawn per request from
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import math
 from collections.abc import Iterator
 from datetime import datetime
@@ -25,7 +30,21 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from tokenyard.data import TRACES
 from tokenyard.loadgen.workloads.blocks import TraceRequest
+
+BUNDLED: dict[str, tuple[str, str]] = {
+    "mooncake": ("mooncake_conversation_trace.jsonl.gz", "Mooncake's conversation trace (FAST'25): shared prefixes, long prompts"),
+    "azure-code": ("azure2023_code.csv.gz", "Azure's 2023 code-completion trace: bursty, long prompts, short answers"),
+    "azure-conv": ("azure2023_conv.csv.gz", "Azure's 2023 conversation trace: shorter prompts, longer answers"),
+}
+"""Workload name → (file in data/traces, what it is)."""
+
+
+def _open(path: Path, text: bool):
+    """The file, decompressed on the fly when it ends in .gz."""
+    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    return io.TextIOWrapper(raw, newline="") if text else raw
 
 
 class _MooncakeRow(msgspec.Struct):
@@ -96,7 +115,7 @@ class MooncakeTrace(_TraceWorkload):
 
     def _rows(self):
         decoder = msgspec.json.Decoder(_MooncakeRow)
-        with open(self.path, "rb") as f:
+        with _open(self.path, text=False) as f:
             for line in f:
                 if not line.strip():
                     continue
@@ -114,7 +133,7 @@ class AzureTrace(_TraceWorkload):
 
     def _rows(self):
         next_id = 0
-        with open(self.path, newline="") as f:
+        with _open(self.path, text=True) as f:
             for row in csv.DictReader(f):
                 # Timestamps carry 7 fractional digits; datetime takes at most 6.
                 ts = datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp()
@@ -125,15 +144,22 @@ class AzureTrace(_TraceWorkload):
 
 
 def open_trace(path: str | Path, **kw) -> _TraceWorkload:
-    """A trace reader chosen by the file: `.jsonl` → Mooncake, `.csv` → Azure."""
+    """A trace reader chosen by the file: `.jsonl` → Mooncake, `.csv` → Azure (either may end
+    in `.gz`)."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"trace file {str(p)!r} does not exist")
-    if p.suffix == ".jsonl":
+    kind = p.with_suffix("").suffix if p.suffix == ".gz" else p.suffix
+    if kind == ".jsonl":
         return MooncakeTrace(p, **kw)
-    if p.suffix == ".csv":
+    if kind == ".csv":
         return AzureTrace(p, **kw)
-    raise ValueError(f"unknown trace format {p.suffix!r}: .jsonl (Mooncake) or .csv (Azure 2023)")
+    raise ValueError(f"unknown trace format {p.suffix!r}: .jsonl (Mooncake) or .csv (Azure 2023), or either .gz")
+
+
+def bundled_trace(name: str) -> Path:
+    """The shipped file of a named trace (`mooncake`, `azure-code`, `azure-conv`)."""
+    return TRACES / BUNDLED[name][0]
 
 
 def trace_rate(items: list[TraceRequest]) -> float:

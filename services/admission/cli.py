@@ -8,12 +8,12 @@ from tokenyard.shared import config
 
 def register(sub) -> None:
     p = sub.add_parser("admission", help="validate, tokenize and enqueue requests")
-    p.add_argument("--nats", default=config.nats_url_from_env())
+    p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
     config.add_metrics_port_argument(p)
     p.add_argument("--model", action="append", help="served model name (repeatable)")
     p.add_argument("--tokenizer", help="path of a tokenizer.json (default: the built-in byte tokenizer)")
-    p.add_argument("--max-model-len", type=int, default=config.MAX_MODEL_LEN)
-    p.add_argument("--block-size", type=int, default=config.BLOCK_SIZE)
+    p.add_argument("--max-model-len", type=int, default=config.MAX_MODEL_LEN, help="longest prompt + output accepted, in tokens")
+    p.add_argument("--block-size", type=int, default=config.BLOCK_SIZE, help="tokens per block of the prompt's hash chain (the engines' KV block size)")
     p.add_argument("--tenants", help="TOML file of tenant policies, API keys and rates")
     p.add_argument("--global-rate", type=float, help="fleet-wide token bucket rate, tokens/s (prompt + max_tokens)")
     p.add_argument("--global-burst", type=float, help="fleet-wide bucket capacity (default 2 × rate)")

@@ -4,9 +4,11 @@ core, then either answer `rejected` on the reply subject, or answer `accepted` a
 the AdmittedRequest to JetStream (`llm.v1.queue`, `Nats-Msg-Id` = request id, so a retried
 publish is dropped as a duplicate).
 
-`accepted` goes out before the JetStream publish, on the same connection: every later event
-of the request (a worker's chunks) is caused by that publish, so the client sees `accepted`
-first. If the publish fails, the client gets an `error` event and nothing was queued.
+`accepted` goes out once JetStream stored the request: its ack says whether the id was a
+duplicate (a reused request id, within the stream's duplicate window), which is answered
+with `rejected` 409 instead of silence (the first request keeps running). If the publish
+fails, the client gets `rejected` 503. A worker's first chunk can in principle overtake
+`accepted` (it is caused by the same publish); TokenyardClient holds such events back.
 
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
@@ -19,6 +21,9 @@ import time
 import uuid
 
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NoStreamResponseError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
@@ -73,6 +78,18 @@ class AdmissionShell:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
+    async def _enqueue(self, verdict: schemas.AdmittedRequest):
+        """(the PubAck, whether it took a retry). One plain attempt first, so that its ack's
+        `duplicate` tells a reused request id; then retried through a cluster node's failover
+        (natsutil.publish_durably), where a duplicate may be an earlier attempt that landed."""
+        data, headers = codec.encode(verdict), telemetry.inject()
+        try:
+            return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
+                                         timeout=2.0), False
+        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError):
+            ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)
+            return ack, True
+
     async def _admit(self, req: Request) -> None:
         headers = req.headers or {}
         json = codec.is_json(headers) or req.data[:1] == b"{"
@@ -105,19 +122,24 @@ class AdmissionShell:
                 if reply_to:
                     await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))
                 return
-            accepted = schemas.Accepted(
-                request_id=verdict.request_id, priority=verdict.priority, prompt_tokens=verdict.prompt_len
-            )
-            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+            rid = verdict.request_id
             try:
-                # Retried through a cluster node's failover; the request id dedups a retry.
-                await natsutil.publish_durably(self.js, subjects.QUEUE, queued, verdict.request_id,
-                                               headers=telemetry.inject())
+                ack, retried = await self._enqueue(verdict)
             except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
-                log.warning("enqueue_failed", request_id=verdict.request_id, error=repr(e))
-                error = schemas.Error(request_id=verdict.request_id, status=503, message=f"queue unavailable: {e!r}")
-                await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                log.warning("enqueue_failed", request_id=rid, error=repr(e))
+                refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
+                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
                 self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
                 return
+            if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
+                span.set_attribute("tokenyard.outcome", schemas.Outcome.DUPLICATE)
+                log.info("duplicate_request_id", request_id=rid)
+                refusal = schemas.Rejected(
+                    rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
+                )
+                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+                return
+            accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
+            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
             span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)
             self.metrics.observe(schemas.Outcome.ADMITTED)

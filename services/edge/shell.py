@@ -12,7 +12,9 @@ The body limit follows the NATS server's max payload (openai_api.body_limit), so
 edge takes can be sent on; every bad input is a 4xx (docs/security.md).
 
 The HTTP status is decided before any byte goes out, hence the wait for the first event.
-A client that goes away aborts its request: aiohttp cancels the handler (handler_cancellation)
+The edge's client holds a lease (`llm.v1.lease.<id>`, shared/client.py): if the edge dies,
+the routers abort its requests within seconds. A client that goes away aborts its request:
+aiohttp cancels the handler (handler_cancellation)
 and the cancellation reaches `TokenyardClient.stream`, which publishes `Abort`; where the
 request ends any other way without a terminal event (a failed write, a timeout) the shell
 publishes the Abort itself. Each request runs in a PRODUCER span, child of an incoming
@@ -23,6 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -48,6 +53,21 @@ from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.schemas import Outcome
 from tokenyard.shared.service import new_instance_id
 
+TRIM_AFTER_PEAK = 256
+"""Once a burst that held this many requests at once is over (nothing in flight for
+TRIM_IDLE_S), the edge collects garbage and hands freed heap pages back to the OS
+(glibc's malloc_trim): without it an overload's ~30 KB per request stays in the RSS."""
+TRIM_IDLE_S = 1.0
+
+
+def release_memory() -> None:
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(libc).malloc_trim(0)
+
+
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -72,6 +92,11 @@ class EdgeConfig:
     """How long admission may take to accept or reject before the edge answers 503."""
     shutdown_timeout_s: float = 30.0
     """How long `stop()` lets in-flight HTTP requests finish before cancelling them."""
+    max_in_flight: int = config.EDGE_MAX_IN_FLIGHT
+    """Generation requests one edge holds open at once; beyond, a 503 with Retry-After at
+    once. Each open request costs the edge ~10 KB that Python's allocator rarely hands
+    back, so this bounds what an overload leaves behind (4,096 × 10 KB ≈ 40 MB); more
+    concurrency is more edge replicas."""
 
 
 class EdgeMetrics:
@@ -127,6 +152,8 @@ class EdgeShell:
         self.metrics = EdgeMetrics()
         self.port: int | None = None
         self.in_flight = 0
+        self._peak = 0
+        """Most requests in flight at once since the last trim."""
         self.log = telemetry.logger(self.kind)
         self._nc: Client | None = None
         self._client: TokenyardClient | None = None
@@ -157,6 +184,8 @@ class EdgeShell:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._client is not None:
+            await self._client.close()  # ends its lease: nothing of this edge's is left running
 
     # ── generation ──
 
@@ -172,10 +201,16 @@ class EdgeShell:
         except ApiError as e:
             self.metrics.requests.labels(endpoint.value, e.outcome().value).inc()
             return http_front.error_response(e, None)
+        if self.in_flight >= self.config.max_in_flight:
+            self.metrics.requests.labels(endpoint.value, Outcome.REJECTED_CAPACITY.value).inc()
+            busy = ApiError(503, f"the edge holds {self.in_flight} requests, its limit", code="edge_busy",
+                            retry_after_s=1.0)
+            return http_front.error_response(busy, request_id)
         call = _Call(request_id, endpoint, time.monotonic())
         parent = {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}
         self.metrics.in_flight.inc()
         self.in_flight += 1
+        self._peak = max(self._peak, self.in_flight)
         try:
             with telemetry.span(
                 "edge",
@@ -195,6 +230,8 @@ class EdgeShell:
         finally:
             self.metrics.in_flight.dec()
             self.in_flight -= 1
+            if self.in_flight == 0 and self._peak >= TRIM_AFTER_PEAK:
+                asyncio.get_running_loop().call_later(TRIM_IDLE_S, self._trim_if_idle)
             self.metrics.requests.labels(endpoint.value, call.outcome.value).inc()
 
     async def _serve(self, request: web.Request, call: _Call) -> web.StreamResponse:
@@ -249,6 +286,11 @@ class EdgeShell:
                 with contextlib.suppress(Exception):
                     await self._client.abort(call.request_id, reason="edge_" + call.outcome.value)
             await events.aclose()
+
+    def _trim_if_idle(self) -> None:
+        if self.in_flight == 0 and self._peak >= TRIM_AFTER_PEAK:
+            self._peak = 0
+            release_memory()
 
     async def _fail(self, call: _Call, err: ApiError) -> web.StreamResponse:
         """An error answer: a JSON body while the status is still open, else an SSE error frame."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tokenyard.shared import config, nats_auth, telemetry
+from tokenyard.shared.procs import die_with_parent
 
 log = telemetry.logger("macro")
 
@@ -64,7 +65,7 @@ class LocalProcessProvisioner:
         self._next += 1
         env = {**os.environ, **nats_auth.child_env(self.nats_url, "worker")}
         self.procs[wid] = subprocess.Popen(self.command(wid), env=env, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL)
+                                           stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
         log.info("worker_started", worker=wid, macro=macro_id, pid=self.procs[wid].pid)
 
     def remove(self, worker_id: str) -> None:

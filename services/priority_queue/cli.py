@@ -17,7 +17,7 @@ from tokenyard.shared import config
 
 def register(sub) -> None:
     p = sub.add_parser("queue", help="the priority queue between admission and the router")
-    p.add_argument("--nats", default=config.nats_url_from_env())
+    p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
     config.add_metrics_port_argument(p)
     p.add_argument("--policy", "--queue-policy", dest="policy", choices=POLICY_NAMES, default=DEFAULT_POLICY,
                    help="ordering policy (default: %(default)s)")

@@ -3,8 +3,11 @@ a dispatch loop sends what the core releases to the router (`llm.v1.route`, requ
 and acks a JetStream message only once the router answered `routed`. A crash before that
 loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
 replica runs. Messages held long are kept alive with
-`in_progress`. A request that can no longer meet its TTFT deadline gets `rejected` (429) on its
-reply subject and its message acked (QueueCore.expire). Every `stats_interval_s` it publishes its QueueStats on `llm.v1.pq.state`
+`in_progress`. While no router answers at all (no responders on `llm.v1.route`), dispatch
+pauses for a backoff that doubles with each failed attempt, from the core's retry_backoff_s up
+to ROUTER_DOWN_BACKOFF_MAX_S, and resets on the first routed request. A request that can no
+longer meet its TTFT deadline gets `rejected` (429) on its reply subject and its message acked
+(QueueCore.expire). Every `stats_interval_s` it publishes its QueueStats on `llm.v1.pq.state`
 (work waiting per class, drain rate), which admission reads for SLO feasibility.
 """
 
@@ -17,6 +20,7 @@ import time
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.micro.request import Request
@@ -31,6 +35,7 @@ from tokenyard.shared.service import new_instance_id
 log = telemetry.logger("queue")
 
 ROUTE_TIMEOUT_S = 5.0
+ROUTER_DOWN_BACKOFF_MAX_S = 2.0
 
 
 class QueueShell:
@@ -47,6 +52,9 @@ class QueueShell:
         self._tasks: list[asyncio.Task] = []
         self._routes: set[asyncio.Task] = set()
         self._running = False
+        self.router_down_backoff_s = 0.0
+        """The current pause while no router answers; 0 while routers do."""
+        self.route_failures = 0
         self.metrics = QueueMetrics(lambda: self.core.stats(self.instance_id, time.time()))
 
     async def start(self, nc: Client, service: Service) -> None:
@@ -146,10 +154,15 @@ class QueueShell:
                         subjects.ROUTE, codec.encode(req), timeout=ROUTE_TIMEOUT_S, headers=telemetry.inject()
                     )
                 decision = codec.decode(reply.data, schemas.RouteDecision)
+            except NoRespondersError:
+                self._router_down()
             except (TimeoutError, NatsTimeout, msgspec.DecodeError, Exception) as e:
+                self.route_failures += 1
                 log.warning("route_failed", request_id=req.request_id, error=repr(e))
             outcome = decision.outcome if decision else schemas.Outcome.FAILED
             span.set_attribute("tokenyard.outcome", outcome)
+        if decision is not None:
+            self.router_down_backoff_s = 0.0
         self.metrics.observe_dispatch(outcome, req.priority, time.time() - req.arrival_s)
         if decision is not None and decision.outcome == schemas.Outcome.ROUTED:
             self.core.on_routed(req.request_id, decision.worker_id, time.time())
@@ -160,8 +173,19 @@ class QueueShell:
             self.core.on_not_routed(req.request_id, time.time(), aborted=True)
             await self._finish_aborted(req)
         else:
-            self.core.on_not_routed(req.request_id, time.time())
+            now = time.time()
+            self.core.on_not_routed(req.request_id, now)
+            if self.router_down_backoff_s:
+                self.core.paused_until = max(self.core.paused_until, now + self.router_down_backoff_s)
         self._wake.set()
+
+    def _router_down(self) -> None:
+        self.route_failures += 1
+        if self.router_down_backoff_s == 0.0:
+            log.warning("no_router", retry_in_s=self.core.cfg.retry_backoff_s)
+        self.router_down_backoff_s = min(
+            ROUTER_DOWN_BACKOFF_MAX_S, max(self.core.cfg.retry_backoff_s, 2 * self.router_down_backoff_s)
+        )
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:

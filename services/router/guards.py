@@ -32,7 +32,7 @@ TTFT_BUDGET_S = FINITE_TTFT_TARGET_S
 
 PREFILL_TOKENS_PER_S = 15_000.0
 """One instance's prefill rate: the a100-llama3-8b profile's 65.7 µs per prompt token
-(services/worker/sim/latency.py, from ../shared/calibration) gives 15.2 k tokens/s; llm-d
+(services/worker/sim/latency.py, from data/calibration) gives 15.2 k tokens/s; llm-d
 calibrates 15,928 tokens/s for its optimized-baseline guide. Override per deployment."""
 
 

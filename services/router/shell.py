@@ -3,60 +3,99 @@ replica keeps its own fleet view and KV block index from the fan-out subjects �
 KV events `llm.v1.kv.<id>`, macro states — and takes a share of the decisions). For each request: the core picks a worker, the shell offers the request to it
 (`llm.v1.worker.<id>.generate`, request/reply); on a refusal or a timeout it asks the core
 again without that worker, up to `max_attempts`, then answers `no_capacity`.
+
+Migration (services/router/migration.py decides; this shell performs): the replica that
+placed a request subscribes to its reply subject and follows its chunks; every `tick_s` it
+asks the migration core what to do — probe a worker (`llm.v1.worker.<id>.status`), re-issue
+a dead worker's request elsewhere (after fencing it with an abort `migrated`), end a request
+with an error, or abort an orphan whose client's lease lapsed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
+from tokenyard.services.router.migration import Fail, MigrationConfig, MigrationCore, Orphaned, Probe, Reissue
 from tokenyard.shared import codec, schemas, subjects, telemetry
 from tokenyard.shared.metrics import RouterMetrics
+from tokenyard.shared.schemas import MIGRATED
 from tokenyard.shared.service import new_instance_id
 
 log = telemetry.logger("router")
 
 OFFER_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 0.5
 
 
 class RouterShell:
     kind = "router"
 
-    def __init__(self, cfg: RouterConfig, max_attempts: int = ROUTE_ATTEMPTS):
+    def __init__(self, cfg: RouterConfig, max_attempts: int = ROUTE_ATTEMPTS,
+                 migration: MigrationConfig | None = None, tick_s: float = 0.1):
         self.core = RouterCore(cfg)
+        self.migration = MigrationCore(migration)
         self.instance_id = new_instance_id(self.kind)
         self.max_attempts = max_attempts
+        self.tick_s = tick_s
         self.metrics = RouterMetrics(cfg.policy)
         self._inflight: set[asyncio.Task] = set()
+        self._follows: dict[str, Subscription] = {}
+        """request id → the subscription to its reply subject (migration follows the stream)."""
         self._housekeeping: asyncio.Task | None = None
+        self._monitor: asyncio.Task | None = None
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
         await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
         await nc.subscribe(subjects.MACRO_STATE_ALL, cb=self._on_macro_state)
         await nc.subscribe(subjects.KV_EVENTS_ALL, cb=self._on_kv_events)
+        await nc.subscribe(subjects.LEASE_ALL, cb=self._on_lease)
+        await nc.subscribe(subjects.ABORT, cb=self._on_abort)
         await service.add_endpoint(
             name="route", subject=subjects.ROUTE, queue_group=subjects.GROUP_ROUTER, handler=self._on_route
         )
         self._housekeeping = asyncio.create_task(self._housekeeping_loop())
+        self._monitor = asyncio.create_task(self._monitor_loop())
 
     async def stop(self) -> None:
         if self._housekeeping:
             self._housekeeping.cancel()
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._monitor:  # after the routes: a stopping router hands its streams to nobody
+            self._monitor.cancel()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
-            self.core.on_heartbeat(codec.decode(msg.data, schemas.Heartbeat), time.time())
+            hb = codec.decode(msg.data, schemas.Heartbeat)
         except codec.DecodeError as e:
             log.warning("bad_heartbeat", subject=msg.subject, error=str(e))
+            return
+        now = time.time()
+        self.core.on_heartbeat(hb, now)
+        self.migration.on_heartbeat(hb.worker_id, now)
+
+    async def _on_lease(self, msg: Msg) -> None:
+        self.migration.on_lease(subjects.last_token(msg.subject), time.time())
+
+    async def _on_abort(self, msg: Msg) -> None:
+        try:
+            abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
+        except codec.DecodeError:
+            return
+        if abort.reason != MIGRATED:
+            await self._drop(abort.request_id)
 
     async def _on_kv_events(self, msg: Msg) -> None:
         try:
@@ -97,19 +136,41 @@ class RouterShell:
                 span.set_attribute("tokenyard.worker_id", decision.worker_id)
         await req.respond(codec.encode(decision))
 
-    async def _place(self, ar: schemas.AdmittedRequest, span=None) -> tuple[schemas.RouteDecision, int | None]:
+    async def _place(
+        self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset()
+    ) -> tuple[schemas.RouteDecision, int | None]:
         """The decision, and the prefix-hit tokens on the worker that took the request."""
+        rid = ar.request_id
+        if self.migration.orphan(ar, time.time()):
+            return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="client gone"), None
         placement = Placement(self.core, ar, self.max_attempts)
+        placement.excluded |= exclude
+        moving = bool(exclude)  # a re-issue: the request stays followed whatever happens here
+        # Follow before any offer: the first chunk may overtake the offer's reply.
+        if not moving:
+            self.migration.track(ar, "", time.time())
+        await self._follow(ar)
         while (choice := placement.next(time.time())) is not None:
             if span is not None:
                 span.set_attributes(span_attributes(choice))
             reply = await self._offer(ar, choice.worker_id)
             if reply is not None and reply.accepted:
-                return schemas.RouteDecision(ar.request_id, schemas.Outcome.ROUTED, choice.worker_id), choice.hit_tokens
+                if reply.reason in ("duplicate", schemas.Outcome.DUPLICATE):
+                    await self._drop(rid)  # a redelivery (its first router follows it) or a reused id
+                else:
+                    self.migration.track(ar, choice.worker_id, time.time())
+                return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, choice.worker_id), choice.hit_tokens
             if reply is not None and reply.reason == schemas.Outcome.ABORTED:
-                return schemas.RouteDecision(ar.request_id, schemas.Outcome.ABORTED, reason="aborted"), None
+                await self._drop(rid)
+                return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="aborted"), None
             placement.refused(choice.worker_id, reply.reason if reply else "no answer")
-        return schemas.RouteDecision(ar.request_id, schemas.Outcome.NO_CAPACITY, reason=placement.reason), None
+        if not moving:
+            await self._drop(rid)
+        return schemas.RouteDecision(rid, schemas.Outcome.NO_CAPACITY, reason=placement.reason), None
+
+    async def _drop(self, request_id: str) -> None:
+        self.migration.untrack(request_id)
+        await self._unfollow(request_id)
 
     async def _offer(self, ar: schemas.AdmittedRequest, worker_id: str) -> schemas.GenerateReply | None:
         subject = subjects.worker_generate(worker_id)
@@ -119,15 +180,108 @@ class RouterShell:
                     subject, codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject()
                 )
                 return codec.decode(msg.data, schemas.GenerateReply)
+            except NoRespondersError:
+                self.migration.on_no_responders(worker_id, time.time())
+                log.warning("offer_failed", request_id=ar.request_id, worker=worker_id, error="no responders")
+                return None
             except Exception as e:
                 log.warning("offer_failed", request_id=ar.request_id, worker=worker_id, error=repr(e))
                 return None
 
+    # ── migration ──
+
+    async def _follow(self, ar: schemas.AdmittedRequest) -> None:
+        rid = ar.request_id
+        if rid in self._follows or not ar.reply_to:
+            return
+
+        async def seen(msg: Msg) -> None:
+            try:
+                event = codec.decode_event(msg.data, msg.headers)
+            except codec.DecodeError:
+                return
+            self.migration.on_event(rid, event, time.time())
+            if isinstance(event, schemas.TERMINAL_EVENTS):
+                await self._unfollow(rid)
+
+        self._follows[rid] = await self.nc.subscribe(ar.reply_to, cb=seen)
+
+    async def _unfollow(self, request_id: str) -> None:
+        sub = self._follows.pop(request_id, None)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _monitor_loop(self) -> None:
+        deaf = False
+        while True:
+            await asyncio.sleep(self.tick_s)
+            if not self.nc.is_connected:  # a NATS outage: silence proves nothing
+                deaf = True
+                continue
+            if deaf:
+                deaf = False
+                self.migration.on_reconnected(time.time())
+            for effect in self.migration.tick(time.time()):
+                try:
+                    await self._perform(effect)
+                except Exception:  # one failed publish must not drop the other effects
+                    log.exception("migration_effect_failed", effect=type(effect).__name__)
+
+    async def _perform(self, effect) -> None:
+        match effect:
+            case Probe(worker_id=wid):
+                self._spawn(self._probe(wid))
+            case Reissue():
+                self._spawn(self._reissue(effect))
+            case Fail(req=req, event=event):
+                log.warning("stream_ended_by_router", request_id=req.request_id, sent=type(event).__name__,
+                            message=getattr(event, "message", ""))
+                await self._unfollow(req.request_id)
+                await self.nc.publish(req.reply_to, codec.encode(event, json=req.json),
+                                      headers=codec.content_headers(req.json))
+            case Orphaned(request_id=rid):
+                log.info("orphan_aborted", request_id=rid)
+                await self._unfollow(rid)
+                await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="orphaned")))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _probe(self, worker_id: str) -> None:
+        try:
+            msg = await self.nc.request(subjects.worker_status(worker_id), b"", timeout=PROBE_TIMEOUT_S)
+            running: set[str] | None = set(msgspec.msgpack.decode(msg.data, type=list[str]))
+        except NoRespondersError:
+            log.warning("worker_gone", worker=worker_id, detected_by="no_responders")
+            self.migration.on_no_responders(worker_id, time.time())
+            return
+        except Exception:
+            running = None
+        self.migration.on_probe(worker_id, running, time.time())
+
+    async def _reissue(self, effect: Reissue) -> None:
+        ar = effect.req
+        # Fence: a worker wrongly thought dead stops sending (it keeps the id open).
+        await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(ar.request_id, reason=MIGRATED)))
+        decision, _ = await self._place(ar, exclude=effect.exclude)
+        log.info("migrated", request_id=ar.request_id, from_worker=effect.old_worker, outcome=decision.outcome,
+                 to_worker=decision.worker_id, resume_tokens=len(ar.resume_token_ids), migrations=ar.migrations)
+        if decision.outcome != schemas.Outcome.NO_CAPACITY:
+            return
+        fail = self.migration.reissue_failed(ar.request_id, time.time())
+        if fail is not None:
+            await self._perform(fail)
+
     async def _housekeeping_loop(self) -> None:
         while True:
             await asyncio.sleep(5.0)
-            for wid in self.core.housekeeping(time.time()):
+            now = time.time()
+            for wid in self.core.housekeeping(now):
                 log.info("worker_forgotten", worker=wid)
+            self.migration.forget_leases(now)
 
 
 def span_attributes(choice) -> dict[str, str | int | float | bool]:

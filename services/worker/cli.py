@@ -17,10 +17,11 @@ def register(sub) -> None:
     from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser("worker", help="host an engine (simulated or vLLM) as a fleet member")
-    p.add_argument("--nats", default=config.nats_url_from_env())
+    p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
     config.add_metrics_port_argument(p)
-    p.add_argument("--engine", choices=("sim", "vllm"), default="sim")
-    p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim", help="sim: the simulated engine; vllm: vLLM in-process")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b",
+                   help="sim: the GPU and model it behaves like")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
     p.add_argument("--http", type=int, metavar="PORT",
                    help="also serve OpenAI /v1/completions, /v1/chat/completions, /v1/models, /health and "
@@ -52,10 +53,10 @@ def register(sub) -> None:
     v.add_argument("--max-num-batched-tokens", type=int, help="per-step token budget")
     v.add_argument("--max-model-len", type=int, help="default: the model's")
     v.add_argument("--kv-cache-memory-gb", type=float, help="KV cache size (default: vLLM's for the platform)")
-    v.add_argument("--gpu-memory-utilization", type=float)
+    v.add_argument("--gpu-memory-utilization", type=float, help="share of GPU memory vLLM may use (default: vLLM's, 0.9)")
     v.add_argument("--enforce-eager", action="store_true", help="no torch.compile / CUDA graphs (faster start)")
     v.add_argument("--scheduler-cls", help="module.Class, a subclass of vLLM's V1 Scheduler (engine-side policy)")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=int, default=0, help="sampling seed")
     v.add_argument("--stream-interval", type=int, default=1,
                    help="tokens per chunk after the first (1: token by token; more saves host CPU)")
     v.add_argument("--fleet-block-size", type=int, default=config.BLOCK_SIZE,

@@ -4,7 +4,14 @@
   a decode-phase worker takes no new request; the router retries one in its prefill
   phase); wrong model; full (more than `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
   request: answered `aborted` so the router stops trying). A request id seen before is
-  accepted again without a second generation (a queue redelivery after a crash).
+  accepted again without a second generation when it comes with the same reply subject (a
+  queue redelivery after a crash); with another reply subject the id was reused by another
+  request, which gets an `error` 409 instead of silence.
+* Migration (the router re-issues a dead worker's request): the engine prefills prompt +
+  `resume_token_ids` and generates max_tokens − len(resume) more; chunks continue at
+  `resume_seq`, and usage counts the resumed tokens as completion tokens, so the client's
+  stream reads as one. An abort with reason `migrated` (the router moved the request away
+  from a worker it believed dead) stops the generation without a word to the client.
 * Per request, chunk numbering (seq 0, 1, …) and the finished event with usage.
 * heartbeat(stats) → the Heartbeat published every ~100 ms.
 Remembered ids are bounded (LRU of `remember` entries).
@@ -15,9 +22,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import msgspec
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared import schemas
-from tokenyard.shared.schemas import AdmittedRequest, Outcome, Phase
+from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
 from tokenyard.shared.slo import ENGINE_BACKLOG_S
 from tokenyard.shared.tokenizer import Tokenizer
 
@@ -41,6 +49,21 @@ class _Stream:
     seq: int = 0
     tokens: int = 0
     cached_tokens: int = 0
+    silenced: bool = False
+    """Migrated away: the engine's remaining outputs are dropped, not sent."""
+
+
+def engine_request(req: AdmittedRequest) -> AdmittedRequest:
+    """What the engine runs: the prompt extended by the tokens a resumed request already
+    produced (a trace replay without token ids extends only its length). The block hashes
+    stay the prompt's: a prefix of the longer prompt's chain, which engines accept."""
+    n = len(req.resume_token_ids)
+    if not n:
+        return req
+    ids = req.prompt_token_ids + req.resume_token_ids if req.prompt_token_ids else []
+    return msgspec.structs.replace(
+        req, prompt_token_ids=ids, prompt_len=req.prompt_len + n, max_tokens=req.max_tokens - n
+    )
 
 
 class WorkerCore:
@@ -52,12 +75,13 @@ class WorkerCore:
         self.draining = False
         self.healthy = True
         self.streams: dict[str, _Stream] = {}
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        """request id → (reply subject, migrations) of the generations started here."""
         self._aborted: OrderedDict[str, None] = OrderedDict()
         self._hb_seq = 0
 
-    def _remember(self, lru: OrderedDict[str, None], rid: str) -> None:
-        lru[rid] = None
+    def _remember(self, lru: OrderedDict, rid: str, value=None) -> None:
+        lru[rid] = value
         lru.move_to_end(rid)
         while len(lru) > self.cfg.remember:
             lru.popitem(last=False)
@@ -67,7 +91,10 @@ class WorkerCore:
         rid = req.request_id
         if rid in self._aborted:
             return schemas.GenerateReply(rid, False, Outcome.ABORTED), False
-        if rid in self.streams or rid in self._seen:
+        seen = self._seen.get(rid)
+        if seen is not None and seen[0] != req.reply_to:
+            return schemas.GenerateReply(rid, True, Outcome.DUPLICATE), False
+        if seen is not None and (req.migrations <= seen[1] or rid in self.streams):
             return schemas.GenerateReply(rid, True, "duplicate"), False
         if self.draining or not self.healthy:
             return schemas.GenerateReply(rid, False, "draining"), False
@@ -79,18 +106,36 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, "full"), False
         if self.cfg.flow_control and stats.queued_prefill_tokens * stats.prefill_ms_per_token > ENGINE_BACKLOG_S * 1000:
             return schemas.GenerateReply(rid, False, "saturated"), False
-        self.streams[rid] = _Stream(req)
-        self._remember(self._seen, rid)
+        self.streams[rid] = _Stream(req, seq=req.resume_seq, tokens=len(req.resume_token_ids))
+        self._remember(self._seen, rid, (req.reply_to, req.migrations))
         return schemas.GenerateReply(rid, True), True
 
-    def on_abort(self, request_id: str) -> bool:
-        """True if the request is running here (the shell aborts it in the engine)."""
+    def running_ids(self) -> list[str]:
+        """The requests generating here for their client (a migrated-away one is not)."""
+        return sorted(rid for rid, st in self.streams.items() if not st.silenced)
+
+    def reused_id_error(self, req: AdmittedRequest) -> schemas.Error:
+        """The answer to a request whose id another request already used (offer said DUPLICATE)."""
+        return schemas.Error(req.request_id, 409, f"request id '{req.request_id}' is already in use")
+
+    def on_abort(self, request_id: str, reason: str = "client") -> bool:
+        """True if the request is running here (the shell aborts it in the engine). A
+        `migrated` abort silences the stream but leaves the id open: the request lives on."""
+        if reason == MIGRATED:
+            st = self.streams.get(request_id)
+            if st is not None:
+                st.silenced = True
+            return st is not None
         self._remember(self._aborted, request_id)
         return request_id in self.streams
 
     def on_output(self, out: EngineOutput) -> list[schemas.Chunk | schemas.Finished]:
         """The stream events one engine output makes, numbered."""
         st = self.streams[out.request_id]
+        if st.silenced:
+            if out.finished:
+                del self.streams[out.request_id]
+            return []
         events: list[schemas.Chunk | schemas.Finished] = []
         st.cached_tokens = out.num_cached_tokens
         if out.new_token_ids:

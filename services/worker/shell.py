@@ -3,8 +3,18 @@
 * `llm.v1.worker.<id>.generate` (micro endpoint): the core accepts or refuses; an accepted
   request streams its engine outputs as numbered chunks, then `finished`, straight to the
   request's reply subject (the client's inbox or the edge), in the client's encoding.
-* `llm.v1.abort` (fan-out): abort in the engine if the request runs here.
+* `llm.v1.abort` (fan-out): abort in the engine if the request runs here (reason `migrated`:
+  the router moved it elsewhere; the rest of its outputs go nowhere).
+* A migrated request (the router re-issued it after its worker died) runs as prompt + the
+  tokens already sent, its chunks numbered on from where the client is (core.engine_request).
+* A NATS outage: what the worker sends while disconnected (nats-py buffers it) goes out on
+  reconnect, often before the clients have resubscribed their inboxes, and is lost to them.
+  So the stream events sent while disconnected or within REPLAY_AFTER_S of the reconnect,
+  and those of the REPLAY_BEFORE_S before the disconnect was noticed (written to a socket
+  the server no longer read), are sent once more REPLAY_AFTER_S after the reconnect;
+  receivers drop the seqs they already have.
 * `llm.v1.worker.<id>.control`: phase and drain from the macro-instance.
+* `llm.v1.worker.<id>.status` (micro endpoint): the ids it runs, for a router's probe.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
   soon as a step made some (polled every `kv_poll_s`).
 The span of a generation carries OpenTelemetry GenAI attributes (model, input and output
@@ -16,18 +26,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.micro.request import Request
 from nats.micro.service import Service
-from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_request
 from tokenyard.services.worker.engine import Engine
 from tokenyard.shared import codec, config, schemas, subjects, telemetry
 from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("worker")
+
+REPLAY_AFTER_S = 2.0
+"""After a reconnect: how long clients get to resubscribe before the replay."""
+REPLAY_BEFORE_S = 1.0
+"""How far back before a disconnect the replay reaches."""
+REPLAY_MAX_EVENTS = 200_000
 
 
 class WorkerShell:
@@ -49,6 +67,12 @@ class WorkerShell:
         self.kv_poll_s = kv_poll_s
         self._streams: dict[str, asyncio.Task] = {}
         self._timers: list[asyncio.Task] = []
+        self._replay: list[tuple[str, bytes, dict[str, str] | None]] = []
+        self._replay_until = 0.0
+        """Monotonic time until which sent events are kept for the replay (after a reconnect)."""
+        self._reconnects = 0
+        self._recent: deque[tuple[float, str, bytes, dict[str, str] | None]] = deque()
+        """The events of the last REPLAY_BEFORE_S while connected (for a replay)."""
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
@@ -57,6 +81,7 @@ class WorkerShell:
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
         await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
         await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self._on_generate)
+        await service.add_endpoint(name="status", subject=subjects.worker_status(wid), handler=self._on_status)
         await self._publish_heartbeat()
         self._timers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._kv_loop())]
 
@@ -83,6 +108,9 @@ class WorkerShell:
             self._streams[ar.request_id] = task
             task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))
         await req.respond(codec.encode(reply))
+        if reply.reason == schemas.Outcome.DUPLICATE:  # an id reused by another request: say so
+            error = self.core.reused_id_error(ar)
+            await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=codec.content_headers(ar.json))
 
     async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None) -> None:
         subject = subjects.worker_generate(self.core.cfg.worker_id)
@@ -101,7 +129,7 @@ class WorkerShell:
             t0 = time.monotonic()
             ttft_ms = None
             try:
-                async for out in self.engine.generate(ar):
+                async for out in self.engine.generate(engine_request(ar)):
                     for event in self.core.on_output(out):
                         if isinstance(event, schemas.Chunk) and ttft_ms is None:
                             ttft_ms = (time.monotonic() - t0) * 1000.0
@@ -113,19 +141,52 @@ class WorkerShell:
                             self.metrics.observe_finished(
                                 None if ttft_ms is None else ttft_ms / 1000.0, time.monotonic() - t0,
                                 event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
-                        await self.nc.publish(ar.reply_to, codec.encode(event, json=ar.json), headers=hdrs)
+                        await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs)
             except Exception as e:
                 log.exception("generation_failed", request_id=ar.request_id)
                 self.core.streams.pop(ar.request_id, None)
                 error = schemas.Error(ar.request_id, 500, f"engine failed: {e!r}")
-                await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=hdrs)
+                await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs)
+
+    async def _send(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+        """Publish a stream event, keeping it for the replay while the connection is unsure."""
+        now = time.monotonic()
+        if (not self.nc.is_connected or now < self._replay_until) and len(self._replay) < REPLAY_MAX_EVENTS:
+            self._replay.append((subject, data, headers))
+        else:
+            recent = self._recent
+            recent.append((now, subject, data, headers))
+            while recent[0][0] < now - REPLAY_BEFORE_S:
+                recent.popleft()
+        await self.nc.publish(subject, data, headers=headers)
+
+    def _check_reconnect(self) -> None:
+        reconnects = self.nc.stats["reconnects"]
+        if reconnects != self._reconnects:
+            self._reconnects = reconnects
+            self._replay_until = time.monotonic() + REPLAY_AFTER_S
+            self._replay[:0] = [(subject, data, headers) for _, subject, data, headers in self._recent]
+            self._recent.clear()
+            self._timers.append(asyncio.create_task(self._replay_later()))
+
+    async def _replay_later(self) -> None:
+        await asyncio.sleep(REPLAY_AFTER_S)
+        events, self._replay = self._replay, []
+        log.warning("replay_after_reconnect", events=len(events), streams=len({e[0] for e in events}))
+        for subject, data, headers in events:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subject, data, headers=headers)
+
+    async def _on_status(self, req: Request) -> None:
+        """A router's probe: the ids of the requests running here."""
+        await req.respond(msgspec.msgpack.encode(self.core.running_ids()))
 
     async def _on_abort(self, msg: Msg) -> None:
         try:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
             return
-        if self.core.on_abort(abort.request_id):
+        if self.core.on_abort(abort.request_id, abort.reason):
             await self.engine.abort(abort.request_id)
 
     async def _on_control(self, msg: Msg) -> None:
@@ -152,6 +213,7 @@ class WorkerShell:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
+            self._check_reconnect()
             with contextlib.suppress(Exception):
                 await self._publish_heartbeat()
 

@@ -1,4 +1,4 @@
-"""Reduce the published measurements in ../shared/calibration to the numbers the latency
+"""Reduce the published measurements in data/calibration (tokenyard.data) to the numbers the latency
 model reads (data/vidur.json), so every coefficient can be traced back to a row:
 
     linear ops, per layer (ms) at n tokens = Σ medians of input_layernorm, attn_pre_proj,
@@ -28,21 +28,22 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
+from tokenyard.data import CALIBRATION as CALIBRATION_DIR
 
-CALIBRATION_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "calibration"
 OUT = Path(__file__).with_name("data") / "vidur.json"
 
-VIDUR = "microsoft/vidur data/profiling/compute/{device}/{model}/mlp.csv (MIT), copied to ../shared/calibration/{file}"
+VIDUR = "microsoft/vidur data/profiling/compute/{device}/{model}/mlp.csv (MIT), copied to data/calibration/{file}"
 TABLES = {
-    "a100/Meta-Llama-3-8B": "a100_meta-llama_Meta-Llama-3-8B_mlp.csv",
-    "a100/Llama-2-7b-hf": "a100_meta-llama_Llama-2-7b-hf_mlp.csv",
-    "h100/Llama-2-7b-hf": "h100_meta-llama_Llama-2-7b-hf_mlp.csv",
+    "a100/Meta-Llama-3-8B": "a100_meta-llama_Meta-Llama-3-8B_mlp.csv.gz",
+    "a100/Llama-2-7b-hf": "a100_meta-llama_Llama-2-7b-hf_mlp.csv.gz",
+    "h100/Llama-2-7b-hf": "h100_meta-llama_Llama-2-7b-hf_mlp.csv.gz",
 }
 OPS = (
     "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
@@ -54,7 +55,7 @@ ATTENTION = "a100_llama3_8b_attention_excerpt.csv"
 def linear_table(path: Path) -> tuple[list[int], list[float]]:
     """Token count → Σ per-layer op medians (ms), first row per count, TP 1."""
     by_n: dict[int, float] = {}
-    with path.open() as f:
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
         for row in csv.DictReader(f):
             if row["num_tensor_parallel_workers"] != "1":
                 continue
@@ -88,7 +89,7 @@ def attention_fit(path: Path) -> dict:
     )
     return {
         "source": "microsoft/vidur attention.csv for a100/meta-llama/Meta-Llama-3-8B (FlashInfer, block 16, TP 1), "
-                  f"rows in ../shared/calibration/{ATTENTION}; least squares on relative error by calibrate.py",
+                  f"rows in data/calibration/{ATTENTION}; least squares on relative error by calibrate.py",
         "prefill_per_layer_ms": {"p0": p[0], "p1_per_token": p[1], "p2_self": p[2], "p3_ctx": p[3], "rows": len(pre)},
         "decode_per_layer_ms": {"d0": d[0], "d2_per_ctx_token": d[1], "rows": len(dec)},
     }

@@ -4,7 +4,8 @@ about lengths, not caching).
     bucket      [16, 512)  [512, 2k)  [2k, 8k)  [8k, 32k)     prompt tokens, log-uniform within
     share         45%        30%        15%        10%
     max_tokens ~ round(LogNormal(ln 128, 0.6)) ∈ [8, 1024]
-Arrivals Poisson at `rate`; priorities from `priority_mix`. A seed fixes everything.
+Arrivals Poisson at `rate` (DEFAULT_RATE when None) × rate_scale ÷ time_scale; priorities from
+`priority_mix`; arrivals at or after `duration_s` dropped. A seed fixes everything.
 """
 
 from __future__ import annotations
@@ -22,10 +23,21 @@ SHARES: tuple[float, ...] = (0.45, 0.30, 0.15, 0.10)
 class HeavyTailWorkload:
     name = "heavy-tail"
     block_tokens = 16
+    DEFAULT_RATE = 4.0
 
-    def __init__(self, num_requests: int = 1000, rate: float = 4.0, priority_mix: Sequence[float] = (0, 1, 0, 0),
-                 seed: int = 0):
-        self.num_requests, self.rate, self.seed = num_requests, rate, seed
+    def __init__(self, num_requests: int = 1000, *, rate: float | None = None, burstiness: float = 1.0,
+                 rate_scale: float = 1.0, time_scale: float = 1.0, priority_mix: Sequence[float] = (0, 1, 0, 0),
+                 seed: int = 0, duration_s: float | None = None):
+        if num_requests < 0:
+            raise ValueError("num_requests must be >= 0")
+        if burstiness != 1.0:
+            raise ValueError("the heavy-tail workload's arrivals are Poisson (burstiness 1)")
+        if not rate_scale > 0 or not time_scale > 0:
+            raise ValueError("rate_scale and time_scale must be positive")
+        self.rate = (self.DEFAULT_RATE if rate is None else rate) * rate_scale / time_scale
+        if not self.rate > 0:
+            raise ValueError("rate must be positive")
+        self.num_requests, self.seed, self.duration_s = num_requests, seed, duration_s
         self.priority_mix = np.asarray(priority_mix, dtype=float) / float(sum(priority_mix))
         self._cache: list[TraceRequest] | None = None
 
@@ -48,5 +60,6 @@ class HeavyTailWorkload:
                 TraceRequest(i, float(arrivals[i]), int(prompt[i]), int(out[i]), int(prio[i]),
                              tuple(range(int(first[i]), int(first[i] + nblocks[i]))))
                 for i in range(n)
+                if self.duration_s is None or arrivals[i] < self.duration_s
             ]
         return self._cache

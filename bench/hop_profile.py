@@ -1,0 +1,196 @@
+"""Where the control plane's time to first token goes, hop by hop.
+
+A fleet of zero-latency workers (as in control_plane.py) is started with tracing on: every
+service exports its spans over OTLP/HTTP to a small receiver in this process. Requests go out
+one at a time at a low rate (max_tokens = 1), each with a `traceparent` of its own, so every
+hop's span lands in that request's trace. Span timestamps are the host's wall clock in every
+process, so they compare across processes. A request's TTFT, t_first − t_send as the client
+sees it, is cut at the spans' edges into contiguous segments that sum to it exactly:
+
+    client → edge            edge span start − t_send                      (HTTP path only)
+    edge → admission         admission span start − edge span start        (HTTP path only)
+    client → admission       admission span start − t_send                 (NATS path only)
+    admission                admission span: decode, checks, tokenize, `accepted`, the
+                             JetStream publish and its acknowledgement
+    JetStream → queue        queue's dispatch span start − admission span end (JetStream
+                             stores and delivers; the queue orders. It overlaps the ack, so
+                             it can come out negative: the queue may have the message first)
+    queue → router           router span start − queue dispatch span start
+    router                   router's offer span start − router span start (the decision)
+    router → worker          worker's generation span start − offer span start
+    worker                   its time to first token (the engine takes no time here)
+    worker → client          t_first − (worker span start + its TTFT)
+
+Recording spans costs each hop some time of its own (an SDK span is ~0.2 ms of Python), so
+the total here exceeds the TTFT measured without tracing; the split is what it shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+NATS_SEGMENTS = ("client → admission", "admission", "JetStream → queue", "queue → router", "router",
+                 "router → worker", "worker", "worker → client")
+HTTP_SEGMENTS = ("client → edge", "edge → admission", *NATS_SEGMENTS[1:])
+
+
+@dataclass
+class Span:
+    service: str
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass
+class SpanReceiver:
+    """An OTLP/HTTP trace receiver (protobuf), keeping spans by trace id."""
+
+    traces: dict[int, list[Span]] = field(default_factory=dict)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start(self) -> int:
+        app = web.Application()
+        app.router.add_post("/v1/traces", self._export)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+    async def _export(self, request: web.Request) -> web.Response:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        body = ExportTraceServiceRequest()
+        body.ParseFromString(await request.read())
+        for rs in body.resource_spans:
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    attrs = {a.key: _value(a.value) for a in s.attributes}
+                    span = Span(attrs.get("tokenyard.service", ""), s.name, s.start_time_unix_nano,
+                                s.end_time_unix_nano, attrs)
+                    self.traces.setdefault(int.from_bytes(s.trace_id, "big"), []).append(span)
+        self.arrived.set()
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
+                            content_type="application/x-protobuf")
+
+    async def wait_for(self, trace_ids: list[int], timeout_s: float = 20.0) -> None:
+        """Until every trace has its worker span (the last to end), or the timeout."""
+        async with asyncio.timeout(timeout_s):
+            while not all(any(s.service == "worker" for s in self.traces.get(t, ())) for t in trace_ids):
+                self.arrived.clear()
+                await self.arrived.wait()
+
+
+def _value(v) -> Any:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
+@dataclass
+class Sent:
+    trace_id: int
+    t_send_ns: int
+    t_first_ns: int
+
+
+def segments(spans: list[Span], sent: Sent, http: bool) -> dict[str, float] | None:
+    """The request's TTFT cut into contiguous segments (ms); None if a span is missing."""
+    def one(service: str, prefix: str) -> Span | None:
+        return next((s for s in spans if s.service == service and s.name.startswith(prefix)), None)
+
+    edge, adm = one("edge", "publish"), one("admission", "process")
+    queue, router = one("queue", "process"), one("router", "process")
+    offer, worker = one("router", "send llm.v1.worker."), one("worker", "process")
+    if None in (adm, queue, router, offer, worker) or (http and edge is None):
+        return None
+    ttft_ns = int(worker.attributes.get("gen_ai.server.time_to_first_token", 0.0) * 1e9)
+    cuts = [sent.t_send_ns, *([edge.start_ns] if http else []), adm.start_ns, adm.end_ns, queue.start_ns,
+            router.start_ns, offer.start_ns, worker.start_ns, worker.start_ns + ttft_ns, sent.t_first_ns]
+    names = HTTP_SEGMENTS if http else NATS_SEGMENTS
+    return {n: (b - a) / 1e6 for n, a, b in zip(names, cuts[:-1], cuts[1:], strict=True)}
+
+
+def traceparent() -> tuple[int, str]:
+    trace_id = random.getrandbits(128) or 1
+    return trace_id, f"00-{trace_id:032x}-{random.getrandbits(64) or 1:016x}-01"
+
+
+async def send_nats(client, model: str, prompt: str) -> Sent:
+    from tokenyard.shared import schemas
+
+    trace_id, header = traceparent()
+    t_send, t_first = time.time_ns(), 0
+    async for event in client.stream(schemas.GenerateRequest(model=model, prompt=prompt, max_tokens=1),
+                                     headers={"traceparent": header}):
+        if isinstance(event, schemas.Chunk) and not t_first:
+            t_first = time.time_ns()
+    return Sent(trace_id, t_send, t_first)
+
+
+async def send_http(http: aiohttp.ClientSession, url: str, model: str, prompt: str) -> Sent:
+    trace_id, header = traceparent()
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True}
+    t_send, t_first = time.time_ns(), 0
+    async with http.post(f"{url}/v1/completions", json=body, headers={"traceparent": header}) as resp:
+        async for line in resp.content:
+            if line.startswith(b"data: {") and not t_first:
+                t_first = time.time_ns()
+    return Sent(trace_id, t_send, t_first)
+
+
+def summarise(rows: list[dict[str, float]], names: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    out = {n: {"p50_ms": statistics.median(r[n] for r in rows),
+               "mean_ms": statistics.fmean(r[n] for r in rows)} for n in names}
+    totals = [sum(r.values()) for r in rows]
+    out["total (TTFT)"] = {"p50_ms": statistics.median(totals), "mean_ms": statistics.fmean(totals)}
+    return out
+
+
+async def profile(workers: int, model: str, requests: int, rate: float, warmup: int = 20,
+                  prompt: str = "a short prompt of a few words") -> dict[str, Any]:
+    """Per-hop medians over `requests` requests on each path (NATS, HTTP)."""
+    from tokenyard.shared.client import TokenyardClient
+
+    from tokenyard.launcher import FleetProcesses
+
+    receiver = SpanReceiver()
+    port = await receiver.start()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    result: dict[str, Any] = {"requests": requests, "rate": rate}
+    try:
+        async with FleetProcesses(workers=workers, profile="zero", http_port=0, model=model, extra_env=env) as fleet, \
+                aiohttp.ClientSession() as http, await TokenyardClient.connect(fleet.nats_url) as client:
+            for path, names in (("nats", NATS_SEGMENTS), ("http", HTTP_SEGMENTS)):
+                async def one(path=path) -> Sent:
+                    if path == "nats":
+                        return await send_nats(client, model, prompt)
+                    return await send_http(http, fleet.http_url, model, prompt)
+
+                for _ in range(warmup):
+                    await one()
+                sent = []
+                for _ in range(requests):
+                    sent.append(await one())
+                    await asyncio.sleep(1.0 / rate)  # pacing: one request at a time, none queued
+                await receiver.wait_for([s.trace_id for s in sent])
+                rows = [r for s in sent if (r := segments(receiver.traces[s.trace_id], s, path == "http"))]
+                result[path] = {"traced": len(rows), "segments": summarise(rows, names)}
+    finally:
+        await receiver.stop()
+    return result

@@ -1,0 +1,282 @@
+"""Request migration, pure: the router replica that placed a request follows its stream and,
+when its worker dies, re-issues it to another worker with the prompt plus the tokens already
+sent (Dynamo's request migration), or ends it with a clean error.
+
+    track(req, worker, now)            the request was placed on `worker`
+    on_event(id, event, now)           a chunk / finished / error seen on its reply subject
+    on_heartbeat(worker, now)          the worker is alive
+    on_no_responders(worker, now)      nobody listens on the worker's subjects: it is gone
+    on_probe(worker, running | None)   the worker's answer to a probe (None: no answer)
+    on_lease(lease, now)               a client (an edge) is alive
+    tick(now) → [Probe | Reissue | Fail | Orphaned]   what the shell should do now
+
+Death is detected three ways. (1) Heartbeat loss: a worker silent for `suspect_after_s` is
+probed; one that answers no probe and stays silent for `dead_after_s` is dead. (2) No
+responders: a probe or an offer to a worker with no subscription left (a killed process's
+connection closes at once) proves it gone. (3) Stream silence: a request with no event for
+`silence_s` gets its worker probed; a live worker that no longer runs it lost it.
+
+A dead worker's request r is re-issued as r' with
+
+    r'.resume_token_ids = the token ids of every chunk seen so far (in seq order)
+    r'.resume_seq       = the seq the client expects next
+    r'.migrations       = r.migrations + 1           (≤ max_migrations, else a 503 error)
+
+to a worker chosen by the usual placement with the dead ones excluded; the worker prefills
+prompt + resume and numbers its chunks on from resume_seq, so the client sees one stream
+with no gap and no duplicate. If no worker takes it, the re-issue is retried each tick until
+`reissue_deadline_s` after the death, then the request ends with a 503. With migration off,
+the death ends each of its requests with a 503 error at once (within the detection time).
+
+An orphan is a request whose client is gone: clients that hold a lease (an edge, a
+TokenyardClient) publish it every `lease_interval_s` and use inboxes `_INBOX.<lease>.<n>`; a
+request whose lease was seen and then fell silent for `orphan_after_s` is aborted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+from tokenyard.shared import config, schemas
+from tokenyard.shared.schemas import AdmittedRequest
+
+LEASE_INTERVAL_S = 1.0
+"""How often a lease holder says it is alive."""
+
+
+@dataclass
+class MigrationConfig:
+    enabled: bool = True
+    max_migrations: int = 3
+    """Re-issues per request; a request whose workers keep dying ends with an error."""
+    suspect_after_s: float = 5 * config.HEARTBEAT_INTERVAL_S
+    """Heartbeat silence after which the worker is probed (5 missed heartbeats)."""
+    dead_after_s: float = 3.0
+    """Heartbeat silence, with no probe answered, after which the worker is declared dead.
+    A killed process is found sooner, by no-responders on the probe."""
+    silence_s: float = 10.0
+    """A request with no event for this long gets its worker probed."""
+    probe_every_s: float = 0.5
+    """The least time between two probes of one worker."""
+    reissue_deadline_s: float = 10.0
+    """How long after the death a re-issue that found no worker is retried."""
+    orphan_after_s: float = 3 * LEASE_INTERVAL_S
+
+
+@dataclass(frozen=True)
+class Probe:
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class Reissue:
+    """Place `req` (resume fields set) anywhere but `exclude`; fence `old_worker` first."""
+
+    req: AdmittedRequest
+    old_worker: str
+    exclude: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Send `event` (an error, or the finished event of a request that was complete) to the
+    request's reply subject; the request is no longer tracked."""
+
+    req: AdmittedRequest
+    event: schemas.Error | schemas.Finished
+
+
+@dataclass(frozen=True)
+class Orphaned:
+    """Abort the request everywhere: its client is gone."""
+
+    request_id: str
+
+
+Effect = Probe | Reissue | Fail | Orphaned
+
+
+@dataclass
+class _Tracked:
+    req: AdmittedRequest
+    worker_id: str
+    last_event_s: float
+    token_ids: list[int] = field(default_factory=list)
+    next_seq: int = 0
+    lost_s: float | None = None
+    """When its worker was found dead: a re-issue is due."""
+    reissuing: bool = False
+    """A Reissue is out; the shell answers with track() or reissue_failed()."""
+
+
+@dataclass
+class _Worker:
+    seen_s: float
+    probed_s: float = -1e18
+    dead: bool = False
+
+
+def lease_of(reply_to: str) -> str:
+    """`_INBOX.<lease>.<n>` → `<lease>`; '' for an inbox without one."""
+    parts = reply_to.split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "_INBOX" else ""
+
+
+class MigrationCore:
+    def __init__(self, cfg: MigrationConfig | None = None):
+        self.cfg = cfg or MigrationConfig()
+        self.tracked: dict[str, _Tracked] = {}
+        self.workers: dict[str, _Worker] = {}
+        self.leases: dict[str, float] = {}
+        self.migrated = 0
+        """Re-issues made (a metric)."""
+        self.failed = 0
+        """Requests ended with an error because their worker died."""
+
+    # ── inputs ──
+
+    def track(self, req: AdmittedRequest, worker_id: str, now: float) -> None:
+        """Follow `req`, placed on `worker_id` ('' while it is being placed)."""
+        t = self.tracked.get(req.request_id)
+        if t is None:
+            t = self.tracked[req.request_id] = _Tracked(req, worker_id, now)
+            t.token_ids = list(req.resume_token_ids)
+            t.next_seq = req.resume_seq
+        t.req, t.worker_id, t.last_event_s, t.lost_s, t.reissuing = req, worker_id, now, None, False
+        if worker_id:  # '' = being placed: followed already, on no worker yet
+            self.workers.setdefault(worker_id, _Worker(now)).dead = False
+
+    def untrack(self, request_id: str) -> None:
+        self.tracked.pop(request_id, None)
+
+    def on_event(self, request_id: str, event: schemas.StreamEvent, now: float) -> None:
+        t = self.tracked.get(request_id)
+        if t is None:
+            return
+        if isinstance(event, schemas.TERMINAL_EVENTS):
+            del self.tracked[request_id]
+            return
+        t.last_event_s = now
+        if isinstance(event, schemas.Chunk) and event.seq == t.next_seq:
+            t.token_ids.extend(event.token_ids)
+            t.next_seq += 1
+
+    def on_heartbeat(self, worker_id: str, now: float) -> None:
+        w = self.workers.setdefault(worker_id, _Worker(now))
+        w.seen_s, w.dead = now, False  # alive (again: a restarted worker takes new work)
+
+    def on_no_responders(self, worker_id: str, now: float) -> None:
+        self._dead(worker_id, now)
+
+    def on_probe(self, worker_id: str, running: set[str] | None, now: float) -> None:
+        """A probe's answer: the ids the worker runs, or None (timed out)."""
+        w = self.workers.get(worker_id)
+        if w is None or w.dead:
+            return
+        if running is None:
+            if now - w.seen_s >= self.cfg.dead_after_s:
+                self._dead(worker_id, now)
+            return
+        w.seen_s = max(w.seen_s, now)
+        for t in self.tracked.values():
+            if t.worker_id == worker_id and t.lost_s is None:
+                if t.req.request_id in running:
+                    t.last_event_s = max(t.last_event_s, now)
+                elif now - t.last_event_s >= self.cfg.silence_s:
+                    t.lost_s = now  # the worker lives but lost it (it restarted, or crashed inside)
+
+    def on_lease(self, lease: str, now: float) -> None:
+        self.leases[lease] = now
+
+    def on_reconnected(self, now: float) -> None:
+        """The router's own connection was down: what it did not hear says nothing about the
+        workers or the clients, so every clock restarts now (no death, no orphan from it)."""
+        for w in self.workers.values():
+            w.seen_s = max(w.seen_s, now)
+        for t in self.tracked.values():
+            t.last_event_s = max(t.last_event_s, now)
+        self.leases = {k: max(v, now) for k, v in self.leases.items()}
+
+    # ── decisions ──
+
+    def tick(self, now: float) -> list[Effect]:
+        cfg = self.cfg
+        out: list[Effect] = []
+        busy = {t.worker_id for t in self.tracked.values() if t.lost_s is None and t.worker_id}
+        for wid in sorted(busy):
+            w = self.workers.get(wid)
+            if w is None or w.dead:
+                continue
+            if now - w.seen_s >= cfg.dead_after_s:
+                self._dead(wid, now)
+            elif now - w.seen_s >= cfg.suspect_after_s or self._silent(wid, now):
+                if now - w.probed_s >= cfg.probe_every_s:
+                    w.probed_s = now
+                    out.append(Probe(wid))
+        dead = frozenset(wid for wid, w in self.workers.items() if w.dead)
+        for rid in sorted(self.tracked):
+            t = self.tracked[rid]
+            lease = lease_of(t.req.reply_to)
+            if lease and lease in self.leases and now - self.leases[lease] >= cfg.orphan_after_s:
+                del self.tracked[rid]
+                out.append(Orphaned(rid))
+            elif t.lost_s is not None and not t.reissuing:
+                out.append(self._after_loss(t, dead, now))
+        return out
+
+    def reissue_failed(self, request_id: str, now: float) -> Fail | None:
+        """No worker took the re-issue: try again next tick, or give up after the deadline."""
+        t = self.tracked.get(request_id)
+        if t is None or t.lost_s is None:
+            return None
+        t.reissuing = False
+        if now - t.lost_s < self.cfg.reissue_deadline_s:
+            return None
+        return self._fail(t, f"worker {t.worker_id} died and no other worker took the request")
+
+    def orphan(self, req: AdmittedRequest, now: float) -> bool:
+        """A request about to be placed whose client's lease expired (it waited in the queue)."""
+        lease = lease_of(req.reply_to)
+        return bool(lease) and lease in self.leases and now - self.leases[lease] >= self.cfg.orphan_after_s
+
+    def forget_leases(self, now: float, after_s: float = 600.0) -> None:
+        self.leases = {k: v for k, v in self.leases.items() if now - v < after_s}
+        self.workers = {k: w for k, w in self.workers.items() if now - w.seen_s < after_s or not w.dead}
+
+    # ── internals ──
+
+    def _silent(self, worker_id: str, now: float) -> bool:
+        return any(
+            t.worker_id == worker_id and now - t.last_event_s >= self.cfg.silence_s for t in self.tracked.values()
+        )
+
+    def _dead(self, worker_id: str, now: float) -> None:
+        w = self.workers.setdefault(worker_id, _Worker(now))
+        w.dead = True
+        for t in self.tracked.values():
+            if t.worker_id == worker_id and t.lost_s is None:
+                t.lost_s = now
+
+    def _after_loss(self, t: _Tracked, dead: frozenset[str], now: float) -> Effect:
+        req = t.req
+        if not self.cfg.enabled:
+            return self._fail(t, f"worker {t.worker_id} died (migration is off)")
+        if req.migrations >= self.cfg.max_migrations:
+            return self._fail(t, f"worker {t.worker_id} died; the request already moved {req.migrations} times")
+        if len(t.token_ids) >= req.max_tokens:  # complete; only `finished` was lost
+            del self.tracked[req.request_id]
+            n = len(t.token_ids)
+            usage = schemas.Usage(req.prompt_len, n, req.prompt_len + n)
+            return Fail(req, schemas.Finished(req.request_id, t.next_seq, "length", usage))
+        moved = msgspec.structs.replace(
+            req, resume_token_ids=list(t.token_ids), resume_seq=t.next_seq, migrations=req.migrations + 1
+        )
+        t.reissuing = True
+        self.migrated += 1
+        return Reissue(moved, t.worker_id, dead | {t.worker_id})
+
+    def _fail(self, t: _Tracked, why: str) -> Fail:
+        self.tracked.pop(t.req.request_id, None)
+        self.failed += 1
+        return Fail(t.req, schemas.Error(t.req.request_id, 503, why, seq=t.next_seq))

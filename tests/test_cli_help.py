@@ -1,0 +1,29 @@
+"""`tokenyard … --help`: every subcommand has a description, every flag a help text, and the
+help shows each flag's default (unless the text says it itself)."""
+
+from __future__ import annotations
+
+import argparse
+
+from tokenyard.cli import _every_parser, build_parser
+
+
+def test_every_flag_of_every_command_is_described():
+    parsers = list(_every_parser(build_parser()))
+    assert {p.prog for p in parsers} >= {f"tokenyard {c}" for c in ("up", "request", "sim", "tune", "bench serve")}
+    for p in parsers:
+        assert p.description, p.prog
+        for a in p._actions:
+            if not isinstance(a, argparse._SubParsersAction):  # its choices are checked as parsers
+                assert a.help, (p.prog, a.option_strings or a.dest)
+
+
+def test_defaults_are_shown():
+    parser = build_parser()
+    up = next(p for p in _every_parser(parser) if p.prog == "tokenyard up")
+    text = " ".join(up.format_help().split())
+    assert "(default: 2)" in text  # --workers
+    assert "(default: 0)" in text  # --bench-prompts: 0 is a default, not "no default"
+    assert "default: 4222 if free" in text  # said by the flag itself, not twice
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert isinstance(up.formatter_class(prog="x"), argparse.HelpFormatter)

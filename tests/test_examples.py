@@ -1,0 +1,37 @@
+"""The README's runnable examples (examples/), run against a fleet as a reader would run them."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.e2e
+async def test_client_example_streams_gathers_and_aborts(fleet, capsys):
+    await load("client").main(fleet.nats_url)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines[0]) == 8  # the streamed text: 8 one-byte tokens
+    assert lines[1].startswith("[length: 8 tokens, worker tw")
+    assert lines[2].startswith("generate: '") and lines[2].endswith("' (length)")
+    reason, tokens = lines[3].removeprefix("aborted: ").split(" after ")
+    assert reason == "abort" and 3 <= int(tokens.split()[0]) < 1000
+
+
+@pytest.mark.e2e
+async def test_plain_nats_json_example_prints_every_event(fleet, capsys):
+    await load("nats_json").main(fleet.nats_url)
+    events = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["type"] for e in events] == ["accepted", *["chunk"] * 8, "finished"]
+    assert [e["seq"] for e in events[1:]] == list(range(9))

@@ -1,0 +1,216 @@
+"""MigrationCore, pure: how a worker's death is found (heartbeat loss, no responders, stream
+silence), what a re-issue carries (prompt, tokens sent, the next seq), the per-request limit,
+migration off, orphans, and the invariant that the tokens a request resumes with are exactly
+the chunks its client received, in order."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from tokenyard.services.router.migration import (
+    Fail,
+    MigrationConfig,
+    MigrationCore,
+    Orphaned,
+    Probe,
+    Reissue,
+    lease_of,
+)
+from tokenyard.shared.schemas import AdmittedRequest, Chunk, Error, Finished, Usage
+
+CFG = MigrationConfig(suspect_after_s=0.5, dead_after_s=3.0, silence_s=10.0, probe_every_s=0.5,
+                      reissue_deadline_s=10.0, orphan_after_s=3.0)
+
+
+def req(rid: str = "r1", max_tokens: int = 8, reply_to: str = "_INBOX.lease1.x") -> AdmittedRequest:
+    return AdmittedRequest(rid, reply_to, "m", [1, 2, 3], 3, [], 16, max_tokens, 1, 0.0)
+
+
+def chunk(rid: str, seq: int, *ids: int) -> Chunk:
+    return Chunk(rid, seq, "", list(ids))
+
+
+def placed(cfg: MigrationConfig = CFG, worker: str = "w0", **kw) -> MigrationCore:
+    m = MigrationCore(cfg)
+    m.on_heartbeat(worker, 0.0)
+    m.track(req(**kw), worker, 0.0)
+    return m
+
+
+def test_a_live_worker_needs_nothing():
+    m = placed()
+    for t in (0.1, 0.2, 0.3):
+        m.on_heartbeat("w0", t)
+        assert m.tick(t) == []
+
+
+def test_heartbeat_loss_probes_then_no_responders_reissues_with_the_tokens_sent():
+    m = placed()
+    m.on_event("r1", chunk("r1", 0, 10, 11), 0.1)
+    m.on_event("r1", chunk("r1", 1, 12), 0.2)
+    assert m.tick(0.4) == []
+    assert m.tick(0.6) == [Probe("w0")]
+    assert m.tick(0.7) == []  # one probe per probe_every_s
+    m.on_no_responders("w0", 0.7)
+    [effect] = m.tick(0.8)
+    assert isinstance(effect, Reissue)
+    assert (effect.req.resume_token_ids, effect.req.resume_seq, effect.req.migrations) == ([10, 11, 12], 2, 1)
+    assert effect.req.prompt_token_ids == [1, 2, 3] and effect.old_worker == "w0"
+    assert effect.exclude == frozenset({"w0"})
+    assert m.tick(0.9) == []  # the re-issue is out; nothing twice
+    m.track(effect.req, "w1", 1.0)
+    m.on_event("r1", chunk("r1", 2, 13), 1.1)
+    assert m.tracked["r1"].token_ids == [10, 11, 12, 13] and m.tracked["r1"].next_seq == 3
+    m.on_event("r1", Finished("r1", 3, "length", Usage(3, 4, 7)), 1.2)
+    assert m.tracked == {} and m.migrated == 1
+
+
+def test_a_worker_that_answers_no_probe_is_dead_after_dead_after_s():
+    m = placed()
+    m.tick(0.6)
+    m.on_probe("w0", None, 1.0)
+    assert m.tracked["r1"].lost_s is None
+    m.on_probe("w0", None, 3.0)
+    assert isinstance(m.tick(3.0)[0], Reissue)
+
+
+def test_heartbeat_silence_alone_declares_death_after_dead_after_s():
+    m = placed()
+    assert m.tick(2.9) == [Probe("w0")]
+    assert isinstance(m.tick(3.0)[0], Reissue)
+
+
+def test_stream_silence_on_a_live_worker_that_lost_the_request_reissues_it():
+    m = placed()
+    for t in range(1, 11):
+        m.on_heartbeat("w0", float(t))
+    assert m.tick(10.0) == [Probe("w0")]
+    m.on_probe("w0", {"r1"}, 10.0)  # still runs it (waiting in the engine): nothing to do
+    assert m.tick(10.1) == []
+    m.on_heartbeat("w0", 20.0)
+    assert m.tick(20.0) == [Probe("w0")]
+    m.on_probe("w0", set(), 20.0)  # alive, but no longer has it
+    [effect] = m.tick(20.1)
+    assert isinstance(effect, Reissue) and effect.req.migrations == 1
+
+
+def test_migration_off_ends_the_request_with_a_503_at_detection():
+    m = placed(MigrationConfig(enabled=False))
+    m.on_event("r1", chunk("r1", 0, 10), 0.1)
+    m.on_no_responders("w0", 0.2)
+    [effect] = m.tick(0.2)
+    assert isinstance(effect, Fail) and isinstance(effect.event, Error)
+    assert (effect.event.status, effect.event.seq) == (503, 1)
+    assert "migration is off" in effect.event.message and m.tracked == {} and m.failed == 1
+
+
+def test_the_migration_limit_ends_the_request_with_a_503():
+    m = MigrationCore(MigrationConfig(max_migrations=2))
+    r = req()
+    for hop in range(3):
+        m.track(r, f"w{hop}", float(hop))
+        m.on_no_responders(f"w{hop}", float(hop))
+        [effect] = m.tick(float(hop))
+        if hop < 2:
+            assert isinstance(effect, Reissue) and effect.req.migrations == hop + 1
+            assert effect.exclude >= {f"w{i}" for i in range(hop + 1)}
+            r = effect.req
+        else:
+            assert isinstance(effect, Fail) and effect.event.status == 503
+            assert "moved 2 times" in effect.event.message
+
+
+def test_a_request_complete_but_for_its_finished_event_is_finished_by_the_router():
+    m = placed(max_tokens=2)
+    m.on_event("r1", chunk("r1", 0, 10, 11), 0.1)
+    m.on_no_responders("w0", 0.2)
+    [effect] = m.tick(0.2)
+    assert isinstance(effect, Fail) and effect.event == Finished("r1", 1, "length", Usage(3, 2, 5))
+
+
+def test_a_reissue_no_worker_takes_is_retried_until_the_deadline():
+    m = placed()
+    m.on_no_responders("w0", 1.0)
+    assert isinstance(m.tick(1.0)[0], Reissue)
+    assert m.reissue_failed("r1", 2.0) is None  # retried on the next tick
+    assert isinstance(m.tick(2.1)[0], Reissue)
+    fail = m.reissue_failed("r1", 11.0)
+    assert isinstance(fail, Fail) and fail.event.status == 503 and m.tracked == {}
+
+
+def test_a_restarted_worker_is_alive_again_once_it_heartbeats():
+    m = placed()
+    m.on_no_responders("w0", 1.0)
+    m.tick(1.0)
+    assert m.workers["w0"].dead
+    m.on_heartbeat("w0", 5.0)
+    assert not m.workers["w0"].dead
+
+
+def test_an_orphan_whose_lease_lapsed_is_aborted_and_one_without_a_lease_is_not():
+    m = MigrationCore(CFG)
+    m.on_lease("lease1", 0.0)
+    m.track(req("r1"), "w0", 0.0)
+    m.track(req("r2", reply_to="_INBOX.abcdef"), "w0", 0.0)  # no lease: never judged
+    for t in (1.0, 2.0):
+        m.on_heartbeat("w0", t)
+    assert m.tick(2.0) == []
+    m.on_heartbeat("w0", 3.0)
+    assert m.tick(3.0) == [Orphaned("r1")]
+    assert list(m.tracked) == ["r2"]
+    assert m.orphan(req("r3"), 3.0) and not m.orphan(req("r4", reply_to="_INBOX.x"), 3.0)
+
+
+def test_after_the_routers_own_outage_nothing_is_declared_dead_or_orphaned():
+    m = MigrationCore(CFG)
+    m.on_lease("lease1", 0.0)
+    m.on_heartbeat("w0", 0.0)
+    m.track(req("r1"), "w0", 0.0)
+    m.on_reconnected(6.0)  # deaf from 0 to 6 s
+    assert m.tick(6.1) == []
+    m.on_lease("lease1", 8.0)
+    assert m.tick(8.9) == [Probe("w0")]
+    assert isinstance(m.tick(9.0)[0], Reissue)  # silence after the outage still counts
+
+
+def test_lease_of_reads_the_inbox():
+    assert lease_of("_INBOX.abc.def") == "abc"
+    assert lease_of("_INBOX.abcdef") == "" and lease_of("inbox.r1") == ""
+
+
+def test_a_terminal_event_or_untrack_stops_following():
+    m = placed()
+    m.on_event("r1", Error("r1", 500, "engine failed"), 0.1)
+    assert m.tracked == {}
+    m = placed()
+    m.untrack("r1")
+    m.on_no_responders("w0", 1.0)
+    assert m.tick(1.0) == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 12), st.lists(st.integers(0, 99), min_size=1, max_size=3)), max_size=30))
+def test_resume_tokens_are_the_in_order_prefix_of_the_chunks_seen(arrivals):
+    """Chunks arrive repeated and out of order; the re-issue resumes with exactly the tokens of
+    seq 0, 1, … up to the first missing one, and resume_seq is that missing seq."""
+    m = placed(max_tokens=10_000)
+    payload: dict[int, list[int]] = {}
+    for seq, ids in arrivals:
+        ids = payload.setdefault(seq, ids)  # one seq always carries the same tokens
+        m.on_event("r1", chunk("r1", seq, *ids), 0.1)
+    m.on_no_responders("w0", 0.2)
+    [effect] = m.tick(0.2)
+    seen_first: dict[int, int] = {}
+    for i, (seq, _) in enumerate(arrivals):
+        seen_first.setdefault(seq, i)
+    want_seq, want_tokens = 0, []
+    # a seq counts only if it arrived after every smaller one had (the client does the same)
+    order = [s for s, _ in arrivals]
+    pos = 0
+    while want_seq in seen_first:
+        later = [i for i, s in enumerate(order) if s == want_seq and i >= pos]
+        if not later:
+            break
+        pos = later[0]
+        want_tokens += payload[want_seq]
+        want_seq += 1
+    assert effect.req.resume_seq == want_seq and effect.req.resume_token_ids == want_tokens

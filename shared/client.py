@@ -191,7 +191,9 @@ class TokenyardClient:
             return self.nc.new_inbox()
         if self._lease_task is None:
             self._lease_task = asyncio.create_task(self._renew_lease())
-        return f"_INBOX.{self.lease_id}.{uuid.uuid4().hex}"
+        # Under the connection's own inbox prefix (`_INBOX.<user>` when secured), lease first.
+        prefix = self.nc.new_inbox().rsplit(".", 1)[0]
+        return f"{prefix}.{self.lease_id}.{uuid.uuid4().hex}"
 
     async def _renew_lease(self) -> None:
         subject = subjects.lease(self.lease_id)

@@ -69,11 +69,11 @@ class Role:
 ROLES: dict[str, Role] = {
     ADMIN: Role((">",), (">",), why="the launcher, tests, operators: creates the stream and bucket, pings"),
     CLIENT: Role(
-        (subjects.SUBMIT, subjects.ABORT), ("{inbox}.>",),
-        why="submit and abort; its own stream arrives on its own inbox",
+        (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL), ("{inbox}.>",),
+        why="submit and abort; its own stream arrives on its own inbox; its lease says it is alive",
     ),
     "edge": Role(
-        (subjects.SUBMIT, subjects.ABORT), ("{inbox}.>", _SRV, f"{_P}.edge.*.health"), responses=1,
+        (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL), ("{inbox}.>", _SRV, f"{_P}.edge.*.health"), responses=1,
         why="a client on behalf of HTTP callers",
     ),
     "admission": Role(
@@ -93,10 +93,13 @@ ROLES: dict[str, Role] = {
         why="consumes the stream; ends a request it drops on the request's inbox",
     ),
     "router": Role(
-        (f"{_P}.worker.*.generate",),
-        (subjects.ROUTE, subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.MACRO_STATE_ALL, "{inbox}.>", _SRV),
+        (f"{_P}.worker.*.generate", f"{_P}.worker.*.status", subjects.ABORT, "_INBOX.>"),
+        (subjects.ROUTE, subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.MACRO_STATE_ALL, subjects.LEASE_ALL,
+         subjects.ABORT,
+         "_INBOX.>", _SRV),
         responses=1,
-        why="the only sender of work to workers",
+        why="the only sender of work to workers; follows the streams it placed (migration: probes workers, "
+            "re-issues, aborts orphans, ends a stream it cannot move)",
     ),
     "macro": Role(
         (f"{_P}.worker.*.control", subjects.MACRO_STATE_ALL, f"$KV.{_KV}.>", "$JS.API.INFO",
@@ -107,7 +110,8 @@ ROLES: dict[str, Role] = {
     ),
     "worker": Role(
         ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL),
-        (f"{_P}.worker.*.generate", f"{_P}.worker.*.control", subjects.ABORT, "{inbox}.>", _SRV),
+        (f"{_P}.worker.*.generate", f"{_P}.worker.*.control", f"{_P}.worker.*.status", subjects.ABORT, "{inbox}.>",
+         _SRV),
         responses=1,
         why="the only publisher of heartbeats and KV events; streams tokens to the request's inbox",
     ),

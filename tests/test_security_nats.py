@@ -159,7 +159,7 @@ SERVICE_REFUSED = [
     ("queue", "publish", subjects.heartbeat("tw0")),
     ("router", "publish", subjects.heartbeat("tw0")),
     ("router", "publish", subjects.QUEUE),
-    ("router", "publish", "_INBOX.client.x"),
+    ("router", "publish", subjects.KV_EVENTS_ALL.replace("*", "tw0").replace(">", "x")),
     ("macro", "publish", subjects.worker_generate("tw0")),
     ("macro", "publish", subjects.heartbeat("tw0")),
     ("worker", "publish", subjects.worker_generate("tw1")),
@@ -185,9 +185,9 @@ async def test_each_service_only_where_its_role_allows(nats_server, user, verb, 
         await conn.nc.close()
 
 
-def test_the_permission_table_names_every_kind_and_clients_only_submit_and_abort():
+def test_the_permission_table_names_every_kind_and_clients_only_submit_abort_and_renew_a_lease():
     assert set(nats_auth.ROLES) == {nats_auth.ADMIN, nats_auth.CLIENT, *nats_auth.SERVICE_KINDS}
-    assert nats_auth.ROLES[nats_auth.CLIENT].publish == (subjects.SUBMIT, subjects.ABORT)
+    assert nats_auth.ROLES[nats_auth.CLIENT].publish == (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL)
     assert nats_auth.ROLES[nats_auth.CLIENT].subscribe == ("{inbox}.>",)
     senders_to_workers = {k for k, r in nats_auth.ROLES.items() if any(".worker.*.generate" in p for p in r.publish)}
     assert senders_to_workers == {"router"}

@@ -1,9 +1,12 @@
 """The NATS protocol with nothing but nats-py and JSON — what a client in any language does.
 
-    .venv/bin/tokenyard up &
-    .venv/bin/python examples/nats_json.py     # or: examples/nats_json.py nats://HOST:PORT
+    .venv/bin/tokenyard up &                   # prints TOKENYARD_NATS_CREDS=…/client.creds
+    export TOKENYARD_NATS_CREDS=…/client.creds
+    .venv/bin/python examples/nats_json.py     # or: examples/nats_json.py nats://HOST:PORT [CREDS]
 
-Subscribe to a fresh inbox, publish the request on `llm.v1.submit` with that inbox as the reply
+NATS is secured by default (docs/security.md): a client logs in with the `client` user's name and
+password from the creds file (TOML) and keeps its inbox under `_INBOX.<user>`, the only inbox
+it may read. Subscribe to a fresh inbox, publish the request on `llm.v1.submit` with that inbox as the reply
 subject and header `Content-Type: application/json`, then read the request's events from the
 inbox until `finished`, `rejected` or `error`.
 """
@@ -12,13 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import tomllib
 
 import nats
 
 
-async def main(url: str = "nats://127.0.0.1:4222") -> None:
-    nc = await nats.connect(url)
+def login(creds_file: str | None) -> dict:
+    """nats.connect options from a creds file (`user = "…"`, `password = "…"`); none: anonymous."""
+    creds_file = creds_file or os.environ.get("TOKENYARD_NATS_CREDS")
+    if not creds_file:
+        return {}
+    with open(creds_file, "rb") as f:
+        creds = tomllib.load(f)
+    return {"user": creds["user"], "password": creds["password"], "inbox_prefix": f"_INBOX.{creds['user']}"}
+
+
+async def main(url: str = "nats://127.0.0.1:4222", creds_file: str | None = None) -> None:
+    nc = await nats.connect(url, **login(creds_file))
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     request = {"model": "tokenyard-sim", "prompt": "Hello", "max_tokens": 8}

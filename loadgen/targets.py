@@ -124,7 +124,7 @@ class NatsTarget:
 
 
 async def connect_nats(url: str, timeout_s: float) -> Client:
-    return await natsutil.connect(url, "tokenyard-bench", first_connect_timeout_s=timeout_s)
+    return await natsutil.connect(url, "tokenyard-bench", first_connect_timeout_s=timeout_s, kind="client")
 
 
 _json_decode = msgspec.json.Decoder().decode

@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
-from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 
 LEASE_INTERVAL_S = 1.0
 """How often a client says it is alive (the router's orphan detection waits 3 of these)."""
@@ -168,8 +168,10 @@ class TokenyardClient:
         self._lease_task: asyncio.Task | None = None
 
     @classmethod
-    async def connect(cls, url: str, name: str = "tokenyard-client") -> TokenyardClient:
-        return cls(await natsutil.connect(url, name), owns_connection=True)
+    async def connect(cls, url: str, name: str = "tokenyard-client",
+                      creds: nats_auth.Credentials | None = None) -> TokenyardClient:
+        """Connect as a client (nats_auth: `client.creds`, or `TOKENYARD_NATS_CREDS`)."""
+        return cls(await natsutil.connect(url, name, kind=nats_auth.CLIENT, creds=creds), owns_connection=True)
 
     async def close(self) -> None:
         if self._lease_task is not None:
@@ -189,7 +191,9 @@ class TokenyardClient:
             return self.nc.new_inbox()
         if self._lease_task is None:
             self._lease_task = asyncio.create_task(self._renew_lease())
-        return f"_INBOX.{self.lease_id}.{uuid.uuid4().hex}"
+        # Under the connection's own inbox prefix (`_INBOX.<user>` when secured), lease first.
+        prefix = self.nc.new_inbox().rsplit(".", 1)[0]
+        return f"{prefix}.{self.lease_id}.{uuid.uuid4().hex}"
 
     async def _renew_lease(self) -> None:
         subject = subjects.lease(self.lease_id)

@@ -41,8 +41,13 @@ def encode(obj: Any, json: bool = False) -> bytes:
 
 
 def decode(data: bytes, t: type[T], json: bool = False) -> T:
-    """Decode and validate; raises msgspec.ValidationError / DecodeError on bad input."""
-    return (_js_dec(t) if json else _mp_dec(t)).decode(data)
+    """Decode and validate; raises msgspec.ValidationError / DecodeError on bad input, nesting
+    too deep for the interpreter's stack included (msgspec skips an unknown field, or fills a
+    `dict`, by recursing: `[[[…]]]` 100k deep would raise RecursionError)."""
+    try:
+        return (_js_dec(t) if json else _mp_dec(t)).decode(data)
+    except RecursionError:
+        raise msgspec.DecodeError("the message is nested too deeply") from None
 
 
 def content_headers(json: bool) -> dict[str, str]:

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from tokenyard.shared import natsutil
+from tokenyard.shared import nats_auth, natsutil
 from tokenyard.shared.procs import die_with_parent
 
 CLUSTER_NAME = "tokenyard"
@@ -35,6 +35,8 @@ class NatsCluster:
     procs: list[subprocess.Popen | None] = field(default_factory=list)
     log_dir: str | None = None
     """Each node's log (`nats-n<i>.log`) here; none: discarded."""
+    auth: nats_auth.FleetAuth | None = None
+    """Users and permissions on every node (shared/nats_auth.py); None: open to anyone."""
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -52,6 +54,15 @@ class NatsCluster:
     def _command(self, i: int) -> list[str]:
         routes = ",".join(f"nats-route://{self.host}:{p}" for p in self.route_ports)
         store = os.path.join(self._tmp.name, f"n{i}")
+        cluster = ["--server_name", f"{CLUSTER_NAME}-n{i}", "--cluster_name", CLUSTER_NAME,
+                   "--cluster", f"nats://{self.host}:{self.route_ports[i]}", "--routes", routes]
+        if self.auth is not None:  # listen, JetStream and the users from a private config file
+            os.makedirs(store, exist_ok=True)
+            conf = os.path.join(store, "nats.conf")
+            if not os.path.exists(conf):
+                with os.fdopen(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                    f.write(self.auth.server_config(self.host, self.client_ports[i], store, natsutil.MAX_PAYLOAD))
+            return [natsutil.nats_server_binary(), "-c", conf, *cluster]
         return [
             natsutil.nats_server_binary(), "-a", self.host, "-p", str(self.client_ports[i]),
             "--server_name", f"{CLUSTER_NAME}-n{i}", "--cluster_name", CLUSTER_NAME,
@@ -74,6 +85,9 @@ class NatsCluster:
         self._tmp = tempfile.TemporaryDirectory(prefix="tokenyard-nats-cluster-")
         self.client_ports = self.client_ports or [natsutil.free_port() for _ in range(self.size)]
         self.route_ports = self.route_ports or [natsutil.free_port() for _ in range(self.size)]
+        if self.auth is not None:  # this process holds the keys, for the whole URL and each node's
+            for url in (self.url, *self.urls):
+                nats_auth.register(url, self.auth)
         self.procs = [self._spawn(i) for i in range(self.size)]
         try:
             await self.wait_ready(timeout_s)
@@ -142,6 +156,8 @@ class NatsCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for url in (self.url, *self.urls):
+            nats_auth.unregister(url)
         if self._tmp:
             self._tmp.cleanup()
             self._tmp = None

@@ -5,6 +5,7 @@ declare the JetStream objects tokenyard relies on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -19,41 +20,73 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NoStreamResponseError
-from tokenyard.shared import subjects, telemetry
+from tokenyard.shared import nats_auth, subjects, telemetry
 from tokenyard.shared.procs import die_with_parent
 
 log = telemetry.logger("nats")
+
+MAX_PAYLOAD = 1024 * 1024
+"""nats-server's default largest message; a server tokenyard starts sets it explicitly, and the
+HTTP fronts derive their body limits from the value the server announces."""
 
 QUEUE_DUPLICATE_WINDOW_S = 120.0
 """JetStream drops a second publish of the same request id within this window."""
 
 
-async def connect(url: str, name: str, first_connect_timeout_s: float = 10.0) -> Client:
+async def connect(
+    url: str,
+    name: str,
+    first_connect_timeout_s: float = 10.0,
+    *,
+    kind: str | None = None,
+    creds: nats_auth.Credentials | None = None,
+) -> Client:
     """Reconnect forever once connected, but bound the first connection: with unlimited
     reconnects nats-py would retry an unreachable server forever, and a service or client
     pointed at the wrong port must fail with a clear error, not hang. `url` may list several
-    servers, comma-separated (a cluster's nodes): the client fails over between them."""
+    servers, comma-separated (a cluster's nodes): the client fails over between them.
+    Credentials: `creds`, else those of `kind` (nats_auth.resolve); a refusal of them fails at
+    once (PermissionError)."""
+    creds = creds or nats_auth.resolve(url, kind)
     nc = Client()
     connected = False
+    refused = asyncio.Event()
+    last_error: list[Exception] = []
 
     async def on_error(e: Exception) -> None:
         if connected:  # before the first connection nats-py reports every failed attempt
             log.warning("nats_error", name=name, error=repr(e))
+            return
+        last_error[:] = [e]
+        if "authorization violation" in str(e).lower():
+            refused.set()
 
-    try:
-        async with asyncio.timeout(first_connect_timeout_s):
-            await nc.connect(
-                [u.strip() for u in url.split(",") if u.strip()],
-                name=name,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                connect_timeout=min(5.0, first_connect_timeout_s),
-                pending_size=64 * 1024 * 1024,
-                error_cb=on_error,
-            )
-    except TimeoutError:
+    connecting = asyncio.ensure_future(nc.connect(
+        [u.strip() for u in url.split(",") if u.strip()],
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,
+        connect_timeout=min(5.0, first_connect_timeout_s),
+        pending_size=64 * 1024 * 1024,
+        error_cb=on_error,
+        **(creds.connect_options() if creds else {}),
+    ))
+    refusal = asyncio.ensure_future(refused.wait())
+    done, _ = await asyncio.wait({connecting, refusal}, timeout=first_connect_timeout_s,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    refusal.cancel()
+    if connecting not in done:
+        connecting.cancel()
+        with contextlib.suppress(BaseException):
+            await connecting
         await nc.close()
-        raise ConnectionError(f"cannot reach NATS at {url} within {first_connect_timeout_s:g} s") from None
+        who = creds.who if creds else "anonymous"
+        if refused.is_set():
+            raise PermissionError(f"NATS at {url} refused the credentials of {who!r}; "
+                                  f"see --nats-creds / ${nats_auth.CREDS_ENV}")
+        why = f": {last_error[0]}" if last_error else ""
+        raise ConnectionError(f"cannot reach NATS at {url} within {first_connect_timeout_s:g} s{why}")
+    connecting.result()
     connected = True
     return nc
 
@@ -83,18 +116,33 @@ class NatsServer:
     host: str = "127.0.0.1"
     proc: subprocess.Popen | None = None
     store_dir: str = ""
+    auth: nats_auth.FleetAuth | None = None
+    """Users and permissions (nats_auth); None: a bare server that takes anyone."""
+    max_payload: int = MAX_PAYLOAD
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
+    def log_text(self) -> str:
+        """The server's log (a secured server writes one: refusals and violations show there)."""
+        path = Path(self.store_dir) / nats_auth.LOG_FILE
+        return path.read_text() if path.exists() else ""
+
     async def start(self, timeout_s: float = 10.0) -> NatsServer:
         self.port = self.port or free_port()
         self._tmp = tempfile.TemporaryDirectory(prefix="tokenyard-nats-")
         self.store_dir = self._tmp.name
+        args = ["-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir]
+        if self.auth is not None:
+            conf = Path(self.store_dir) / "nats.conf"  # holds the passwords: private from the start
+            with os.fdopen(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                f.write(self.auth.server_config(self.host, self.port, self.store_dir, self.max_payload))
+            args = ["-c", str(conf)]
+            nats_auth.register(self.url, self.auth)
         self.proc = subprocess.Popen(
-            [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js", "-sd", self.store_dir],
+            [nats_server_binary(), *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -121,6 +169,7 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        nats_auth.unregister(self.url)
         if self._tmp:
             self._tmp.cleanup()
             self._tmp = None

@@ -4,7 +4,7 @@ bodies in, `GenerateRequest` out; stream events in, OpenAI response objects out.
 clock (`created` comes in as an argument).
 
     body ──parse_request──> GenerateRequest            (or ApiError: status, type, param, code)
-    GenerateRequest ──prompt_tokens──> token ids, prompt length, block-hash chain (as admission)
+           (the endpoint's rules, then shared.validation.check, admission's own rules)
     Accepted, Chunk…, Finished ──Renderer──> SSE frames  `data: {chunk}\\n\\n` … `data: [DONE]\\n\\n`
                                           or one response object (non-streaming)
     Rejected / Error ──error_from_event──> ApiError ──> `{"error": {message, type, param, code}}`
@@ -26,9 +26,8 @@ import re
 from typing import Any
 
 import msgspec
-from tokenyard.shared import hashing, schemas
+from tokenyard.shared import codec, config, schemas, validation
 from tokenyard.shared.schemas import Outcome
-from tokenyard.shared.tokenizer import Tokenizer, content_text, render_chat
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -122,25 +121,47 @@ def error_from_event(event: schemas.Rejected | schemas.Error) -> ApiError:
 # ───────────────────────────── requests ─────────────────────────────
 
 _PATH = re.compile(r" - at `\$\.?(.*)`$")
-_decoder = msgspec.json.Decoder(schemas.GenerateRequest)
+NATS_HEADER_ROOM = 8 * 1024
+"""Bytes of a NATS message kept for headers (trace context, tier, tenant, API key); the
+request's MessagePack form may take the rest of the server's max payload."""
+NATS_HEADROOM_BYTES = 2 * NATS_HEADER_ROOM
+"""A body may take the max payload less this: the header room, and as much again for what
+the edge adds to the body (model, request id: well under 1 KiB)."""
+
+
+def body_limit(max_payload: int) -> int:
+    """The largest HTTP body a front accepts when its requests travel in NATS messages of at
+    most `max_payload` bytes. MessagePack never takes more bytes than the JSON it came from,
+    so with NATS_HEADROOM_BYTES to spare every body within the limit fits; the encoded
+    request is checked again all the same (`parse_request`)."""
+    return max(1024, max_payload - NATS_HEADROOM_BYTES)
 
 
 def parse_request(
-    body: bytes, endpoint: Endpoint, models: list[str], request_id: str
+    body: bytes,
+    endpoint: Endpoint,
+    models: list[str],
+    request_id: str,
+    *,
+    max_model_len: int = config.MAX_MODEL_LEN,
+    max_payload: int | None = None,
 ) -> schemas.GenerateRequest:
-    """Decode and check one HTTP body; raise ApiError (400 / 404) on anything wrong.
+    """Decode and check one HTTP body; raise ApiError (400 / 404 / 413) on anything wrong.
 
-    Only what the edge itself relies on is checked here (shape and types, the endpoint's
-    prompt vs messages, a served model, n = 1, stream_options only with stream); token
-    limits and prices are admission's, which sees NATS clients too. A missing `model`
-    means the first served one (vLLM's behaviour); `models == []` serves any name."""
+    The endpoint's own rules (chat takes `messages`, completions `prompt`; stream_options
+    only with stream), then shared.validation.check, the rules admission applies to every
+    request, so what the edge forwards is never refused there for its shape. A missing
+    `model` means the first served one (vLLM's behaviour); `models == []` serves any name.
+    With `max_payload`, a request whose MessagePack form would not fit a NATS message is a
+    413 here rather than a failed publish."""
     try:
-        req = _decoder.decode(body)
+        req = codec.decode(body, schemas.GenerateRequest, json=True)
     except msgspec.ValidationError as e:
         text = str(e)
         m = _PATH.search(text)
         param = (m.group(1) or None) if m else None
-        code = "invalid_type" if text.startswith("Expected") else "invalid_value"
+        out_of_range = any(op in text for op in (" <= ", " >= ", " < ", " > "))  # "Expected `int` <= 2^63-1"
+        code = "invalid_type" if text.startswith("Expected") and not out_of_range else "invalid_value"
         raise ApiError(400, text, param=param, code=code) from None
     except msgspec.DecodeError as e:
         raise ApiError(400, f"The request body is not valid JSON: {e}", code="invalid_json") from None
@@ -162,61 +183,47 @@ def parse_request(
             )
         if req.prompt is None and req.block_hashes is None:
             raise ApiError(400, "`prompt` is required", param="prompt", code="missing_required_parameter")
-    if not req.model and models:
-        req.model = models[0]
-    if models and req.model not in models:
-        raise ApiError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
-    if req.n != 1:
-        raise ApiError(400, "Only `n` = 1 is supported", param="n", code="invalid_value")
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "`stream_options` is only allowed when `stream` is true", param="stream_options")
     req.request_id = request_id
+    checked = validation.check(req, validation.Limits(models=tuple(models), max_model_len=max_model_len))
+    if isinstance(checked, validation.Invalid):
+        raise api_error(checked)
+    req.model = checked.model
+    if max_payload is not None:
+        _check_encodable(req, max_payload)
     return req
+
+
+def _check_encodable(req: schemas.GenerateRequest, max_payload: int) -> None:
+    try:
+        size = len(codec.encode(req))
+    except (OverflowError, TypeError, ValueError) as e:  # a value MessagePack cannot carry
+        raise ApiError(400, f"the request holds a value that cannot be sent on: {e}", code="invalid_value") from None
+    if size > max_payload - NATS_HEADER_ROOM:
+        raise ApiError(413, f"the request is {size} bytes encoded; at most {max_payload - NATS_HEADER_ROOM} "
+                            "fit a message of the fleet's bus", code="request_too_large")
+
+
+def api_error(invalid: validation.Invalid) -> ApiError:
+    return ApiError(invalid.status, invalid.message, param=invalid.param, code=invalid.code)
 
 
 MAX_REQUEST_ID_LEN = 128
 
 
 def request_id_from(header: str | None, fresh: str) -> str:
-    """The client's `x-request-id` when it gave a sane one, else `fresh` (a new uuid4 hex)."""
+    """The client's `x-request-id` when it gave a sane one (admission's rule), else `fresh`."""
     if not header:
         return fresh
-    if len(header) > MAX_REQUEST_ID_LEN or not header.isprintable() or " " in header:
+    if not validation.REQUEST_ID.match(header):
         raise ApiError(
             400,
-            f"`x-request-id` must be at most {MAX_REQUEST_ID_LEN} printable characters, no spaces",
+            f"`x-request-id` must be {validation.REQUEST_ID_RULE}",
             param="x-request-id",
             code="invalid_value",
         )
     return header
-
-
-CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
-
-
-def prompt_tokens(
-    req: schemas.GenerateRequest, tokenizer: Tokenizer, block_size: int
-) -> tuple[list[int], int, list[int]]:
-    """Token ids, prompt length and block-hash chain of a request, as admission computes
-    them (the built-in chat template, the tokenizer, shared.hashing); a trace replay's
-    block_hashes + prompt_len pass through. Raises ValueError on bad content."""
-    if req.block_hashes is not None:
-        if req.prompt_len is None or req.prompt_len < 1:
-            raise ValueError("a replay with block_hashes needs prompt_len ≥ 1")
-        return [], req.prompt_len, list(req.block_hashes)
-    if req.messages is not None:
-        for m in req.messages:
-            if m.role not in CHAT_ROLES:
-                raise ValueError(f"unknown message role '{m.role}'")
-            content_text(m.content)
-        tokens = tokenizer.encode(render_chat(req.messages))
-    elif isinstance(req.prompt, str):
-        tokens = tokenizer.encode(req.prompt)
-    else:
-        tokens = list(req.prompt or [])
-        if any(not 0 <= t < tokenizer.vocab_size for t in tokens):
-            raise ValueError(f"prompt token ids must be in [0, {tokenizer.vocab_size})")
-    return tokens, len(tokens), hashing.hash_chain(tokens, block_size)
 
 
 # ───────────────────────────── responses ─────────────────────────────

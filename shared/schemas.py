@@ -14,7 +14,7 @@ tagged), so a vLLM worker's events decode here without translation.
 from __future__ import annotations
 
 import enum
-from typing import NewType
+from typing import Annotated, NewType
 
 import msgspec
 
@@ -22,6 +22,10 @@ WorkerId = NewType("WorkerId", str)
 MacroId = NewType("MacroId", str)
 RequestId = NewType("RequestId", str)
 BlockHash = NewType("BlockHash", int)
+
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""An integer a client sends: MessagePack carries 64 bits, so a larger one (max_tokens 2^70)
+is refused where it is decoded, naming the field, instead of failing the encoder later."""
 """The fleet's block hash: tokenyard's own chain over token ids (shared.hashing)."""
 
 
@@ -79,24 +83,24 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
     text). Exactly one of `prompt` and `messages` is set."""
 
     model: str = ""
-    prompt: str | list[int] | None = None
+    prompt: str | list[Int64] | None = None
     messages: list[ChatMessage] | None = None
-    max_tokens: int | None = None
-    priority: int = 0
+    max_tokens: Int64 | None = None
+    priority: Int64 = 0
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: Int64 = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int64 | None = None
     ignore_eos: bool = False
     request_id: str | None = None
     tenant: str | None = None
-    block_hashes: list[int] | None = None
-    prompt_len: int | None = None
+    block_hashes: list[Int64] | None = None
+    prompt_len: Int64 | None = None
     ttft_slo_ms: float | None = None
     """The client's own TTFT deadline (ms after admission); default: its class's target."""
     tpot_slo_ms: float | None = None

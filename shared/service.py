@@ -58,7 +58,7 @@ class ServiceHost:
 
     async def start(self) -> ServiceHost:
         telemetry.setup(self.shell.kind)
-        self.nc = await natsutil.connect(self.nats_url, name=self.shell.instance_id)
+        self.nc = await natsutil.connect(self.nats_url, name=self.shell.instance_id, kind=self.shell.kind)
         self.service = await nats.micro.add_service(
             self.nc,
             name=f"tokenyard-{self.shell.kind}",

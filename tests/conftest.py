@@ -19,7 +19,7 @@ from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from tokenyard.shared import natsutil  # noqa: E402
+from tokenyard.shared import nats_auth, natsutil  # noqa: E402
 
 SPANS = InMemorySpanExporter()
 _provider = TracerProvider()
@@ -28,9 +28,18 @@ trace.set_tracer_provider(_provider)
 os.environ.setdefault("TOKENYARD_LOG_LEVEL", "WARNING")
 
 
+CLIENT_USERS = ("client", "alice", "bob")
+"""Client users of the session's server besides the services' own (tests of inbox isolation)."""
+
+
 @pytest.fixture(scope="session")
-async def nats_server():
-    server = await natsutil.NatsServer().start()
+async def nats_server(tmp_path_factory):
+    """A nats-server secured as `tokenyard up` secures it: one user per service kind with its
+    permissions (shared/nats_auth.py). This process holds the keys, so a test's plain
+    `natsutil.connect(url, …)` is the operator (admin), a shell in the in-process fleet
+    connects as its kind, and `TokenyardClient.connect` as the user `client`."""
+    auth = nats_auth.FleetAuth.generate(tmp_path_factory.mktemp("nats-creds"), clients=CLIENT_USERS)
+    server = await natsutil.NatsServer(auth=auth).start()
     yield server
     server.stop()
 
@@ -60,7 +69,8 @@ class InProcFleet:
 
 
 async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", speed: float = 1.0,
-                             policy: str = "least-loaded", num_blocks: int | None = None) -> InProcFleet:
+                             policy: str = "least-loaded", num_blocks: int | None = None,
+                             admission=None) -> InProcFleet:
     from tokenyard.services.admission.core import AdmissionConfig
     from tokenyard.services.admission.shell import AdmissionShell
     from tokenyard.services.macro_instance.core import MacroConfig
@@ -87,7 +97,7 @@ async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", 
     for i in range(workers):
         engine = SimEngine(SimEngineCore(get_profile(profile), 16, num_blocks), speed=speed)
         fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(f"tw{i}", config.DEFAULT_MODEL), engine, tok)))
-    admission = AdmissionShell(AdmissionConfig(), tok)
+    admission = AdmissionShell(admission or AdmissionConfig(), tok)
     router = RouterShell(RouterConfig(policy=policy))
     queue = QueueShell(QueueConfig(), FCFS())
     macro = MacroShell(MacroConfig(size=2))

@@ -106,8 +106,12 @@ def test_an_api_key_names_the_tenant_and_cannot_be_overridden():
     assert (out.tenant, out.priority) == ("vip", 0)
     out = admit(c, GenerateRequest(prompt="a"), {"x-api-key": "sk-b2", "x-request-tier": "P1"})
     assert (out.tenant, out.priority) == ("batch", 2)  # the tenant's pin comes first
-    out = admit(c, GenerateRequest(prompt="a", priority=-1), {"x-tenant": "vip"})
-    assert (out.tenant, out.priority) == ("vip", 0)  # no key configured for this call: the header
+    # Without a key the caller is anonymous: claiming vip (header, field or user) gets the
+    # default policy, its ceiling P1, whatever tier it asks for.
+    for claim in ({"x-tenant": "vip"}, {}):
+        out = admit(c, GenerateRequest(prompt="a", priority=-1, tenant="vip", user="vip"),
+                    {**claim, "x-request-tier": "P0"})
+        assert (out.tenant, out.priority) == ("", 1)
 
 
 def test_an_unknown_api_key_is_a_401_when_keys_are_configured():

@@ -30,8 +30,13 @@ async def test_client_example_streams_gathers_and_aborts(fleet, capsys):
 
 
 @pytest.mark.e2e
-async def test_plain_nats_json_example_prints_every_event(fleet, capsys):
-    await load("nats_json").main(fleet.nats_url)
+async def test_plain_nats_json_example_prints_every_event(fleet, capsys, tmp_path):
+    from tokenyard.shared import nats_auth
+
+    creds = nats_auth.resolve(fleet.nats_url, nats_auth.CLIENT)
+    creds_file = tmp_path / "client.creds"
+    creds_file.write_text(f'user = "{creds.user}"\npassword = "{creds.password}"\n')
+    await load("nats_json").main(fleet.nats_url, str(creds_file))
     events = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["type"] for e in events] == ["accepted", *["chunk"] * 8, "finished"]
     assert [e["seq"] for e in events[1:]] == list(range(9))

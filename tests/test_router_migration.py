@@ -22,7 +22,7 @@ CFG = MigrationConfig(suspect_after_s=0.5, dead_after_s=3.0, silence_s=10.0, pro
                       reissue_deadline_s=10.0, orphan_after_s=3.0)
 
 
-def req(rid: str = "r1", max_tokens: int = 8, reply_to: str = "_INBOX.lease1.x") -> AdmittedRequest:
+def req(rid: str = "r1", max_tokens: int = 8, reply_to: str = "_INBOX.1ea5e00000000001.x") -> AdmittedRequest:
     return AdmittedRequest(rid, reply_to, "m", [1, 2, 3], 3, [], 16, max_tokens, 1, 0.0)
 
 
@@ -149,7 +149,7 @@ def test_a_restarted_worker_is_alive_again_once_it_heartbeats():
 
 def test_an_orphan_whose_lease_lapsed_is_aborted_and_one_without_a_lease_is_not():
     m = MigrationCore(CFG)
-    m.on_lease("lease1", 0.0)
+    m.on_lease("1ea5e00000000001", 0.0)
     m.track(req("r1"), "w0", 0.0)
     m.track(req("r2", reply_to="_INBOX.abcdef"), "w0", 0.0)  # no lease: never judged
     for t in (1.0, 2.0):
@@ -163,19 +163,22 @@ def test_an_orphan_whose_lease_lapsed_is_aborted_and_one_without_a_lease_is_not(
 
 def test_after_the_routers_own_outage_nothing_is_declared_dead_or_orphaned():
     m = MigrationCore(CFG)
-    m.on_lease("lease1", 0.0)
+    m.on_lease("1ea5e00000000001", 0.0)
     m.on_heartbeat("w0", 0.0)
     m.track(req("r1"), "w0", 0.0)
     m.on_reconnected(6.0)  # deaf from 0 to 6 s
     assert m.tick(6.1) == []
-    m.on_lease("lease1", 8.0)
+    m.on_lease("1ea5e00000000001", 8.0)
     assert m.tick(8.9) == [Probe("w0")]
     assert isinstance(m.tick(9.0)[0], Reissue)  # silence after the outage still counts
 
 
 def test_lease_of_reads_the_inbox():
-    assert lease_of("_INBOX.abc.def") == "abc"
-    assert lease_of("_INBOX.abcdef") == "" and lease_of("inbox.r1") == ""
+    lease = "0123456789abcdef"
+    assert lease_of(f"_INBOX.{lease}.def") == lease
+    assert lease_of(f"_INBOX.client.{lease}.def") == lease  # a secured connection's inbox prefix
+    assert lease_of("_INBOX.client.Qx2b9r4TfEeWc1AaZzYyXx") == ""  # a plain inbox, no lease
+    assert lease_of("_INBOX.abcdef") == "" and lease_of("inbox.r1") == "" and lease_of("_INBOX.abc.def") == ""
 
 
 def test_a_terminal_event_or_untrack_stops_following():

@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from rich.console import Console
-from tokenyard.shared import schemas
+from tokenyard.shared import nats_auth, schemas
 from tokenyard.shared.client import TokenyardClient
 
 from tokenyard import top
@@ -91,7 +91,8 @@ async def test_top_command_prints_one_snapshot(fleet, tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tokenyard.cli", "top", "--nats", fleet.nats_url, "--once", "--interval", "0.3",
         "--svg", str(tmp_path / "top.svg"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"COLUMNS": "200", "PATH": ""},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={"COLUMNS": "200", "PATH": "", **nats_auth.child_env(fleet.nats_url, "admin")},  # the operator's creds
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()

@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     top.register(sub)
     for module in (edge_cli, admission_cli, queue_cli, router_cli, macro_cli, worker_cli, loadgen_cli, sim_cli, tune_cli):
         module.register(sub)
+    _add_nats_credentials(sub)
     for p in _every_parser(parser):
         p.formatter_class = HelpFormatter
         for action in p._actions:  # a subcommand without a description shows its one-line help
@@ -59,8 +60,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_nats_credentials(sub: argparse._SubParsersAction) -> None:
+    """Every command that connects to NATS (it has `--nats`, or `--target` for bench) takes
+    credentials the same way (shared/nats_auth.py)."""
+    from tokenyard.shared import nats_auth
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        options = {s for a in parser._actions for s in a.option_strings}
+        if "--nats" in options or "--target" in options:
+            nats_auth.add_arguments(parser)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    walk(child)
+
+    for child in sub.choices.values():
+        walk(child)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from tokenyard.shared import nats_auth
+
     args = build_parser().parse_args(argv)
+    nats_auth.apply_args(args)
     return int(args.func(args) or 0)
 
 

@@ -24,12 +24,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from tokenyard.services.router.core import DEFAULT_POLICY
-from tokenyard.shared import config, natsutil
+from tokenyard.shared import config, nats_auth, natsutil
 from tokenyard.shared.nats_cluster import NatsCluster
 from tokenyard.shared.procs import die_with_parent
 
@@ -84,6 +85,11 @@ class FleetProcesses:
     ready_timeout_s: float = 60.0
     macro_args: list[str] = field(default_factory=list)
     """Extra `tokenyard macro` options (EcoServe mode, mitosis scaling)."""
+    nats_secure: bool = True
+    """A started nats-server gets one user per service kind (shared/nats_auth.py); False: open."""
+    nats_tls: nats_auth.TlsFiles | None = None
+    creds_dir: str | None = None
+    """Where the creds files go (default: a temp dir removed on stop)."""
     router_args: list[str] = field(default_factory=list)
     """Extra `tokenyard router` options (e.g. --no-migration)."""
     tenants: str | None = None
@@ -97,6 +103,7 @@ class FleetProcesses:
         self.server: natsutil.NatsServer | NatsCluster | None = None
         self.children: list[Child] = []
         self._logs: list = []
+        self._creds_tmp: tempfile.TemporaryDirectory | None = None
         self._reported: set[str] = set()
         self.metrics_ports: dict[str, int] = {}
 
@@ -148,10 +155,10 @@ class FleetProcesses:
         if self.workers < 0:
             raise ValueError("workers must be >= 0")
         if not self.nats_url and self.nats_cluster > 1:
-            self.server = await NatsCluster(self.nats_cluster, log_dir=self.log_dir).start()
+            self.server = await NatsCluster(self.nats_cluster, log_dir=self.log_dir, auth=self._auth()).start()
             self.nats_url = self.server.url
         elif not self.nats_url:
-            self.server = await natsutil.NatsServer(port=self.nats_port).start()
+            self.server = await natsutil.NatsServer(port=self.nats_port, auth=self._auth()).start()
             self.nats_url = self.server.url
         if not self.http_port:
             self.http_port = natsutil.free_port()
@@ -167,13 +174,30 @@ class FleetProcesses:
                     os.makedirs(self.log_dir, exist_ok=True)
                     log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
                     self._logs.append(log)
-                self.children.append(Child(name, cmd, env, log))
+                users = ("macro", "worker") if name == "macro" else (name.split("-")[0],)
+                child_env = {**env, **nats_auth.child_env(self.nats_url, *users)}
+                self.children.append(Child(name, cmd, child_env, log))
             await self._wait_ready(nc)
             await nc.drain()
         except BaseException:
             await self.stop()
             raise
         return self
+
+    def _auth(self) -> nats_auth.FleetAuth | None:
+        if not self.nats_secure:
+            return None
+        if self.creds_dir is None:
+            self._creds_tmp = tempfile.TemporaryDirectory(prefix="tokenyard-creds-")
+            self.creds_dir = self._creds_tmp.name
+        return nats_auth.FleetAuth.generate(self.creds_dir, tls=self.nats_tls)
+
+    @property
+    def client_creds(self) -> str | None:
+        """The creds file of the `client` user, when this fleet's server is secured."""
+        if self.server is None or self.server.auth is None:
+            return None
+        return str(self.server.auth.path(nats_auth.CLIENT))
 
     def expected(self) -> Counter:
         want = Counter({f"tokenyard-{s}": 1 for s in SERVICES})
@@ -226,6 +250,9 @@ class FleetProcesses:
         if self.server:
             self.server.stop()
             self.server = None
+        if self._creds_tmp is not None:
+            self._creds_tmp.cleanup()
+            self._creds_tmp = None
 
     async def __aenter__(self) -> FleetProcesses:
         return await self.start()
@@ -275,6 +302,11 @@ def register(sub) -> None:
     p.add_argument("--nats", metavar="URL", default=None, help="use this NATS server instead of starting one")
     p.add_argument("--nats-port", type=int, default=None,
                    help=f"port of the NATS server to start (default: {NATS_PORT} if free, else any free port)")
+    p.add_argument("--no-nats-auth", action="store_true",
+                   help="start nats-server open to anyone (default: a user per service kind, see docs/security.md)")
+    p.add_argument("--nats-creds-dir", default=None, help="write the generated creds files here (default: a temp dir)")
+    p.add_argument("--nats-tls-cert", default=None, help="serve NATS over TLS with this certificate (PEM; with --nats-tls-key)")
+    p.add_argument("--nats-tls-key", default=None, help="the certificate's private key (PEM)")
     p.add_argument("--nats-cluster", type=int, default=0, metavar="N",
                    help="start N nats-servers clustered over loopback routes (JetStream R3) instead of one")
     p.add_argument("--http-port", type=int, default=8000, help="port of the OpenAI-compatible HTTP API")
@@ -308,6 +340,13 @@ def _macro_args(args) -> list[str]:
         out += ["--scale", "--worker-engine", args.engine, "--worker-profile", args.profile,
                 "--worker-speed", str(args.speed), "--worker-model", args.model]
     return out
+
+
+def _tls(args) -> nats_auth.TlsFiles | None:
+    if bool(args.nats_tls_cert) != bool(args.nats_tls_key):
+        raise SystemExit("--nats-tls-cert and --nats-tls-key go together")
+    return nats_auth.TlsFiles(args.nats_tls_cert, args.nats_tls_key, getattr(args, "nats_tls_ca", None) or "") if args.nats_tls_cert \
+        else None
 
 
 def nats_port(asked: int | None) -> int:
@@ -346,7 +385,8 @@ async def _up(args) -> int:
         nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
-        macro_args=_macro_args(args), tenants=args.tenants,
+        macro_args=_macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
+        creds_dir=args.nats_creds_dir, nats_tls=_tls(args),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -365,6 +405,8 @@ async def _up(args) -> int:
         if args.nats_cluster > 1:
             print(f"           a cluster of {args.nats_cluster} nodes; stream and buckets replicated R"
                   f"{min(3, args.nats_cluster)}")
+        if fleet.client_creds:
+            print(f"  creds    {nats_auth.CREDS_ENV}={fleet.client_creds}   (the `client` user)")
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
         print(f"  model    {args.model}")
         for name, url in fleet.scrape_targets().items():

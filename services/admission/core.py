@@ -4,12 +4,11 @@
 
 Checks run in order, and the first failure is the answer (nothing is half-admitted: a
 rejected request leaves no trace in any queue, bucket or counter):
-  1. shape: exactly one of prompt / messages, or block_hashes + prompt_len (trace replay);
-     n = 1; request id well-formed;
-  2. model served (404 model_not_found);
-  3. sampling values in range (temperature ∈ [0, 2], top_p ∈ (0, 1], max_tokens ≥ 1);
+  1-3. shared.validation.check: shape (exactly one of prompt / messages, or block_hashes +
+     prompt_len), n = 1, request id well-formed, model served (404), sampling values in range
+     (temperature ∈ [0, 2], top_p ∈ (0, 1], 1 ≤ max_tokens ≤ max_model_len);
   4. tenant (tenants.py: an API key maps to its tenant; 401 for an unknown key when keys
-     are configured) and class: tenant pin, else `x-request-tier`, else the declared
+     are configured; then a caller without a key is anonymous, whatever tenant it claims) and class: tenant pin, else `x-request-tier`, else the declared
      `priority` (vLLM's field, clamped to P0…P3), else the tenant's default, never above
      the tenant's ceiling (a tenant cannot lift itself to P0);
   5. SLO feasibility (feasibility.py): the predicted wait for the class against the TTFT
@@ -17,7 +16,7 @@ rejected request leaves no trace in any queue, bucket or counter):
      refusals an overload produces in bulk cost microseconds;
   6. token buckets, first on a lower bound of the price (max_tokens + 1) so a client over
      its rate is also refused before tokenizing: 429 (tenant's bucket) or 503 (global);
-  7. tokenize, block-hash chain (shared.hashing); prompt tokens in the vocabulary;
+  7. shared.validation.tokenize: tokens, block-hash chain; prompt tokens in the vocabulary;
      prompt + max_tokens ≤ max_model_len (400 context_length_exceeded); the request's TTFT
      deadline (shared.slo.ttft_deadline_s: class target + its own predicted prefill, or the
      client's ttft_slo_ms) is stamped on it; with an explicit ttft_slo_ms, the prompt's own
@@ -29,18 +28,16 @@ rejected request leaves no trace in any queue, bucket or counter):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from tokenyard.services.admission.feasibility import FleetView
 from tokenyard.services.admission.tenants import TenantPolicy, TenantTable
 from tokenyard.services.admission.token_bucket import TokenBucket
-from tokenyard.shared import config, hashing, schemas
+from tokenyard.shared import config, schemas, validation
 from tokenyard.shared.schemas import GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
 from tokenyard.shared.slo import ENGINE_BACKLOG_S, ttft_deadline_s
-from tokenyard.shared.tokenizer import Tokenizer, content_text, render_chat
+from tokenyard.shared.tokenizer import Tokenizer
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9_\-.:]{1,128}$")
 TIER_HEADER = "x-request-tier"
 TENANT_HEADER = "x-tenant"
 API_KEY_HEADER = "x-api-key"
@@ -75,6 +72,10 @@ class AdmissionCore:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.table = cfg.table()
+        self.limits = validation.Limits(
+            models=tuple(cfg.models), max_model_len=cfg.max_model_len, block_size=cfg.block_size,
+            default_max_tokens=cfg.default_max_tokens, default_chat_max_tokens=cfg.default_chat_max_tokens,
+        )
         self.fleet = FleetView()
         t = self.table
         self.global_bucket = (
@@ -106,38 +107,17 @@ class AdmissionCore:
         def bad(message: str, param: str | None = None, code: str = "invalid_value", status: int = 400) -> Rejected:
             return Rejected(request_id=rid, status=status, code=code, message=message, param=param)
 
-        if req.request_id is not None and not _REQUEST_ID.match(req.request_id):
-            return bad("request_id must be 1-128 characters of [A-Za-z0-9_-.:]", "request_id")
         if not reply_to:
             return bad("a reply subject is required: the request's stream goes there", "reply_to")
-        replay = req.block_hashes is not None
-        given = sum(x is not None for x in (req.prompt, req.messages)) + replay
-        if given != 1:
-            return bad("exactly one of 'prompt', 'messages' or 'block_hashes' must be given", "prompt")
-        if req.n != 1:
-            return bad("only n = 1 is supported", "n")
-        model = req.model or self.cfg.models[0]
-        if model not in self.cfg.models:
-            return bad(f"The model '{model}' does not exist", "model", "model_not_found", 404)
-        if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
-            return bad("temperature must be between 0 and 2", "temperature")
-        if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
-            return bad("top_p must be in (0, 1]", "top_p")
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if max_tokens is not None and max_tokens < 1:
-            return bad(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+        checked = validation.check(req, self.limits)
+        if isinstance(checked, validation.Invalid):
+            return checked.rejected(rid)
+        model, kind, max_tokens = checked.model, checked.kind, checked.max_tokens
 
-        kind = "chat" if req.messages is not None else "completion"
-        if req.ttft_slo_ms is not None and req.ttft_slo_ms <= 0:
-            return bad("ttft_slo_ms must be positive", "ttft_slo_ms")
-        if req.tpot_slo_ms is not None and req.tpot_slo_ms <= 0:
-            return bad("tpot_slo_ms must be positive", "tpot_slo_ms")
-
-        key = headers.get(API_KEY_HEADER)
-        if key is not None and self.table.api_keys and key not in self.table.api_keys:
+        claimed = headers.get(TENANT_HEADER) or req.tenant or req.user or ""
+        tenant = self.table.tenant_of(headers.get(API_KEY_HEADER), claimed)
+        if tenant is None:
             return bad("Incorrect API key provided", None, "invalid_api_key", 401)
-        tenant = (self.table.api_keys.get(key or "") or headers.get(TENANT_HEADER) or req.tenant
-                  or req.user or "")
         policy = self.table.policy(tenant)
         priority = self._priority_class(req, headers, policy)
         if isinstance(priority, str):
@@ -158,22 +138,11 @@ class AdmissionCore:
         if refusal is not None:
             return refusal
 
-        try:
-            tokens, prompt_len, chain = self._tokens(req)
-        except ValueError as e:
-            return bad(str(e), "messages" if kind == "chat" else "prompt")
-        if prompt_len == 0:
-            return bad("the prompt is empty", "prompt")
-        if max_tokens is None:
-            default = self.cfg.default_chat_max_tokens if kind == "chat" else self.cfg.default_max_tokens
-            max_tokens = max(1, min(default, self.cfg.max_model_len - prompt_len))
-        if prompt_len + max_tokens > self.cfg.max_model_len:
-            return bad(
-                f"This model's maximum context length is {self.cfg.max_model_len} tokens; the request has "
-                f"{prompt_len} prompt tokens and asks for {max_tokens} more",
-                "messages" if kind == "chat" else "prompt",
-                "context_length_exceeded",
-            )
+        prepared = validation.tokenize(req, checked, self.tokenizer, self.limits)
+        if isinstance(prepared, validation.Invalid):
+            return prepared.rejected(rid)
+        tokens, prompt_len, chain, max_tokens = (prepared.tokens, prepared.prompt_len, prepared.chain,
+                                                  prepared.max_tokens)
         own = self.fleet.own_prefill_s(prompt_len, now) or 0.0
         deadline = ttft_deadline_s(now, int(priority), req.ttft_slo_ms, own)
         if self.cfg.slo_check and req.ttft_slo_ms is not None:
@@ -183,7 +152,7 @@ class AdmissionCore:
                     f"The {prompt_len}-token prompt takes about {own:.1f} s to prefill, beyond the "
                     f"{slo:g} s ttft_slo_ms asked for; ask for a larger ttft_slo_ms, or send none to be "
                     f"held to the class's target for waiting ({TIER_HEADER})",
-                    "messages" if kind == "chat" else "prompt", "slo_infeasible",
+                    checked.prompt_param, "slo_infeasible",
                 )
             if verdict is not None and verdict.wait_s > 0 and verdict.wait_s + ENGINE_BACKLOG_S + own > slo:
                 return self._overloaded(rid, priority, verdict.wait_s, slo,
@@ -273,31 +242,6 @@ class AdmissionCore:
             self.buckets[tenant] = bucket
         if self.global_bucket is not None:
             self.global_bucket.take(price, now)
-
-    def _tokens(self, req: GenerateRequest) -> tuple[list[int], int, list[int]]:
-        """Token ids, prompt length and block-hash chain; raises ValueError on bad content."""
-        if req.block_hashes is not None:
-            if req.prompt_len is None or req.prompt_len < 1:
-                raise ValueError("a replay with block_hashes needs prompt_len ≥ 1")
-            if len(req.block_hashes) * self.cfg.block_size > req.prompt_len:
-                raise ValueError("block_hashes cover more tokens than prompt_len")
-            return [], req.prompt_len, list(req.block_hashes)
-        if req.messages is not None:
-            if not req.messages:
-                raise ValueError("messages must not be empty")
-            for m in req.messages:
-                if m.role not in ("system", "user", "assistant", "tool", "developer"):
-                    raise ValueError(f"unknown message role '{m.role}'")
-                content_text(m.content)
-            tokens = self.tokenizer.encode(render_chat(req.messages))
-        elif isinstance(req.prompt, str):
-            tokens = self.tokenizer.encode(req.prompt)
-        else:
-            tokens = list(req.prompt or [])
-            vocab = self.tokenizer.vocab_size
-            if any(not 0 <= t < vocab for t in tokens):
-                raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        return tokens, len(tokens), hashing.hash_chain(tokens, self.cfg.block_size)
 
     def _priority_class(self, req: GenerateRequest, headers: dict[str, str], policy: TenantPolicy) -> PriorityClass | str:
         tier = headers.get(TIER_HEADER)

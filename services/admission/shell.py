@@ -106,6 +106,13 @@ class AdmissionShell:
                     body, reply_to=reply_to or "", json=json, headers=headers, now=time.time(), new_id=uuid.uuid4().hex
                 )
             span.set_attribute("messaging.message.id", verdict.request_id)
+            if isinstance(verdict, schemas.AdmittedRequest):
+                queued = codec.encode(verdict)
+                if len(queued) > self.nc.max_payload:  # the prompt's tokens would not fit the queue's message
+                    verdict = schemas.Rejected(
+                        request_id=verdict.request_id, status=413, code="request_too_large", param="prompt",
+                        message=f"the admitted request is {len(queued)} bytes, more than the bus carries "
+                                f"({self.nc.max_payload})")
             if isinstance(verdict, schemas.Rejected):
                 outcome = {429: schemas.Outcome.REJECTED_RATE, 503: schemas.Outcome.REJECTED_CAPACITY}.get(
                     verdict.status, schemas.Outcome.REJECTED_INVALID)

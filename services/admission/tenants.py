@@ -1,7 +1,12 @@
 """Tenants: who a request belongs to, what class it may reach, how fast it may spend.
 
-    tenant = api_keys[x-api-key] if the key is known (a key cannot be overridden by a header)
-             else x-tenant header, else the request's `tenant`, else its `user`, else ""
+    tenant = api_keys[x-api-key]                 a key names its tenant; no header overrides it
+             401 for an unknown key                  (when any key is configured)
+             "" when keys are configured and the     an unauthenticated caller is anonymous: the
+                caller gave none                     tenant it claims (x-tenant, `tenant`, `user`)
+                                                     is ignored, so nobody borrows another's class
+             else the claim: x-tenant header, the    an open fleet (no keys configured) trusts
+                request's `tenant`, its `user`, ""   its callers' names
     class  = policy.pinned_class                  tenant policy first (DESIGN §3.2), else
              x-request-tier header, else the declared `priority` (vLLM's, 0 = undeclared),
              else policy.default_class;  capped: max(class, policy.ceiling)
@@ -40,6 +45,14 @@ class TenantTable:
     """API key → tenant."""
     global_rate_tokens_per_s: float | None = None
     global_burst_tokens: float | None = None
+
+    def tenant_of(self, api_key: str | None, claimed: str) -> str | None:
+        """The tenant a request belongs to (see the module header); None: an unknown key."""
+        if not self.api_keys:
+            return claimed
+        if api_key is None:
+            return ""
+        return self.api_keys.get(api_key)
 
     def policy(self, tenant: str) -> TenantPolicy:
         return self.tenants.get(tenant, self.default)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from tokenyard.shared.openai_api import (  # noqa: F401  (the edge's API, re-exported)
     MAX_REQUEST_ID_LEN,
+    NATS_HEADER_ROOM,
     SSE_DONE,
     ApiError,
     Endpoint,
@@ -32,10 +33,15 @@ API_KEY_HEADER = "x-api-key"
 
 
 def nats_headers(http_headers: Mapping[str, str]) -> dict[str, str]:
-    """The NATS headers the edge forwards for one HTTP request (names matched case-blind)."""
+    """The NATS headers the edge forwards for one HTTP request (names matched case-blind).
+    Raises ApiError 431 when they, with the trace context, would not fit the room a NATS
+    message keeps for headers (each HTTP header line may be 8 KiB)."""
     lowered = {k.lower(): v for k, v in http_headers.items()}
     out = {name: lowered[name] for name in FORWARDED_HEADERS if lowered.get(name)}
     scheme, _, key = lowered.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and key.strip():
         out[API_KEY_HEADER] = key.strip()
+    trace = sum(len(lowered.get(k, "")) for k in ("traceparent", "tracestate"))
+    if trace + sum(len(k) + len(v) + 4 for k, v in out.items()) > NATS_HEADER_ROOM // 2:
+        raise ApiError(431, "the request's headers are too large to send on", code="request_headers_too_large")
     return out

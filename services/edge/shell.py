@@ -5,7 +5,11 @@
         wait for the first event: Rejected/Error → that status as an OpenAI error body;
         Accepted → stream=true: SSE 200, one frame per event (core.Renderer)
                    stream=false: gather until Finished, answer one JSON object
-    GET /v1/models[/{model}], /health (NATS connected?), /metrics (Prometheus text)
+    GET /v1/models[/{model}], /health (NATS connected?), /metrics (Prometheus text),
+        /openapi.json (the app, its routes, body limit and error bodies: shared.http_front)
+
+The body limit follows the NATS server's max payload (openai_api.body_limit), so whatever the
+edge takes can be sent on; every bad input is a 4xx (docs/security.md).
 
 The HTTP status is decided before any byte goes out, hence the wait for the first event.
 The edge's client holds a lease (`llm.v1.lease.<id>`, shared/client.py): if the edge dies,
@@ -44,7 +48,7 @@ from prometheus_client import (
 )
 from tokenyard.services.edge import core
 from tokenyard.services.edge.core import ApiError, Endpoint
-from tokenyard.shared import config, metrics, schemas, subjects, telemetry
+from tokenyard.shared import config, http_front, metrics, openai_api, schemas, subjects, telemetry, validation
 from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.schemas import Outcome
 from tokenyard.shared.service import new_instance_id
@@ -81,7 +85,9 @@ class EdgeConfig:
     """Served model names (`/v1/models`); a request naming another gets 404. Empty: any."""
     request_timeout_s: float = 600.0
     """Whole-request deadline, and the longest silence between two events."""
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int | None = None
+    """None: what fits a message of the NATS server the edge is connected to (its max payload
+    less room for headers, openai_api.body_limit), so a body the edge takes can be sent on."""
     accept_timeout_s: float = 30.0
     """How long admission may take to accept or reject before the edge answers 503."""
     shutdown_timeout_s: float = 30.0
@@ -153,6 +159,8 @@ class EdgeShell:
         self._client: TokenyardClient | None = None
         self._runner: web.AppRunner | None = None
         self._started_at = 0
+        self.max_body_bytes = 0
+        self.max_payload = 0
 
     # ── lifecycle ──
 
@@ -160,25 +168,13 @@ class EdgeShell:
         self._nc = nc
         self._client = TokenyardClient(nc)
         self._started_at = int(time.time())
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors])
-        app.add_routes(
-            [
-                web.post("/v1/completions", self._completions),
-                web.post("/v1/chat/completions", self._chat),
-                web.get("/v1/models", self._models),
-                web.get("/v1/models/{model:.+}", self._model),
-                web.get("/health", self._health),
-                web.get("/metrics", self._metrics),
-            ]
+        self.max_body_bytes = self.config.max_body_bytes or openai_api.body_limit(nc.max_payload)
+        self.max_payload = nc.max_payload
+        app = http_front.make_app(self, max_body_bytes=self.max_body_bytes, log=self.log, title="tokenyard edge",
+                                  limits=validation.Limits(models=tuple(self.config.models)))
+        self._runner, self.port = await http_front.serve(
+            app, self.config.host, self.config.http_port, self.config.shutdown_timeout_s
         )
-        self._runner = web.AppRunner(
-            app, handler_cancellation=True, shutdown_timeout=self.config.shutdown_timeout_s, access_log=None
-        )
-        await self._runner.setup()
-        # A deep accept backlog: under a burst, clients should get a fast 503, not a connect timeout.
-        site = web.TCPSite(self._runner, self.config.host, self.config.http_port, backlog=4096)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
         await service.add_endpoint(
             name="health", subject=health_subject(self.instance_id), handler=self._micro_health
         )
@@ -193,10 +189,10 @@ class EdgeShell:
 
     # ── generation ──
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def on_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.COMPLETIONS)
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def on_chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.CHAT)
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -204,12 +200,12 @@ class EdgeShell:
             request_id = core.request_id_from(request.headers.get("x-request-id"), uuid.uuid4().hex)
         except ApiError as e:
             self.metrics.requests.labels(endpoint.value, e.outcome().value).inc()
-            return _error_response(e, None)
+            return http_front.error_response(e, None)
         if self.in_flight >= self.config.max_in_flight:
             self.metrics.requests.labels(endpoint.value, Outcome.REJECTED_CAPACITY.value).inc()
             busy = ApiError(503, f"the edge holds {self.in_flight} requests, its limit", code="edge_busy",
                             retry_after_s=1.0)
-            return _error_response(busy, request_id)
+            return http_front.error_response(busy, request_id)
         call = _Call(request_id, endpoint, time.monotonic())
         parent = {k: v for k in ("traceparent", "tracestate") if (v := request.headers.get(k))}
         self.metrics.in_flight.inc()
@@ -240,16 +236,20 @@ class EdgeShell:
 
     async def _serve(self, request: web.Request, call: _Call) -> web.StreamResponse:
         try:
-            body = await self._read_body(request)
-            req = core.parse_request(body, call.endpoint, self.config.models, call.request_id)
+            body = await http_front.read_body(request, self.max_body_bytes)
+            req = core.parse_request(body, call.endpoint, self.config.models, call.request_id,
+                                     max_payload=self.max_payload)
         except ApiError as e:
             call.outcome = e.outcome()
-            return _error_response(e, call.request_id)
+            return http_front.error_response(e, call.request_id)
         assert self._client is not None
+        try:
+            headers = core.nats_headers(request.headers)
+        except ApiError as e:
+            call.outcome = e.outcome()
+            return http_front.error_response(e, call.request_id)
         renderer = core.Renderer(call.endpoint, req, created=int(time.time()))
-        events = self._client.stream(
-            req, headers=core.nats_headers(request.headers), idle_timeout_s=self.config.request_timeout_s
-        )
+        events = self._client.stream(req, headers=headers, idle_timeout_s=self.config.request_timeout_s)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 try:
@@ -268,7 +268,7 @@ class EdgeShell:
                     renderer.feed(await self._next(call, events))
                 call.outcome = Outcome.FINISHED
                 return web.json_response(
-                    renderer.response(), dumps=_dumps, headers={"x-request-id": call.request_id}
+                    renderer.response(), dumps=http_front.dumps, headers={"x-request-id": call.request_id}
                 )
         except ApiError as e:
             call.outcome = e.outcome() if call.terminal else Outcome.FAILED
@@ -295,7 +295,7 @@ class EdgeShell:
     async def _fail(self, call: _Call, err: ApiError) -> web.StreamResponse:
         """An error answer: a JSON body while the status is still open, else an SSE error frame."""
         if call.response is None:
-            return _error_response(err, call.request_id)
+            return http_front.error_response(err, call.request_id)
         with contextlib.suppress(ConnectionResetError):
             await call.response.write(core.sse(err.error_dict()) + core.SSE_DONE)
         return call.response
@@ -341,35 +341,25 @@ class EdgeShell:
             self.metrics.ttft.labels(call.endpoint.value).observe(time.monotonic() - call.started)
         return event
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.config.max_body_bytes
-        too_big = ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
-        if request.content_length is not None and request.content_length > limit:
-            raise too_big
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise too_big from None
-
     # ── the rest of the API ──
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(core.models_list(self.config.models, self._started_at), dumps=_dumps)
+    async def on_models(self, request: web.Request) -> web.Response:
+        return web.json_response(core.models_list(self.config.models, self._started_at), dumps=http_front.dumps)
 
-    async def _model(self, request: web.Request) -> web.Response:
+    async def on_model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
         if model not in self.config.models:
-            return _error_response(
+            return http_front.error_response(
                 ApiError(404, f"The model `{model}` does not exist.", code="model_not_found"), None
             )
-        return web.json_response(core.model_card(model, self._started_at), dumps=_dumps)
+        return web.json_response(core.model_card(model, self._started_at), dumps=http_front.dumps)
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def on_health(self, request: web.Request) -> web.Response:
         if self._nc is not None and self._nc.is_connected:
             return web.json_response({"status": "ok"})
         return web.json_response({"status": "nats_disconnected"}, status=503)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def on_metrics(self, request: web.Request) -> web.Response:
         return web.Response(
             body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
@@ -384,31 +374,3 @@ class EdgeShell:
         }
         await req.respond(msgspec.json.encode(status))
 
-    @web.middleware
-    async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
-        """aiohttp's own errors (404, 405, 413) and crashes as OpenAI error bodies."""
-        try:
-            return await handler(request)
-        except web.HTTPException as e:
-            if e.status < 400:
-                raise
-            code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
-            message = f"{request.method} {request.path}: {e.reason}"
-            response = _error_response(ApiError(e.status, message, code=code), None)
-            if "Allow" in e.headers:
-                response.headers["Allow"] = e.headers["Allow"]
-            return response
-        except Exception:
-            self.log.exception("edge handler failed", path=request.path)
-            return _error_response(ApiError(500, "internal error in the edge", code="internal_error"), None)
-
-
-def _dumps(obj) -> str:
-    return msgspec.json.encode(obj).decode()
-
-
-def _error_response(err: ApiError, request_id: str | None) -> web.Response:
-    headers = err.headers()
-    if request_id:
-        headers["x-request-id"] = request_id
-    return web.Response(status=err.status, body=err.body(), content_type="application/json", headers=headers)

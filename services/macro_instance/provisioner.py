@@ -13,13 +13,14 @@ been drained and taken out of its group by the core.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tokenyard.shared import config, telemetry
+from tokenyard.shared import config, nats_auth, telemetry
 from tokenyard.shared.procs import die_with_parent
 
 log = telemetry.logger("macro")
@@ -62,8 +63,9 @@ class LocalProcessProvisioner:
     def add(self, macro_id: str) -> None:
         wid = f"{self.id_prefix}{self._next}"
         self._next += 1
-        self.procs[wid] = subprocess.Popen(self.command(wid), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            preexec_fn=die_with_parent())
+        env = {**os.environ, **nats_auth.child_env(self.nats_url, "worker")}
+        self.procs[wid] = subprocess.Popen(self.command(wid), env=env, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
         log.info("worker_started", worker=wid, macro=macro_id, pid=self.procs[wid].pid)
 
     def remove(self, worker_id: str) -> None:

@@ -35,6 +35,7 @@ request whose lease was seen and then fell silent for `orphan_after_s` is aborte
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import msgspec
@@ -117,10 +118,17 @@ class _Worker:
     dead: bool = False
 
 
+_LEASE = re.compile(r"[0-9a-f]{16}")
+
+
 def lease_of(reply_to: str) -> str:
-    """`_INBOX.<lease>.<n>` → `<lease>`; '' for an inbox without one."""
+    """`_INBOX[.<user>].<lease>.<n>` → `<lease>` (16 hex digits; `<user>` is the inbox prefix of
+    a secured connection, shared/nats_auth.py); '' for an inbox without one."""
     parts = reply_to.split(".")
-    return parts[1] if len(parts) == 3 and parts[0] == "_INBOX" else ""
+    if parts[0] != "_INBOX" or len(parts) not in (3, 4):
+        return ""
+    lease = parts[-2]
+    return lease if _LEASE.fullmatch(lease) else ""
 
 
 class MigrationCore:

@@ -4,8 +4,9 @@ does, so a third-party router can sit in front of a fleet of workers (`tokenyard
 this is a second door into the same engine.
 
     POST /v1/completions, /v1/chat/completions (stream or not)
-        body ─ openai_api.parse_request ─ openai_api.prompt_tokens (the tokenizer and block
-        hashing admission uses) ─ AdmittedRequest ─ engine.generate ─ openai_api.Renderer
+        body ─ openai_api.parse_request ─ shared.validation.check + tokenize (admission's own
+        functions) ─ AdmittedRequest ─ engine.generate ─ openai_api.Renderer
+    (the app itself, routes, body limit and error bodies: shared.http_front, as the edge's)
     GET  /v1/models[/{model}], /health (engine started and taking work), /metrics
 
 `/metrics` speaks vLLM's names (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
@@ -25,23 +26,25 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-import msgspec
 from aiohttp import web
 from tokenyard.services.worker.engine import Engine
-from tokenyard.shared import config, schemas
+from tokenyard.shared import config, http_front, schemas, telemetry, validation
 from tokenyard.shared.openai_api import (
     SSE_DONE,
     ApiError,
     Endpoint,
     Renderer,
+    api_error,
+    body_limit,
     model_card,
     models_list,
     parse_request,
-    prompt_tokens,
     request_id_from,
     sse,
 )
 from tokenyard.shared.tokenizer import Tokenizer
+
+log = telemetry.logger("worker-http")
 
 
 @dataclass
@@ -54,7 +57,8 @@ class HttpFrontConfig:
     max_model_len: int = config.MAX_MODEL_LEN
     max_waiting: int = 256
     """Refuse with 503 when this many requests already wait in the engine."""
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = body_limit(1024 * 1024)
+    """The edge's limit on a default NATS server (1 MiB max payload), so both fronts take the same bodies."""
 
 
 class WorkerHttp:
@@ -71,20 +75,9 @@ class WorkerHttp:
 
     async def start(self) -> None:
         self.started_at = int(time.time())
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
-        app.add_routes([
-            web.post("/v1/completions", self._completions),
-            web.post("/v1/chat/completions", self._chat),
-            web.get("/v1/models", self._models),
-            web.get("/v1/models/{model:.+}", self._model),
-            web.get("/health", self._health),
-            web.get("/metrics", self._metrics),
-        ])
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        app = http_front.make_app(self, max_body_bytes=self.cfg.max_body_bytes, log=log, title="tokenyard worker",
+                                  limits=self._limits())
+        self._runner, self.port = await http_front.serve(app, self.cfg.host, self.cfg.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -93,23 +86,20 @@ class WorkerHttp:
 
     # ── generation ──
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def on_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.COMPLETIONS)
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def on_chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, Endpoint.CHAT)
 
     async def _generate(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         try:
             rid = request_id_from(request.headers.get("x-request-id"), f"http-{uuid.uuid4().hex}")
-            body = await request.read()
-            req = parse_request(body, endpoint, [self.cfg.model], rid)
+            body = await http_front.read_body(request, self.cfg.max_body_bytes)
+            req = parse_request(body, endpoint, [self.cfg.model], rid, max_model_len=self.cfg.max_model_len)
             ar = self._admit(req, endpoint)
         except ApiError as e:
-            return _error(e)
-        except web.HTTPRequestEntityTooLarge:
-            return _error(ApiError(413, f"request body larger than {self.cfg.max_body_bytes} bytes",
-                                   code="request_too_large"))
+            return http_front.error_response(e)
         renderer = Renderer(endpoint, req, created=int(time.time()))
         self.prompt_tokens += ar.prompt_len
         events = self._events(ar, endpoint)
@@ -117,7 +107,7 @@ class WorkerHttp:
             if not req.stream:
                 for event in [e async for e in events]:
                     renderer.feed(event)
-                return web.json_response(renderer.response(), dumps=_dumps, headers={"x-request-id": rid})
+                return web.json_response(renderer.response(), dumps=http_front.dumps, headers={"x-request-id": rid})
             response = web.StreamResponse(status=200, headers={
                 "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", "x-request-id": rid,
             })
@@ -132,30 +122,28 @@ class WorkerHttp:
             await response.write_eof()
             return response
         except ApiError as e:
-            return _error(e)
+            return http_front.error_response(e)
         finally:
             await events.aclose()
 
+    def _limits(self) -> validation.Limits:
+        return validation.Limits(models=(self.cfg.model,), max_model_len=self.cfg.max_model_len,
+                                 block_size=self.cfg.block_size)
+
     def _admit(self, req: schemas.GenerateRequest, endpoint: Endpoint) -> schemas.AdmittedRequest:
-        """What admission does for a request, without its fleet-wide parts (tiers, rates)."""
-        param = "messages" if endpoint is Endpoint.CHAT else "prompt"
-        try:
-            tokens, prompt_len, chain = prompt_tokens(req, self.tokenizer, self.cfg.block_size)
-        except ValueError as e:
-            raise ApiError(400, str(e), param=param, code="invalid_value") from None
-        if prompt_len == 0:
-            raise ApiError(400, "the prompt is empty", param=param, code="invalid_value")
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if max_tokens is None:
-            default = config.DEFAULT_CHAT_MAX_TOKENS if endpoint is Endpoint.CHAT else config.DEFAULT_MAX_TOKENS
-            max_tokens = max(1, min(default, self.cfg.max_model_len - prompt_len))
-        if max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens",
-                           code="invalid_value")
-        if prompt_len + max_tokens > self.cfg.max_model_len:
-            raise ApiError(400, f"This model's maximum context length is {self.cfg.max_model_len} tokens; the "
-                                f"request has {prompt_len} prompt tokens and asks for {max_tokens} more",
-                           param=param, code="context_length_exceeded")
+        """What admission does for a request (shared.validation, the same functions), without
+        its fleet-wide parts (tiers, rates); then what only this engine can say: KV capacity
+        and a full waiting line."""
+        limits = self._limits()
+        checked = validation.check(req, limits)
+        if isinstance(checked, validation.Invalid):
+            raise api_error(checked)
+        prepared = validation.tokenize(req, checked, self.tokenizer, limits)
+        if isinstance(prepared, validation.Invalid):
+            raise api_error(prepared)
+        tokens, prompt_len, chain, max_tokens = (prepared.tokens, prepared.prompt_len, prepared.chain,
+                                                  prepared.max_tokens)
+        param = checked.prompt_param
         stats = self.engine.stats()
         blocks = -(-(prompt_len + max_tokens) // stats.block_size)
         if blocks > stats.kv_blocks_used + stats.kv_blocks_free:
@@ -202,19 +190,19 @@ class WorkerHttp:
 
     # ── the rest ──
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(models_list([self.cfg.model], self.started_at), dumps=_dumps)
+    async def on_models(self, request: web.Request) -> web.Response:
+        return web.json_response(models_list([self.cfg.model], self.started_at), dumps=http_front.dumps)
 
-    async def _model(self, request: web.Request) -> web.Response:
+    async def on_model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
         if model != self.cfg.model:
-            return _error(ApiError(404, f"The model `{model}` does not exist.", code="model_not_found"))
-        return web.json_response(model_card(model, self.started_at), dumps=_dumps)
+            return http_front.error_response(ApiError(404, f"The model `{model}` does not exist.", code="model_not_found"))
+        return web.json_response(model_card(model, self.started_at), dumps=http_front.dumps)
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def on_health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def on_metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics_text(), content_type="text/plain", charset="utf-8",
                             headers={"Cache-Control": "no-cache"})
 
@@ -278,14 +266,6 @@ class WithHttpFront:
     async def stop(self) -> None:
         await self.front.stop()
         await self.shell.stop()
-
-
-def _dumps(obj) -> str:
-    return msgspec.json.encode(obj).decode()
-
-
-def _error(err: ApiError) -> web.Response:
-    return web.Response(status=err.status, body=err.body(), content_type="application/json", headers=err.headers())
 
 
 async def serve_engine(engine: Engine, tokenizer: Tokenizer, cfg: HttpFrontConfig) -> WorkerHttp:

@@ -223,6 +223,14 @@ def test_a_client_deadline_replaces_the_class_target():
     assert admit(c, GenerateRequest(prompt="a", ttft_slo_ms=0)).param == "ttft_slo_ms"
 
 
+def test_a_deadline_no_engine_can_meet_is_a_bad_request_whatever_the_load():
+    c = core()
+    c.on_queue_stats(stats(work=(0, 2000, 0, 0), drain=1000.0), 100.0)  # a backlog: the wait check would say 503
+    tiny = admit(c, GenerateRequest(prompt="a", ttft_slo_ms=5e-324), now=100.0)
+    assert (tiny.status, tiny.code, tiny.param) == (400, "slo_infeasible", "ttft_slo_ms")
+    assert admit(c, GenerateRequest(prompt="a", ttft_slo_ms=250), now=100.0).status == 400
+
+
 def test_free_headroom_means_no_wait_and_no_rate_at_all_means_no_prediction():
     c = core()
     c.on_queue_stats(stats(work=(0, 10**6, 0, 0), drain=1.0, headroom=3), 100.0)

@@ -126,6 +126,10 @@ class AdmissionCore:
         # The wait the request may face before its prefill: its class target (its own prefill is
         # added to its deadline), or the client's ttft_slo_ms less a prefill not yet known (≥ 0).
         wait_budget_s = ttft_deadline_s(0.0, int(priority), req.ttft_slo_ms)
+        if self.cfg.slo_check and req.ttft_slo_ms is not None and req.ttft_slo_ms / 1000.0 <= ENGINE_BACKLOG_S:
+            # No fleet state can make it: a bad request (400), not an overload (503).
+            return bad(f"ttft_slo_ms {req.ttft_slo_ms:g} is below what any engine can answer in "
+                       f"({ENGINE_BACKLOG_S * 1000:g} ms of engine backlog at least)", "ttft_slo_ms", "slo_infeasible")
         verdict = None
         if self.cfg.slo_check:
             verdict = self.fleet.judge(int(priority), wait_budget_s, now)

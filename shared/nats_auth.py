@@ -17,7 +17,9 @@ Where a connection's credentials come from, first match wins:
      `tokenyard up` holds its fleet's keys, so its own connections need no flags;
   3. `TOKENYARD_NATS_CREDS`: a creds file, or a directory holding `<kind>.creds` (what `up`
      hands its children, so a worker the macro-instance starts finds `worker.creds`);
-  4. `TOKENYARD_NATS_USER` + `TOKENYARD_NATS_PASSWORD`.
+  4. `TOKENYARD_NATS_USER` + `TOKENYARD_NATS_PASSWORD`;
+  5. for the `client` user of a loopback URL, the creds `tokenyard up` left for this machine's
+     users (`local_client_creds`: ~/.cache/tokenyard/nats-<port>/client.creds, mode 0600).
 A kind of None means the operator (`admin`): launchers, tests, benchmarks. Clients pass
 kind="client". The CLI flags `--nats-creds`, `--nats-user`, `--nats-password` set those
 variables (`apply_args`). A NATS JWT `.creds` file (`-----BEGIN NATS USER JWT-----`) is passed
@@ -296,7 +298,22 @@ def resolve(url: str, kind: str | None = None) -> Credentials | None:
                            tls_ca=os.environ.get(TLS_CA_ENV, ""))
     if os.environ.get(TLS_CA_ENV):
         return Credentials(tls_ca=os.environ[TLS_CA_ENV])
+    local = local_client_creds(url)
+    if user == CLIENT and local is not None and local.exists():
+        return load_creds(local)
     return None
+
+
+def local_client_creds(url: str) -> Path | None:
+    """Where `tokenyard up` leaves the `client` user's creds of a fleet on this machine, so a
+    client here (`tokenyard request`, `bench serve`, TokenyardClient) finds them with no flag:
+    $XDG_RUNTIME_DIR (else ~/.cache)/tokenyard/nats-<port>/client.creds. None for a remote URL."""
+    first = url.split(",")[0]
+    host, _, port = first.rpartition("://")[2].rpartition(":")
+    if host not in ("127.0.0.1", "localhost", "::1", "[::1]") or not port.isdigit():
+        return None
+    root = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache")
+    return root / "tokenyard" / f"nats-{port}" / f"{CLIENT}.creds"
 
 
 def child_env(url: str, *users: str) -> dict[str, str]:

@@ -382,3 +382,19 @@ async def test_every_node_of_a_secured_cluster_refuses_alike(tmp_path):
         await natsutil.ensure_queue_stream(admin)
         assert (await admin.jetstream().stream_info(subjects.QUEUE_STREAM)).config.name == subjects.QUEUE_STREAM
         await admin.close()
+
+
+def test_a_local_client_finds_the_creds_up_left_for_its_port_and_only_as_client(tmp_path, monkeypatch):
+    for var in (nats_auth.CREDS_ENV, nats_auth.USER_ENV, nats_auth.TLS_CA_ENV):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    url = "nats://127.0.0.1:14222"
+    local = nats_auth.local_client_creds(url)
+    assert local == tmp_path / "tokenyard" / "nats-14222" / "client.creds"
+    assert nats_auth.local_client_creds("nats://10.0.0.5:4222") is None  # a remote fleet: never guessed
+    assert nats_auth.resolve(url, nats_auth.CLIENT) is None  # nothing left there yet: anonymous
+    local.parent.mkdir(parents=True)
+    local.write_text('user = "client"\npassword = "pw"\n')
+    assert nats_auth.resolve(url, nats_auth.CLIENT) == nats_auth.Credentials("client", "pw")
+    assert nats_auth.resolve("nats://127.0.0.1:14222,nats://127.0.0.1:14223", nats_auth.CLIENT).user == "client"
+    assert nats_auth.resolve(url, "router") is None  # a service never borrows the client's login

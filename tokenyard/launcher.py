@@ -375,6 +375,18 @@ def _refusal(args) -> str | None:
     return None
 
 
+def _leave_local_creds(fleet: FleetProcesses) -> str | None:
+    """Copy the `client` creds where local clients look (nats_auth.local_client_creds), 0600."""
+    local = nats_auth.local_client_creds(fleet.nats_url)
+    if local is None:
+        return None
+    local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(open(fleet.client_creds, "rb").read())  # noqa: SIM115
+    return str(local)
+
+
 async def _up(args) -> int:
     if (why := _refusal(args)) is not None:
         print(f"tokenyard up: error: {why}", file=sys.stderr)
@@ -406,7 +418,9 @@ async def _up(args) -> int:
             print(f"           a cluster of {args.nats_cluster} nodes; stream and buckets replicated R"
                   f"{min(3, args.nats_cluster)}")
         if fleet.client_creds:
-            print(f"  creds    {nats_auth.CREDS_ENV}={fleet.client_creds}   (the `client` user)")
+            local = _leave_local_creds(fleet)
+            print(f"  creds    {nats_auth.CREDS_ENV}={fleet.client_creds}   (the `client` user"
+                  + (f"; clients on this machine find it in {local})" if local else ")"))
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
         print(f"  model    {args.model}")
         for name, url in fleet.scrape_targets().items():
@@ -437,4 +451,6 @@ async def _up(args) -> int:
             print(f"tokenyard up: {crashed.result()}", file=sys.stderr, flush=True)
     finally:
         print("stopping: draining services …", flush=True)
+        if fleet.client_creds and (local := nats_auth.local_client_creds(fleet.nats_url)) is not None:
+            local.unlink(missing_ok=True)
         await fleet.stop()

@@ -111,11 +111,12 @@ ROLES: dict[str, Role] = {
         why="groups workers, switches their phase, keeps the topology bucket",
     ),
     "worker": Role(
-        ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL),
+        ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.ROUTE),
         (f"{_P}.worker.*.generate", f"{_P}.worker.*.control", f"{_P}.worker.*.status", subjects.ABORT, "{inbox}.>",
          _SRV),
         responses=1,
-        why="the only publisher of heartbeats and KV events; streams tokens to the request's inbox",
+        why="the only publisher of heartbeats and KV events; streams tokens to the request's inbox; "
+            "a spatial P/D prefill worker asks the router to place the decode leg",
     ),
 }
 SERVICE_KINDS = ("edge", "admission", "queue", "router", "macro", "worker")

@@ -37,7 +37,7 @@ COLUMNS = (
 GROUPS = (
     ("requests", ("done", "fail", "req/s", "goodput", "preempt")),
     ("first token and end to end", ("TTFT mean", "TTFT p50", "TTFT p99", "E2E mean")),
-    ("decoding", ("TPOT mean", "TPOT p99", "ITL p99")),
+    ("decoding and EcoServe", ("TPOT mean", "TPOT p99", "ITL p99", "eco fallback")),
     ("cache and balance", ("hit", "prefill cv", "BS max/min", "speed")),
 )
 """COLUMNS split into tables that each fit a 100-column terminal."""

@@ -1,7 +1,6 @@
 """The NATS protocol with nothing but nats-py and JSON — what a client in any language does.
 
-    .venv/bin/tokenyard up &                   # prints TOKENYARD_NATS_CREDS=…/client.creds
-    export TOKENYARD_NATS_CREDS=…/client.creds
+    .venv/bin/tokenyard up &                   # leaves the client's creds where this finds them
     .venv/bin/python examples/nats_json.py     # or: examples/nats_json.py nats://HOST:PORT [CREDS]
 
 NATS is secured by default (docs/security.md): a client logs in with the `client` user's name and
@@ -22,9 +21,14 @@ import tomllib
 import nats
 
 
-def login(creds_file: str | None) -> dict:
-    """nats.connect options from a creds file (`user = "…"`, `password = "…"`); none: anonymous."""
-    creds_file = creds_file or os.environ.get("TOKENYARD_NATS_CREDS")
+def login(url: str, creds_file: str | None) -> dict:
+    """nats.connect options from a creds file (`user = "…"`, `password = "…"`): the one given,
+    else $TOKENYARD_NATS_CREDS, else the copy `tokenyard up` leaves for a fleet on this machine
+    ($XDG_RUNTIME_DIR or ~/.cache, then tokenyard/nats-<port>/client.creds); none: anonymous."""
+    port = url.rsplit(":", 1)[-1]
+    local = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or os.path.expanduser("~/.cache"),
+                         "tokenyard", f"nats-{port}", "client.creds")
+    creds_file = creds_file or os.environ.get("TOKENYARD_NATS_CREDS") or (local if os.path.exists(local) else None)
     if not creds_file:
         return {}
     with open(creds_file, "rb") as f:
@@ -33,7 +37,7 @@ def login(creds_file: str | None) -> dict:
 
 
 async def main(url: str = "nats://127.0.0.1:4222", creds_file: str | None = None) -> None:
-    nc = await nats.connect(url, **login(creds_file))
+    nc = await nats.connect(url, **login(url, creds_file))
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     request = {"model": "tokenyard-sim", "prompt": "Hello", "max_tokens": 8}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -234,3 +235,24 @@ async def topology_bucket(nc: Client):
         return await js.key_value(subjects.TOPOLOGY_BUCKET)
     except Exception:
         return await js.create_key_value(bucket=subjects.TOPOLOGY_BUCKET, history=5, replicas=cluster_replicas(nc))
+
+
+async def gather_replies(nc, subject: str, wait_s: float) -> list[dict]:
+    """Every reply to one fan-out request (`$SRV.PING`, `$SRV.STATS`) that arrives within `wait_s`,
+    one per replier id; a "no responders" status (nothing registered yet) is skipped."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(subject, b"", reply=inbox)
+    out: dict[str, dict] = {}
+    loop = asyncio.get_running_loop()
+    end = loop.time() + wait_s
+    while (left := end - loop.time()) > 0:
+        try:
+            msg = await sub.next_msg(timeout=left)
+        except Exception:
+            break
+        if msg.data:
+            reply = json.loads(msg.data)
+            out[reply["id"]] = reply
+    await sub.unsubscribe()
+    return list(out.values())

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -263,23 +262,7 @@ class FleetProcesses:
 
 async def ping(nc, wait_s: float = 0.25) -> Counter:
     """How many instances of each micro service answer `$SRV.PING` within `wait_s`."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    await nc.publish("$SRV.PING", b"", reply=inbox)
-    seen: dict[str, str] = {}
-    loop = asyncio.get_running_loop()
-    end = loop.time() + wait_s
-    while (left := end - loop.time()) > 0:
-        try:
-            msg = await sub.next_msg(timeout=left)
-        except Exception:
-            break
-        if not msg.data:  # a "no responders" status: nothing registered yet
-            continue
-        info = json.loads(msg.data)
-        seen[info["id"]] = info["name"]
-    await sub.unsubscribe()
-    return Counter(seen.values())
+    return Counter(info["name"] for info in await natsutil.gather_replies(nc, "$SRV.PING", wait_s))
 
 
 def register(sub) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -139,31 +138,11 @@ class Watcher:
             self.queue = codec.decode(msg.data, schemas.QueueStats)
 
     async def sample(self) -> Sample:
-        services = await gather_replies(self.nc, "$SRV.STATS", self.stats_wait_s)
+        services = await natsutil.gather_replies(self.nc, "$SRV.STATS", self.stats_wait_s)
         now = time.time()
         # A worker that stopped heartbeating for long is gone: the router forgets it after 60 s.
         live = {w: hb for w, hb in self.heartbeats.items() if now - hb.ts < 60.0}
         return Sample(now, services, live, self.queue)
-
-
-async def gather_replies(nc, subject: str, wait_s: float) -> list[dict]:
-    """Every reply to one fan-out request that arrives within `wait_s`."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    await nc.publish(subject, b"", reply=inbox)
-    out: dict[str, dict] = {}
-    loop = asyncio.get_running_loop()
-    end = loop.time() + wait_s
-    while (left := end - loop.time()) > 0:
-        try:
-            msg = await sub.next_msg(timeout=left)
-        except Exception:
-            break
-        if msg.data:
-            reply = json.loads(msg.data)
-            out[reply["id"]] = reply
-    await sub.unsubscribe()
-    return list(out.values())
 
 
 async def run(url: str, once: bool, interval_s: float, console: Console, svg: str | None = None) -> int:

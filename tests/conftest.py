@@ -123,3 +123,37 @@ async def fleet(nats_server):
     yield f
     await f.stop()
     await f.nats.drain()
+
+
+async def start_macro_fleet(url: str, workers: tuple[str, ...], macro) -> InProcFleet:
+    """As start_inproc_fleet, with `workers` under one macro-instance controller run as `macro` (a MacroConfig)
+    says (EcoServe, spatial P/D), planning every 50 ms; router least-loaded, queue FCFS."""
+    from tokenyard.services.admission.core import AdmissionConfig
+    from tokenyard.services.admission.shell import AdmissionShell
+    from tokenyard.services.macro_instance.shell import MacroShell
+    from tokenyard.services.priority_queue.core import QueueConfig
+    from tokenyard.services.priority_queue.policies.fcfs import FCFS
+    from tokenyard.services.priority_queue.shell import QueueShell
+    from tokenyard.services.router.core import RouterConfig
+    from tokenyard.services.router.shell import RouterShell
+    from tokenyard.services.worker.core import WorkerConfig
+    from tokenyard.services.worker.shell import WorkerShell
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.engine import SimEngine
+    from tokenyard.services.worker.sim.latency import profile
+    from tokenyard.shared import config, natsutil
+    from tokenyard.shared.tokenizer import ByteTokenizer
+
+    nc = await natsutil.connect(url, "test-client")
+    await natsutil.ensure_queue_stream(nc)
+    await nc.jetstream().purge_stream("LLM_QUEUE")
+    fleet = InProcFleet(url, nc)
+    tok = ByteTokenizer()
+    for wid in workers:
+        engine = SimEngine(SimEngineCore(profile("a100-llama3-8b"), 16), speed=1.0)
+        fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(wid, config.DEFAULT_MODEL), engine, tok)))
+    await fleet.add(AdmissionShell(AdmissionConfig(), tok))
+    await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
+    await fleet.add(QueueShell(QueueConfig(), FCFS()))
+    await fleet.add(MacroShell(macro, plan_s=0.05))
+    return fleet

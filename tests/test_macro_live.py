@@ -12,43 +12,16 @@ from tokenyard.services.macro_instance.shell import MacroShell
 from tokenyard.shared import codec, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
-from tests.conftest import InProcFleet
+from tests.conftest import InProcFleet, start_macro_fleet
 
 WORKERS = ("ew0", "ew1", "ew2")
 PHASE_S = 0.3
 
 
 async def start_ecoserve_fleet(url: str) -> InProcFleet:
-    """As conftest.start_inproc_fleet, with 3 workers under one EcoServe macro-instance."""
-    from tokenyard.services.admission.core import AdmissionConfig
-    from tokenyard.services.admission.shell import AdmissionShell
-    from tokenyard.services.priority_queue.core import QueueConfig
-    from tokenyard.services.priority_queue.policies.fcfs import FCFS
-    from tokenyard.services.priority_queue.shell import QueueShell
-    from tokenyard.services.router.core import RouterConfig
-    from tokenyard.services.router.shell import RouterShell
-    from tokenyard.services.worker.core import WorkerConfig
-    from tokenyard.services.worker.shell import WorkerShell
-    from tokenyard.services.worker.sim.core import SimEngineCore
-    from tokenyard.services.worker.sim.engine import SimEngine
-    from tokenyard.services.worker.sim.latency import profile
-    from tokenyard.shared import config, natsutil
-    from tokenyard.shared.tokenizer import ByteTokenizer
-
-    nc = await natsutil.connect(url, "test-client")
-    await natsutil.ensure_queue_stream(nc)
-    await nc.jetstream().purge_stream("LLM_QUEUE")
-    fleet = InProcFleet(url, nc)
-    tok = ByteTokenizer()
-    for wid in WORKERS:
-        engine = SimEngine(SimEngineCore(profile("a100-llama3-8b"), 16), speed=1.0)
-        fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(wid, config.DEFAULT_MODEL), engine, tok)))
-    await fleet.add(AdmissionShell(AdmissionConfig(), tok))
-    await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
-    await fleet.add(QueueShell(QueueConfig(), FCFS()))
+    """3 workers under one EcoServe macro-instance, phases of PHASE_S."""
     rolling = RollingConfig(min_phase_s=PHASE_S, stagger_s=PHASE_S)
-    await fleet.add(MacroShell(MacroConfig(size=3, mode="ecoserve", rolling=rolling), plan_s=0.05))
-    return fleet
+    return await start_macro_fleet(url, WORKERS, MacroConfig(size=3, mode="ecoserve", rolling=rolling))
 
 
 async def test_prefill_phase_rotates_and_requests_land_only_on_the_prefill_worker(nats_server):

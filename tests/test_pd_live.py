@@ -8,44 +8,17 @@ from __future__ import annotations
 import asyncio
 
 from tokenyard.services.macro_instance.core import MacroConfig
-from tokenyard.services.macro_instance.shell import MacroShell
 from tokenyard.shared import codec, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
-from tests.conftest import InProcFleet
+from tests.conftest import InProcFleet, start_macro_fleet
 
 WORKERS = ("pw0", "pw1", "pw2", "pw3")
 
 
 async def start_pd_fleet(url: str) -> InProcFleet:
-    from tokenyard.services.admission.core import AdmissionConfig
-    from tokenyard.services.admission.shell import AdmissionShell
-    from tokenyard.services.priority_queue.core import QueueConfig
-    from tokenyard.services.priority_queue.policies.fcfs import FCFS
-    from tokenyard.services.priority_queue.shell import QueueShell
-    from tokenyard.services.router.core import RouterConfig
-    from tokenyard.services.router.shell import RouterShell
-    from tokenyard.services.worker.core import WorkerConfig
-    from tokenyard.services.worker.shell import WorkerShell
-    from tokenyard.services.worker.sim.core import SimEngineCore
-    from tokenyard.services.worker.sim.engine import SimEngine
-    from tokenyard.services.worker.sim.latency import profile
-    from tokenyard.shared import config, natsutil
-    from tokenyard.shared.tokenizer import ByteTokenizer
-
-    nc = await natsutil.connect(url, "test-client")
-    await natsutil.ensure_queue_stream(nc)
-    await nc.jetstream().purge_stream("LLM_QUEUE")
-    fleet = InProcFleet(url, nc)
-    tok = ByteTokenizer()
-    for wid in WORKERS:
-        engine = SimEngine(SimEngineCore(profile("a100-llama3-8b"), 16), speed=1.0)
-        fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(wid, config.DEFAULT_MODEL), engine, tok)))
-    await fleet.add(AdmissionShell(AdmissionConfig(), tok))
-    await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
-    await fleet.add(QueueShell(QueueConfig(), FCFS()))
-    await fleet.add(MacroShell(MacroConfig(size=4, mode="pd"), plan_s=0.05))
-    return fleet
+    """4 workers under one spatial P/D macro-instance (half prefill, half decode)."""
+    return await start_macro_fleet(url, WORKERS, MacroConfig(size=4, mode="pd"))
 
 
 async def test_a_request_is_prefilled_on_a_prefill_worker_and_decoded_on_a_decode_worker(nats_server):

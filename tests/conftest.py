@@ -126,7 +126,7 @@ async def fleet(nats_server):
 
 
 async def start_macro_fleet(url: str, workers: tuple[str, ...], macro) -> InProcFleet:
-    """As start_inproc_fleet, with `workers` under one macro-instance controller run as `macro` (a MacroConfig)
+    """As start_inproc_fleet, with `workers` under one macro-instance controller run as the MacroConfig `macro`
     says (EcoServe, spatial P/D), planning every 50 ms; router least-loaded, queue FCFS."""
     from tokenyard.services.admission.core import AdmissionConfig
     from tokenyard.services.admission.shell import AdmissionShell

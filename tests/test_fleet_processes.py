@@ -61,6 +61,10 @@ async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
     assert "tokenyard edge: error:" in text and "address already in use" in text
     assert "Traceback" not in text
     assert fleet.procs == []  # everything started was stopped
+    # ... and its own NATS connection closed: left open to the stopped server, it would
+    # reconnect forever in this event loop (and hang the test session's teardown).
+    await asyncio.sleep(0)
+    assert not [t for t in asyncio.all_tasks() if "Client." in t.get_coro().__qualname__]
 
 
 def descendants(pid: int) -> set[int]:

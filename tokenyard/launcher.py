@@ -162,6 +162,7 @@ class FleetProcesses:
         if not self.http_port:
             self.http_port = natsutil.free_port()
         env = {**os.environ, **self.extra_env}
+        nc = None
         try:
             # Streams and buckets exist before any service starts, so none races another.
             nc = await natsutil.connect(self.nats_url, "tokenyard-launcher")
@@ -177,10 +178,14 @@ class FleetProcesses:
                 child_env = {**env, **nats_auth.child_env(self.nats_url, *users)}
                 self.children.append(Child(name, cmd, child_env, log))
             await self._wait_ready(nc)
-            await nc.drain()
         except BaseException:
             await self.stop()
             raise
+        finally:
+            # Closed on every path: a connection left open to a server stop() has ended
+            # would reconnect forever in the caller's event loop.
+            if nc is not None and not nc.is_closed:
+                await nc.close()
         return self
 
     def _auth(self) -> nats_auth.FleetAuth | None:

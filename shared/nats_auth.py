@@ -106,9 +106,9 @@ ROLES: dict[str, Role] = {
     "macro": Role(
         (f"{_P}.worker.*.control", subjects.MACRO_STATE_ALL, f"$KV.{_KV}.>", "$JS.API.INFO",
          f"$JS.API.STREAM.INFO.KV_{_KV}", f"$JS.API.STREAM.CREATE.KV_{_KV}"),
-        (subjects.HEARTBEAT_ALL, f"{_P}.macro.topology", "{inbox}.>", _SRV),
+        (subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, f"{_P}.macro.topology", "{inbox}.>", _SRV),
         responses=1,
-        why="groups workers, switches their phase, keeps the topology bucket",
+        why="groups workers, switches their phase, keeps the topology bucket; scales on the queue's backlog",
     ),
     "worker": Role(
         ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.ROUTE),

@@ -7,7 +7,7 @@ clock, in one process, with no NATS (Dynamo's offline replay, not Vidur's re-imp
     instance: step() at t ─> outputs at t + duration ─> next step at once
               KV events of the step ─> RouterCore.on_kv_events (the live worker polls every 20 ms)
     every 100 ms: heartbeats (WorkerCore.heartbeat) ─> router, queue, admission, macro controller;
-              QueueCore.stats ─> admission (as llm.v1.pq.state live);
+              QueueCore.stats ─> admission, macro controller (as llm.v1.pq.state live);
               MacroCore.plan ─> router (MacroState), workers (WorkerControl); dispatch again
     spatial P/D (mode pd): a prefill worker's engine hands a request off after its first
               token ─> KV_ARRIVE at + prompt KV bytes / inter-node bandwidth ─> RouterCore
@@ -462,7 +462,10 @@ class ClusterSim:
         for leg in legs:
             self._place_leg(leg, now)
         self._dispatch(now)
-        self.admission.on_queue_stats(self.queue.stats("sim-queue", now), now)  # live: every 100 ms
+        qstats = self.queue.stats("sim-queue", now)  # live: on llm.v1.pq.state every 100 ms
+        self.admission.on_queue_stats(qstats, now)
+        if self.macro is not None:  # mitosis's backlog signal
+            self.macro.on_queue_stats(qstats, now)
         if more or len(self.queue) or self.legs or self.retiring or any(inst.busy or inst.engine.has_work() for inst in self.instances):
             self.events.push(now + cfg.heartbeat_s, TICK)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from tokenyard.services.macro_instance.core import MacroConfig
 from tokenyard.services.macro_instance.rolling import RollingConfig
 from tokenyard.services.macro_instance.shell import MacroShell
@@ -145,4 +146,44 @@ async def test_mitosis_shrink_drains_a_live_worker_and_asks_the_provisioner_to_s
         assert prov.ops == [("remove", "sw1")]  # min_workers = 1: no further shrink
     finally:
         await fleet.stop()
+        await nc.drain()
+
+
+async def test_mitosis_grows_on_the_queue_state_it_reads_over_nats(nats_server):
+    """Idle workers (utilisation 0, no SLO miss) and a queue state, published as the queue
+    publishes it, whose line is 8 s long against the 2 s TTFT SLO: the controller, connected as
+    the `macro` user, reads it on `llm.v1.pq.state` and asks for one worker more."""
+    from tokenyard.services.macro_instance.mitosis import MitosisConfig
+    from tokenyard.services.worker.core import WorkerConfig
+    from tokenyard.services.worker.shell import WorkerShell
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.engine import SimEngine
+    from tokenyard.services.worker.sim.latency import profile
+    from tokenyard.shared import config, natsutil
+    from tokenyard.shared.tokenizer import ByteTokenizer
+
+    nc = await natsutil.connect(nats_server.url, "test-mitosis-queue")
+    queue_nc = await natsutil.connect(nats_server.url, "test-as-queue", kind="queue")
+    fleet = InProcFleet(nats_server.url, nc)
+    for wid in ("qw0", "qw1"):
+        engine = SimEngine(SimEngineCore(profile("zero"), 16))
+        fleet.workers.append(await fleet.add(WorkerShell(WorkerConfig(wid, config.DEFAULT_MODEL), engine,
+                                                         ByteTokenizer())))
+    prov = RecordingProvisioner()
+    scaling = MitosisConfig(n_lower=1, n_upper=4, grow_window_s=0.3, shrink_window_s=600.0)
+    macro = MacroShell(MacroConfig(size=4, scaling=scaling), plan_s=0.05, provisioner=prov)
+    await fleet.add(macro)
+    backlog = schemas.QueueStats(instance_id="pq-live", ts=0.0, policy="fcfs", depth=[0, 40, 0, 0],
+                                 work_tokens=[0, 80_000, 0, 0], in_flight=10, drain_tokens_per_s=10_000.0)
+    try:
+        async with asyncio.timeout(30):
+            while not prov.ops:  # the queue publishes its state every 100 ms
+                await queue_nc.publish(subjects.QUEUE_STATE, codec.encode(backlog))
+                await asyncio.sleep(0.1)
+        assert prov.ops == [("add", "m0")]
+        assert macro.core.backlog_share == pytest.approx(40 * (1 - 10_000 * 2.0 / 80_000) / 50)
+        assert all(macro.core.load(w).compute_util == 0.0 for w in ("qw0", "qw1"))
+    finally:
+        await fleet.stop()
+        await queue_nc.drain()
         await nc.drain()

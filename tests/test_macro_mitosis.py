@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import sys
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore, ProvisionOp
-from tokenyard.services.macro_instance.mitosis import Decision, Mitosis, MitosisConfig
+from tokenyard.services.macro_instance.mitosis import Decision, Mitosis, MitosisConfig, backlog_late_share
 from tokenyard.services.macro_instance.provisioner import LocalProcessProvisioner
-from tokenyard.shared.schemas import WorkerControl
+from tokenyard.shared.schemas import QueueStats, WorkerControl
 
 from tests.builders import hb
 
@@ -84,6 +85,53 @@ def test_the_fleet_bounds_hold():
     feed(m, "m0", 0.99, 0.0, 0.0, 600.0)
     feed(m, "m1", 0.01, 0.0, 0.0, 600.0)
     assert m.decide({"m0": ["a"], "m1": ["b"]}, 600.0) == []
+
+
+def test_a_violation_mean_above_the_growth_level_blocks_a_shrink():
+    m = Mitosis(CFG)
+    feed(m, "m0", 0.2, 0.10, 0.0, 600.0)  # cold, but 10 % late: grows, never shrinks
+    feed(m, "m1", 0.2, 0.05, 0.0, 600.0)  # 5 % is not above 5 %: cold enough to shrink
+    assert m.decide({"m0": ["a", "b"], "m1": ["c", "d"]}, 600.0) == [
+        Decision("grow", "m0"), Decision("shrink", "m1", ("d",))]
+
+
+# ───────────── the queue's backlog ─────────────
+
+def qstats(depth: int = 0, work: int = 0, drain: float = 0.0, in_flight: int = 0, headroom: int = 0,
+           iid: str = "q0") -> QueueStats:
+    """A queue state with all its waiting work in class P1."""
+    return QueueStats(iid, 0.0, "fcfs", [0, depth, 0, 0], [0, work, 0, 0], in_flight=in_flight,
+                      drain_tokens_per_s=drain, headroom=headroom)
+
+
+def test_backlog_late_share_counts_what_waits_past_the_ttft_slo():
+    # 10 waiting, 10,000 tokens of work, drained at 2,000 tokens/s: the line takes 5 s; with a
+    # 2 s TTFT SLO the first 4 leave in time, the last 6 are late; 6 of the 10 + 20 held
+    assert backlog_late_share([qstats(10, 10_000, 2_000.0, 20)], 2_000.0) == pytest.approx(6 / 30)
+    # the whole line leaves within the SLO: nobody is late
+    assert backlog_late_share([qstats(10, 10_000, 5_000.0, 20)], 2_000.0) == 0.0
+    # work waits and nothing drains: all of it is late
+    assert backlog_late_share([qstats(10, 10_000, 0.0, 0)], 2_000.0) == 1.0
+    # a replica with headroom is not the bottleneck
+    assert backlog_late_share([qstats(10, 10_000, 0.0, 0, headroom=500)], 2_000.0) == 0.0
+    # nothing held at all
+    assert backlog_late_share([], 2_000.0) == 0.0
+    assert backlog_late_share([qstats(in_flight=30)], 2_000.0) == 0.0
+    # replicas add up: each one's late requests over everything the fleet holds
+    two = [qstats(10, 10_000, 2_000.0, 20, iid="a"), qstats(10, 10_000, 0.0, 0, iid="b")]
+    assert backlog_late_share(two, 2_000.0) == pytest.approx((6 + 10) / 40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 50), st.integers(0, 10**6), st.floats(0.0, 1e6), st.integers(0, 300),
+                               st.integers(0, 5_000)), max_size=4),
+       ttft=st.floats(1.0, 1e5))
+def test_backlog_late_share_is_a_share_and_grows_as_the_drain_slows(rows, ttft):
+    queues = [qstats(n, w if n else 0, d, f, h, iid=str(i)) for i, (n, w, d, f, h) in enumerate(rows)]
+    share = backlog_late_share(queues, ttft)
+    assert 0.0 <= share <= 1.0
+    slower = [msgspec.structs.replace(q, drain_tokens_per_s=q.drain_tokens_per_s / 2) for q in queues]
+    assert backlog_late_share(slower, ttft) >= share - 1e-12
 
 
 # ───────────── the controller applies them ─────────────
@@ -166,3 +214,41 @@ def test_scaling_keeps_groups_a_partition_of_the_serving_workers(utils, size):
         assert all(c.groups.values())
         assert not set(members) & c.retiring
         assert 2 <= len(fleet) <= 8
+
+
+def test_the_controller_grows_on_a_queue_backlog_the_workers_do_not_show():
+    """Flow control keeps the workers within their SLOs and below the growth utilisation while
+    the queue holds the backlog: the controller reads the backlog from the queue's state."""
+    c = scaling_core()
+    backlog = qstats(depth=40, work=80_000, drain=4_000.0, in_flight=20)  # a 20 s line, TTFT SLO 2 s
+    for t in (0.0, 1.0):
+        c.on_queue_stats(backlog, t)
+        assert tick(c, t, {"a": 0.5, "b": 0.5}).provision == []
+    c.on_queue_stats(backlog, 2.0)
+    assert tick(c, 2.0, {"a": 0.5, "b": 0.5}).provision == [ProvisionOp("add", "m0")]
+    assert c.backlog_share == pytest.approx(40 * (1 - 4_000 * 2 / 80_000) / 60)
+
+
+def test_a_stale_queue_state_is_not_a_backlog():
+    c = scaling_core()
+    c.on_queue_stats(qstats(depth=40, work=80_000, drain=0.0), 0.0)  # then it fell silent (stale after 3 s)
+    for t in (3.5, 4.5, 5.5, 6.5):
+        assert tick(c, t, {"a": 0.5, "b": 0.5}).provision == []
+    assert c.backlog_share == 0.0
+
+
+def test_no_shrink_while_the_queue_holds_a_late_backlog():
+    c = scaling_core(size=3, n_lower=1, n_upper=4)
+    backlog = qstats(depth=40, work=80_000, drain=20_000.0, in_flight=20)  # a 4 s line: half of it late
+    cold = {"a": 0.1, "b": 0.1, "c": 0.1}
+    ops = []
+    for t in range(8):  # cold workers, late backlog: growth only
+        c.on_queue_stats(backlog, float(t))
+        ops += [op.kind for op in tick(c, float(t), cold).provision]
+    assert ops and set(ops) == {"add"}
+    assert c.groups["m0"] == ["a", "b", "c"]
+    ops = []
+    for t in range(8, 16):  # the line is gone (the grow window's mean still holds it for a tick):
+        c.on_queue_stats(qstats(in_flight=5), float(t))  # cold over the shrink window, and shrink
+        ops += [(op.kind, op.worker_id) for op in tick(c, float(t), cold).provision]
+    assert ops == [("add", ""), ("remove", "c")]

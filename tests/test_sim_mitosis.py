@@ -35,11 +35,9 @@ def test_the_seed_s_mitosis_is_sized_by_the_macro_instance():
 
 
 def test_workers_are_started_and_stopped_as_the_controller_says():
-    # Flow control off: with it the queue holds the burst's backlog, and mitosis's signals —
-    # the workers' own SLO misses and utilisation — never see it (a known gap: the controller
-    # does not read the queue's depth yet).
-    cfg = short(SimConfig(instances=4, macro_size=4, mode="ecoserve", provision_delay_s=3.0, mitosis=True,
-                          flow_control=False))
+    # Flow control on, as the product runs: the queue holds the burst's backlog and the
+    # controller sees it there (the workers alone look busy but within their SLOs).
+    cfg = short(SimConfig(instances=4, macro_size=4, mode="ecoserve", provision_delay_s=3.0, mitosis=True))
     sim = ClusterSim(cfg, 16)
     items = rising_and_falling()
     sim.run(items)
@@ -60,8 +58,7 @@ def test_workers_are_started_and_stopped_as_the_controller_says():
 
 
 def test_a_run_reports_its_scaling():
-    cfg = short(SimConfig(instances=4, macro_size=4, mode="nodg", provision_delay_s=3.0, mitosis=True,
-                          flow_control=False))
+    cfg = short(SimConfig(instances=4, macro_size=4, mode="nodg", provision_delay_s=3.0, mitosis=True))
     res = simulate(_Fixed(rising_and_falling()), cfg)
     s = res["scaling"]
     assert s["add"] == s["started"] and s["workers_max"] > 4 and s["workers_min"] <= 4

@@ -15,7 +15,10 @@ its group. Modes:
             request handed off after its first token), the rest decode workers (phase
             `decode`, taking the hand-offs; services.router.pd).
 With `scaling` set, mitosis (services.macro_instance.mitosis) grows, splits, shrinks and
-merges the groups; worker additions and removals go out as ProvisionOps.
+merges the groups; worker additions and removals go out as ProvisionOps. Its growth rule reads
+the workers' heartbeats and the priority queue's states (`llm.v1.pq.state`, on_queue_stats):
+under flow control the backlog of a saturated fleet waits in the queue, where heartbeats do
+not show it.
 
 plan(now) → the MacroStates that changed (epoch + 1), the WorkerControls for workers whose
 reported macro id or phase differs from the plan, and the ProvisionOps.
@@ -25,10 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenyard.services.macro_instance.mitosis import Mitosis, MitosisConfig
+from tokenyard.services.macro_instance.mitosis import Mitosis, MitosisConfig, backlog_late_share
 from tokenyard.services.macro_instance.rolling import Rolling, RollingConfig
 from tokenyard.shared.ecoserve import WorkerLoad, load_of
-from tokenyard.shared.schemas import Heartbeat, MacroState, Phase, WorkerControl
+from tokenyard.shared.schemas import Heartbeat, MacroState, Phase, QueueStats, WorkerControl
 
 MODES = ("nodg", "ecoserve", "pd")
 
@@ -88,10 +91,20 @@ class MacroCore:
         """Macro-instances waiting for a worker the provisioner is starting (FIFO)."""
         self.retiring: set[str] = set()
         """Workers removed by a shrink: kept out of the groups until they fall silent."""
+        self.queues: dict[str, tuple[float, QueueStats]] = {}
+        """Queue replica → (seen at, its latest state)."""
+        self.backlog_share = 0.0
+        """Mitosis: the queue's late-backlog share at the latest plan (mitosis.backlog_late_share)."""
         self._next = 0
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.reported[hb.worker_id] = _Reported(hb, now)
+
+    def on_queue_stats(self, stats: QueueStats, now: float) -> None:
+        self.queues[stats.instance_id] = (now, stats)
+
+    def _fresh_queues(self, now: float) -> list[QueueStats]:
+        return [s for seen, s in self.queues.values() if now - seen <= self.cfg.stale_after_s]
 
     def load(self, worker_id: str) -> WorkerLoad:
         return load_of(self.reported[worker_id].hb)
@@ -180,11 +193,12 @@ class MacroCore:
     def _scale(self, now: float, plan: Plan, changed: set[str]) -> None:
         assert self.mitosis is not None
         ttft = self.cfg.rolling.eco.ttft_slo_ms
+        self.backlog_share = backlog_late_share(self._fresh_queues(now), ttft)
         for mid, ws in self.groups.items():
             loads = [self.load(w) for w in ws]
             util = sum(x.compute_util for x in loads) / len(loads)
             missing = sum(1 for x in loads if (x.slack_ms is not None and x.slack_ms < 0) or x.prefill_ms() > ttft)
-            self.mitosis.observe(mid, now, util, missing / len(loads))
+            self.mitosis.observe(mid, now, util, max(missing / len(loads), self.backlog_share))
         for d in self.mitosis.decide(self.groups, now, len(self.pending_joins)):
             if d.kind == "grow":
                 self.pending_joins.append(d.macro_id)

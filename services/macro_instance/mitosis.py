@@ -5,14 +5,22 @@ additions/removals to a Provisioner.
 
 Per macro-instance m, every tick adds a sample (t, u, v):
   u = mean compute utilisation of its workers (heartbeat `compute_util`)
-  v = share of its workers missing an SLO now: saved TPOT slack < 0, or pending prefill
-      time > the TTFT SLO (a heartbeat-side proxy for the SLO-violation rate)
+  v = max(v_w, q), two proxies for the SLO-violation rate:
+      v_w = share of its workers missing an SLO now: saved TPOT slack < 0, or pending
+            prefill time > the TTFT SLO (what the heartbeats show);
+      q   = the fleet's backlog share (`backlog_late_share`): of the requests the fleet
+            holds (waiting in the priority queue + in flight), the share waiting in the
+            queue past the TTFT SLO. Under flow control the queue, not the workers, holds
+            the backlog while the fleet is saturated: the workers look busy but within SLO,
+            so v_w alone never sees an overload. The queue is one for the fleet, so q counts
+            for every macro-instance alike.
 Over a window W the history "stays" above a level when it spans W and its mean is above it.
   grow    mean v > 5% or mean u > 85% over W_grow (5 min)    → one worker more for m
   split   |m| > N_upper                                       → its last N_lower workers
                                                                 form a new macro-instance
-  shrink  mean u < 40% over W_shrink (10 min), |m| > 1        → its last worker is drained
-                                                                and removed
+  shrink  mean u < 40% and mean v ≤ 5% over W_shrink (10 min), → its last worker is drained
+          |m| > 1                                                and removed (never while
+                                                                the queue holds a late backlog)
   merge   |m| ≤ N_lower after a shrink, and a neighbour n (the macro-instances in id
           order, the next one first) with mean u < 40% and |m| + |n| ≤ N_upper
                                                               → m's workers join n
@@ -23,6 +31,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+from tokenyard.shared.schemas import QueueStats
 
 
 @dataclass
@@ -114,7 +124,7 @@ class Mitosis:
                 acted.add(mid)
                 continue
             cold = self._mean(mid, now, cfg.shrink_window_s)
-            if cold and cold[0] < cfg.shrink_util and len(ws) > 1 and total > cfg.min_workers:
+            if cold and cold[0] < cfg.shrink_util and cold[1] <= cfg.grow_violation and len(ws) > 1 and total > cfg.min_workers:
                 out.append(Decision("shrink", mid, (ws[-1],)))
                 total -= 1
                 acted.add(mid)
@@ -139,3 +149,29 @@ class Mitosis:
             if light and light[0] < self.cfg.shrink_util and size + len(groups[n]) <= self.cfg.n_upper:
                 return n
         return None
+
+
+def backlog_late_share(queues: list[QueueStats], ttft_slo_ms: float) -> float:
+    """Of the requests the fleet holds — waiting in the priority queue (N = Σ depth) or in
+    flight (F) — the share that waits in the queue longer than the TTFT SLO T:
+
+        late = N · max(0, 1 − D·T / W),   share = late / (N + F)
+
+    W = Σ work_tokens waiting, D = Σ drain_tokens_per_s (what the queue routed per second
+    lately): served first come first served at the drain rate, the k-th of N equal requests
+    leaves after k·W/(N·D), so those past D·T/W of the line are late. A replica reporting
+    headroom is not the bottleneck (what waits in it is about to leave): it counts no late
+    requests, as admission's feasibility check reads the same state. With work waiting and no
+    drain, every waiting request is late. Classes are pooled (FCFS): a strict or weighted
+    queue serves its top class sooner, which this ignores."""
+    waiting = sum(sum(q.depth) for q in queues)
+    held = waiting + sum(q.in_flight for q in queues)
+    if held == 0:
+        return 0.0
+    late = 0.0
+    for q in queues:
+        n, w = sum(q.depth), sum(q.work_tokens)
+        if n == 0 or q.headroom > 0:
+            continue
+        late += n if q.drain_tokens_per_s <= 0 else n * max(0.0, 1.0 - q.drain_tokens_per_s * ttft_slo_ms / 1000.0 / max(w, 1))
+    return late / held

@@ -1,4 +1,5 @@
-"""The macro-instance controller's shell: heartbeats in; every `plan_s` ask the core for a
+"""The macro-instance controller's shell: heartbeats and the priority queue's states
+(`llm.v1.pq.state`, mitosis's backlog signal) in; every `plan_s` ask the core for a
 plan, publish changed states on `llm.v1.macro.<id>.state`, write them to the JetStream KV
 bucket `tokenyard_topology` (key `macro.<id>`), send WorkerControl to workers whose
 phase or group must change, and hand mitosis scaling's ProvisionOps to the Provisioner. All states are re-published every `republish_s`, so a router
@@ -44,6 +45,7 @@ class MacroShell:
         self.nc = nc
         self.kv = await natsutil.topology_bucket(nc)
         await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
+        await nc.subscribe(subjects.QUEUE_STATE, cb=self._on_queue_state)
         await service.add_endpoint(name="topology", subject=TOPOLOGY, handler=self._on_topology)
         self._task = asyncio.create_task(self._loop())
 
@@ -59,6 +61,10 @@ class MacroShell:
     async def _on_heartbeat(self, msg: Msg) -> None:
         with contextlib.suppress(codec.DecodeError):
             self.core.on_heartbeat(codec.decode(msg.data, schemas.Heartbeat), time.time())
+
+    async def _on_queue_state(self, msg: Msg) -> None:
+        with contextlib.suppress(codec.DecodeError):
+            self.core.on_queue_stats(codec.decode(msg.data, schemas.QueueStats), time.time())
 
     async def _loop(self) -> None:
         last_full = 0.0

@@ -13,28 +13,33 @@ import re
 import sys
 from pathlib import Path
 
-SYSTEMS = ("vllm", "sarathi", "distserve", "ecoserve", "ecoserve-pure")
+SYSTEMS = ("vllm", "sarathi", "distserve", "distserve-search", "ecoserve", "ecoserve-pure")
+BASELINES = ("vllm", "sarathi", "distserve", "distserve-search")
 
 
 def goodput_table(doc: dict) -> str:
     names = [s for s in SYSTEMS if s in doc["systems"]]
     head = "| load | " + " | ".join(f"{n} goodput (attain.)" for n in names)
-    head += " | eco / best baseline | eco-pure / best baseline | TTFT p99 s (" + ", ".join(names) + ") | TPOT p99 ms |"
-    lines = [head, "|" + "---|" * (len(names) + 5)]
+    head += " | eco / best baseline | eco-pure / best baseline | TTFT p99 s (" + ", ".join(names) + ") | TPOT p99 ms"
+    head += " | refused + expired |"
+    lines = [head, "|" + "---|" * (len(names) + 6)]
     for row in doc["rows"]:
         cells = [f"×{row['rate_scale']:g}"]
         for n in names:
             r = row[n]
-            cells.append(f"{r['request_goodput']:.2f} ({r['attainment']:.0%})")
-        base = max(row[b]["request_goodput"] for b in ("vllm", "sarathi", "distserve") if b in row)
+            split = f", P:D {r['pd_search']['pd_prefill']}:{doc['macro_size'] - r['pd_search']['pd_prefill']}" if "pd_search" in r else ""
+            cells.append(f"{r['request_goodput']:.2f} ({r['attainment']:.0%}{split})")
+        base = max(row[b]["request_goodput"] for b in BASELINES if b in row)
         for eco in ("ecoserve", "ecoserve-pure"):
             cells.append(f"{row[eco]['request_goodput'] / base:.2f}" if eco in row and base else "–")
         cells.append(" / ".join(f"{row[n]['p99_ttft_ms'] / 1000:.1f}" for n in names))
         cells.append(" / ".join(f"{row[n]['p99_tpot_ms']:.0f}" for n in names))
+        cells.append(" / ".join(str(row[n].get("refused", 0) + row[n].get("expired", 0)) for n in names))
         lines.append("| " + " | ".join(cells) + " |")
     best = doc["max_rate_scale"]
     lines.append("")
-    lines.append("Highest swept load with ≥ 90% of requests within SLO: "
+    lines.append("Attainment: the share of the offered requests completed within both SLOs (a refused one missed). "
+                 "Highest swept load with ≥ 90% of requests within SLO: "
                  + ", ".join((f"{n} ×{best[n]:g}" if best[n] is not None else f"{n} none") for n in names) + ".")
     fb = [(row["rate_scale"], row[e]["ecoserve_filter"]) for row in doc["rows"] for e in ("ecoserve",) if e in row]
     if fb:

@@ -1,7 +1,9 @@
 """Mitosis scaling acted on in the simulator (issue 13): a load that rises and falls, the
 macro-instance controller's seed rules (grow on > 5% SLO misses or > 85% utilisation over
 5 min, shrink under 40% over 10 min, split past N_upper = the macro size into N_lower = half,
-merge back), and the simulator starting and stopping workers as it says.
+merge back), and the simulator starting and stopping workers as it says. SLO misses include
+the queue's late backlog (services.macro_instance.mitosis.backlog_late_share): with flow
+control on, that is where a saturated fleet's backlog waits.
 
     .venv/bin/python bench/ecoserve_mitosis.py [--workload chatbot] [--profile P]
         [--instances N] [--macro-size K] [--mode ecoserve|nodg]
@@ -81,12 +83,12 @@ def main() -> int:
     sim = ClusterSim(cfg, wl.block_tokens)
     sim.run(items)
     res = result(sim, items, goodput)
-    for t, kind, mid, wid in sim.scaling_log:
-        print(f"{t:8.1f} s  {kind:8} {mid:4} {wid}")
-    sizes = [n for _, n, _ in sim.fleet_samples]
+    for t, kind, mid, other in sim.scaling_log:
+        print(f"{t:8.1f} s  {kind:8} {mid:4} {other}")
+    sizes = [x[1] for x in sim.fleet_samples]
     print(f"requests {len(items)}, completed {res['completed']}, goodput {res['request_goodput']:.2f} req/s "
           f"of {res['request_throughput']:.2f}, workers {min(sizes)}…{max(sizes)}, "
-          f"macro-instances up to {max(g for _, _, g in sim.fleet_samples)}")
+          f"macro-instances up to {max(x[2] for x in sim.fleet_samples)}, decisions {res.get('scaling')}")
     doc = {"config": vars(args), "scaling_log": sim.scaling_log, "fleet_samples": sim.fleet_samples,
            "result": {k: v for k, v in res.items() if k not in ("wall_s", "sim_speed")}}
     if args.json:
@@ -97,17 +99,27 @@ def main() -> int:
 
 
 def plot(sim, phases, path) -> None:
+    """Top: workers and macro-instances against the offered load, each mitosis decision marked.
+    Bottom: what the controller grew on — the queue's late-backlog share — and the share of
+    requests refused (admission or the queue's deadline) per minute."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = np.array([s[0] for s in sim.fleet_samples]) / 60.0
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (ax, low) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=(3, 2))
     ax.step(t, [s[1] for s in sim.fleet_samples], where="post", label="workers running")
     ax.step(t, [s[2] for s in sim.fleet_samples], where="post", label="macro-instances")
-    ax.set_xlabel("time (min)")
+    marks = {"grow": ("^", "tab:green"), "split": ("D", "tab:purple"), "shrink": ("v", "tab:red"),
+             "merge": ("s", "tab:brown")}
+    top = max(s[1] for s in sim.fleet_samples) + 1.0
+    for kind, (marker, color) in marks.items():
+        times = [e[0] / 60.0 for e in sim.scaling_log if e[1] == kind]
+        if times:
+            ax.scatter(times, [top] * len(times), marker=marker, color=color, label=f"{kind} ({len(times)})", zorder=3)
     ax.set_ylabel("count")
+    ax.set_ylim(0, top + 1.0)
     ax2 = ax.twinx()
     edges, rates, t0 = [], [], 0.0
     for rate, minutes in phases:
@@ -116,8 +128,24 @@ def plot(sim, phases, path) -> None:
         t0 += minutes
     ax2.plot(edges, rates, color="grey", linestyle="--", label="offered req/s")
     ax2.set_ylabel("offered load (req/s)")
-    fig.legend(loc="upper right")
+    ax2.set_ylim(0, max(rates) * 1.25)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8, ncol=2)
     ax.set_title("Mitosis scaling in the simulator")
+    low.plot(t, [s[3] for s in sim.fleet_samples], color="tab:orange", label="queue: late-backlog share")
+    minute = np.zeros(int(t[-1]) + 1)
+    refused = np.zeros_like(minute)
+    for st in sim.reqs.values():
+        k = min(int(st.item.arrival_s // 60.0), len(minute) - 1)
+        minute[k] += 1
+        refused[k] += bool(st.error)
+    share = np.divide(refused, minute, out=np.zeros_like(minute), where=minute > 0)
+    low.step(np.arange(len(minute)), share, where="post", color="tab:red", label="refused share (per arrival minute)")
+    low.set_xlabel("time (min)")
+    low.set_ylabel("share")
+    low.set_ylim(0, 1.05)
+    low.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

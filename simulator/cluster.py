@@ -225,9 +225,12 @@ class ClusterSim:
         """Mitosis: workers told to go; each stops once its last request is done."""
         self.stopped: set[str] = set()
         self.scaling_log: list[tuple[float, str, str, str]] = []
-        """Mitosis: (time, add | remove | started | stopped, macro id, worker id)."""
-        self.fleet_samples: list[tuple[float, int, int]] = []
-        """(time, workers running, macro-instances) at every sample tick."""
+        """Mitosis: (time, add | remove | started | stopped, macro id, worker id) for workers;
+        (time, grow | split | shrink | merge, macro id, the macro-instance a split made or a
+        merge joined) for the controller's decisions."""
+        self.fleet_samples: list[tuple[float, int, int, float]] = []
+        """(time, workers running, macro-instances, the controller's queue-backlog share) at
+        every sample tick."""
         self.legs: list[schemas.AdmittedRequest] = []
         """Spatial P/D decode legs whose KV has landed but no decode worker took yet."""
         self.handoffs = 0
@@ -437,6 +440,8 @@ class ClusterSim:
             plan = self.macro.plan(now)
             for state in plan.states:
                 self.router.on_macro_state(state)
+            for d in plan.scaled:
+                self.scaling_log.append((now, d.kind, d.macro_id, d.into))
             if plan.provision:
                 self._provision(plan.provision, now)
             for ctl in plan.controls:
@@ -472,7 +477,8 @@ class ClusterSim:
     def _sample(self, now: float) -> None:
         self.sample_times.append(now)
         groups = len(self.macro.groups) if self.macro is not None else 0
-        self.fleet_samples.append((now, len(self.instances) - len(self.stopped), groups))
+        backlog = self.macro.backlog_share if self.macro is not None else 0.0
+        self.fleet_samples.append((now, len(self.instances) - len(self.stopped), groups, backlog))
         products = []
         for inst in self.instances:
             s = inst.engine.stats()

@@ -83,9 +83,10 @@ def result(sim: ClusterSim, items: list[TraceRequest], goodput_ms: dict[str, flo
     out["ecoserve_filter"] = {"decisions": eco.decisions, "fallbacks": eco.fallbacks, "refused": dict(eco.refused or {})}
     out["pd_handoffs"] = sim.handoffs
     if sim.scaling_log:
-        out["scaling"] = {k: sum(1 for e in sim.scaling_log if e[1] == k) for k in ("add", "remove", "started", "stopped")}
-        out["scaling"]["workers_max"] = max(n for _, n, _ in sim.fleet_samples)
-        out["scaling"]["workers_min"] = min(n for _, n, _ in sim.fleet_samples)
+        kinds = ("add", "remove", "started", "stopped", "grow", "split", "shrink", "merge")
+        out["scaling"] = {k: sum(1 for e in sim.scaling_log if e[1] == k) for k in kinds}
+        out["scaling"]["workers_max"] = max(s[1] for s in sim.fleet_samples)
+        out["scaling"]["workers_min"] = min(s[1] for s in sim.fleet_samples)
     out["sim_time_s"] = sim.now
     out["wall_s"] = sim.wall_s
     out["sim_speed"] = sim.now / sim.wall_s if sim.wall_s > 0 else 0.0

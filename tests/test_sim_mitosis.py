@@ -47,9 +47,14 @@ def test_workers_are_started_and_stopped_as_the_controller_says():
     first_add = next(e for e in sim.scaling_log if e[1] == "add")
     first_start = next(e for e in sim.scaling_log if e[1] == "started")
     assert first_start[0] == first_add[0] + 3.0  # the start-up delay
-    sizes = [n for _, n, _ in sim.fleet_samples]
+    sizes = [s[1] for s in sim.fleet_samples]
     assert 4 < max(sizes) <= 8 and sizes[-1] < max(sizes)  # max_workers counts those starting
-    assert max(g for _, _, g in sim.fleet_samples) >= 2  # a split happened past N_upper = 4
+    assert max(s[2] for s in sim.fleet_samples) >= 2  # a split happened past N_upper = 4
+    assert kinds.count("grow") == kinds.count("add") and kinds.count("shrink") == kinds.count("remove")
+    assert kinds.count("split") >= 1 and kinds.count("merge") >= 1 and sim.fleet_samples[-1][2] == 1
+    burst = [s[3] for s in sim.fleet_samples if 20.0 <= s[0] <= 60.0]
+    assert max(burst) > 0.05  # what it grew on: the queue's late backlog …
+    assert all(s[3] == 0.0 for s in sim.fleet_samples if s[0] > 120.0)  # … gone once the load fell
     for st in sim.reqs.values():  # each request done in full, or refused by admission in the burst
         assert (st.finished and len(st.tokens) == 64) or (st.error or "").startswith("status_")
     assert sum(st.finished for st in sim.reqs.values()) > len(items) // 2

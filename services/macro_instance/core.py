@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenyard.services.macro_instance.mitosis import Mitosis, MitosisConfig, backlog_late_share
+from tokenyard.services.macro_instance.mitosis import Decision, Mitosis, MitosisConfig, backlog_late_share
 from tokenyard.services.macro_instance.rolling import Rolling, RollingConfig
 from tokenyard.shared.ecoserve import WorkerLoad, load_of
 from tokenyard.shared.schemas import Heartbeat, MacroState, Phase, QueueStats, WorkerControl
@@ -65,6 +65,9 @@ class Plan:
     states: list[MacroState] = field(default_factory=list)
     controls: list[WorkerControl] = field(default_factory=list)
     provision: list[ProvisionOp] = field(default_factory=list)
+    scaled: list[Decision] = field(default_factory=list)
+    """Mitosis's decisions applied this plan, for logs and plots; a split names the new
+    macro-instance in `into`."""
 
 
 @dataclass
@@ -208,6 +211,7 @@ class MacroCore:
                 self.groups[d.macro_id] = [w for w in self.groups[d.macro_id] if w not in d.workers]
                 self.groups[new] = list(d.workers)
                 changed.update((d.macro_id, new))
+                d = Decision(d.kind, d.macro_id, d.workers, new)
             elif d.kind == "shrink":
                 w = d.workers[0]
                 self.groups[d.macro_id].remove(w)
@@ -218,6 +222,7 @@ class MacroCore:
                 self.groups[d.into].extend(w for w in self.groups[d.macro_id] if w not in self.groups[d.into])
                 self._drop(d.macro_id)
                 changed.update((d.macro_id, d.into))
+            plan.scaled.append(d)
         for mid in [m for m, ws in self.groups.items() if not ws]:
             self._drop(mid)
             changed.add(mid)

@@ -79,6 +79,9 @@ class MacroShell:
                     log.info("macro_state", macro=state.macro_id, workers=state.workers, epoch=state.epoch)
                 for ctl in plan.controls:
                     await self.nc.publish(subjects.worker_control(ctl.worker_id), codec.encode(ctl))
+                for d in plan.scaled:
+                    log.info("mitosis", decision=d.kind, macro=d.macro_id, workers=list(d.workers), into=d.into,
+                             backlog_share=round(self.core.backlog_share, 3))
                 for op in plan.provision:
                     log.info("scale", op=op.kind, macro=op.macro_id, worker=op.worker_id)
                     if op.kind == "add":

@@ -29,7 +29,7 @@ import msgspec
 from tokenyard.loadgen.workloads.blocks import TraceRequest
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.macro_instance.core import MacroConfig, MacroCore
-from tokenyard.services.macro_instance.mitosis import MitosisConfig
+from tokenyard.services.macro_instance.mitosis import mitosis_config
 from tokenyard.services.macro_instance.rolling import RollingConfig
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.registry import DEFAULT_POLICY as DEFAULT_QUEUE_POLICY
@@ -104,12 +104,6 @@ class SimConfig:
             eco.ttft_slo_ms if self.ttft_slo_ms is None else self.ttft_slo_ms,
             eco.tpot_slo_ms if self.tpot_slo_ms is None else self.tpot_slo_ms,
         )
-
-
-def mitosis_config(macro_size: int) -> MitosisConfig:
-    """The seed's mitosis for macro-instances of `macro_size` (§5.2 sizes them by cluster):
-    split past it, into groups of half of it; windows and thresholds as MitosisConfig's."""
-    return MitosisConfig(n_lower=max(1, macro_size // 2), n_upper=max(2, macro_size))
 
 
 def with_slos(cfg: SimConfig, goodput_ms: dict[str, float] | None) -> SimConfig:

@@ -7,8 +7,8 @@ default (`mitosis_config`)."""
 from __future__ import annotations
 
 from tokenyard.loadgen.workloads import PrefixIds, TraceRequest
-from tokenyard.services.macro_instance.mitosis import MitosisConfig
-from tokenyard.simulator.cluster import ClusterSim, SimConfig, mitosis_config
+from tokenyard.services.macro_instance.mitosis import MitosisConfig, mitosis_config
+from tokenyard.simulator.cluster import ClusterSim, SimConfig
 from tokenyard.simulator.run import simulate
 
 

@@ -25,8 +25,11 @@ def register(sub) -> None:
     p.add_argument("--min-phase-s", type=float, default=1.0, help="EcoServe: shortest prefill or decode phase")
     p.add_argument("--stagger-s", type=float, default=1.0, help="EcoServe: interval between two activations")
     p.add_argument("--scale", action="store_true", help="mitosis scaling with local worker processes")
-    p.add_argument("--n-lower", type=int, default=2, help="with --scale: a macro-instance below this many workers merges with another")
-    p.add_argument("--n-upper", type=int, default=8, help="with --scale: a macro-instance above this many workers splits in two")
+    p.add_argument("--n-lower", type=int, default=None,
+                   help="with --scale: a split makes a macro-instance of this many workers, one shrunk to it merges "
+                        "(default: half the macro size)")
+    p.add_argument("--n-upper", type=int, default=None,
+                   help="with --scale: a macro-instance above this many workers splits (default: the macro size)")
     p.add_argument("--max-workers", type=int, default=16, help="with --scale: most worker processes started")
     p.add_argument("--worker-engine", default="sim", help="with --scale: engine of the workers it starts")
     p.add_argument("--worker-profile", default="a100-llama3-8b", help="with --scale: their latency profile")
@@ -37,7 +40,7 @@ def register(sub) -> None:
 
 def main(args) -> int:
     from tokenyard.services.macro_instance.core import MacroConfig
-    from tokenyard.services.macro_instance.mitosis import MitosisConfig
+    from tokenyard.services.macro_instance.mitosis import mitosis_config
     from tokenyard.services.macro_instance.provisioner import LocalProcessProvisioner
     from tokenyard.services.macro_instance.rolling import RollingConfig
     from tokenyard.services.macro_instance.shell import MacroShell
@@ -49,7 +52,8 @@ def main(args) -> int:
                       rolling=RollingConfig(eco, min_phase_s=args.min_phase_s, stagger_s=args.stagger_s))
     provisioner = None
     if args.scale:
-        cfg.scaling = MitosisConfig(n_lower=args.n_lower, n_upper=args.n_upper, max_workers=args.max_workers)
+        bounds = {k: v for k, v in (("n_lower", args.n_lower), ("n_upper", args.n_upper)) if v is not None}
+        cfg.scaling = mitosis_config(args.macro_size, max_workers=args.max_workers, **bounds)
         provisioner = LocalProcessProvisioner(args.nats, args.worker_engine, args.worker_profile, args.worker_speed,
                                               args.worker_model)
     run(MacroShell(cfg, provisioner=provisioner), args.nats, args.metrics_port)

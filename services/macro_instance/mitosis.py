@@ -54,6 +54,13 @@ class MitosisConfig:
             raise ValueError("mitosis needs 1 ≤ N_lower < N_upper")
 
 
+def mitosis_config(macro_size: int, **overrides) -> MitosisConfig:
+    """The seed's mitosis for macro-instances of `macro_size` (§5.2 sizes them by cluster):
+    split past it, into groups of half of it; windows and thresholds as MitosisConfig's. The
+    live controller (`tokenyard macro --scale`) and the simulator (`--mitosis`) both start here."""
+    return MitosisConfig(n_lower=max(1, macro_size // 2), n_upper=max(2, macro_size), **overrides)
+
+
 @dataclass(frozen=True)
 class Decision:
     """One scaling action. `kind`: `grow` (add a worker to `macro_id`), `split` (move

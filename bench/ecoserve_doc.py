@@ -53,8 +53,9 @@ def goodput_table(doc: dict) -> str:
 
 
 def issue_table(out_dir: Path) -> str:
-    lines = ["| load | mode | req/s | goodput | attain. | TTFT mean / p99 ms | TPOT mean / p99 ms | goodput ratio to ecoserve |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| load | mode | req/s | goodput | attain. (of offered) | refused + expired | TTFT mean / p99 ms | "
+             "TPOT mean / p99 ms | goodput ratio to ecoserve |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for x in (1, 2):
         path = out_dir / f"issue_coder_x{x}.json"
         if not path.exists():
@@ -63,7 +64,11 @@ def issue_table(out_dir: Path) -> str:
         eco = runs["ecoserve"]["request_goodput"]
         for mode, r in runs.items():
             att = r["request_goodput"] / r["request_throughput"] if r["request_throughput"] else 0.0
+            o = r["outcomes"]["all"]
+            offered = sum(o[k] for k in ("refused", "expired", "met_slo", "missed_slo", "failed_other"))
+            att *= r["completed"] / offered if offered else 0.0
             lines.append(f"| ×{x} | {mode} | {r['request_throughput']:.2f} | {r['request_goodput']:.2f} | {att:.0%} | "
+                         f"{o['refused'] + o['expired']} | "
                          f"{r['mean_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | {r['mean_tpot_ms']:.0f} / {r['p99_tpot_ms']:.0f} | "
                          f"{r['request_goodput'] / eco if eco else float('nan'):.2f} |")
     return "\n".join(lines)

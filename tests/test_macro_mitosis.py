@@ -252,3 +252,29 @@ def test_no_shrink_while_the_queue_holds_a_late_backlog():
         c.on_queue_stats(qstats(in_flight=5), float(t))  # cold over the shrink window, and shrink
         ops += [(op.kind, op.worker_id) for op in tick(c, float(t), cold).provision]
     assert ops == [("add", ""), ("remove", "c")]
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(st.tuples(st.floats(0.01, 50.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0)), min_size=1,
+                      max_size=300),
+       keep=st.floats(10.0, 400.0), window=st.floats(1.0, 400.0))
+def test_window_means_from_running_sums_equal_the_means_recomputed(steps, keep, window):
+    """_History's running sums (and its compaction, made frequent here) give the plain mean of
+    the kept samples."""
+    from tokenyard.services.macro_instance.mitosis import _History
+
+    h, kept, t = _History(), [], 0.0
+    h.COMPACT_AT = 4
+    for dt, u, v in steps:
+        t += dt
+        h.add(t, u, v, keep)
+        kept.append((t, u, v))
+        while len(kept) > 1 and t - kept[1][0] >= keep:
+            kept.pop(0)
+        got = h.mean_over(t, window)
+        if t - kept[0][0] < window:
+            assert got is None
+            continue
+        recent = [(u, v) for s, u, v in kept if s >= t - window]
+        assert got == pytest.approx((sum(u for u, _ in recent) / len(recent), sum(v for _, v in recent) / len(recent)),
+                                    abs=1e-9)

@@ -29,8 +29,8 @@ After an action on m, its history restarts (a new window must build up before th
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+import bisect
+from dataclasses import dataclass
 
 from tokenyard.shared.schemas import QueueStats
 
@@ -73,24 +73,48 @@ class Decision:
     into: str = ""
 
 
-@dataclass
 class _History:
-    samples: deque[tuple[float, float, float]] = field(default_factory=deque)
+    """Samples (t, u, v) with running sums, so a window's mean costs a bisection, not a pass
+    over the window: at a 0.1 s tick a 10-minute window holds 6,000 samples, and summing them
+    every tick for every macro-instance was the simulator's whole run time."""
+
+    COMPACT_AT = 4096
+    """Samples dropped before the list is cut down (amortised O(1) per sample)."""
+
+    def __init__(self) -> None:
+        self.t: list[float] = []
+        self.cu: list[float] = []
+        self.cv: list[float] = []
+        """Σ u, Σ v over every sample up to and including this one (since the history began)."""
+        self.head = 0
+        """Index of the oldest sample kept."""
 
     def add(self, t: float, u: float, v: float, keep_s: float) -> None:
-        self.samples.append((t, u, v))
+        self.t.append(t)
+        self.cu.append((self.cu[-1] if self.cu else 0.0) + u)
+        self.cv.append((self.cv[-1] if self.cv else 0.0) + v)
         # Keep one sample at or past the window's far edge: dropping every sample older than
         # the window left a history that never spanned it (ticks rarely land on its edge
         # exactly), so a window as long as the longest one — shrink's — never filled.
-        while len(self.samples) > 1 and t - self.samples[1][0] >= keep_s:
-            self.samples.popleft()
+        while len(self.t) - self.head > 1 and t - self.t[self.head + 1] >= keep_s:
+            self.head += 1
+        if self.head > self.COMPACT_AT and self.head * 2 > len(self.t):  # compact; one sample before head stays for the sums
+            cut = self.head - 1
+            del self.t[:cut], self.cu[:cut], self.cv[:cut]
+            self.head = 1
 
     def mean_over(self, now: float, window_s: float) -> tuple[float, float] | None:
-        """Mean (u, v) over the last `window_s`, if the history spans the whole window."""
-        if not self.samples or now - self.samples[0][0] < window_s:
+        """Mean (u, v) over the samples of the last `window_s` (t ≥ now − window_s), if the
+        history spans the whole window."""
+        if len(self.t) == self.head or now - self.t[self.head] < window_s:
             return None
-        recent = [(u, v) for t, u, v in self.samples if now - t <= window_s]
-        return sum(u for u, _ in recent) / len(recent), sum(v for _, v in recent) / len(recent)
+        i = bisect.bisect_left(self.t, now - window_s, lo=self.head)
+        n = len(self.t) - i
+        if n == 0:
+            return None
+        before_u = self.cu[i - 1] if i > 0 else 0.0
+        before_v = self.cv[i - 1] if i > 0 else 0.0
+        return (self.cu[-1] - before_u) / n, (self.cv[-1] - before_v) / n
 
 
 class Mitosis:

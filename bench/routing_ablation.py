@@ -34,7 +34,7 @@ import numpy as np
 from tokenyard.data import TRACES
 from tokenyard.loadgen.workloads import open_workload
 from tokenyard.services.router import core
-from tokenyard.services.router.pipeline import Scored
+from tokenyard.services.router.pipeline import Narrowed, Scored
 from tokenyard.simulator.cluster import SimConfig
 from tokenyard.simulator.run import simulate
 
@@ -47,6 +47,9 @@ class Variant:
     stall: str = "mid"  # none | fleet | instance | mid
     kv: bool = False
     decode: bool = False
+    bound: str = ""  # "": none | seq: B_i + 1 ≤ ⌈c·(ΣB + 1)/n⌉ | step: step_ms_i ≤ c · mean
+    c: float = 1.25
+    step: float = 0.0  # weight of r's own decode time, O · step_ms_i / ms_per_token_i
     inputs: frozenset[str] = frozenset()
 
     def score(self, req, view, cand) -> Scored:
@@ -62,7 +65,31 @@ class Variant:
         if self.decode:
             ctx = view.kv_used[cand] * view.block_size[cand] + q
             cost = cost + out * (KAPPA * (ctx + req.prompt_len * b) + BETA * b)
+        if self.step:
+            mpt = np.maximum(view.ms_per_token[cand], 1e-6)
+            cost = cost + self.step * out * view.step_ms[cand] / mpt
         return Scored(cost, tiebreak=own)
+
+
+@dataclass
+class BoundGuard:
+    """Consistent hashing with bounded loads, made relative (Mirrokni et al.): only the
+    candidates whose load stays within c × the candidates' mean (seq: sequences in flight,
+    counting r; step: the measured step time) may be scored."""
+
+    how: str
+    c: float
+    name: str = "bound"
+    inputs: frozenset[str] = frozenset()
+
+    def narrow(self, req, view, cand) -> Narrowed:
+        if self.how == "seq":
+            b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
+            keep = b + 1 <= np.ceil(self.c * (b.sum() + 1) / len(cand))
+        else:
+            s = view.step_ms[cand]
+            keep = s <= self.c * s.mean()
+        return Narrowed(keep if keep.any() else np.ones(len(cand), dtype=np.bool_))
 
 
 VARIANTS = {
@@ -72,6 +99,14 @@ VARIANTS = {
     "default": Variant("default"),
     "kv": Variant("kv", kv=True),
     "decode": Variant("decode", decode=True),
+    "bl": Variant("bl", bound="seq"),
+    "bl15": Variant("bl15", bound="seq", c=1.5),
+    "bls": Variant("bls", bound="step"),
+    "h1-bl": Variant("h1-bl", stall="instance", bound="seq"),
+    "own-bl": Variant("own-bl", stall="none", bound="seq"),
+    "step": Variant("step", step=1.0),
+    "step01": Variant("step01", step=0.1),
+    "bl-step01": Variant("bl-step01", bound="seq", step=0.1),
 }
 MOONCAKE = "mooncake_conversation_trace.jsonl"
 WORKLOADS = {"mooncake-tune": ("trace:{traces}/" + MOONCAKE, 3000), "chatbot": ("chatbot", 3000)}
@@ -92,15 +127,18 @@ def main() -> int:
     ap.add_argument("--loads", default="1,2,3")
     ap.add_argument("--only", default=",".join(VARIANTS), help=f"variants (default all: {','.join(VARIANTS)})")
     ap.add_argument("--workloads", default="mooncake-tune,chatbot")
+    ap.add_argument("--requests", type=int, default=None, help="requests per point (default: the workload's)")
     args = ap.parse_args()
     for name in args.only.split(","):
         v = VARIANTS[name]
-        core.POLICIES[f"ablation-{name}"] = lambda cfg, rng, v=v: core.Policy(v)
+        core.POLICIES[f"ablation-{name}"] = lambda cfg, rng, v=v: core.Policy(
+            v, guards=[BoundGuard(v.bound, v.c)] if v.bound else [])
     goodput = {"ttft": 2000.0, "tpot": 100.0}
     print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for wname in args.workloads.split(","):
         spec, n = WORKLOADS[wname]
+        n = args.requests or n
         if "{traces}" in spec and not args.traces:
             ap.error("--traces DIR is needed for the Mooncake workload")
         for load in (float(x) for x in args.loads.split(",")):

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.pipeline import Scored
+from tokenyard.services.router.pipeline import Narrowed, Scored
 from tokenyard.shared.schemas import AdmittedRequest
 
 
@@ -59,3 +59,34 @@ class MarginalLatencyScorer:
         b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
         own = q + n
         return Scored(own + n * (b + b.mean()) / 2.0, tiebreak=own)
+
+
+BALANCE_FACTOR = 1.25
+"""c of consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018:
+c = 1 + ε; ε = 0.25 is the value of its deployments, e.g. HAProxy's `hash-balance-factor
+125`). A fixed ratio to the fleet's own mean, not a per-workload threshold."""
+
+
+@dataclass
+class BoundedLoadGuard:
+    """Consistent hashing with bounded loads, made relative (SGLang's balance thresholds with
+    the fleet mean in place of absolute counts): a candidate may take r only while its load,
+    r included, stays within c × the candidates' mean,
+
+        L_i + 1 ≤ ⌈c · (Σ L + 1) / n⌉,      L_i = running + waiting on i (+ routed since)
+
+    so a hot prefix's holders fill up to c × the mean and the next request for it goes to
+    another instance, which then holds a copy (a hot prompt is replicated as its load
+    demands, instead of queueing behind its first holder). The least loaded candidate always
+    passes (its L ≤ ⌊ΣL/n⌋ < (ΣL + 1)/n), so the guard never empties the candidates; when
+    every instance is loaded alike (overload) it keeps them all and affinity decides."""
+
+    c: float = BALANCE_FACTOR
+    name: str = "bounded-load"
+    inputs: frozenset[str] = frozenset()
+
+    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
+        load = view.running[cand] + view.waiting[cand]
+        keep = load + 1 <= np.ceil(self.c * (load.sum() + 1) / len(cand))
+        assert keep.any(), "the least loaded candidate is always within the bound"
+        return Narrowed(keep)

@@ -151,8 +151,9 @@ def tables(out: Path) -> str:
                     lines.append(f"| {name} | ×{load:g} | " + " | ".join("not run" for _ in METRICS) + " | — |")
                     continue
                 res = json.loads(path.read_text())["policies"]
-                if DEFAULT not in res:
-                    lines.append(f"| {name} | ×{load:g} | " + " | ".join("default not run" for _ in METRICS) + " | — |")
+                missing = "default" if DEFAULT not in res else "peers" if not set(PEERS) & set(res) else ""
+                if missing:
+                    lines.append(f"| {name} | ×{load:g} | " + " | ".join(f"{missing} not run" for _ in METRICS) + " | — |")
                     continue
                 parts, all_won = [], True
                 for key, _, better, wins, fmt in METRICS:

@@ -1,7 +1,12 @@
-"""Marginal latency (the router's default): place r where it adds the least waiting to the
-fleet — its own wait for a first token plus the stall its prefill inflicts on the sequences
-decoding there — counted in prefill-token times (one unit = the time an instance takes to
-prefill one token), so no rate, weight or per-workload knob is needed.
+"""Marginal latency (the router's default): among the instances whose load is within a bound
+relative to the fleet's mean (BoundedLoadGuard, below), place r where it adds the least
+waiting to the fleet — its own wait for a first token plus the stall its prefill inflicts on
+the sequences decoding there — counted in prefill-token times (one unit = the time an
+instance takes to prefill one token). No rate, weight or per-workload knob: the one
+constant, c = 1.25, is a ratio to the load the fleet itself carries.
+
+    keep_i  = L_i + 1 ≤ ⌈1.25 · (Σ L + 1) / n⌉,  L_i = running + waiting on i   (the guard)
+    cost_i  = Q_i + N_i · (1 + (B_i + B̄) / 2)                              (the scorer)
 
 For request r and candidate instance i, from i's heartbeat, the router's optimistic additions
 and the block index (view.hit → view.new):
@@ -30,12 +35,18 @@ What each term does for the figures (docs/results-routing.md):
   P × (BS + 1), whose Q·BS term is the stall the queue ahead of r inflicts anyway).
 * Nothing depends on r's size but r's own tokens: a long prompt pays for its own prefill
   wherever it goes, it is never deferred for short ones.
-Measured and left out (the results document has the numbers): a KV-headroom term
-(B_i + 1) · max(0, Q_i + N_i + max_tokens − free KV tokens_i), pricing the preemptions to
-come, doubled the mean TTFT at ×3 on the tuning trace (it steers away from the instances
-that hold r's prefix, whose cache is what fills their KV); a decode term pricing the TPOT r
-gets and adds (its context read every step by O steps) cost a fifth to a third of the hit
-ratio; the stall charged at B_i alone (no B̄) raised the mean TTFT at ×2 from 2.55 to 2.77 s.
+* The bound replicates hot prefixes: the cost alone keeps every request for a hot system
+  prompt on its holder until the holder's queue outweighs the whole prompt's stall (API's
+  hot spot); the bound sends the next one elsewhere as soon as the holder carries more than
+  1.25 × the fleet's mean, and that instance then holds a copy. Under overload every
+  instance is loaded alike and the bound keeps them all, so affinity is not thrown away.
+Measured and left out (the results document has the numbers): a KV-headroom term pricing
+the preemptions to come (it steers away from the instances that hold r's prefix, whose cache
+is what fills their KV); a decode term pricing r's own decode time from the heartbeat's
+step time (at weight 1 it dwarfs every prompt, and a smaller weight is a knob); the stall at
+B_i alone (no B̄); the bound on the measured step time (one step's time, so a prefill chunk
+makes a holder look loaded) or also on KV blocks in use (it moves long conversations away
+from the instances that hold them); c = 1.5 (worse than 1.25 where measured).
 """
 
 from __future__ import annotations

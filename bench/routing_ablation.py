@@ -132,6 +132,8 @@ WORKLOADS = {
     # change of the default did there, after it was chosen
     "mooncake-report": ("trace:{traces}/" + MOONCAKE, 3000, 6016),
     "api": ("api", 4000, 0),
+    "coder": ("coder", 2000, 0),
+    "azure-conv": ("azure-conv-prefix", 3000, 0),
 }
 
 def trace_dir_spec(spec: str, traces: str) -> str:

@@ -142,18 +142,18 @@ def tables(out: Path) -> str:
             lines += [f"### {kind.capitalize()} workloads", "", "No point run.", ""]
             continue
         lines += [f"### {kind.capitalize()} workloads", "",
-                  "| workload | load | " + " | ".join(m[1] for m in METRICS) + " | cell |",
-                  "|---|---|" + "---|" * (len(METRICS) + 1)]
+                  "| workload | load | " + " | ".join(m[1] for m in METRICS) + " | failed | cell |",
+                  "|---|---|" + "---|" * (len(METRICS) + 2)]
         for name in names:
             for load in LOADS:
                 path = out / f"{name}_x{load:g}.json"
                 if not path.exists():
-                    lines.append(f"| {name} | ×{load:g} | " + " | ".join("not run" for _ in METRICS) + " | — |")
+                    lines.append(f"| {name} | ×{load:g} | " + " | ".join("not run" for _ in METRICS) + " | | — |")
                     continue
                 res = json.loads(path.read_text())["policies"]
                 missing = "default" if DEFAULT not in res else "peers" if not set(PEERS) & set(res) else ""
                 if missing:
-                    lines.append(f"| {name} | ×{load:g} | " + " | ".join(f"{missing} not run" for _ in METRICS) + " | — |")
+                    lines.append(f"| {name} | ×{load:g} | " + " | ".join(f"{missing} not run" for _ in METRICS) + " | | — |")
                     continue
                 parts, all_won = [], True
                 for key, _, better, wins, fmt in METRICS:
@@ -161,6 +161,10 @@ def tables(out: Path) -> str:
                     all_won &= verdict == "won"
                     mark = {"won": "**won**", "ahead": "ahead", "lost": "lost"}[verdict]
                     parts.append(f"{mark} {fmt.format(mine)} vs {fmt.format(best)} ({who})")
+                # requests that never completed (deadline, refusal): the metrics above are over
+                # the completed ones, so a policy that fails more is flattered by them
+                fewest = min((p for p in PEERS if p in res), key=lambda p: res[p]["failed"])
+                parts.append(f"{res[DEFAULT]['failed']} vs {res[fewest]['failed']} ({fewest})")
                 lines.append(f"| {name} | ×{load:g} | " + " | ".join(parts) + f" | {'**won**' if all_won else 'lost'} |")
         lines.append("")
     return "\n".join(lines)

@@ -51,6 +51,7 @@ from the instances that hold them); c = 1.5 (worse than 1.25 where measured).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +99,7 @@ class BoundedLoadGuard:
 
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
         load = view.running[cand] + view.waiting[cand]
-        keep = load + 1 <= np.ceil(self.c * (load.sum() + 1) / len(cand))
+        cap = math.ceil(self.c * (int(load.sum()) + 1) / len(cand))
+        keep = load < cap  # L + 1 ≤ cap, in integers
         assert keep.any(), "the least loaded candidate is always within the bound"
         return Narrowed(keep)

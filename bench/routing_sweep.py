@@ -105,7 +105,8 @@ def run_point(
     wall = time.perf_counter() - t0
     if proc.returncode == 0:
         doc = json.loads(path.read_text())
-        line = shlex.join(cmd).replace(traces, "TRACES").replace(str(ROOT) + "/", "")
+        line = shlex.join(cmd)
+        line = (line.replace(traces, "TRACES") if traces else line).replace(str(ROOT) + "/", "")
         doc["command"] = line
         doc["commands"] = {p: line for p in doc["policies"]}
         if before is not None and set(policies) != set(POLICIES):

@@ -273,6 +273,18 @@ def print_side_by_side(result: dict[str, Any], console: Console) -> None:
             t.add_row(path, label, str(r["sent"]), str(r["sent"] - r["completed"]),
                       *(f"{r['ttft'][k]:.3f}" for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")))
     console.print(t)
+    for path in ("nats", "http"):
+        cpu = {label: ttft[label].get(f"{path}_cpu_ms_per_request", {}) for label in labels}
+        names = list(cpu[labels[-1]])
+        t = Table(title=f"CPU ms per request by process, {path.upper()} path (user + system, over the run: "
+                        "idle loops included)", box=box.SIMPLE_HEAD)
+        t.add_column("process")
+        for label in labels:
+            t.add_column(label, justify="right")
+        for name in names:
+            t.add_row(name, *(f"{cpu[label].get(name, float('nan')):.3f}" for label in labels))
+        t.add_row("total", *(f"{sum(cpu[label].values()):.3f}" for label in labels))
+        console.print(t)
     if hops:
         for path, names in (("nats", hop_profile_names("nats")), ("http", hop_profile_names("http"))):
             t = Table(title=f"Where the first token's time goes, {path.upper()} (mean ms, tracing on; "
@@ -335,7 +347,8 @@ async def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
                               "baseline_commit": commit_of(args.baseline), "paired_ttft": ttft, "paired_hops": hops}
     mine = ttft[THIS_TREE]
     result["ttft"] = {path: {"completed": r["completed"], "failed": r["sent"] - r["completed"],
-                             **{f"{k[:-3]}_ttft_ms": v for k, v in r["ttft"].items()}} for path, r in mine.items()}
+                             **{f"{k[:-3]}_ttft_ms": v for k, v in r["ttft"].items()}}
+                      for path, r in mine.items() if path in ("nats", "http")}
     result["steps"], result["sustained_rate"] = [], None
     result["verdicts"] = verdicts(result)
     return result

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import statistics
 import time
@@ -206,13 +207,17 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                     for label in fleets:
                         await one(label)
                 sent: dict[str, list[Sent]] = {label: [] for label in fleets}
+                cpu0 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
                 order = list(fleets)
                 for _ in range(requests):
                     random.shuffle(order)
                     for label in order:
                         sent[label].append(await one(label))
                         await asyncio.sleep(1.0 / rate)  # pacing: one request at a time, none queued
+                cpu1 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
                 for label, sents in sent.items():
+                    out[label][path + "_cpu_ms_per_request"] = {
+                        name: (cpu1[label][name] - cpu0[label][name]) * 1e3 / requests for name in cpu0[label]}
                     ttfts = sorted((s.t_first_ns - s.t_send_ns) / 1e6 for s in sents if s.t_first_ns)
                     out[label][path] = {"ttft": percentiles(ttfts), "completed": len(ttfts), "sent": len(sents)}
                     if traced:
@@ -221,6 +226,22 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                         out[label][path].update(traced=len(rows), segments=summarise(rows, names))
     finally:
         await receiver.stop()
+    return out
+
+
+def cpu_seconds(fleet) -> dict[str, float]:
+    """CPU time (user + system) each of the fleet's processes has used so far, by name."""
+    procs = [("nats-server", fleet.server.proc), *fleet.procs]
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            key = "workers" if name.startswith("worker") else name
+            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
     return out
 
 

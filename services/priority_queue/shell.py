@@ -182,9 +182,10 @@ class QueueShell:
         ) as span:
             try:
                 with telemetry.span(self.kind, "send", subjects.ROUTE, kind=SpanKind.PRODUCER, request_id=req.request_id):
-                    reply = await self.nc.request(
-                        subjects.ROUTE, codec.encode(req), timeout=ROUTE_TIMEOUT_S, headers=telemetry.inject()
-                    )
+                    # The message as JetStream holds it: the queue changes nothing in a request.
+                    data = msg.data if msg is not None else codec.encode(req)
+                    reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
+                                                  headers=telemetry.inject())
                 decision = codec.decode(reply.data, schemas.RouteDecision)
             except NoRespondersError:
                 self._router_down()

@@ -149,7 +149,7 @@ class QueueShell:
         if self._pull_left <= 0:
             self._pull_over.set()
         try:
-            req = codec.decode(msg.data, schemas.AdmittedRequest)
+            req = codec.decode(msg.data, schemas.AdmittedRequestInTransit)
         except codec.DecodeError as e:
             log.error("undecodable_message", error=str(e))
             await msg.term()

@@ -118,7 +118,7 @@ class RouterShell:
 
     async def _route(self, req: Request) -> None:
         try:
-            ar = codec.decode(req.data, schemas.AdmittedRequest)
+            ar = codec.decode(req.data, schemas.AdmittedRequestInTransit)
         except codec.DecodeError as e:
             await req.respond_error("400", f"bad route request: {e}")
             return

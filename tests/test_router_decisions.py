@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from tokenyard.loadgen.router_bench import MODEL, TRACE, load_chains
 from tokenyard.services.router.core import RouterConfig, RouterCore
-from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
+from tokenyard.shared.schemas import AdmittedRequest, BlockStored, EngineStats, Heartbeat, KVEventBatch
 
 GOLDEN = Path(__file__).parent / "data" / "router_decisions.json"
 POLICIES = ("marginal-latency", "multiplicative", "llmd-token-load", "sglang", "dynamo")
@@ -47,8 +47,9 @@ def decisions(policy: str) -> list[list]:
         running, queued = rng.integers(0, 65, INSTANCES), rng.integers(0, 16_001, INSTANCES)
         used = rng.integers(0, 20_000, INSTANCES)
         for i, w in enumerate(wids):
-            core.on_heartbeat(Heartbeat(w, MODEL, 0, now, int(running[i]), int(running[i] // 8), int(queued[i]),
-                                        int(used[i]), 27_343 - int(used[i]), BLOCK_TOKENS), now)
+            stats = EngineStats(int(running[i]), int(running[i] // 8), int(queued[i]), int(used[i]),
+                                27_343 - int(used[i]), BLOCK_TOKENS)
+            core.on_heartbeat(Heartbeat(w, MODEL, 0, now, stats), now)
 
     out, now = [], 0.0
     for k, (plen, olen, chain) in enumerate(chains):

@@ -1,0 +1,118 @@
+"""Decode folding: several pure decode steps of the simulated engine computed as one.
+
+While everyone running decodes, nobody waits, no prefill and no abort is pending and the
+policy runs the whole batch every step, the next steps are all alike: step j (from 0) of a
+batch of b requests whose contexts sum to C costs
+
+    d_j = (overhead + linear(b) + d0 + d2 · (C + j · b)) / 1000      (LatencyProfile.step_ms)
+
+and gives each request one token. `advance` runs them in closed form, segment by segment
+between two finishes (the request with the fewest tokens to go leaves at its segment's end,
+the batch shrinks, b and C change), until the batch is empty, a block would run out,
+`max_steps`, or the horizon; anything else is one ordinary `step()`.
+
+Blocks are taken per segment and a finishing request frees its blocks after its segment's
+allocations, as step by step: the same blocks are evicted, the same KV events come out. The
+times are the steps' to the bit (the same float operations in the same order).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tokenyard.services.worker.engine import EngineOutput
+from tokenyard.services.worker.sim.preemption import preempt_due
+from tokenyard.services.worker.sim.seq import Seq, StepResult, cdiv, filler_tokens
+
+if TYPE_CHECKING:
+    from tokenyard.services.worker.sim.core import SimEngineCore
+
+
+def advance(core: SimEngineCore, horizon_s: float = float("inf"), max_steps: int = 1 << 30) -> StepResult:
+    """What `core.step()` called over and over would do while the time before each step is
+    under `horizon_s` (at least one step), folded into one result where the steps are pure
+    decode steps. The fold goes on through finishes (the batch shrinks; nobody is waiting to
+    take the room) until the batch is empty, a block would run out, `max_steps`, or the
+    horizon. Its result has one output per request with the tokens it made (token j at the
+    end of the fold's step j), `num_steps` and each step's duration. Anything else: one
+    ordinary step."""
+    preempt_due(core)
+    running = core.running
+    b = len(running)
+    if (
+        b == 0 or core.waiting or core.aborted or max_steps < 2
+        or b > core.prof.max_num_batched_tokens
+        or core.policy.step_batch(running) is not running
+        or not core.chunked_prefill or core.prefill_only_phase or core.hand_off
+    ):
+        return core.step()
+    ctx = 0
+    for seq in running:
+        if seq.computed < seq.target:
+            return core.step()
+        ctx += seq.plen + seq.generated
+    prof, bs, pool = core.prof, core.block_size, core.pool
+    order = list(running)
+    active = sorted(order, key=lambda q: q.max_tokens - q.generated)  # stable: running order on ties
+    made: dict[Seq, EngineOutput] = {}
+    durations: list[float] = []
+    elapsed = 0.0
+    first = j = 0
+    while first < len(active) and j < max_steps:
+        batch = len(active) - first
+        seg_end = min(active[first].max_tokens - active[first].generated, max_steps)
+        j0, n0 = j, len(durations)
+        # prof.step_ms(batch, batch, ctx + j·batch, 0.0) / 1000, its float operations in its
+        # order (the fold's times must equal the steps' to the bit), hoisted out of the loop
+        fixed = prof.overhead_ms + prof.linear(batch) + 0.0
+        d0, d2 = prof.d0, prof.d2
+        while j < seg_end and not (j and elapsed >= horizon_s):
+            d = (fixed + (d0 + d2 * (ctx + j * batch))) / 1000.0
+            durations.append(d)
+            elapsed += d
+            j += 1
+        if j == j0:
+            break
+        while True:  # blocks for this segment, without preemption
+            need = 0
+            for k in range(first, len(active)):
+                q = active[k]
+                need += cdiv(q.computed + j, bs) - len(q.cached) - q.private
+            if need <= pool.available:
+                break
+            j = j0 + (j - j0) // 2
+            if j == j0:
+                break
+        del durations[n0 + j - j0 :]
+        if j == j0:
+            break
+        for k in range(first, len(active)):
+            core.grow(active[k], active[k].computed + j)
+        # requests finishing at the segment's end: out, and their blocks back
+        while first < len(active) and active[first].max_tokens - active[first].generated == j:
+            q = active[first]
+            made[q] = fold_output(q, j)
+            ctx -= q.plen + q.generated - j
+            core.finish(q)
+            first += 1
+        if j < seg_end:
+            break
+    if j == 0:  # not even one step fits its blocks: the ordinary step preempts
+        return core.step()
+    for k in range(first, len(active)):
+        made[active[k]] = fold_output(active[k], j)
+    outputs = [made[q] for q in order]
+    core.last_step_s = durations[-1]
+    core.last_tokens = len(active) - first or len(order)
+    total = sum(durations)
+    core.slack.on_step(total, outputs, core.tpot_slo_ms_of, core.max_tokens_of)
+    return StepResult(total, outputs, sum(len(o.new_token_ids) for o in outputs), j, durations)
+
+
+def fold_output(seq: Seq, k: int) -> EngineOutput:
+    """k decode steps of a fold, applied: its k tokens, finished if they reach max_tokens."""
+    pos = seq.generated
+    seq.computed += k
+    seq.generated = pos + k
+    done = seq.generated >= seq.max_tokens
+    return EngineOutput(seq.rid, filler_tokens(seq, pos, k), done, "length" if done else None, seq.cached_tokens)

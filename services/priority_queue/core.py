@@ -215,7 +215,7 @@ class QueueCore:
         if now < self.paused_until:
             return []
         out: list[AdmittedRequest] = []
-        room = self.headroom(now)
+        room = self.headroom(now) if len(self.policy) else 0  # nothing waits: no sum over the fleet
         while room > 0:
             req = self.policy.pop(now)
             if req is None:

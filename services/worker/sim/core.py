@@ -108,6 +108,9 @@ class SimEngineCore:
         self.max_model_len = max_model_len
         self.handed_off: list[tuple[AdmittedRequest, int]] = []
         """(request, its num_cached_tokens) of each hand-off since the caller last drained it."""
+        self._stats: EngineStats | None = None
+        """`stats()` since the engine last changed (every method that changes it drops it): an
+        idle engine's keep-alive heartbeats and a tick's samples ask again for the same numbers."""
 
     # ── requests ──
     def add(self, req: AdmittedRequest) -> None:
@@ -116,6 +119,7 @@ class SimEngineCore:
         need = cdiv(req.prompt_len + req.max_tokens, self.block_size)
         if need > self.pool.total:
             raise ValueError(f"request needs {need} KV blocks; the engine has {self.pool.total}")
+        self._stats = None
         seq = Seq(req, self._order)
         self._order += 1
         self.seqs[req.request_id] = seq
@@ -150,6 +154,7 @@ class SimEngineCore:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return False
+        self._stats = None
         if seq.running:
             self.running.remove(seq)
             seq.running = False
@@ -170,6 +175,8 @@ class SimEngineCore:
         if not self.policy.rejects_past_deadline or not self.waiting:
             return []
         late = [s for s in self.waiting if not s.started and s.generated == 0 and request_deadline_s(s.req) < now]
+        if late:
+            self._stats = None
         for seq in late:
             self.waiting.remove(seq)
             del self.seqs[seq.rid]
@@ -180,10 +187,12 @@ class SimEngineCore:
         return bool(self.running or self.waiting or self.aborted)
 
     def set_phase(self, phase: str) -> None:
+        self._stats = None
         self.phase = Phase(phase)
 
     # ── one step ──
     def step(self) -> StepResult:
+        self._stats = None
         outputs, self.aborted = self.aborted, []
         self.step_transfer_s = 0.0
         prof = self.prof
@@ -266,10 +275,16 @@ class SimEngineCore:
         seq = self.seqs.get(request_id)
         return seq.req.tpot_slo_ms if seq is not None else 0.0
 
-    def advance(self, horizon_s: float = float("inf"), max_steps: int = 1 << 30) -> StepResult:
-        """Several pure decode steps folded into one result where nothing else can happen
-        (fold.py), else one ordinary step."""
-        return fold.advance(self, horizon_s, max_steps)
+    def fold(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30) -> StepResult | None:
+        """The next pure decode steps that end before `until`, computed as one (fold.py);
+        None where the next step is not one."""
+        self._stats = None
+        return fold.fold(self, now, until, max_steps)
+
+    def advance(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30) -> StepResult:
+        """`fold`, else one ordinary step."""
+        self._stats = None
+        return fold.advance(self, now, until, max_steps)
 
     # ── internals ──
     def grow(self, seq: Seq, tokens: int) -> bool:
@@ -319,8 +334,11 @@ class SimEngineCore:
     def reset_prefix_cache(self) -> None:
         """Forget every cached block no request holds, on both tiers (vLLM's
         reset_prefix_cache): BlockRemoved, or AllBlocksCleared when nothing stays cached."""
+        self._stats = None
         self.pool.clear()
         self.host.clear()
 
     def stats(self) -> EngineStats:
-        return engine_stats(self)
+        if self._stats is None:
+            self._stats = engine_stats(self)
+        return self._stats

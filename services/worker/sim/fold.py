@@ -6,10 +6,11 @@ batch of b requests whose contexts sum to C costs
 
     d_j = (overhead + linear(b) + d0 + d2 · (C + j · b)) / 1000      (LatencyProfile.step_ms)
 
-and gives each request one token. `advance` runs them in closed form, segment by segment
+and gives each request one token. `fold` runs them in closed form, segment by segment
 between two finishes (the request with the fewest tokens to go leaves at its segment's end,
 the batch shrinks, b and C change), until the batch is empty, a block would run out,
-`max_steps`, or the horizon; anything else is one ordinary `step()`.
+`max_steps`, or a step would end at or after `until` (the caller's next look at the engine);
+where the next step is not such a step it returns None (`advance`: one ordinary `step()`).
 
 Blocks are taken per segment and a finishing request frees its blocks after its segment's
 allocations, as step by step: the same blocks are evicted, the same KV events come out. The
@@ -28,36 +29,47 @@ if TYPE_CHECKING:
     from tokenyard.services.worker.sim.core import SimEngineCore
 
 
-def advance(core: SimEngineCore, horizon_s: float = float("inf"), max_steps: int = 1 << 30) -> StepResult:
-    """What `core.step()` called over and over would do while the time before each step is
-    under `horizon_s` (at least one step), folded into one result where the steps are pure
-    decode steps. The fold goes on through finishes (the batch shrinks; nobody is waiting to
-    take the room) until the batch is empty, a block would run out, `max_steps`, or the
-    horizon. Its result has one output per request with the tokens it made (token j at the
-    end of the fold's step j), `num_steps` and each step's duration. Anything else: one
-    ordinary step."""
-    preempt_due(core)
+def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
+         max_steps: int = 1 << 30) -> StepResult | None:
+    """The next steps of `core` computed as one, if they are pure decode steps; None if not
+    (the caller runs `core.step()`). Step k ends at t_k = now + d_1 + … + d_k (summed left to
+    right, as a caller stepping one by one adds them); the fold takes every step with
+    t_k < `until` (at least one), up to `max_steps`, and stops early where the batch empties
+    or a block would run out. Its result has one output per request with the tokens it made
+    (token j at t_(j+1)), `num_steps` and each step's duration.
+
+    Pure decode steps: everyone running has computed its prompt, nobody waits, no abort is
+    pending, the policy runs the whole batch every step (`folds`) within its token budget,
+    and the engine's step shape is chunked prefill's. What each of these steps would have
+    asked of the policy is asked once: `token_budget` (it must hold the batch) and
+    `step_batch` (for its bookkeeping; `folds` promised it returns the batch)."""
     running = core.running
     b = len(running)
     if (
-        b == 0 or core.waiting or core.aborted or max_steps < 2
-        or b > core.prof.max_num_batched_tokens
-        or core.policy.step_batch(running) is not running
+        b == 0 or core.waiting or core.aborted or max_steps < 1
         or not core.chunked_prefill or core.prefill_only_phase or core.hand_off
+        or not core.policy.folds(running)
     ):
-        return core.step()
+        return None
     ctx = 0
     for seq in running:
         if seq.computed < seq.target:
-            return core.step()
+            return None
         ctx += seq.plen + seq.generated
+    if b > min(core.prof.max_num_batched_tokens, core.policy.token_budget(core)):
+        return None
+    preempt_due(core)  # none are due while the policy folds (it made no claim: nobody waited)
+    if len(running) != b:
+        raise AssertionError("a policy that folds claimed victims")
+    core.policy.step_batch(running)
     prof, bs, pool = core.prof, core.block_size, core.pool
     order = list(running)
     active = sorted(order, key=lambda q: q.max_tokens - q.generated)  # stable: running order on ties
     made: dict[Seq, EngineOutput] = {}
     durations: list[float] = []
-    elapsed = 0.0
-    first = j = 0
+    ends: list[float] = []
+    t = now
+    first = j = last_batch = 0
     while first < len(active) and j < max_steps:
         batch = len(active) - first
         seg_end = min(active[first].max_tokens - active[first].generated, max_steps)
@@ -66,10 +78,13 @@ def advance(core: SimEngineCore, horizon_s: float = float("inf"), max_steps: int
         # order (the fold's times must equal the steps' to the bit), hoisted out of the loop
         fixed = prof.overhead_ms + prof.linear(batch) + 0.0
         d0, d2 = prof.d0, prof.d2
-        while j < seg_end and not (j and elapsed >= horizon_s):
+        while j < seg_end:
             d = (fixed + (d0 + d2 * (ctx + j * batch))) / 1000.0
+            if j and t + d >= until:
+                break
+            t += d
             durations.append(d)
-            elapsed += d
+            ends.append(t)
             j += 1
         if j == j0:
             break
@@ -84,8 +99,11 @@ def advance(core: SimEngineCore, horizon_s: float = float("inf"), max_steps: int
             if j == j0:
                 break
         del durations[n0 + j - j0 :]
+        del ends[n0 + j - j0 :]
+        t = ends[-1] if ends else now
         if j == j0:
             break
+        last_batch = batch
         for k in range(first, len(active)):
             core.grow(active[k], active[k].computed + j)
         # requests finishing at the segment's end: out, and their blocks back
@@ -98,15 +116,23 @@ def advance(core: SimEngineCore, horizon_s: float = float("inf"), max_steps: int
         if j < seg_end:
             break
     if j == 0:  # not even one step fits its blocks: the ordinary step preempts
-        return core.step()
+        return None
     for k in range(first, len(active)):
         made[active[k]] = fold_output(active[k], j)
     outputs = [made[q] for q in order]
     core.last_step_s = durations[-1]
-    core.last_tokens = len(active) - first or len(order)
-    total = sum(durations)
-    core.slack.on_step(total, outputs, core.tpot_slo_ms_of, core.max_tokens_of)
+    core.last_tokens = last_batch
+    core.slack.on_steps(durations, outputs, core.tpot_slo_ms_of, core.max_tokens_of)
+    total = 0.0
+    for d in durations:
+        total += d
     return StepResult(total, outputs, sum(len(o.new_token_ids) for o in outputs), j, durations)
+
+
+def advance(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
+            max_steps: int = 1 << 30) -> StepResult:
+    """`fold` where the steps are pure decode steps, else one ordinary step."""
+    return fold(core, now, until, max_steps) or core.step()
 
 
 def fold_output(seq: Seq, k: int) -> EngineOutput:

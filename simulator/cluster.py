@@ -20,7 +20,8 @@ Folding is exact because only these events look at an engine or at what its step
 placement adds a request), a TICK (heartbeats, samples, phases, expiry) and a KV_ARRIVE. A
 fold started at a STEP_DONE covers only steps that end before the next of them
 (EventQueue.next_look_t, the next arrival), so each sees the engine, the worker's streams
-and the router's index as step by step; the step that straddles it runs alone, as before.
+and the router's index as step by step; the step that straddles it ends the fold where the
+fold delivers nothing before it (no finish, no evicted block), else it runs alone.
 Other engines' steps in between touch only the router's index, per worker (order-free).
 Spatial P/D is not folded: a prefill worker's step can queue a KV_ARRIVE inside a fold.
 
@@ -376,7 +377,7 @@ class ClusterSim:
         res = None
         if fold and self._fold:
             until = min(self._next_arrival, self.events.next_look_t())
-            res = inst.engine.fold(now, until)
+            res = inst.engine.fold(now, until, straddle=True)
         if res is None:
             res = inst.engine.step()
             if res.duration_s <= 0.0 and not res.outputs:

@@ -275,16 +275,19 @@ class SimEngineCore:
         seq = self.seqs.get(request_id)
         return seq.req.tpot_slo_ms if seq is not None else 0.0
 
-    def fold(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30) -> StepResult | None:
-        """The next pure decode steps that end before `until`, computed as one (fold.py);
+    def fold(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30,
+             straddle: bool = False) -> StepResult | None:
+        """The next pure decode steps that end before `until` (with `straddle`, and the one
+        across it where nothing is delivered before `until`), computed as one (fold.py);
         None where the next step is not one."""
         self._stats = None
-        return fold.fold(self, now, until, max_steps)
+        return fold.fold(self, now, until, max_steps, straddle)
 
-    def advance(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30) -> StepResult:
+    def advance(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30,
+                straddle: bool = False) -> StepResult:
         """`fold`, else one ordinary step."""
         self._stats = None
-        return fold.advance(self, now, until, max_steps)
+        return fold.advance(self, now, until, max_steps, straddle)
 
     # ── internals ──
     def grow(self, seq: Seq, tokens: int) -> bool:

@@ -30,13 +30,18 @@ if TYPE_CHECKING:
 
 
 def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
-         max_steps: int = 1 << 30) -> StepResult | None:
+         max_steps: int = 1 << 30, straddle: bool = False) -> StepResult | None:
     """The next steps of `core` computed as one, if they are pure decode steps; None if not
     (the caller runs `core.step()`). Step k ends at t_k = now + d_1 + … + d_k (summed left to
     right, as a caller stepping one by one adds them); the fold takes every step with
     t_k < `until` (at least one), up to `max_steps`, and stops early where the batch empties
     or a block would run out. Its result has one output per request with the tokens it made
     (token j at t_(j+1)), `num_steps` and each step's duration.
+
+    With `straddle`, the step that ends at or after `until` is taken too, as the last, where
+    the fold delivers nothing before `until` that a caller stepping one by one would have seen
+    by then: no request finishes before it and no block is evicted (no KV event). At `until`
+    the engine is then as one by one (that step has started), and its result comes once.
 
     Pure decode steps: everyone running has computed its prompt, nobody waits, no abort is
     pending, the policy runs the whole batch every step (`folds`) within its token budget,
@@ -70,6 +75,7 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
     ends: list[float] = []
     t = now
     first = j = last_batch = 0
+    crossed = False
     while first < len(active) and j < max_steps:
         batch = len(active) - first
         seg_end = min(active[first].max_tokens - active[first].generated, max_steps)
@@ -81,6 +87,12 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
         while j < seg_end:
             d = (fixed + (d0 + d2 * (ctx + j * batch))) / 1000.0
             if j and t + d >= until:
+                crossed = straddle and first == 0 and t < until  # none finished or crossed before it
+                if crossed:
+                    t += d
+                    durations.append(d)
+                    ends.append(t)
+                    j += 1
                 break
             t += d
             durations.append(d)
@@ -88,6 +100,16 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
             j += 1
         if j == j0:
             break
+        if crossed:  # the straddling step only where nothing is evicted: its events would come late
+            need = 0
+            for q in active:
+                need += cdiv(q.computed + j, bs) - len(q.cached) - q.private
+            if need > pool.free:
+                crossed = False
+                j -= 1
+                durations.pop()
+                ends.pop()
+                t = ends[-1]
         while True:  # blocks for this segment, without preemption
             need = 0
             for k in range(first, len(active)):
@@ -113,7 +135,7 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
             ctx -= q.plen + q.generated - j
             core.finish(q)
             first += 1
-        if j < seg_end:
+        if crossed or j < seg_end:
             break
     if j == 0:  # not even one step fits its blocks: the ordinary step preempts
         return None
@@ -130,9 +152,9 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
 
 
 def advance(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
-            max_steps: int = 1 << 30) -> StepResult:
+            max_steps: int = 1 << 30, straddle: bool = False) -> StepResult:
     """`fold` where the steps are pure decode steps, else one ordinary step."""
-    return fold(core, now, until, max_steps) or core.step()
+    return fold(core, now, until, max_steps, straddle) or core.step()
 
 
 def fold_output(seq: Seq, k: int) -> EngineOutput:

@@ -468,16 +468,17 @@ class ClusterSim:
         cfg = self.cfg
         if self.retiring:
             self._retire(now)
+        stopped, keepalive = self.stopped, cfg.keepalive_s
+        receivers = [self.router.on_heartbeat, self.queue.on_heartbeat, self.admission.on_heartbeat]
+        if self.macro is not None:
+            receivers.append(self.macro.on_heartbeat)
         for inst in self.instances:
-            if inst.id in self.stopped:  # a stopped worker sends nothing: it falls silent
-                continue
-            if inst.dirty or now - inst.last_hb_s >= cfg.keepalive_s:
+            if inst.dirty or now - inst.last_hb_s >= keepalive:
+                if stopped and inst.id in stopped:  # a stopped worker sends nothing: it falls silent
+                    continue
                 hb = inst.worker.heartbeat(inst.engine.stats(), now)
-                self.router.on_heartbeat(hb, now)
-                self.queue.on_heartbeat(hb, now)
-                self.admission.on_heartbeat(hb, now)
-                if self.macro is not None:
-                    self.macro.on_heartbeat(hb, now)
+                for receive in receivers:
+                    receive(hb, now)
                 inst.last_hb_s = now
                 inst.dirty = inst.busy
         if self.macro is not None:
@@ -501,9 +502,10 @@ class ClusterSim:
         if not self.sample_times or now - self.sample_times[-1] >= cfg.sample_s - 1e-9:
             self._sample(now)
         for inst in self.instances:  # an engine that could not schedule anything retries here
-            if inst.engine.expire(now):  # SCORPIO's rejection path (a no-op for other policies)
+            engine = inst.engine
+            if engine.waiting and engine.expire(now):  # SCORPIO's rejection path (others: a no-op)
                 inst.dirty = True
-            if not inst.busy and inst.engine.has_work():
+            if not inst.busy and engine.has_work():
                 self._step(inst, now)
         legs, self.legs = self.legs, []
         for leg in legs:

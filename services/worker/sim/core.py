@@ -31,7 +31,7 @@ engine_stats.py (what the heartbeat reports), kv_pool.py / kv_tiers.py (the bloc
 
 from __future__ import annotations
 
-from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.sim import fold
 from tokenyard.services.worker.sim.admit import admit_waiting
 from tokenyard.services.worker.sim.engine_stats import engine_stats
@@ -43,7 +43,7 @@ from tokenyard.services.worker.sim.preemption import PreemptionMode, preempt_due
 from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy, allows_prefill
 from tokenyard.services.worker.sim.seq import FILLER, Seq, StepResult, cdiv, filler_token
 from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
-from tokenyard.shared.schemas import AdmittedRequest, Phase
+from tokenyard.shared.schemas import AdmittedRequest, EngineStats, Phase
 from tokenyard.shared.slo import request_deadline_s
 
 _FILLER = FILLER  # the name tests read the filler text by

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tokenyard.services.worker.engine import EngineStats
+from tokenyard.shared.schemas import EngineStats
 
 if TYPE_CHECKING:
     from tokenyard.services.worker.sim.core import SimEngineCore

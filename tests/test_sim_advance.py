@@ -65,6 +65,8 @@ def drive(mix, budget, blocks, fold: bool, host: int = 0, mode: str = "recompute
             elif isinstance(e, BlockRemoved):
                 index.difference_update((h, e.medium) for h in e.block_hashes)
         assert steps < 5000
+        assert core.has_work() == bool(core.running or core.waiting or core.aborted)
+        assert set(core.seqs.values()) == {*core.running, *core.waiting}
         stats.append((now, core.stats()))
     return sorted(tokens), finished, index, steps, now, stats
 

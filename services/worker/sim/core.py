@@ -184,7 +184,8 @@ class SimEngineCore:
         return [s.rid for s in late]
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.aborted)
+        # every request waiting or running is in `seqs` (a dict's truth is cheaper than the line's)
+        return bool(self.seqs or self.aborted)
 
     def set_phase(self, phase: str) -> None:
         self._stats = None

@@ -72,7 +72,6 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
     active = sorted(order, key=lambda q: q.max_tokens - q.generated)  # stable: running order on ties
     made: dict[Seq, EngineOutput] = {}
     durations: list[float] = []
-    ends: list[float] = []
     t = now
     first = j = last_batch = 0
     crossed = False
@@ -91,12 +90,10 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
                 if crossed:
                     t += d
                     durations.append(d)
-                    ends.append(t)
                     j += 1
                 break
             t += d
             durations.append(d)
-            ends.append(t)
             j += 1
         if j == j0:
             break
@@ -107,9 +104,7 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
             if need > pool.free:
                 crossed = False
                 j -= 1
-                durations.pop()
-                ends.pop()
-                t = ends[-1]
+                durations.pop()  # (t is not used again: this segment is the fold's last)
         while True:  # blocks for this segment, without preemption
             need = 0
             for k in range(first, len(active)):
@@ -120,9 +115,7 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
             j = j0 + (j - j0) // 2
             if j == j0:
                 break
-        del durations[n0 + j - j0 :]
-        del ends[n0 + j - j0 :]
-        t = ends[-1] if ends else now
+        del durations[n0 + j - j0 :]  # (t is not used again: a shortened segment is the last)
         if j == j0:
             break
         last_batch = batch

@@ -18,6 +18,8 @@ Policies, all with the fleet's defaults (flow control on, router `marginal-laten
   partitioned  the seed's fixed partitions: the instances split by length range, each range's
                requests only to its own instances (bubble_partitions.py; tuning/evaluate.py)
   fcfs         one queue, arrival order
+  bubble-count bubble queues with the earlier turn rule (a turn worth the mean waiting length,
+               BubbleLine(work_turns=False)), for the comparison
 Admission's SLO refusals and the queue's deadline rejection are off (tuning/evaluate.py): they
 would drop the long requests the study measures.
 """
@@ -30,7 +32,24 @@ import sys
 import time
 from typing import Any
 
-POLICIES = ("sjf", "fixed", "bubble", "partitioned", "fcfs")
+POLICIES = ("sjf", "fixed", "bubble", "partitioned", "fcfs", "bubble-count")
+DEFAULT_POLICIES = ("sjf", "fixed", "bubble", "partitioned", "bubble-count")
+
+
+def make_variant(name: str, **knobs):
+    """The registry's policies, and `bubble-count`: bubble with BubbleLine(work_turns=False)."""
+    from functools import partial
+
+    from tokenyard.services.priority_queue.policies.base import WFQ_WEIGHTS
+    from tokenyard.services.priority_queue.policies.bubble import BASE_BOUNDS, BubbleLine
+    from tokenyard.services.priority_queue.policies.hybrid import hybrid
+    from tokenyard.services.priority_queue.policies.keeps_turn import KeepsTurn
+    from tokenyard.services.priority_queue.policies.registry import make_policy
+
+    if name != "bubble-count":
+        return make_policy(name, **knobs)
+    line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, True, False)
+    return KeepsTurn(hybrid(knobs["aging_s"], line, "bubble-count", WFQ_WEIGHTS))
 
 
 def _floats(text: str) -> list[float]:
@@ -48,7 +67,7 @@ def flood_workload(base_rate: float, flood: float, duration_s: float, seed: int 
 
 
 def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
-              policies: tuple[str, ...] = POLICIES) -> dict[str, Any]:
+              policies: tuple[str, ...] = DEFAULT_POLICIES) -> dict[str, Any]:
     from tokenyard.simulator.cluster import SimConfig
     from tokenyard.tuning.evaluate import PartitionedSetup, SimSetup
 
@@ -62,7 +81,7 @@ def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
             row["partition_counts"] = list(setup.partitions().counts)
             m = setup.run()
         else:
-            m = SimSetup(w, cfg, pol).run({})
+            m = SimSetup(w, cfg, pol, make=make_variant).run({})
         row[pol] = {"short_p50_ttft_s": m.short_p50_ttft_s, "long_p99_ttft_s": m.long_p99_ttft_s,
                     "long_in_60s": m.long_done, "throughput": m.throughput, "completed": m.completed,
                     "wall_s": round(time.perf_counter() - t0, 1)}
@@ -76,7 +95,7 @@ def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
     return row
 
 
-def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = POLICIES) -> str:
+def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = DEFAULT_POLICIES) -> str:
     names = " / ".join(policies)
     out = [f"| flood (req/s) | total rate | short p50 TTFT (s): {names} | long p99 TTFT (s): {names} "
            f"| req/s done: {names} | bubble long p99 ÷ partitioned | ÷ fixed | bubble short p50 ÷ sjf |",
@@ -102,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-rate", type=float, default=16.0)
     p.add_argument("--floods", default="0,40,80,120")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help=f"of {', '.join(POLICIES)}")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     policies = tuple(x for x in args.policies.split(",") if x)

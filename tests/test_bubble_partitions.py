@@ -8,7 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tokenyard.loadgen.workloads.heavy_tail import HeavyTailWorkload
-from tokenyard.services.priority_queue.policies.bubble_partitions import FixedPartitions, range_of, split_instances
+from tokenyard.services.priority_queue.policies.bubble_partitions import (
+    FixedPartitions,
+    range_of,
+    split_instances,
+)
 from tokenyard.simulator.cluster import SimConfig
 from tokenyard.tuning.evaluate import PartitionedSetup, run_partitioned
 

@@ -16,6 +16,7 @@ and are measured as one fleet.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +42,8 @@ class SimSetup:
     """simulator.cluster.SimConfig."""
     queue_policy: str = "bubble"
     classes: Classes = field(default_factory=Classes)
+    make: Callable[..., Any] = make_policy
+    """Builds the queue policy from (name, **knobs): the registry's, or a variant to compare."""
 
     def run(self, params: dict[str, float]) -> Measures:
         from tokenyard.simulator.cluster import ClusterSim
@@ -48,7 +51,7 @@ class SimSetup:
         items = self.workload.items()
         cfg = replace(self.sim_config, slo_check=False, deadline_reject=False)
         sim = ClusterSim(cfg, self.workload.block_tokens)
-        sim.queue.policy = make_policy(self.queue_policy, **policy_knobs(params))
+        sim.queue.policy = self.make(self.queue_policy, **policy_knobs(params))
         sim.run(items)
         return _measures(items, list(sim.reqs.values()), self.classes)
 

@@ -113,8 +113,8 @@ class FleetView:
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
-        if hb.prefill_ms_per_token > 0:
-            self.prefill_cost[hb.worker_id] = (hb.prefill_ms_per_token, hb.prefill_ms_per_token2)
+        if hb.stats.prefill_ms_per_token > 0:
+            self.prefill_cost[hb.worker_id] = (hb.stats.prefill_ms_per_token, hb.stats.prefill_ms_per_token2)
 
     def own_prefill_s(self, prompt_len: int, now: float) -> float | None:
         """The request's prefill alone on the fastest fresh, healthy worker; None: unknown."""

@@ -35,13 +35,9 @@ from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.service import ServiceHost
 from tokenyard.shared.tokenizer import ByteTokenizer
 
+from tests.conftest import until
+
 TOK = ByteTokenizer()
-
-
-async def until(cond, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not cond():
-            await asyncio.sleep(0.01)
 
 
 def worker(wid: str, prof: str = "a100-llama3-8b") -> WorkerShell:

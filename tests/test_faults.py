@@ -270,7 +270,7 @@ async def test_a_vanished_clients_generation_is_aborted():
         t0 = time.monotonic()
         await until(lambda: not w.core.streams, timeout_s=10)
         assert time.monotonic() - t0 < 6.0  # orphan_after_s (3 s) + a tick, not the 5000 tokens
-        assert len(rec.seqs()) < 5000
+        assert w.engine.stats().running == 0  # the engine stopped it too, not only the worker's bookkeeping
     finally:
         await stop_fleet(hosts)
         server.stop()

@@ -98,11 +98,12 @@ def test_remembered_ids_are_bounded():
     for rid in ("a", "b", "c"):
         c.offer(req(rid), stats())
         c.on_output(EngineOutput(rid, [], True, "length"))
-    assert list(c._seen) == ["b", "c"]
+    assert c.offer(req("c"), stats()) == (GenerateReply("c", True, "duplicate"), False)  # remembered
     assert c.offer(req("a"), stats())[1] is True  # forgotten: generated again
     for rid in ("x", "y", "z"):
         c.on_abort(rid)
-    assert list(c._aborted) == ["y", "z"]
+    assert c.offer(req("z"), stats())[0].reason == "aborted"  # remembered
+    assert c.offer(req("x"), stats())[1] is True  # forgotten: an abort that came before it no longer counts
 
 
 def test_outputs_become_numbered_chunks_then_finished_with_usage():

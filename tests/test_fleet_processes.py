@@ -16,6 +16,7 @@ import pytest
 from tokenyard.shared import natsutil, schemas
 from tokenyard.shared.client import TokenyardClient
 
+from tests.conftest import until
 from tokenyard import cli
 from tokenyard.launcher import NATS_PORT, FleetProcesses, nats_port, ping
 
@@ -69,8 +70,7 @@ async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
     assert fleet.procs == []  # everything started was stopped
     # ... and its own NATS connection closed: left open to the stopped server, it would
     # reconnect forever in this event loop (and hang the test session's teardown).
-    await asyncio.sleep(0)
-    assert not nats_client_tasks() - before
+    await until(lambda: not nats_client_tasks() - before, timeout_s=5)
 
 
 def descendants(pid: int) -> set[int]:
@@ -111,10 +111,8 @@ async def test_children_die_with_up_when_it_is_killed_outright():
         assert len(children) >= 7  # nats-server, edge, admission, queue, router, macro, a worker
         up.kill()  # SIGKILL: no handler runs, nothing is stopped by the parent
         await up.wait()
-        async with asyncio.timeout(60):  # each child gets SIGTERM from the kernel and drains
-            while left := {p for p in children if alive(p)}:
-                await asyncio.sleep(0.1)
-        assert left == set()
+        # each child gets SIGTERM from the kernel and drains
+        await until(lambda: not any(alive(p) for p in children), timeout_s=60, poll_s=0.1)
     finally:
         if up.returncode is None:
             up.kill()

@@ -10,26 +10,18 @@ from tokenyard.services.router.core import DEFAULT_POLICY, POLICIES, RouterConfi
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.router.policies.latency import BoundedLoadGuard, MarginalLatencyScorer
 from tokenyard.shared.hashing import ids_chain
-from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
+from tokenyard.shared.schemas import BlockStored, KVEventBatch
 
-from tests import builders
+from tests.builders import hb, req
 
 BS = 16
-
-
-def hb(wid, running=0, waiting=0, queued=0, used=0, free=100_000) -> Heartbeat:
-    return builders.hb(wid, running=running, waiting=waiting, queued=queued, used=used, free=free, block_size=BS)
-
-
-def req(prompt_len, chain=(), max_tokens=8) -> AdmittedRequest:
-    return AdmittedRequest("r", "inbox", "m", [], prompt_len, list(chain), BS, max_tokens, 1, 0.0)
 
 
 def view(*rows) -> FleetView:
     """rows: (running, waiting, queued, hit tokens); new and P as the core sets them."""
     v = FleetView()
     for k, (running, waiting, queued, _) in enumerate(rows):
-        v.upsert(hb(f"w{k}", running, waiting, queued), 0.0)
+        v.upsert(hb(f"w{k}", running=running, waiting=waiting, queued=queued), 0.0)
     return v
 
 
@@ -49,12 +41,12 @@ def test_the_default_is_marginal_latency_everywhere():
 def test_exact_costs():
     # B = 2, 1, 6 → B̄ = 3; new = 128, 640, 640
     v = prepared(view((2, 0, 1000, 0), (0, 1, 0, 0), (4, 2, 200, 0)), 640, [512, 0, 0])
-    scored = MarginalLatencyScorer().score(req(640), v, np.arange(3))
+    scored = MarginalLatencyScorer().score(req(prompt_len=640), v, np.arange(3))
     # w0: 1000 + 128 + 128·(2+3)/2 = 1448;  w1: 640 + 640·(1+3)/2 = 1920;  w2: 840 + 640·(6+3)/2 = 3720
     assert scored.scores.tolist() == [1448.0, 1920.0, 3720.0]
     assert scored.tiebreak.tolist() == [1128.0, 640.0, 840.0]  # own TTFT: queue + own prefill
     # on a subset the fleet mean is the candidates': w1, w2 → B̄ = 3.5
-    assert MarginalLatencyScorer().score(req(640), v, np.array([1, 2])).scores.tolist() == [2080.0, 3880.0]
+    assert MarginalLatencyScorer().score(req(prompt_len=640), v, np.array([1, 2])).scores.tolist() == [2080.0, 3880.0]
 
 
 def test_affinity_survives_overload_where_the_guarded_product_drops_it():
@@ -70,7 +62,7 @@ def test_affinity_survives_overload_where_the_guarded_product_drops_it():
         for k in range(3):
             c.on_heartbeat(hb(f"other{k}", running=60, queued=200_000), 0.0)
         c.on_kv_events("holder", KVEventBatch(0.0, [BlockStored(prefix, None, [], BS)]), 0.0)
-        routes[policy] = c.route(req(8_600, ids_chain(range(537))), 0.0)
+        routes[policy] = c.route(req(prompt_len=8_600, chain=ids_chain(range(537))), 0.0)
     assert routes["marginal-latency"].worker_id == "holder"
     assert routes["marginal-latency"].hit_tokens == 8_192
     assert routes["multiplicative"].worker_id == "other0" and routes["multiplicative"].hit_tokens == 0
@@ -90,7 +82,7 @@ def test_no_more_queue_work_or_sequences_never_costs_more(fleet, prompt):
     tokens and sequences than another never scores worse, whatever the request's size."""
     v = prepared(view(*fleet), prompt, [min(h, prompt) for *_, h in fleet])
     cand = np.arange(v.n)
-    cost = MarginalLatencyScorer().score(req(prompt), v, cand).scores
+    cost = MarginalLatencyScorer().score(req(prompt_len=prompt), v, cand).scores
     q, n, b = v.queued_prefill[: v.n], v.new[: v.n], v.running[: v.n] + v.waiting[: v.n]
     for i in range(v.n):
         for j in range(v.n):

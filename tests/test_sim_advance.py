@@ -13,17 +13,19 @@ from hypothesis import strategies as st
 from tokenyard.loadgen.workloads import open_workload
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import PROFILES
-from tokenyard.shared import hashing
 from tokenyard.shared.schemas import AdmittedRequest, BlockRemoved, BlockStored
 from tokenyard.simulator.cluster import ChainCache, ClusterSim, SimConfig
 from tokenyard.simulator.metrics import WALL_CLOCK_KEYS, result
+
+from tests import builders
 
 BS = 4
 
 
 def req(k: int, prefix: int, own: int, max_tokens: int) -> AdmittedRequest:
+    """Request k: a prompt of `prefix` shared tokens and `own` of its own."""
     toks = list(range(prefix)) + [1000 + 10 * k + j for j in range(own)]
-    return AdmittedRequest(f"r{k}", "", "m", toks, len(toks), hashing.hash_chain(toks, BS), BS, max_tokens, 1, 0.0)
+    return builders.req(f"r{k}", tokens=toks, max_tokens=max_tokens, block_size=BS)
 
 
 def drive(mix, budget, blocks, fold: bool, host: int = 0, mode: str = "recompute", straddle: bool = False):

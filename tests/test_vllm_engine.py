@@ -30,6 +30,7 @@ from tokenyard.services.worker.vllm.settings import VllmSettings  # noqa: E402
 from tokenyard.shared import codec, hashing, natsutil, schemas, subjects  # noqa: E402
 from tokenyard.shared.schemas import AdmittedRequest, AllBlocksCleared, BlockStored, Sampling  # noqa: E402
 
+from tests import builders  # noqa: E402
 from tests import test_engine_conformance as conformance  # noqa: E402
 from tests.vllm_tiny_model import build  # noqa: E402
 
@@ -96,11 +97,8 @@ async def engine(vllm_engine):
 
 
 def req(rid: str, tokens: list[int], max_tokens: int, priority: int = 1, **sampling) -> AdmittedRequest:
-    return AdmittedRequest(
-        request_id=rid, reply_to=f"inbox.{rid}", model="m", prompt_token_ids=tokens, prompt_len=len(tokens),
-        block_hashes=hashing.hash_chain(tokens, FLEET_BLOCK), block_size=FLEET_BLOCK, max_tokens=max_tokens,
-        priority=priority, arrival_s=0.0, sampling=Sampling(**sampling),
-    )
+    return builders.req(rid, tokens=tokens, max_tokens=max_tokens, priority=priority, block_size=FLEET_BLOCK,
+                        sampling=Sampling(**sampling))
 
 
 async def collect(eng: Engine, r: AdmittedRequest) -> list[EngineOutput]:

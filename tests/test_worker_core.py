@@ -192,3 +192,14 @@ def test_offer_refuses_while_the_prefill_backlog_exceeds_the_flow_control_horizo
     assert c.offer(req("c"), stats(queued_prefill_tokens=10**6))[0].accepted
     off = WorkerCore(WorkerConfig("w", "m", flow_control=False), ByteTokenizer())
     assert off.offer(req("d"), stats(queued_prefill_tokens=10**6, prefill_ms_per_token=0.1))[0].accepted
+
+
+def test_offer_refuses_a_prefill_backlog_its_decodes_tpot_slack_cannot_absorb():
+    c = core()
+    # the tightest decode can absorb 50 ms more: 400 tokens at 0.1 ms (40 ms) fit, 600 do not
+    assert c.offer(req("a"), stats(queued_prefill_tokens=400, prefill_ms_per_token=0.1, tpot_slack_ms=50.0))[0].accepted
+    no, start = c.offer(req("b"), stats(queued_prefill_tokens=600, prefill_ms_per_token=0.1, tpot_slack_ms=50.0))
+    assert (no.accepted, no.reason, start) == (False, "saturated", False)
+    # a decode already past its slack: no prefill at all until it is done
+    no, _ = c.offer(req("c"), stats(queued_prefill_tokens=1, prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))
+    assert no.reason == "saturated"

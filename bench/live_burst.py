@@ -107,6 +107,8 @@ def report(records) -> dict[str, Any]:
         "refused": {e: sum(r.error == e for r in refused) for e in sorted({r.error for r in refused})},
         "other_failures": sum(1 for r in records if r.error and not r.error.startswith("status_")),
         "first_refusal_after_s": None if first is None else first - t0,
+        "first_refusal_by_code_s": {e: min(r.end_s for r in refused if r.error == e) - t0
+                                    for e in sorted({r.error for r in refused})},
         "refusals_at_s": sorted(round(r.end_s - t0, 2) for r in refused)[:10],
         "by_class": {},
     }

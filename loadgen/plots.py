@@ -48,9 +48,10 @@ class HeartbeatSampler:
             hb = codec.decode(msg.data, schemas.Heartbeat)
         except codec.DecodeError:
             return
-        total = hb.kv_blocks_used + hb.kv_blocks_free
-        self.samples.append(LoadSample(perf_counter(), hb.worker_id, hb.running, hb.waiting,
-                                       hb.kv_blocks_used / total if total else 0.0))
+        s = hb.stats
+        total = s.kv_blocks_used + s.kv_blocks_free
+        self.samples.append(LoadSample(perf_counter(), hb.worker_id, s.running, s.waiting,
+                                       s.kv_blocks_used / total if total else 0.0))
 
     async def stop(self) -> list[LoadSample]:
         await self.nc.drain()

@@ -114,7 +114,7 @@ def run_router_bench(
     repeats: int = 5,
 ) -> RouterBenchResult:
     from tokenyard.services.router.core import RouterConfig, RouterCore
-    from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
+    from tokenyard.shared.schemas import AdmittedRequest, BlockStored, EngineStats, Heartbeat, KVEventBatch
 
     t_build = time.perf_counter()
     chains = load_chains(trace, block_tokens)
@@ -127,8 +127,9 @@ def run_router_bench(
         queued = gen.integers(0, 16_001, instances)
         used = gen.integers(0, 20_000, instances)
         for i, w in enumerate(wids):
-            hb = Heartbeat(w, MODEL, 0, now, int(running[i]), int(running[i] // 8), int(queued[i]),
-                           int(used[i]), 27_343 - int(used[i]), block_tokens)  # fmt: skip
+            stats = EngineStats(int(running[i]), int(running[i] // 8), int(queued[i]),
+                                int(used[i]), 27_343 - int(used[i]), block_tokens)  # fmt: skip
+            hb = Heartbeat(w, MODEL, 0, now, stats)
             core.on_heartbeat(hb, now)
 
     def request(k: int, salt: int) -> AdmittedRequest:

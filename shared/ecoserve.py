@@ -77,9 +77,10 @@ class WorkerLoad:
 
 
 def load_of(hb: Heartbeat) -> WorkerLoad:
+    s = hb.stats
     return WorkerLoad(
-        hb.worker_id, hb.queued_prefill_tokens, hb.prefill_ms_per_token, hb.tpot_slack_ms,
-        hb.kv_blocks_free, hb.block_size, hb.running, hb.waiting, hb.compute_util,
+        hb.worker_id, s.queued_prefill_tokens, s.prefill_ms_per_token, s.tpot_slack_ms,
+        s.kv_blocks_free, s.block_size, s.running, s.waiting, s.compute_util,
     )
 
 

@@ -136,21 +136,22 @@ class WorkerMetrics:
             c.add_metric(values, value)
             return c
 
-        total = hb.kv_blocks_used + hb.kv_blocks_free
-        usage = hb.kv_blocks_used / total if total else 0.0
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", hb.running)
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", hb.waiting)
+        s = hb.stats
+        total = s.kv_blocks_used + s.kv_blocks_free
+        usage = s.kv_blocks_used / total if total else 0.0
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.waiting)
         yield gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", usage)
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", hb.preemptions)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.preemptions)
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      hb.prefix_queries)
+                      s.prefix_queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      hb.prefix_hits)
+                      s.prefix_hits)
         yield gauge("tokenyard:worker_queued_prefill_tokens", "Prompt tokens waiting for prefill (P).",
-                    hb.queued_prefill_tokens)
+                    s.queued_prefill_tokens)
         yield gauge("tokenyard:worker_step_time_seconds", "Duration of the engine's last step.",
-                    hb.step_time_ms / 1000.0)
+                    s.step_time_ms / 1000.0)
         phase = GaugeMetricFamily("tokenyard:worker_phase", "1 for the phase the worker runs in (EcoServe).",
                                   labels=[*names, "phase", "macro_id"])
         for p in schemas.Phase:
@@ -160,7 +161,7 @@ class WorkerMetrics:
     def snapshot(self) -> dict:
         hb = self.heartbeat
         return {"finished": count_samples(self.success),
-                "running": hb.running if hb else 0, "waiting": hb.waiting if hb else 0}
+                "running": hb.stats.running if hb else 0, "waiting": hb.stats.waiting if hb else 0}
 
 
 class AdmissionMetrics:

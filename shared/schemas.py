@@ -257,30 +257,28 @@ so the old one stops without a word to the client and keeps the id open."""
 # ───────────────────────────── fleet state ─────────────────────────────
 
 
-class Heartbeat(msgspec.Struct, omit_defaults=True):
-    """A worker's state, every ~100 ms and on large changes, on `llm.v1.hb.<id>`."""
+class EngineStats(msgspec.Struct, omit_defaults=True):
+    """An engine's state as its worker reports it (`Engine.stats()`), carried whole in each
+    Heartbeat: a stat added here reaches every reader without another copy step."""
 
-    worker_id: str
-    model: str
-    seq: int
-    ts: float
     running: int
     """Running batch size (decode load)."""
     waiting: int
     queued_prefill_tokens: int
     """Prompt tokens accepted but not yet prefilled: the P-token load."""
     kv_blocks_used: int
+    """GPU KV tier (hot); the host tier is kv_host_blocks_* below."""
     kv_blocks_free: int
     block_size: int
-    phase: str = Phase.MIXED
-    healthy: bool = True
     step_time_ms: float = 0.0
     prefix_hits: int = 0
+    """Prompt tokens found cached, summed over requests."""
     prefix_queries: int = 0
+    """Prompt tokens looked up, summed over requests."""
     preemptions: int = 0
-    engine: str = "sim"
-    draining: bool = False
-    macro_id: str = ""
+    kv_host_blocks_used: int = 0
+    """Host-memory KV tier (warm): blocks holding demoted prefixes or swapped requests."""
+    kv_host_blocks_free: int = 0
     tpot_slack_ms: float | None = None
     """EcoServe: saved TPOT slack of the running decodes (the minimum over them, ms): how far
     ahead of its TPOT SLO the tightest one runs. None: nothing is decoding."""
@@ -289,10 +287,6 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     prefill_ms_per_token: float = 0.0
     """The engine's prefill cost per token at a full chunk, for EcoServe's prefill-time
     estimate (pending tokens × this); 0: unknown."""
-    kv_host_blocks_used: int = 0
-    """Host-memory KV tier (warm): blocks holding demoted prefixes or swapped requests;
-    kv_blocks_used / kv_blocks_free above are the GPU tier's."""
-    kv_host_blocks_free: int = 0
     vbs: float = 0.0
     """SCORPIO: the running set's virtual batch size Σ TRP(r); 0: none runs (or no SCORPIO)."""
     min_tpot_slo_ms: float = 0.0
@@ -303,6 +297,23 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     prefill_ms_per_token2: float = 0.0
     """Attention's share of a prefill: an uncached prompt of L tokens takes about
     L·prefill_ms_per_token + L²·this ms (admission's per-request TTFT feasibility); 0: unknown."""
+
+
+class Heartbeat(msgspec.Struct, omit_defaults=True):
+    """A worker's state, every ~100 ms and on large changes, on `llm.v1.hb.<id>`: who it is
+    and what the controllers told it (identity, phase, drain) beside its engine's stats."""
+
+    worker_id: str
+    model: str
+    seq: int
+    ts: float
+    stats: EngineStats
+    """The engine's load, KV and cost figures, as `Engine.stats()` returned them."""
+    phase: str = Phase.MIXED
+    healthy: bool = True
+    engine: str = "sim"
+    draining: bool = False
+    macro_id: str = ""
 
 
 class WorkerControl(msgspec.Struct, omit_defaults=True):

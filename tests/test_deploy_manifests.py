@@ -158,7 +158,7 @@ def family_names() -> set[str]:
     macro.observe_states([schemas.MacroState("m0", "nodg", ["w"], {"w": "mixed"}, ["w"], 0, 0.0)])
     registries = [admission.registry, router.registry, macro.registry]
     w = metrics.WorkerMetrics("w", "m")
-    w.heartbeat = schemas.Heartbeat("w", "m", 1, 0.0, 0, 0, 0, 0, 1, 16)
+    w.heartbeat = schemas.Heartbeat("w", "m", 1, 0.0, schemas.EngineStats(0, 0, 0, 0, 1, 16))
     w.observe_finished(0.1, 0.2, 1, 2, "length")
     q = metrics.QueueMetrics(lambda: schemas.QueueStats("q", 0.0, "fcfs", [0] * 4, [0] * 4))
     q.observe_dispatch("routed", 0, 0.1)

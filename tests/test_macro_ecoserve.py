@@ -21,6 +21,8 @@ from tokenyard.shared.ecoserve import (
 )
 from tokenyard.shared.schemas import Heartbeat, MacroState, WorkerControl
 
+from tests import builders
+
 ECO = EcoConfig(ttft_slo_ms=1000.0, tpot_slo_ms=50.0)
 
 
@@ -101,8 +103,8 @@ def test_phase_switch_rules():
 # ───────────── rolling activation ─────────────
 
 def hb(wid, macro="", phase="mixed", waiting=0, util=0.0, slack=None, pending=0, c=0.1) -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, 0, waiting, pending, 0, 1000, 16, phase=phase, macro_id=macro,
-                     tpot_slack_ms=slack, compute_util=util, prefill_ms_per_token=c)
+    return builders.hb(wid, waiting=waiting, queued=pending, phase=phase, macro_id=macro, tpot_slack_ms=slack,
+                       compute_util=util, prefill_ms_per_token=c)
 
 
 def eco_core(size=3) -> MacroCore:

@@ -8,10 +8,12 @@ import numpy as np
 from tokenyard.services.router.core import RouterConfig, RouterCore
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
 
+from tests import builders
+
 
 def hb(wid, pending=0, slack=None, free=10_000, running=0, waiting=0, c=0.1, macro="m0") -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, running, waiting, pending, 0, free, 16, macro_id=macro,
-                     tpot_slack_ms=slack, prefill_ms_per_token=c)
+    return builders.hb(wid, running=running, waiting=waiting, queued=pending, free=free, macro_id=macro,
+                       tpot_slack_ms=slack, prefill_ms_per_token=c)
 
 
 def req(prompt=1000, max_tokens=16, chain=None) -> AdmittedRequest:

@@ -46,6 +46,6 @@ def test_the_heartbeat_carries_phase_and_ecoserve_inputs():
     c = core()
     c.on_control(WorkerControl("w0", Phase.PREFILL, "m1"))
     hb = c.heartbeat(stats(queued=512, tpot_slack_ms=250.0, compute_util=0.5, prefill_ms_per_token=0.07), 12.0)
-    assert (hb.phase, hb.macro_id, hb.tpot_slack_ms, hb.compute_util, hb.prefill_ms_per_token) == (
+    assert (hb.phase, hb.macro_id, hb.stats.tpot_slack_ms, hb.stats.compute_util, hb.stats.prefill_ms_per_token) == (
         "prefill", "m1", 250.0, 0.5, 0.07)
-    assert c.heartbeat(stats(), 12.1).tpot_slack_ms is None
+    assert c.heartbeat(stats(), 12.1).stats.tpot_slack_ms is None

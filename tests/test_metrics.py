@@ -15,12 +15,13 @@ from prometheus_client import generate_latest
 from tokenyard.shared import codec, metrics, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
+from tests import builders
+
 
 def hb(**kw) -> schemas.Heartbeat:
-    base = dict(worker_id="w0", model="m", seq=1, ts=0.0, running=3, waiting=2, queued_prefill_tokens=700,
-                kv_blocks_used=25, kv_blocks_free=75, block_size=16, prefix_hits=480, prefix_queries=1600,
+    base = dict(running=3, waiting=2, queued=700, used=25, free=75, prefix_hits=480, prefix_queries=1600,
                 preemptions=4, phase=schemas.Phase.DECODE, macro_id="m0", step_time_ms=12.5)
-    return schemas.Heartbeat(**{**base, **kw})
+    return builders.hb("w0", **{**base, **kw})
 
 
 def test_worker_gauges_use_vllm_names_and_read_the_last_heartbeat():

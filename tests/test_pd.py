@@ -17,9 +17,11 @@ from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, WorkerControl
 from tokenyard.shared.tokenizer import ByteTokenizer
 from tokenyard.simulator.cluster import ClusterSim, SimConfig
 
+from tests import builders
+
 
 def hb(wid: str, macro: str = "", phase: str = "mixed", running: int = 0) -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, running, 0, 0, 0, 1000, 16, phase=phase, macro_id=macro)
+    return builders.hb(wid, running=running, phase=phase, macro_id=macro)
 
 
 def req(rid: str = "r", kv_from: str = "") -> AdmittedRequest:

@@ -15,6 +15,8 @@ from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
 from tokenyard.services.router.policies.round_robin import RoundRobinScorer
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
 
+from tests import builders
+
 MODEL = "m"
 
 
@@ -33,23 +35,8 @@ def hb(
     free=100,
     step_ms=0.0,
 ) -> Heartbeat:
-    return Heartbeat(
-        wid,
-        model,
-        1,
-        0.0,
-        running,
-        waiting,
-        queued,
-        used,
-        free,
-        16,
-        phase=phase,
-        healthy=healthy,
-        step_time_ms=step_ms,
-        draining=draining,
-        macro_id=macro,
-    )
+    return builders.hb(wid, running=running, waiting=waiting, queued=queued, used=used, free=free, model=model,
+                       phase=phase, healthy=healthy, step_time_ms=step_ms, draining=draining, macro_id=macro)
 
 
 def req(rid="r", prompt_len=10, model=MODEL) -> AdmittedRequest:

@@ -92,9 +92,7 @@ def run_fleet(policy: str, n: int = 4, seconds: float = 20.0, rate: float = 90.0
         now, kind, x = heapq.heappop(heap)
         if kind == 0:
             for i, e in enumerate(engines):
-                s = e.stats()
-                core.on_heartbeat(Heartbeat(ids[i], "m", x, now, s.running, s.waiting, s.queued_prefill_tokens,
-                                            s.kv_blocks_used, s.kv_blocks_free, 16), now)  # fmt: skip
+                core.on_heartbeat(Heartbeat(ids[i], "m", x, now, e.stats()), now)
                 core.on_kv_events(ids[i], KVEventBatch(now, e.pool.drain_events()), now)
         elif kind == 1:
             is_long = rng.random() < 0.2

@@ -6,7 +6,9 @@ from __future__ import annotations
 from tokenyard.services.router.core import RouterConfig, RouterCore
 from tokenyard.services.router.hotspot import HotspotConfig, HotspotDetector
 from tokenyard.shared.hashing import ids_chain
-from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
+from tokenyard.shared.schemas import AdmittedRequest, BlockStored, KVEventBatch
+
+from tests.builders import hb
 
 
 def detector(**kw) -> HotspotDetector:
@@ -103,7 +105,7 @@ def test_a_hot_prefix_spreads_and_the_fallback_takes_over():
     picks = []
     for k in range(12):
         for w in workers:  # a heartbeat round before each request: the optimistic +1s are gone
-            c.on_heartbeat(Heartbeat(w, "m", k, 0.0, 10, 0, 0, 0, 1000, 16), float(k))
+            c.on_heartbeat(hb(w, running=10, seq=k), float(k))
         ch = c.route(hot_request(k), float(k))
         picks.append((ch.worker_id, ch.hot_warning, ch.fallback))
         if ch.worker_id != "w0":

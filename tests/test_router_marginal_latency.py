@@ -12,11 +12,13 @@ from tokenyard.services.router.policies.latency import MarginalLatencyScorer
 from tokenyard.shared.hashing import ids_chain
 from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
 
+from tests import builders
+
 BS = 16
 
 
 def hb(wid, running=0, waiting=0, queued=0, used=0, free=100_000) -> Heartbeat:
-    return Heartbeat(wid, "m", 1, 0.0, running, waiting, queued, used, free, BS)
+    return builders.hb(wid, running=running, waiting=waiting, queued=queued, used=used, free=free, block_size=BS)
 
 
 def req(prompt_len, chain=(), max_tokens=8) -> AdmittedRequest:

@@ -13,6 +13,8 @@ from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.hashing import ids_chain
 from tokenyard.shared.service import ServiceHost
 
+from tests import builders
+
 CHAIN = ids_chain(range(100, 104))
 
 
@@ -49,7 +51,7 @@ async def test_the_router_follows_kv_events_and_records_its_inputs(nats_server, 
         await nc.publish(subjects.kv_events("wc"), codec.encode(schemas.KVEventBatch(time.time(), [stored])))
         await nc.publish(subjects.kv_events("wb"), b"not a batch")  # logged and dropped
         for wid, running in (("wa", 3), ("wb", 0), ("wc", 0)):
-            hb = schemas.Heartbeat(wid, "tokenyard-sim", 1, time.time(), running, 0, 0, 10, 990, 16)
+            hb = builders.hb(wid, running=running, used=10, free=990, model="tokenyard-sim", ts=time.time())
             await nc.publish(subjects.heartbeat(wid), codec.encode(hb))
         await nc.flush()
         await until(lambda: shell.core.view.n == 3 and len(shell.core.index) == 4)

@@ -13,8 +13,10 @@ from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, estimated_tpot_ms, ldf_key
-from tokenyard.shared.schemas import AdmittedRequest, Heartbeat
+from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.tokenizer import ByteTokenizer
+
+from tests import builders
 
 PROF = profile("a100-llama3-8b")
 
@@ -130,14 +132,13 @@ def test_heartbeat_carries_vbs_fields_and_an_idle_engine_reports_none():
     core.add(areq("b", 80.0))
     core.step()
     hb = WorkerCore(WorkerConfig("w0", "m"), ByteTokenizer()).heartbeat(core.stats(), 1.0)
-    assert (hb.vbs, hb.min_tpot_slo_ms) == (1.5, 40.0) and hb.vbs_limit > 1.5
+    assert (hb.stats.vbs, hb.stats.min_tpot_slo_ms) == (1.5, 40.0) and hb.stats.vbs_limit > 1.5
 
 
 def view_of(*rows: tuple[float, float, float]) -> FleetView:
     v = FleetView()
     for i, (vbs, m, limit) in enumerate(rows):
-        v.upsert(Heartbeat(f"w{i}", "m", 1, 0.0, 1, 0, 0, 0, 100, 16, vbs=vbs, min_tpot_slo_ms=m,
-                           vbs_limit=limit), 0.0)
+        v.upsert(builders.hb(f"w{i}", running=1, free=100, vbs=vbs, min_tpot_slo_ms=m, vbs_limit=limit), 0.0)
     return v
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from tokenyard.shared import nats_auth, schemas
 from tokenyard.shared.client import TokenyardClient
 
+from tests import builders
 from tokenyard import top
 
 
@@ -26,10 +27,9 @@ def worker(finished: float) -> dict:
 
 
 def hb(wid: str, **kw) -> schemas.Heartbeat:
-    base = dict(worker_id=wid, model="m", seq=1, ts=99.5, running=3, waiting=1, queued_prefill_tokens=512,
-                kv_blocks_used=30, kv_blocks_free=70, block_size=16, prefix_hits=1, prefix_queries=4,
+    base = dict(ts=99.5, running=3, waiting=1, queued=512, used=30, free=70, prefix_hits=1, prefix_queries=4,
                 phase=schemas.Phase.PREFILL, macro_id="m0")
-    return schemas.Heartbeat(**{**base, **kw})
+    return builders.hb(wid, **{**base, **kw})
 
 
 def cells(text: str) -> dict[str, list[str]]:
@@ -59,7 +59,7 @@ def test_render_shows_services_workers_and_queue():
                                drain_requests_per_s=7.5)
     prev = top.Sample(99.0, [admission({"admitted": 1}, {}, 1)])
     cur = top.Sample(100.0, [admission({"admitted": 3, "rejected_capacity": 1}, {"overloaded": 1}, 4)],
-                     {"w0": hb("w0"), "w1": hb("w1", draining=True, kv_blocks_used=0, running=0)}, queue)
+                     {"w0": hb("w0"), "w1": hb("w1", draining=True, used=0, running=0)}, queue)
     console = Console(record=True, width=200)
     console.print(top.render(cur, prev))
     text = console.export_text()

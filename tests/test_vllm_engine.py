@@ -265,7 +265,7 @@ async def test_a_vllm_worker_serves_the_fleet_over_nats(nats_server, engine, tin
         await fleet.add(QueueShell(QueueConfig(), FCFS()))
         await fleet.add(MacroShell(MacroConfig(size=2)))
         hb = codec.decode((await hb_sub.next_msg(timeout=5)).data, schemas.Heartbeat)  # the router saw it too
-        assert (hb.engine, hb.model, hb.block_size) == ("vllm", name, FLEET_BLOCK)
+        assert (hb.engine, hb.model, hb.stats.block_size) == ("vllm", name, FLEET_BLOCK)
 
         client = TokenyardClient(nc)
         text = "the fleet router sends each request to the worker whose prefix cache holds it " * 3

@@ -95,12 +95,13 @@ def render(cur: Sample, prev: Sample | None = None) -> Group:
                 "prefix hit", "preempt", "age s"):
         workers.add_column(col, justify="left" if col in ("worker", "engine", "macro", "phase") else "right")
     for wid, hb in sorted(cur.heartbeats.items()):
-        total = hb.kv_blocks_used + hb.kv_blocks_free
-        hit = hb.prefix_hits / hb.prefix_queries if hb.prefix_queries else 0.0
+        s = hb.stats
+        total = s.kv_blocks_used + s.kv_blocks_free
+        hit = s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0
         state = "draining" if hb.draining else ("" if hb.healthy else "unhealthy")
         workers.add_row(wid + (f" ({state})" if state else ""), hb.engine, hb.macro_id or "-", str(hb.phase),
-                        str(hb.running), str(hb.waiting), str(hb.queued_prefill_tokens),
-                        f"{hb.kv_blocks_used / total:.1%}" if total else "-", f"{hit:.0%}", str(hb.preemptions),
+                        str(s.running), str(s.waiting), str(s.queued_prefill_tokens),
+                        f"{s.kv_blocks_used / total:.1%}" if total else "-", f"{hit:.0%}", str(s.preemptions),
                         f"{max(0.0, cur.at - hb.ts):.1f}")
 
     queue = Table(title="priority queue (depth by class)", title_justify="left")

@@ -122,9 +122,10 @@ class FleetView:
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
-        if hb.prefill_ms_per_token > 0:
-            self.prefill_cost[hb.worker_id] = (hb.prefill_ms_per_token, hb.prefill_ms_per_token2)
-        self.tpot_slack_s[hb.worker_id] = None if hb.tpot_slack_ms is None else hb.tpot_slack_ms / 1000.0
+        s = hb.stats
+        if s.prefill_ms_per_token > 0:
+            self.prefill_cost[hb.worker_id] = (s.prefill_ms_per_token, s.prefill_ms_per_token2)
+        self.tpot_slack_s[hb.worker_id] = None if s.tpot_slack_ms is None else s.tpot_slack_ms / 1000.0
 
     def decode_room_s(self, now: float) -> float | None:
         """The longest prefill some fresh, healthy worker can take without pushing its running

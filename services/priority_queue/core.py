@@ -189,11 +189,12 @@ class QueueCore:
         return None if req is None else self._left(req)
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
+        s = hb.stats
         self.workers[hb.worker_id] = _Worker(
-            waiting=hb.waiting, healthy=hb.healthy and not hb.draining, seen_s=now, running=hb.running,
-            queued_prefill=hb.queued_prefill_tokens, kv_free_tokens=hb.kv_blocks_free * hb.block_size,
-            prefill_s_per_token=hb.prefill_ms_per_token / 1000.0,
-            tpot_slack_s=None if hb.tpot_slack_ms is None else hb.tpot_slack_ms / 1000.0)
+            waiting=s.waiting, healthy=hb.healthy and not hb.draining, seen_s=now, running=s.running,
+            queued_prefill=s.queued_prefill_tokens, kv_free_tokens=s.kv_blocks_free * s.block_size,
+            prefill_s_per_token=s.prefill_ms_per_token / 1000.0,
+            tpot_slack_s=None if s.tpot_slack_ms is None else s.tpot_slack_ms / 1000.0)
 
     def _fresh(self, now: float) -> list[_Worker]:
         return [w for w in self.workers.values() if w.healthy and now - w.seen_s <= self.cfg.stale_after_s]

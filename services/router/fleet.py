@@ -19,7 +19,7 @@ candidate only while fresh (`stale_after_s`).
 from __future__ import annotations
 
 import numpy as np
-from tokenyard.shared.schemas import Heartbeat, Phase
+from tokenyard.shared.schemas import EngineStats, Heartbeat, Phase
 
 PHASES = {Phase.MIXED: 0, Phase.PREFILL: 1, Phase.DECODE: 2}
 
@@ -60,6 +60,10 @@ class FleetView:
         self.ids: list[str] = []
         self.slot: dict[str, int] = {}
         self.macro: list[str] = []
+        self.stats: list[EngineStats] = []
+        """Each row's latest engine stats, whole: the columns below are the scorers' vectorised
+        copies of some of them; the rest (prefix hits, preemptions, host KV tier, compute
+        use, the prefill cost's L² term) are here for whoever reads a row."""
         self.model_codes: dict[str, int] = {}
         """model name → the code stored in the `model` column."""
         self._alloc(capacity)
@@ -87,27 +91,35 @@ class FleetView:
             self.n += 1
             self.ids.append(hb.worker_id)
             self.macro.append(hb.macro_id)
+            self.stats.append(hb.stats)
             self.slot[hb.worker_id] = i
             self.layout += 1
             self.last_chosen[i] = -1
             self.accepting[i] = True
+        s = hb.stats
+        self.stats[i] = s
         self.model[i] = self.model_codes.setdefault(hb.model, len(self.model_codes))
-        self.queued_prefill[i] = hb.queued_prefill_tokens
-        self.running[i] = hb.running
-        self.waiting[i] = hb.waiting
-        self.kv_used[i] = hb.kv_blocks_used
-        self.kv_free[i] = hb.kv_blocks_free
-        self.block_size[i] = hb.block_size
-        self.bs[i] = hb.running
-        self.step_ms[i] = hb.step_time_ms
+        self.queued_prefill[i] = s.queued_prefill_tokens
+        self.running[i] = s.running
+        self.waiting[i] = s.waiting
+        self.kv_used[i] = s.kv_blocks_used
+        self.kv_free[i] = s.kv_blocks_free
+        self.block_size[i] = s.block_size
+        self.bs[i] = s.running
+        self.step_ms[i] = s.step_time_ms
         self.healthy[i] = hb.healthy and not hb.draining
         self.phase[i] = PHASES.get(hb.phase, 0)
         self.seen_s[i] = now
         self.macro[i] = hb.macro_id
-        self.slack_ms[i] = np.nan if hb.tpot_slack_ms is None else hb.tpot_slack_ms
-        self.ms_per_token[i] = hb.prefill_ms_per_token
-        self.vbs[i], self.min_stp_ms[i], self.vbs_limit[i] = hb.vbs, hb.min_tpot_slo_ms, hb.vbs_limit
+        self.slack_ms[i] = np.nan if s.tpot_slack_ms is None else s.tpot_slack_ms
+        self.ms_per_token[i] = s.prefill_ms_per_token
+        self.vbs[i], self.min_stp_ms[i], self.vbs_limit[i] = s.vbs, s.min_tpot_slo_ms, s.vbs_limit
         return i
+
+    def stats_of(self, worker_id: str) -> EngineStats | None:
+        """The engine stats the worker last reported; None: no row for it."""
+        i = self.slot.get(worker_id)
+        return None if i is None else self.stats[i]
 
     def set_accepting(self, worker_id: str, accepting: bool) -> None:
         i = self.slot.get(worker_id)
@@ -150,10 +162,11 @@ class FleetView:
                 for name in (*self._FLOAT, *self._INT, *self._BOOL, "phase"):
                     arr = getattr(self, name)
                     arr[i] = arr[last]
-                self.ids[i], self.macro[i] = self.ids[last], self.macro[last]
+                self.ids[i], self.macro[i], self.stats[i] = self.ids[last], self.macro[last], self.stats[last]
                 self.slot[self.ids[i]] = i
             self.ids.pop()
             self.macro.pop()
+            self.stats.pop()
             self.n -= 1
             self.layout += 1
         return gone

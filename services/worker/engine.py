@@ -4,7 +4,7 @@
     async start() / stop()
     generate(req)       → async iterator of EngineOutput, the last one has finished=True
     async abort(id)     → the request's iterator ends with finish_reason "abort"
-    stats()             → EngineStats, for heartbeats
+    stats()             → EngineStats (shared.schemas), carried whole in each heartbeat
     drain_kv_events()   → KV events (vLLM shapes) since the last call
 """
 
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 import msgspec
-from tokenyard.shared.schemas import AdmittedRequest, KVEvent
+from tokenyard.shared.schemas import AdmittedRequest, EngineStats, KVEvent
 
 
 class EngineOutput(msgspec.Struct):
@@ -25,37 +25,6 @@ class EngineOutput(msgspec.Struct):
     """`length`, `stop` or `abort` once finished."""
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
-
-
-class EngineStats(msgspec.Struct):
-    running: int
-    waiting: int
-    queued_prefill_tokens: int
-    kv_blocks_used: int
-    kv_blocks_free: int
-    block_size: int
-    step_time_ms: float = 0.0
-    prefix_hits: int = 0
-    """Prompt tokens found cached, summed over requests."""
-    prefix_queries: int = 0
-    """Prompt tokens looked up, summed over requests."""
-    preemptions: int = 0
-    kv_host_blocks_used: int = 0
-    """Host-memory KV tier (warm): blocks holding cached prefixes or swapped requests."""
-    kv_host_blocks_free: int = 0
-    tpot_slack_ms: float | None = None
-    """EcoServe: saved TPOT slack of the running decodes (their minimum); None: none decodes."""
-    compute_util: float = 0.0
-    """Share of the last step's token budget that was scheduled."""
-    prefill_ms_per_token: float = 0.0
-    """Prefill cost per token at a full chunk (the engine's own estimate); 0: unknown."""
-    vbs: float = 0.0
-    """SCORPIO (services/worker/sim/scorpio.py): virtual batch size, min TPOT SLO, VBS limit."""
-    min_tpot_slo_ms: float = 0.0
-    vbs_limit: float = 0.0
-    prefill_ms_per_token2: float = 0.0
-    """Attention's share of a prefill: an uncached prompt of L tokens takes about
-    L·prefill_ms_per_token + L²·this ms; 0: unknown."""
 
 
 class Engine(Protocol):

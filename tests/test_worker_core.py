@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared.schemas import (
@@ -194,3 +195,6 @@ def test_offer_refuses_a_prefill_backlog_its_decodes_tpot_slack_cannot_absorb():
     # a decode already past its slack: no prefill at all until it is done
     no, _ = c.offer(req("c"), stats(queued_prefill_tokens=1, prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))
     assert no.reason == "saturated"
+    # a P/D decode leg brings its KV, not a prefill: taken whatever the slack
+    leg = msgspec.structs.replace(req("d"), kv_from="w-prefill")
+    assert c.offer(leg, stats(prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))[0].accepted

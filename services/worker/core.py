@@ -107,7 +107,7 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
-        if self.cfg.flow_control and self.saturated(stats):
+        if self.cfg.flow_control and not req.kv_from and self.saturated(stats):  # a decode leg brings no prefill
             return schemas.GenerateReply(rid, False, "saturated"), False
         # A decode leg's first token went out from the prefill worker: number on from it.
         self.streams[rid] = (_Stream(req, 1, 1) if req.kv_from

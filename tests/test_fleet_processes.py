@@ -28,9 +28,11 @@ async def test_fleet_of_processes_serves_nats_and_http(tmp_path):
         nc = await natsutil.connect(fleet.nats_url, "test")
         assert await ping(nc) == fleet.expected()
 
-        done = await TokenyardClient(nc).generate(schemas.GenerateRequest(prompt="over nats", max_tokens=4))
+        client = TokenyardClient(nc)
+        done = await client.generate(schemas.GenerateRequest(prompt="over nats", max_tokens=4))
         assert done.finish_reason == "length" and done.usage.completion_tokens == 4
         assert done.worker_id in ("w0", "w1")
+        await client.close()  # its lease task ends with it
         await nc.drain()
 
         async with aiohttp.ClientSession() as http:
@@ -50,6 +52,10 @@ async def test_fleet_of_processes_serves_nats_and_http(tmp_path):
 async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
     """The edge cannot bind its HTTP port: `up` says which service failed and why, in the
     service's own words (not a traceback: a one-line error)."""
+    def nats_client_tasks() -> set[asyncio.Task]:
+        return {t for t in asyncio.all_tasks() if t.get_coro().__qualname__.startswith("Client.")}
+
+    before = nats_client_tasks()  # an earlier test's connections, if any, are not this one's
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -64,7 +70,7 @@ async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
     # ... and its own NATS connection closed: left open to the stopped server, it would
     # reconnect forever in this event loop (and hang the test session's teardown).
     await asyncio.sleep(0)
-    assert not [t for t in asyncio.all_tasks() if "Client." in t.get_coro().__qualname__]
+    assert not nats_client_tasks() - before
 
 
 def descendants(pid: int) -> set[int]:

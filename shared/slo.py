@@ -49,6 +49,15 @@ def prefill_budget_s(tpot_slack_s: float | None) -> float:
     return ENGINE_BACKLOG_S if tpot_slack_s is None else min(ENGINE_BACKLOG_S, tpot_slack_s)
 
 
+def decode_slack_s(hb) -> float | None:
+    """A heartbeat's TPOT slack for the decode term (seconds; None: no bound). Only a worker in
+    the mixed phase runs its prefills beside its decodes; a spatial P/D prefill worker hands its
+    requests off and an EcoServe phase worker runs one phase at a time, so theirs is None."""
+    if hb.phase != "mixed" or hb.stats.tpot_slack_ms is None:
+        return None
+    return hb.stats.tpot_slack_ms / 1000.0
+
+
 def klass(priority: int) -> int:
     """A request's priority field → its class index 0..3 (out-of-range values clamp)."""
     return min(max(priority, 0), NUM_CLASSES - 1)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 from tokenyard.shared import config
 from tokenyard.shared.schemas import Heartbeat, QueueStats
-from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S
+from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S, decode_slack_s
 
 NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
@@ -125,7 +125,7 @@ class FleetView:
         s = hb.stats
         if s.prefill_ms_per_token > 0:
             self.prefill_cost[hb.worker_id] = (s.prefill_ms_per_token, s.prefill_ms_per_token2)
-        self.tpot_slack_s[hb.worker_id] = None if s.tpot_slack_ms is None else s.tpot_slack_ms / 1000.0
+        self.tpot_slack_s[hb.worker_id] = decode_slack_s(hb)
 
     def decode_room_s(self, now: float) -> float | None:
         """The longest prefill some fresh, healthy worker can take without pushing its running

@@ -56,7 +56,13 @@ from dataclasses import dataclass, field
 from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, deadline, klass
 from tokenyard.shared import config
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, QueueStats, Rejected
-from tokenyard.shared.slo import ENGINE_BACKLOG_S, latest_release_s, prefill_budget_s, request_deadline_s
+from tokenyard.shared.slo import (
+    ENGINE_BACKLOG_S,
+    decode_slack_s,
+    latest_release_s,
+    prefill_budget_s,
+    request_deadline_s,
+)
 
 BACKLOG_S = ENGINE_BACKLOG_S
 """H: the prefill backlog a worker may hold, in seconds of its prefill time."""
@@ -194,7 +200,7 @@ class QueueCore:
             waiting=s.waiting, healthy=hb.healthy and not hb.draining, seen_s=now, running=s.running,
             queued_prefill=s.queued_prefill_tokens, kv_free_tokens=s.kv_blocks_free * s.block_size,
             prefill_s_per_token=s.prefill_ms_per_token / 1000.0,
-            tpot_slack_s=None if s.tpot_slack_ms is None else s.tpot_slack_ms / 1000.0)
+            tpot_slack_s=decode_slack_s(hb))
 
     def _fresh(self, now: float) -> list[_Worker]:
         return [w for w in self.workers.values() if w.healthy and now - w.seen_s <= self.cfg.stale_after_s]

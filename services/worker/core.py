@@ -107,7 +107,7 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
-        if self.cfg.flow_control and not req.kv_from and self.saturated(stats):  # a decode leg brings no prefill
+        if self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED):
             return schemas.GenerateReply(rid, False, "saturated"), False
         # A decode leg's first token went out from the prefill worker: number on from it.
         self.streams[rid] = (_Stream(req, 1, 1) if req.kv_from
@@ -116,11 +116,11 @@ class WorkerCore:
         return schemas.GenerateReply(rid, True), True
 
     @staticmethod
-    def saturated(stats: EngineStats) -> bool:
+    def saturated(stats: EngineStats, decodes_beside: bool = True) -> bool:
         """The queue's flow-control rule where the state is exact: the engine's prefill backlog
         already takes longer than shared.slo.prefill_budget_s allows (ENGINE_BACKLOG_S, and
         no more than the running decodes' TPOT slack)."""
-        slack = None if stats.tpot_slack_ms is None else stats.tpot_slack_ms / 1000.0
+        slack = stats.tpot_slack_ms / 1000.0 if decodes_beside and stats.tpot_slack_ms is not None else None
         return stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0 > prefill_budget_s(slack)
 
     def running_ids(self) -> list[str]:

@@ -184,7 +184,7 @@ def test_a_short_partition_gives_several_per_turn_a_long_one_gives_one():
         b.push(length(f"s{i}", 100, float(i)), 1)
     for i in range(3):
         b.push(length(f"l{i}", 3000, float(i)), 1)
-    # L̄ = 9500 / 8 = 1187.5: shorts round(11.9) = 12, hot → 24 (all); longs round(0.4) → 1
+    # L̄_max = 3000: shorts round(3000 / 100) = 30, hot → 60 (all); longs 1
     assert pop_all(b) == ["s0", "s1", "s2", "s3", "s4", "l0", "l1", "l2"]
     f = BubbleLine(dynamic=False)
     for r in [length("s0", 100), length("s1", 100), length("l0", 3000), length("l1", 3000)]:
@@ -198,8 +198,8 @@ def test_bubble_partitions_start_log_spaced_and_serve_shortest_first_in_turns():
         b.push(length(rid, L), 1)
     assert spans(b) == [(0, 512, 3), (512, 2048, 1), (2048, 8192, 1), (8192, float("inf"), 1)]
     assert [p.hot for p in b.parts] == [True, False, False, False]  # 3 / 1.5 > 1.10
-    # the short partition's quantum, 2 (hot) · round(L̄ 4392 / its 117), takes all three;
-    # then one from each of the others
+    # the short partition's quantum, 2 (hot) · round(L̄_max 20000 / its 117), takes all
+    # three; then one from each of the others
     assert pop_all(b) == ["s1", "s2", "s3", "m1", "l1", "x1"]
     assert spans(b)[0] == (0, 512, 0)  # all served: the base bounds are back
 
@@ -262,8 +262,30 @@ def test_sjf_without_aging_starves_the_long_request():
 
     p = make_policy("sjf", aging_s=None)
     assert sustained(p, length("victim", 20_000), load_class=1, steps=600) is None
+    # bubble: the short partition's turn is worth the 20k request's work, twice while hot:
+    # 2 · round(20000 / 48) = 834 pops of 48-token requests, then the long one's turn
     q = make_policy("bubble", aging_s=None)
-    assert sustained(q, length("victim", 20_000), load_class=1, steps=600) == 28
+    assert sustained(q, length("victim", 20_000), load_class=1, steps=1200) == 834
+
+
+def test_a_short_flood_does_not_shrink_the_short_partitions_turn():
+    """Turns share work: 40 short requests (L = 100) and 2 long ones (L = 10 000). The short
+    partition's turn is 2 (hot) · 10000/100 requests, so all 40 go before the first long one.
+    The earlier rule (work_turns=False: a turn worth the mean waiting length, 571 at first)
+    gave the shorts 2 · round(5.7) = 12 a turn, growing as they leave and the mean rises: the
+    first long request went after 18 shorts, 1,800 tokens against its 10,000, and under a short
+    flood the shorts backed up behind the long ones."""
+    shorts = [length(f"s{i:02d}", 100, float(i)) for i in range(40)]
+    longs = [length(f"l{i}", 10_000, float(i)) for i in range(2)]
+    b = BubbleLine()
+    for r in shorts + longs:
+        b.push(r, 1)
+    assert pop_all(b) == [r.request_id for r in shorts + longs]
+    old = BubbleLine(work_turns=False)
+    for r in shorts + longs:
+        old.push(r, 1)
+    ids = [r.request_id for r in shorts]
+    assert pop_all(old) == [*ids[:18], "l0", *ids[18:], "l1"]
 
 
 lengths = st.lists(st.integers(1, 40_000), max_size=30)

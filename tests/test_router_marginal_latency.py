@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.router.core import DEFAULT_POLICY, POLICIES, RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.policies.latency import MarginalLatencyScorer
+from tokenyard.services.router.policies.latency import BoundedLoadGuard, MarginalLatencyScorer
 from tokenyard.shared.hashing import ids_chain
 from tokenyard.shared.schemas import AdmittedRequest, BlockStored, Heartbeat, KVEventBatch
 
@@ -96,3 +96,50 @@ def test_no_more_queue_work_or_sequences_never_costs_more(fleet, prompt):
         for j in range(v.n):
             if q[i] <= q[j] and n[i] <= n[j] and b[i] <= b[j]:
                 assert cost[i] <= cost[j]
+
+
+# ───────────────────────────── the bounded-load guard ─────────────────────────────
+
+
+def test_bounded_load_keeps_the_candidates_within_c_times_the_mean():
+    # L = 0, 4, 5, 11 → Σ = 20; cap = ⌈1.25 · 21 / 4⌉ = ⌈6.5625⌉ = 7: L + 1 ≤ 7 keeps 0, 4, 5
+    v = view((0, 0, 0, 0), (3, 1, 0, 0), (5, 0, 0, 0), (8, 3, 0, 0))
+    assert BoundedLoadGuard().narrow(req(64), v, np.arange(4)).keep.tolist() == [True, True, True, False]
+    # on a subset the mean is the candidates': 5 and 11 → cap ⌈1.25 · 17 / 2⌉ = 11: 5 only
+    assert BoundedLoadGuard().narrow(req(64), v, np.array([2, 3])).keep.tolist() == [True, False]
+    # loaded alike (overload): all stay, affinity decides
+    same = view(*[(60, 40, 200_000, 0)] * 4)
+    assert BoundedLoadGuard().narrow(req(64), same, np.arange(4)).keep.all()
+
+
+@settings(max_examples=300, deadline=None)
+@given(loads=st.lists(st.tuples(st.integers(0, 500), st.integers(0, 500)), min_size=1, max_size=64),
+       c=st.floats(1.0, 3.0))
+def test_bounded_load_never_empties_and_keeps_the_least_loaded(loads, c):
+    v = view(*[(r, w, 0, 0) for r, w in loads])
+    keep = BoundedLoadGuard(c).narrow(req(64), v, np.arange(v.n)).keep
+    load = np.array([r + w for r, w in loads])
+    assert keep[load.argmin()]
+    assert (load[keep] + 1 <= np.ceil(c * (load.sum() + 1) / len(load))).all()
+
+
+def test_a_hot_prefix_is_replicated_once_its_holder_passes_the_bound():
+    """Every request carries one hot system prompt that only w0 holds. Marginal latency alone
+    keeps sending them to w0 (a cached token saves its prefill and the stall it would cause);
+    the default sends them there until w0's load reaches c × the mean, then to another instance."""
+    prefix = ids_chain(range(64))  # 1,024 tokens
+    c = RouterCore(RouterConfig(stale_after_s=1.0))
+    for k in range(4):
+        c.on_heartbeat(hb(f"w{k}", running=2), 0.0)
+    c.on_kv_events("w0", KVEventBatch(0.0, [BlockStored(prefix, None, [], BS)]), 0.0)
+    routes = [c.route(req(1_100, ids_chain(range(68))), 0.0) for _ in range(8)]
+    # L = 2+2+2+2 → w0 (cap ⌈1.25·9/4⌉ = 3); 3,2,2,2 → cap ⌈3.125⌉ = 4: w0 again; 4,2,2,2 → cap
+    # ⌈3.4375⌉ = 4, w0 is out: w1 recomputes the prompt (hit 0) and then holds it (hit 1,088)
+    assert [r.worker_id for r in routes] == ["w0", "w0", "w1", "w1", "w0", "w1", "w2", "w2"]
+    assert [r.hit_tokens for r in routes] == [1024, 1024, 0, 1088, 1024, 1088, 0, 1088]
+    bare = RouterCore(RouterConfig(stale_after_s=1.0))
+    bare.pipeline.guards = [g for g in bare.pipeline.guards if not isinstance(g, BoundedLoadGuard)]
+    for k in range(4):
+        bare.on_heartbeat(hb(f"w{k}", running=2), 0.0)
+    bare.on_kv_events("w0", KVEventBatch(0.0, [BlockStored(prefix, None, [], BS)]), 0.0)
+    assert {bare.route(req(1_100, ids_chain(range(68))), 0.0).worker_id for _ in range(8)} == {"w0"}

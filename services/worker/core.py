@@ -23,10 +23,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgspec
-from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
 from tokenyard.shared import schemas
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
-from tokenyard.shared.slo import prefill_budget_s
+from tokenyard.shared.slo import prefill_budget_s, request_deadline_s
 from tokenyard.shared.tokenizer import Tokenizer
 
 
@@ -142,13 +142,23 @@ class WorkerCore:
         self._remember(self._aborted, request_id)
         return request_id in self.streams
 
-    def on_output(self, out: EngineOutput) -> list[schemas.Chunk | schemas.Finished]:
-        """The stream events one engine output makes, numbered."""
+    def on_output(self, out: EngineOutput) -> list[schemas.Chunk | schemas.Finished | schemas.Rejected]:
+        """The stream events one engine output makes, numbered; a request the engine
+        rejected past its deadline before its first token (finish reason `deadline`) gets a
+        `rejected` 429 `deadline_exceeded`, as the queue's expiry sends."""
         st = self.streams[out.request_id]
         if st.silenced:
             if out.finished:
                 del self.streams[out.request_id]
             return []
+        if out.finish_reason == DEADLINE and out.finished and not st.tokens:
+            # the engine rejected it unstarted (SCORPIO's rejection path, SimEngineCore.expire)
+            del self.streams[out.request_id]
+            return [schemas.Rejected(
+                out.request_id, 429, "deadline_exceeded",
+                f"the engine could not start the request within its TTFT deadline "
+                f"({request_deadline_s(st.req) - st.req.arrival_s:.3g} s) without breaking the running "
+                f"requests' TPOT SLOs; retry later")]
         events: list[schemas.Chunk | schemas.Finished] = []
         st.cached_tokens = out.num_cached_tokens
         if out.new_token_ids:

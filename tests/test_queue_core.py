@@ -273,9 +273,11 @@ def test_a_batch_cap_counts_running_requests_too():
 # ───────────────────────────── flow control (on by default) ─────────────────────────────
 
 
-def fhb(wid: str, queued: int = 0, kv_free_blocks: int = 10_000, ms_per_token: float = 0.1, waiting: int = 0):
+def fhb(wid: str, queued: int = 0, kv_free_blocks: int = 10_000, ms_per_token: float = 0.1, waiting: int = 0,
+        tpot_slack_ms: float | None = None):
     """A heartbeat as flow control reads it: 0.1 ms per prompt token → H = 0.25 s is 2500 tokens."""
-    return hb(wid, waiting=waiting, queued=queued, free=kv_free_blocks, prefill_ms_per_token=ms_per_token)
+    return hb(wid, waiting=waiting, queued=queued, free=kv_free_blocks, prefill_ms_per_token=ms_per_token,
+              tpot_slack_ms=tpot_slack_ms)
 
 
 def sized(rid: str, prompt_len: int, arrival: float = 0.0, cls: int = 1) -> AdmittedRequest:
@@ -418,3 +420,18 @@ def test_the_drain_counts_only_what_left_a_backlog_per_second_of_backlog():
     q.on_routed("b", "w0", now=1.2)
     # 0.5 s of backlog held, 50 tokens left it (a's 100 routed with nothing waiting do not count)
     assert q.drain_rate(1.5) == (100.0, 2.0)
+
+
+def test_the_running_decodes_tpot_slack_bounds_the_room():
+    """A prefill chunk delays every decode's next token: a worker holds no more prefill than its
+    tightest decode's TPOT slack absorbs (shared.slo.prefill_budget_s), and none once a decode has
+    none left; with nothing decoding only H bounds it."""
+    q = QueueCore(QueueConfig(), FCFS())
+    q.on_heartbeat(fhb("w0", queued=300, tpot_slack_ms=100.0), 0.0)  # 0.1 s = 1000 tokens
+    assert q.headroom(0.0) == 700
+    q.on_heartbeat(fhb("w0", queued=300, tpot_slack_ms=900.0), 0.0)  # more slack than H: H bounds it
+    assert q.headroom(0.0) == 2200
+    q.on_heartbeat(fhb("w0", tpot_slack_ms=-20.0), 0.0)
+    assert q.headroom(0.0) == 0 and q.saturated(0.0)
+    q.on_heartbeat(fhb("w0"), 0.0)
+    assert q.headroom(0.0) == 2500

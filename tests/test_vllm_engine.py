@@ -121,6 +121,18 @@ async def test_the_same_prompt_again_hits_the_prefix_cache(engine):
 # ───────────────────────────── vLLM specifics ─────────────────────────────
 
 
+async def test_the_engine_measures_its_prefill_rate_from_its_steps(engine):
+    """What flow control, the worker's `saturated` refusal and admission's deadlines read: the
+    prefill time per computed prompt token, measured from vLLM's own steps (stats.py)."""
+    await collect(engine, req("decode-only", list(range(1, 9)), 8))  # a few decode-only steps
+    await collect(engine, req("long-prompt", [7 + i % 100 for i in range(1500)], 2))
+    stats = engine.stats()
+    assert engine.tracker.decode_step_ms > 0.0
+    assert stats.prefill_ms_per_token > 0.0
+    # and it is a rate, not a step: a 1500-token prefill takes ~1500 × it, far more than a step
+    assert 1500 * stats.prefill_ms_per_token > engine.tracker.decode_step_ms
+
+
 async def test_kv_events_are_the_admission_chain_at_the_fleet_block_size(engine):
     """Two vLLM blocks of 32 = four fleet blocks of 16, hashed exactly as admission hashed
     the prompt, so the router's index matches what vLLM really holds."""

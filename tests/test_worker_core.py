@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared.schemas import (
@@ -173,3 +174,17 @@ def test_offer_refuses_while_the_prefill_backlog_exceeds_the_flow_control_horizo
     assert c.offer(req("c"), stats(queued=10**6))[0].accepted
     off = WorkerCore(WorkerConfig("w", "m", flow_control=False), ByteTokenizer())
     assert off.offer(req("d"), stats(queued=10**6, prefill_ms_per_token=0.1))[0].accepted
+
+
+def test_offer_refuses_a_prefill_backlog_its_decodes_tpot_slack_cannot_absorb():
+    c = core()
+    # the tightest decode can absorb 50 ms more: 400 tokens at 0.1 ms (40 ms) fit, 600 do not
+    assert c.offer(req("a"), stats(queued=400, prefill_ms_per_token=0.1, tpot_slack_ms=50.0))[0].accepted
+    no, start = c.offer(req("b"), stats(queued=600, prefill_ms_per_token=0.1, tpot_slack_ms=50.0))
+    assert (no.accepted, no.reason, start) == (False, "saturated", False)
+    # a decode already past its slack: no prefill at all until it is done
+    no, _ = c.offer(req("c"), stats(queued=1, prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))
+    assert no.reason == "saturated"
+    # a P/D decode leg brings its KV, not a prefill: taken whatever the slack
+    leg = msgspec.structs.replace(req("d"), kv_from="w-prefill")
+    assert c.offer(leg, stats(prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))[0].accepted

@@ -2,6 +2,7 @@
 
     python -m bench.control_plane [--workers 2] [--json results/control_plane.json]
     python -m bench.control_plane --nats nats://H:P --http http://H:P    # an already running fleet
+    python -m bench.control_plane --baseline main    # side by side with another commit's code
 
 It brings a fleet up with `tokenyard.launcher.FleetProcesses(workers=2, profile="zero")`:
 simulated workers whose every step takes zero time, so whatever latency a client sees is the
@@ -31,6 +32,12 @@ control plane's (edge → admission → queue → router → worker → back to 
     one at a time, is cut at the spans' edges — edge, admission, the JetStream hop, queue,
     router, worker and back — and the medians are printed per path. Tracing adds its own
     cost to each hop, so these totals exceed (a)'s; skip with --profile-requests 0.
+
+(d) Side by side (--baseline REF): two fleets at once, one running REF's code (bench/baseline.py),
+    one this tree's; each request goes to both in turn (random order each round), one at a
+    time at the TTFT rate, first untraced for the TTFT, then traced for the per-hop profile.
+    On a shared machine the two see the same load at the same moments, so the difference is
+    the code's. The rate steps are skipped (two fleets would compete for the CPUs).
 
 Exit code 0 when every target is met, 1 when one is missed, 2 when the run failed.
 """
@@ -169,6 +176,8 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     best = result["sustained_rate"]
+    if best is None:  # side by side: no rate steps
+        return out
     out.append(_verdict("sustained rate (req/s)", best, f"≥ {RATE_GOAL:,.0f}", best >= RATE_GOAL))
     return out
 
@@ -178,6 +187,9 @@ def _verdict(what: str, measured: float, goal: str, met: bool) -> dict[str, Any]
 
 
 def print_report(result: dict[str, Any], console: Console) -> None:
+    if result.get("paired_ttft"):
+        print_side_by_side(result, console)
+        return
     t = Table(
         title="TTFT through the control plane (max_tokens = 1, zero-latency workers)", box=box.SIMPLE_HEAD
     )
@@ -246,7 +258,62 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     console.print(t)
 
 
+def print_side_by_side(result: dict[str, Any], console: Console) -> None:
+    ttft, hops = result["paired_ttft"], result["paired_hops"]
+    labels = list(ttft)
+    t = Table(title="TTFT through the control plane, side by side (ms; max_tokens = 1, zero-latency workers, "
+                    "requests interleaved)", box=box.SIMPLE_HEAD)
+    t.add_column("path")
+    t.add_column("code")
+    for col in ("requests", "failed", "p50", "p90", "p99", "mean"):
+        t.add_column(col, justify="right")
+    for path in ("nats", "http"):
+        for label in labels:
+            r = ttft[label][path]
+            t.add_row(path, label, str(r["sent"]), str(r["sent"] - r["completed"]),
+                      *(f"{r['ttft'][k]:.3f}" for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")))
+    console.print(t)
+    for path in ("nats", "http"):
+        cpu = {label: ttft[label].get(f"{path}_cpu_ms_per_request", {}) for label in labels}
+        names = list(cpu[labels[-1]])
+        t = Table(title=f"CPU ms per request by process, {path.upper()} path (user + system, over the run: "
+                        "idle loops included)", box=box.SIMPLE_HEAD)
+        t.add_column("process")
+        for label in labels:
+            t.add_column(label, justify="right")
+        for name in names:
+            t.add_row(name, *(f"{cpu[label].get(name, float('nan')):.3f}" for label in labels))
+        t.add_row("total", *(f"{sum(cpu[label].values()):.3f}" for label in labels))
+        console.print(t)
+    if hops:
+        for path, names in (("nats", hop_profile_names("nats")), ("http", hop_profile_names("http"))):
+            t = Table(title=f"Where the first token's time goes, {path.upper()} (mean ms, tracing on; "
+                            "the segments add up to the total)", box=box.SIMPLE_HEAD)
+            t.add_column("segment")
+            for label in labels:
+                t.add_column(label, justify="right")
+            for name in (*names, "total (TTFT)"):
+                t.add_row(name, *(f"{hops[label][path]['segments'][name]['mean_ms']:.3f}" for label in labels))
+            t.add_row("median TTFT", *(f"{hops[label][path]['segments']['total (TTFT)']['p50_ms']:.3f}"
+                                       for label in labels))
+            console.print(t)
+    t = Table(title="Control-plane targets (this tree)", box=box.SIMPLE_HEAD)
+    for col in ("target", "measured", "goal", ""):
+        t.add_column(col, justify="left" if col == "target" else "right")
+    for v in result["verdicts"]:
+        t.add_row(v["what"], f"{v['measured']:.2f}", v["goal"], "[green]met" if v["met"] else "[red]missed")
+    console.print(t)
+
+
+def hop_profile_names(path: str) -> tuple[str, ...]:
+    from bench import hop_profile
+
+    return hop_profile.NATS_SEGMENTS if path == "nats" else hop_profile.HTTP_SEGMENTS
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.baseline:
+        return await side_by_side(args)
     if args.nats:
         return await measure(args.nats, args.http, args)
     from tokenyard.launcher import FleetProcesses
@@ -257,6 +324,33 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         from bench import hop_profile
 
         result["hops"] = await hop_profile.profile(args.workers, args.model, args.profile_requests, args.ttft_rate)
+    return result
+
+
+THIS_TREE = "this tree"
+
+
+async def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    """(d): REF's fleet and this tree's, interleaved; TTFT untraced, then the hops traced."""
+    from bench import hop_profile
+    from bench.baseline import baseline_env, commit_of
+
+    with baseline_env(args.baseline) as env:
+        fleets = {args.baseline: env, THIS_TREE: {}}
+        ttft = await hop_profile.side_by_side(fleets, args.workers, args.model, args.ttft_prompts, args.ttft_rate,
+                                              traced=False, warmup=args.warmup)
+        hops = None
+        if args.profile_requests > 0:
+            hops = await hop_profile.side_by_side(fleets, args.workers, args.model, args.profile_requests,
+                                                  args.ttft_rate, traced=True, warmup=args.warmup)
+    result: dict[str, Any] = {"workers": args.workers, "baseline": args.baseline,
+                              "baseline_commit": commit_of(args.baseline), "paired_ttft": ttft, "paired_hops": hops}
+    mine = ttft[THIS_TREE]
+    result["ttft"] = {path: {"completed": r["completed"], "failed": r["sent"] - r["completed"],
+                             **{f"{k[:-3]}_ttft_ms": v for k, v in r["ttft"].items()}}
+                      for path, r in mine.items() if path in ("nats", "http")}
+    result["steps"], result["sustained_rate"] = [], None
+    result["verdicts"] = verdicts(result)
     return result
 
 
@@ -286,6 +380,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-prompts", type=int, default=500)
     p.add_argument("--profile-requests", type=int, default=200,
                    help="requests a path for the per-hop profile, on a second, traced fleet (0: skip)")
+    p.add_argument("--baseline", metavar="REF",
+                   help="measure side by side with this commit's code (a branch, tag or hash), interleaved")
     p.add_argument("--json", help="write the result here")
     return p.parse_args(argv)
 

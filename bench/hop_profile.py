@@ -28,6 +28,8 @@ the total here exceeds the TTFT measured without tracing; the split is what it s
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 import statistics
 import time
@@ -165,32 +167,88 @@ def summarise(rows: list[dict[str, float]], names: tuple[str, ...]) -> dict[str,
 async def profile(workers: int, model: str, requests: int, rate: float, warmup: int = 20,
                   prompt: str = "a short prompt of a few words") -> dict[str, Any]:
     """Per-hop medians over `requests` requests on each path (NATS, HTTP)."""
+    result = await side_by_side({"": {}}, workers, model, requests, rate, traced=True, warmup=warmup, prompt=prompt)
+    return {"requests": requests, "rate": rate, **result[""]}
+
+
+async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: str, requests: int, rate: float,
+                       traced: bool, warmup: int = 20,
+                       prompt: str = "a short prompt of a few words") -> dict[str, dict[str, Any]]:
+    """One fleet per label (its environment: e.g. bench/baseline.py's, to run another commit's
+    code), all up at once; the requests go to them in turn (a fresh random order each round),
+    so each fleet sees the same machine at the same moments. Per label and path: the client's
+    TTFT percentiles and, when `traced`, the per-hop segments."""
     from tokenyard.shared.client import TokenyardClient
 
     from tokenyard.launcher import FleetProcesses
 
     receiver = SpanReceiver()
     port = await receiver.start()
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    result: dict[str, Any] = {"requests": requests, "rate": rate}
+    tracing = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    out: dict[str, dict[str, Any]] = {label: {} for label in fleets}
     try:
-        async with FleetProcesses(workers=workers, profile="zero", http_port=0, model=model, extra_env=env) as fleet, \
-                aiohttp.ClientSession() as http, await TokenyardClient.connect(fleet.nats_url) as client:
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(aiohttp.ClientSession())
+            up: dict[str, tuple[Any, Any]] = {}
+            for label, env in fleets.items():
+                fleet = await stack.enter_async_context(FleetProcesses(
+                    workers=workers, profile="zero", http_port=0, model=model,
+                    extra_env={**env, **(tracing if traced else {})}))
+                client = await stack.enter_async_context(await TokenyardClient.connect(fleet.nats_url))
+                up[label] = (fleet, client)
             for path, names in (("nats", NATS_SEGMENTS), ("http", HTTP_SEGMENTS)):
-                async def one(path=path) -> Sent:
+                async def one(label: str, path=path) -> Sent:
+                    fleet, client = up[label]
                     if path == "nats":
                         return await send_nats(client, model, prompt)
                     return await send_http(http, fleet.http_url, model, prompt)
 
                 for _ in range(warmup):
-                    await one()
-                sent = []
+                    for label in fleets:
+                        await one(label)
+                sent: dict[str, list[Sent]] = {label: [] for label in fleets}
+                cpu0 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
+                order = list(fleets)
                 for _ in range(requests):
-                    sent.append(await one())
-                    await asyncio.sleep(1.0 / rate)  # pacing: one request at a time, none queued
-                await receiver.wait_for([s.trace_id for s in sent])
-                rows = [r for s in sent if (r := segments(receiver.traces[s.trace_id], s, path == "http"))]
-                result[path] = {"traced": len(rows), "segments": summarise(rows, names)}
+                    random.shuffle(order)
+                    for label in order:
+                        sent[label].append(await one(label))
+                        await asyncio.sleep(1.0 / rate)  # pacing: one request at a time, none queued
+                cpu1 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
+                for label, sents in sent.items():
+                    out[label][path + "_cpu_ms_per_request"] = {
+                        name: (cpu1[label][name] - cpu0[label][name]) * 1e3 / requests for name in cpu0[label]}
+                    ttfts = sorted((s.t_first_ns - s.t_send_ns) / 1e6 for s in sents if s.t_first_ns)
+                    out[label][path] = {"ttft": percentiles(ttfts), "completed": len(ttfts), "sent": len(sents)}
+                    if traced:
+                        await receiver.wait_for([s.trace_id for s in sents])
+                        rows = [r for s in sents if (r := segments(receiver.traces[s.trace_id], s, path == "http"))]
+                        out[label][path].update(traced=len(rows), segments=summarise(rows, names))
     finally:
         await receiver.stop()
-    return result
+    return out
+
+
+def cpu_seconds(fleet) -> dict[str, float]:
+    """CPU time (user + system) each of the fleet's processes has used so far, by name."""
+    procs = [("nats-server", fleet.server.proc), *fleet.procs]
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            key = "workers" if name.startswith("worker") else name
+            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def percentiles(sorted_ms: list[float]) -> dict[str, float]:
+    if not sorted_ms:
+        return {}
+    def q(p: float) -> float:
+        return sorted_ms[min(len(sorted_ms) - 1, int(p * len(sorted_ms)))]
+    return {"p50_ms": statistics.median(sorted_ms), "p90_ms": q(0.90), "p99_ms": q(0.99),
+            "mean_ms": statistics.fmean(sorted_ms)}

@@ -21,8 +21,10 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -45,15 +47,16 @@ def capacity(workers: int, input_len: int, output_len: int, profile: str) -> flo
     return (len(done) - 2 * k) / (done[-k - 1] - done[k])
 
 
-async def burst(url: str, rate: float, seconds: float, input_len: int, output_len: int, mix):
+async def burst(url: str, creds_dir: str, rate: float, seconds: float, input_len: int, output_len: int, mix):
     """The burst's records, and every queue state seen during it: (perf_counter at receipt, the
-    state's seen_arrival_s on the perf_counter clock, requests waiting in the queue)."""
-    import nats
+    state's seen_arrival_s on the perf_counter clock, requests waiting in the queue). The load
+    goes in as the fleet's `client` user; the queue states are read as its admin (a client may
+    not subscribe to them)."""
     from tokenyard.loadgen.config import BenchConfig
     from tokenyard.loadgen.serve import drive
     from tokenyard.loadgen.targets import open_target
     from tokenyard.loadgen.workload import make_workload
-    from tokenyard.shared import codec, schemas, subjects
+    from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects
 
     cfg = BenchConfig(target=url, num_prompts=int(rate * seconds), input_len=input_len, output_len=output_len,
                       rate=rate, priority_mix=mix, request_timeout_s=120.0, progress=False)
@@ -65,7 +68,7 @@ async def burst(url: str, rate: float, seconds: float, input_len: int, output_le
         now = time.perf_counter()
         states.append((now, s.seen_arrival_s - time.time() + now if s.seen_arrival_s else 0.0, sum(s.depth)))
 
-    nc = await nats.connect(url)
+    nc = await natsutil.connect(url, "live-burst-observer", creds=nats_auth.load_creds(os.path.join(creds_dir, "admin.creds")))
     await nc.subscribe(subjects.QUEUE_STATE, cb=on_state)
     target = await open_target(cfg.target, cfg.model, cfg.request_timeout_s, None, None, cfg.connect_timeout_s)
     try:
@@ -104,6 +107,8 @@ def report(records) -> dict[str, Any]:
         "refused": {e: sum(r.error == e for r in refused) for e in sorted({r.error for r in refused})},
         "other_failures": sum(1 for r in records if r.error and not r.error.startswith("status_")),
         "first_refusal_after_s": None if first is None else first - t0,
+        "first_refusal_by_code_s": {e: min(r.end_s for r in refused if r.error == e) - t0
+                                    for e in sorted({r.error for r in refused})},
         "refusals_at_s": sorted(round(r.end_s - t0, 2) for r in refused)[:10],
         "by_class": {},
     }
@@ -118,10 +123,12 @@ def report(records) -> dict[str, Any]:
     return out
 
 
-def start_up(workers: int, profile: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    """`tokenyard up` as a user runs it; returns the process and its NATS URL once it is up."""
+def start_up(workers: int, profile: str, creds_dir: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`tokenyard up` as a user runs it (its creds files written to `creds_dir`); returns the
+    process and its NATS URL once it is up."""
     up = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "tokenyard"), "up", "--workers", str(workers),
-                           "--profile", profile, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           "--profile", profile, "--nats-creds-dir", creds_dir, *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = None
     for line in up.stdout:  # type: ignore[union-attr]
         m = re.search(r"NATS\s+(nats://\S+)", line)
@@ -162,13 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     cap = capacity(args.workers, args.input_len, args.output_len, args.profile)
     rate = args.factor * cap
     print(f"capacity {cap:.1f} req/s (simulator); burst {rate:.1f} req/s for {args.seconds:g} s", flush=True)
-    up, url = start_up(args.workers, args.profile)
+    creds_dir = tempfile.mkdtemp(prefix="tokenyard-burst-")
+    up, url = start_up(args.workers, args.profile, creds_dir)
     try:
-        records, states = asyncio.run(burst(url, rate, args.seconds, args.input_len, args.output_len, mix))
+        records, states = asyncio.run(burst(url, creds_dir, rate, args.seconds, args.input_len, args.output_len, mix))
         doc = {"capacity_req_s": cap, "burst_req_s": rate, **vars(args), **report(records),
                "queue_intake": intake(records, states)}
     finally:
         stop_up(up)
+        shutil.rmtree(creds_dir, ignore_errors=True)
     print(json.dumps({k: v for k, v in doc.items() if k not in ("out",)}, indent=2))
     if args.out:
         with open(args.out, "w") as f:

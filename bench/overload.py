@@ -3,8 +3,9 @@ queue policy hybrid, the router's default policy, admission fed heartbeats and q
 live). Deterministic: the same command gives the same numbers on any machine.
 
     python -m bench.overload priorities [--n 3000] [--instances 8] [--load 6] [--out FILE.json]
-    python -m bench.overload overload --workload chatbot|trace:PATH [--loads 1.5,3] [--instances 16]
-                                      [--n 3000] [--mix 0,1,0,0] [--out FILE.json]
+    python -m bench.overload overload --workload chatbot|mooncake|azure-code|trace:PATH [--loads 1.5,3]
+                                      [--instances 16] [--n 3000] [--skip-requests 0] [--mix 0,1,0,0]
+                                      [--out FILE.json]
 
 * priorities — the chatbot workload with DESIGN §3.2's class mix 5/60/30/5, saturated (8 ×
   a100-llama3-8b at ×6 the workload's base rate): P0's p95 TTFT and the output throughput under
@@ -114,13 +115,14 @@ def priorities(n: int, instances: int, load: float) -> dict[str, Any]:
     return {"runs": runs, "summary": summary}
 
 
-def overload(workload: str, loads: list[float], instances: int, n: int, mix: str) -> dict[str, Any]:
+def overload(workload: str, loads: list[float], instances: int, n: int, mix: str, skip: int = 0) -> dict[str, Any]:
     from tokenyard.loadgen.config import parse_priority_mix
     from tokenyard.loadgen.workloads import open_workload
 
     rows = {}
     for load in loads:
-        w = open_workload(workload, num_requests=n, rate_scale=load, priority_mix=parse_priority_mix(mix), seed=0)
+        w = open_workload(workload, num_requests=n, rate_scale=load, priority_mix=parse_priority_mix(mix), seed=0,
+                          skip_requests=skip)
         r = row(run(w, instances=instances))
         rows[f"{load:g}"] = r
         o = r["outcomes"]["all"]
@@ -142,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", type=float, default=6.0, help="priorities: rate scale")
     p.add_argument("--loads", default="1.5,3", help="overload: rate scales")
     p.add_argument("--mix", default="0,1,0,0", help="overload: class mix P0..P3")
+    p.add_argument("--skip-requests", type=int, default=0,
+                   help="overload, traces: start after this many requests (held-out parts of a trace)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     if args.study == "priorities":
         doc = priorities(args.n, args.instances or 8, args.load)
     else:
-        doc = overload(args.workload, _floats(args.loads), args.instances or 16, args.n, args.mix)
+        doc = overload(args.workload, _floats(args.loads), args.instances or 16, args.n, args.mix, args.skip_requests)
     doc["command"] = "python -m bench.overload " + " ".join(sys.argv[1:] if argv is None else argv)
     doc["wall_s"] = time.perf_counter() - t0
     if args.out:

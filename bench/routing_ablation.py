@@ -2,8 +2,8 @@
 its terms switched on and off, on the tuning workloads only (the first 3,000 requests of the
 Mooncake conversation trace; ChatBot), 16 × a100-llama3-8b, in the cluster simulator.
 
-    python -m bench.routing_ablation --traces DIR [--loads 1,2,3] [--only own,h0,default]
-                                     [--workloads mooncake-tune,chatbot]
+    python -m bench.routing_ablation --traces DIR [--loads 1,2,3] [--only own,h0,default,bl]
+                                     [--workloads mooncake-tune,chatbot] [--requests N]
 
 Variants (Q queued prefill tokens, N uncached tokens of r, B running + waiting, B̄ the
 candidates' mean of B, all on instance i; lower cost wins):
@@ -15,8 +15,17 @@ candidates' mean of B, all on instance i; lower cost wins):
     decode     default + max_tokens · (κ · (C_i + len(r) · B_i) + β · B_i),
                C_i = KV blocks used × block size + Q, κ = 1e-3, β = 0.33 (a decode step's cost
                per context token and per sequence in prefill-token times, a100-llama3-8b)
+    bl         default behind the bounded-load guard L_i + 1 ≤ ⌈c·(ΣL + 1)/n⌉, L = running +
+               waiting, c = 1.25 — the router's default since this round (`marginal-latency`)
+    bl15       bl with c = 1.5;  h1-bl, own-bl: h1, own behind the same bound
+    bls        default behind step_ms_i ≤ 1.25 × the candidates' mean (measured step time)
+    blkv       default behind KV blocks in use ≤ max(1.25 × mean, min);  bl-kv: both bounds
+    step       default + step × max_tokens × step_ms_i / prefill_ms_per_token_i (r's own
+    step01     decode time from the heartbeat's step time, weight 1 and 0.1)
 These are measurements of the default's design, not policies: none of them is offered by the
-router (only `default` is, as `marginal-latency`).
+router (only `bl` is, as `marginal-latency`; `default` was last round's). The reported
+workloads (mooncake-report, api) are here only to show what the change did there after it
+was chosen; the choice used mooncake-tune and chatbot.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import numpy as np
 from tokenyard.data import TRACES
 from tokenyard.loadgen.workloads import open_workload
 from tokenyard.services.router import core
-from tokenyard.services.router.pipeline import Scored
+from tokenyard.services.router.pipeline import Narrowed, Scored
 from tokenyard.simulator.cluster import SimConfig
 from tokenyard.simulator.run import simulate
 
@@ -47,6 +56,10 @@ class Variant:
     stall: str = "mid"  # none | fleet | instance | mid
     kv: bool = False
     decode: bool = False
+    bound: str = ""  # "": none | seq: B_i + 1 ≤ ⌈c·(ΣB + 1)/n⌉ | step: step_ms_i ≤ c · mean
+    #                  | kv: KV blocks in use ≤ c · mean | seq+kv: both
+    c: float = 1.25
+    step: float = 0.0  # weight of r's own decode time, O · step_ms_i / ms_per_token_i
     inputs: frozenset[str] = frozenset()
 
     def score(self, req, view, cand) -> Scored:
@@ -62,7 +75,35 @@ class Variant:
         if self.decode:
             ctx = view.kv_used[cand] * view.block_size[cand] + q
             cost = cost + out * (KAPPA * (ctx + req.prompt_len * b) + BETA * b)
+        if self.step:
+            mpt = np.maximum(view.ms_per_token[cand], 1e-6)
+            cost = cost + self.step * out * view.step_ms[cand] / mpt
         return Scored(cost, tiebreak=own)
+
+
+@dataclass
+class BoundGuard:
+    """Consistent hashing with bounded loads, made relative (Mirrokni et al.): only the
+    candidates whose load stays within c × the candidates' mean (seq: sequences in flight,
+    counting r; step: the measured step time) may be scored."""
+
+    how: str
+    c: float
+    name: str = "bound"
+    inputs: frozenset[str] = frozenset()
+
+    def narrow(self, req, view, cand) -> Narrowed:
+        keep = np.ones(len(cand), dtype=np.bool_)
+        if "seq" in self.how:
+            b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
+            keep &= b + 1 <= np.ceil(self.c * (b.sum() + 1) / len(cand))
+        if "kv" in self.how:
+            kv = view.kv_used[cand].astype(np.float64)
+            keep &= kv <= max(self.c * kv.mean(), kv.min())
+        if "step" in self.how:
+            s = view.step_ms[cand]
+            keep &= s <= self.c * s.mean()
+        return Narrowed(keep if keep.any() else np.ones(len(cand), dtype=np.bool_))
 
 
 VARIANTS = {
@@ -72,9 +113,28 @@ VARIANTS = {
     "default": Variant("default"),
     "kv": Variant("kv", kv=True),
     "decode": Variant("decode", decode=True),
+    "bl": Variant("bl", bound="seq"),
+    "bl15": Variant("bl15", bound="seq", c=1.5),
+    "bls": Variant("bls", bound="step"),
+    "h1-bl": Variant("h1-bl", stall="instance", bound="seq"),
+    "own-bl": Variant("own-bl", stall="none", bound="seq"),
+    "step": Variant("step", step=1.0),
+    "step01": Variant("step01", step=0.1),
+    "bl-step01": Variant("bl-step01", bound="seq", step=0.1),
+    "blkv": Variant("blkv", bound="kv"),
+    "bl-kv": Variant("bl-kv", bound="seq+kv"),
 }
 MOONCAKE = "mooncake_conversation_trace.jsonl"
-WORKLOADS = {"mooncake-tune": ("trace:{traces}/" + MOONCAKE, 3000), "chatbot": ("chatbot", 3000)}
+WORKLOADS = {
+    "mooncake-tune": ("trace:{traces}/" + MOONCAKE, 3000, 0),
+    "chatbot": ("chatbot", 3000, 0),
+    # reported workloads (routing_sweep.py's), never used to choose: here only to show what a
+    # change of the default did there, after it was chosen
+    "mooncake-report": ("trace:{traces}/" + MOONCAKE, 3000, 6016),
+    "api": ("api", 4000, 0),
+    "coder": ("coder", 2000, 0),
+    "azure-conv": ("azure-conv-prefix", 3000, 0),
+}
 
 def trace_dir_spec(spec: str, traces: str) -> str:
     """`spec` with its trace folder filled in; the bundled traces are gzipped (.jsonl.gz)."""
@@ -92,19 +152,22 @@ def main() -> int:
     ap.add_argument("--loads", default="1,2,3")
     ap.add_argument("--only", default=",".join(VARIANTS), help=f"variants (default all: {','.join(VARIANTS)})")
     ap.add_argument("--workloads", default="mooncake-tune,chatbot")
+    ap.add_argument("--requests", type=int, default=None, help="requests per point (default: the workload's)")
     args = ap.parse_args()
     for name in args.only.split(","):
         v = VARIANTS[name]
-        core.POLICIES[f"ablation-{name}"] = lambda cfg, rng, v=v: core.Policy(v)
+        core.POLICIES[f"ablation-{name}"] = lambda cfg, rng, v=v: core.Policy(
+            v, guards=[BoundGuard(v.bound, v.c)] if v.bound else [])
     goodput = {"ttft": 2000.0, "tpot": 100.0}
     print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for wname in args.workloads.split(","):
-        spec, n = WORKLOADS[wname]
+        spec, n, skip = WORKLOADS[wname]
+        n = args.requests or n
         if "{traces}" in spec and not args.traces:
             ap.error("--traces DIR is needed for the Mooncake workload")
         for load in (float(x) for x in args.loads.split(",")):
-            w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load)
+            w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load, skip_requests=skip)
             for name in args.only.split(","):
                 t = time.perf_counter()
                 r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=f"ablation-{name}"), goodput)

@@ -4,7 +4,7 @@ a100-llama3-8b, at loads ×0.5 … ×3 of each workload's own rate, each point o
 sim --compare` command; then the won/lost table.
 
     python -m bench.routing_sweep --traces DIR [--jobs 1] [--only mooncake-report,api]
-                                  [--loads 0.5,1,2] [--out docs/results/routing]
+                                  [--loads 0.5,1,2] [--requests 2000] [--out docs/results/routing]
     python -m bench.routing_sweep --table [--out docs/results/routing]   # tables only
 
 Workloads, split into the ones the default was chosen on (tuned) and the ones it is judged
@@ -15,6 +15,9 @@ on (reported):
   reported  mooncake-report  the same trace, requests 6,016 … 9,015: its second half, unseen
             api              seed 000's API, 4,000 requests
             coder            seed 000's Coder, 2,000 requests
+            azure-conv       Azure 2023 conversation trace with the seeded prefix model of
+            azure-code       loadgen/workloads/azure_prefix.py (its code trace likewise),
+                             first 3,000 requests each
 
 A metric is won when, against the best peer in that cell (each metric's own best):
     mean TTFT ≤ 0.9 × the best peer's,   TPOT p99 ≤ the best peer's,
@@ -55,6 +58,8 @@ WORKLOADS: dict[str, tuple[str, int, int, str]] = {
     "mooncake-report": ("trace:{traces}/" + MOONCAKE, 3000, 6016, "reported"),
     "api": ("api", 4000, 0, "reported"),
     "coder": ("coder", 2000, 0, "reported"),
+    "azure-conv": ("azure-conv-prefix", 3000, 0, "reported"),
+    "azure-code": ("azure-code-prefix", 3000, 0, "reported"),
 }
 METRICS = (  # (key, label, better, the winning test against the best peer, format)
     ("mean_ttft_ms", "TTFT mean (ms)", min, lambda d, b: d <= 0.9 * b, "{:.0f}"),
@@ -72,25 +77,46 @@ def trace_dir_spec(spec: str, traces: str) -> str:
     return path
 
 
-def command(name: str, load: float, out: Path, traces: str) -> list[str]:
+def command(
+    name: str, load: float, out: Path, traces: str, requests: int | None = None, policies: tuple[str, ...] = POLICIES
+) -> list[str]:
+    """One point's `tokenyard sim --compare`; `requests` overrides the workload's count."""
     spec, n, skip, _ = WORKLOADS[name]
+    n = requests or n
     return [
         "tokenyard", "sim", "--workload", trace_dir_spec(spec, traces), "--num-requests", str(n),
         *(["--skip-requests", str(skip)] if skip else []), "--instances", "16", "--profile", "a100-llama3-8b",
-        "--compare", ",".join(POLICIES), "--rate-scale", f"{load:g}", "--goodput", *GOODPUT, "--seed", "0",
+        "--compare", ",".join(policies), "--rate-scale", f"{load:g}", "--goodput", *GOODPUT, "--seed", "0",
         "--quiet", "--json", str(out / f"{name}_x{load:g}.json"),
     ]  # fmt: skip
 
 
-def run_point(name: str, load: float, out: Path, traces: str) -> tuple[str, float, float, int]:
-    cmd = command(name, load, out, traces)
+def run_point(
+    name: str, load: float, out: Path, traces: str, requests: int | None = None, policies: tuple[str, ...] = POLICIES
+) -> tuple[str, float, float, int]:
+    """Run one point. With a subset of the policies, their results join those already in the
+    point's JSON (same workload, load and request count; each command is kept under
+    `commands`), so the default can be rerun without rerunning the peers."""
+    path = out / f"{name}_x{load:g}.json"
+    before = json.loads(path.read_text()) if path.exists() else None
+    cmd = command(name, load, out, traces, requests, policies)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "tokenyard.cli", *cmd[1:]], cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode == 0:
-        path = out / f"{name}_x{load:g}.json"
         doc = json.loads(path.read_text())
-        doc["command"] = shlex.join(cmd).replace(traces, "TRACES").replace(str(ROOT) + "/", "")
+        line = shlex.join(cmd)
+        line = (line.replace(traces, "TRACES") if traces else line).replace(str(ROOT) + "/", "")
+        doc["command"] = line
+        doc["commands"] = {p: line for p in doc["policies"]}
+        if before is not None and set(policies) != set(POLICIES):
+            if before["config"].get("num_requests") != doc["config"].get("num_requests"):
+                raise SystemExit(f"{path}: holds a run of another request count; use another --out")
+            kept = {p: r for p, r in before["policies"].items() if p not in doc["policies"]}
+            commands = {p: c for p, c in before.get("commands", {}).items() if p in kept}
+            commands |= {p: before["command"] for p in kept if p not in commands}
+            doc["policies"] = kept | doc["policies"]
+            doc["commands"] = commands | doc["commands"]
         path.write_text(json.dumps(doc, indent=1) + "\n")
     else:
         print(proc.stderr, file=sys.stderr)
@@ -117,21 +143,29 @@ def tables(out: Path) -> str:
             lines += [f"### {kind.capitalize()} workloads", "", "No point run.", ""]
             continue
         lines += [f"### {kind.capitalize()} workloads", "",
-                  "| workload | load | " + " | ".join(m[1] for m in METRICS) + " | cell |",
-                  "|---|---|" + "---|" * (len(METRICS) + 1)]
+                  "| workload | load | " + " | ".join(m[1] for m in METRICS) + " | failed | cell |",
+                  "|---|---|" + "---|" * (len(METRICS) + 2)]
         for name in names:
             for load in LOADS:
                 path = out / f"{name}_x{load:g}.json"
                 if not path.exists():
-                    lines.append(f"| {name} | ×{load:g} | " + " | ".join("not run" for _ in METRICS) + " | — |")
+                    lines.append(f"| {name} | ×{load:g} | " + " | ".join("not run" for _ in METRICS) + " | | — |")
                     continue
                 res = json.loads(path.read_text())["policies"]
+                missing = "default" if DEFAULT not in res else "peers" if not set(PEERS) & set(res) else ""
+                if missing:
+                    lines.append(f"| {name} | ×{load:g} | " + " | ".join(f"{missing} not run" for _ in METRICS) + " | | — |")
+                    continue
                 parts, all_won = [], True
                 for key, _, better, wins, fmt in METRICS:
                     verdict, mine, best, who = cell(res, key, better, wins)
                     all_won &= verdict == "won"
                     mark = {"won": "**won**", "ahead": "ahead", "lost": "lost"}[verdict]
                     parts.append(f"{mark} {fmt.format(mine)} vs {fmt.format(best)} ({who})")
+                # requests that never completed (deadline, refusal): the metrics above are over
+                # the completed ones, so a policy that fails more is flattered by them
+                fewest = min((p for p in PEERS if p in res), key=lambda p: res[p]["failed"])
+                parts.append(f"{res[DEFAULT]['failed']} vs {res[fewest]['failed']} ({fewest})")
                 lines.append(f"| {name} | ×{load:g} | " + " | ".join(parts) + f" | {'**won**' if all_won else 'lost'} |")
         lines.append("")
     return "\n".join(lines)
@@ -145,6 +179,10 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="points run at once (default 1)")
     ap.add_argument("--only", default=",".join(WORKLOADS), help=f"workloads (default: all: {','.join(WORKLOADS)})")
     ap.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS))
+    ap.add_argument("--requests", type=int, default=None,
+                    help="requests per point for every workload (default: each workload's own count above)")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="policies to run at each point, joining those already in its JSON (default: all)")
     ap.add_argument("--table", action="store_true", help="print the tables of existing results only")
     args = ap.parse_args()
     out = Path(args.out)
@@ -157,8 +195,11 @@ def main() -> int:
             ap.error("--traces DIR is needed for the Mooncake points")
         out.mkdir(parents=True, exist_ok=True)
         points = [(n, float(x)) for n in names for x in args.loads.split(",")]
+        policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
         with ThreadPoolExecutor(args.jobs) as pool:
-            for name, load, wall, rc in pool.map(lambda p: run_point(*p, out, args.traces or ""), points):
+            for name, load, wall, rc in pool.map(
+                lambda p: run_point(*p, out, args.traces or "", args.requests, policies), points
+            ):
                 print(f"{name} ×{load:g}: {'ok' if rc == 0 else f'FAILED ({rc})'} in {wall:.0f} s", flush=True)
     print(tables(out))
     return 0

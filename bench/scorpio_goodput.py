@@ -1,6 +1,6 @@
 """SCORPIO vs FCFS batching on one simulated engine under mixed TPOT SLOs (seed 003).
 
-    python -m bench.scorpio_goodput [--n 2000] [--loads 1,2,3] [--profile a100-llama3-8b]
+    python -m bench.scorpio_goodput [--n 2000] [--loads 1,2,3] [--profile a100-llama3-8b] [--out FILE.json]
 
 One engine (services/worker/sim/core.py) on a virtual clock, requests arriving Poisson at
 load × `BASE_RATE`: prompts ~ LN(512, 0.8) ∈ [32, 4096] tokens, outputs ~ LN(200, 0.6) ∈
@@ -125,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--loads", default="1,2,3")
     p.add_argument("--profile", default="a100-llama3-8b")
+    p.add_argument("--out", default=None, help="write the rows and the command as JSON")
     args = p.parse_args(argv)
-    run(args.n, [float(x) for x in args.loads.split(",")], args.profile)
+    rows = run(args.n, [float(x) for x in args.loads.split(",")], args.profile)
+    if args.out:
+        command = "python -m bench.scorpio_goodput " + " ".join(sys.argv[1:] if argv is None else argv)
+        with open(args.out, "w") as f:
+            json.dump({"command": command, "rows": rows}, f, indent=2)
     return 0
 
 

@@ -18,9 +18,8 @@ import signal
 import uuid
 from typing import Protocol
 
-import nats.micro
 from nats.aio.client import Client
-from nats.micro.service import Service
+from nats.micro.service import Service, ServiceConfig
 from tokenyard.shared import metrics, natsutil, telemetry
 
 VERSION = "0.1.0"
@@ -59,16 +58,18 @@ class ServiceHost:
     async def start(self) -> ServiceHost:
         telemetry.setup(self.shell.kind)
         self.nc = await natsutil.connect(self.nats_url, name=self.shell.instance_id, kind=self.shell.kind)
-        self.service = await nats.micro.add_service(
-            self.nc,
+        self.service = Service(self.nc, ServiceConfig(
             name=f"tokenyard-{self.shell.kind}",
             version=VERSION,
             description=f"tokenyard {self.shell.kind}",
             metadata={"instance": self.shell.instance_id},
             stats_handler=self._stats_data,
-        )
+        ))
         await self.shell.start(self.nc, self.service)
         await self.nc.flush()  # the server has every subscription before anyone is told we serve
+        # Only now does the service answer $SRV.PING: one that fails in start (an HTTP port in
+        # use) is never counted as up by `tokenyard up`'s readiness check.
+        await self.service.start()
         shell_metrics = getattr(self.shell, "metrics", None)
         if self.metrics_port is not None and shell_metrics is not None:
             self._metrics_runner = await metrics.serve(shell_metrics.registry, self.metrics_port, self.metrics_host)

@@ -39,6 +39,25 @@ ENGINE_BACKLOG_S: float = min(TTFT_TARGET_S) / 2
 queue, so a request with less than this left before its deadline can no longer meet it."""
 
 
+def prefill_budget_s(tpot_slack_s: float | None) -> float:
+    """The prefill backlog, in seconds of prefill, an engine may hold: ENGINE_BACKLOG_S, and no
+    more than its running decodes can absorb within their TPOT SLO — the tightest decode's saved
+    slack (shared.ecoserve.saved_slack_ms; None: nothing decodes). Every step that carries a
+    prefill chunk delays each decode's next token by the chunk's time, so a backlog beyond the
+    slack pushes a decode past its TPOT SLO; the queue's flow control and the worker's
+    `saturated` refusal both hold prefill back to this."""
+    return ENGINE_BACKLOG_S if tpot_slack_s is None else min(ENGINE_BACKLOG_S, tpot_slack_s)
+
+
+def decode_slack_s(hb) -> float | None:
+    """A heartbeat's TPOT slack for the decode term (seconds; None: no bound). Only a worker in
+    the mixed phase runs its prefills beside its decodes; a spatial P/D prefill worker hands its
+    requests off and an EcoServe phase worker runs one phase at a time, so theirs is None."""
+    if hb.phase != "mixed" or hb.stats.tpot_slack_ms is None:
+        return None
+    return hb.stats.tpot_slack_ms / 1000.0
+
+
 def klass(priority: int) -> int:
     """A request's priority field → its class index 0..3 (out-of-range values clamp)."""
     return min(max(priority, 0), NUM_CLASSES - 1)

@@ -6,12 +6,24 @@ clock, in one process, with no NATS (Dynamo's offline replay, not Vidur's re-imp
         WorkerCore.offer ─> SimEngineCore.add
     instance: step() at t ─> outputs at t + duration ─> next step at once
               KV events of the step ─> RouterCore.on_kv_events (the live worker polls every 20 ms)
+              between two events that look at an engine (arrival, dispatch, tick), its pure
+              decode steps run as one fold (fold.py): the same times, fewer events
     every 100 ms: heartbeats (WorkerCore.heartbeat) ─> router, queue, admission, macro controller;
               QueueCore.stats ─> admission, macro controller (as llm.v1.pq.state live);
               MacroCore.plan ─> router (MacroState), workers (WorkerControl); dispatch again
     spatial P/D (mode pd): a prefill worker's engine hands a request off after its first
               token ─> KV_ARRIVE at + prompt KV bytes / inter-node bandwidth ─> RouterCore
               (decode leg, services.router.pd) ─> decode worker: SimEngineCore.add_prefilled
+
+Folding is exact because only these events look at an engine or at what its steps deliver
+(streams, KV events, token times): an arrival or a DISPATCH (an offer reads its stats, a
+placement adds a request), a TICK (heartbeats, samples, phases, expiry) and a KV_ARRIVE. A
+fold started at a STEP_DONE covers only steps that end before the next of them
+(EventQueue.next_look_t, the next arrival), so each sees the engine, the worker's streams
+and the router's index as step by step; the step that straddles it ends the fold where the
+fold delivers nothing before it (no finish, no evicted block), else it runs alone.
+Other engines' steps in between touch only the router's index, per worker (order-free).
+Spatial P/D is not folded: a prefill worker's step can queue a KV_ARRIVE inside a fold.
 
 What the shells do around the cores is repeated here and nothing else: the router shell's
 retry with the refusing worker excluded (services.router.core.Placement, as the shell), the queue shell's back-off after an
@@ -91,6 +103,9 @@ class SimConfig:
     provision_delay_s: float = 30.0
     """Mitosis: a worker the controller asks for heartbeats this long after (the vLLM
     worker's engine takes 20–50 s to start before it registers)."""
+    fold_decodes: bool = True
+    """Fold each engine's pure decode steps between the events that look at it (fold.py): the
+    same results, fewer events. False: every step one by one (the reference it is tested against)."""
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     """The SLOs the fleet runs to: EcoServe's constraint check and phase rules, and every
@@ -210,6 +225,11 @@ class ClusterSim:
         self._dispatch_at = float("-inf")
         """Time of the latest DISPATCH event queued (the queue's back-off end)."""
         self._on_kv = getattr(self.router, "on_kv_events", None)
+        self._fold = cfg.fold_decodes and cfg.mode != "pd"
+        """Fold engines' decode steps (fold.py) between the events that look at them. Not in
+        spatial P/D, where any prefill worker's step may send a KV_ARRIVE sooner than that."""
+        self._next_arrival = float("inf")
+        """The next arrival's time (the loop keeps it: a fold ends before it)."""
         self._engine_options = dict(
             chunked_prefill=cfg.chunked_prefill, prefill_only_phase=cfg.prefill_only_phases,
             max_model_len=cfg.max_model_len,
@@ -228,6 +248,8 @@ class ClusterSim:
         self.legs: list[schemas.AdmittedRequest] = []
         """Spatial P/D decode legs whose KV has landed but no decode worker took yet."""
         self.handoffs = 0
+        self.step_events = 0
+        """Engine results the loop handled (STEP_DONE events; a fold counts once)."""
 
     # ── the loop ──
     def run(self, items: list[TraceRequest]) -> None:
@@ -242,6 +264,7 @@ class ClusterSim:
                 self._arrive(items[k], t)
                 k += 1
                 continue
+            self._next_arrival = items[k].arrival_s if k < n else float("inf")
             t, kind, data = ev.pop()
             self.now = t
             if kind == STEP_DONE:
@@ -344,26 +367,50 @@ class ClusterSim:
         if not inst.busy:
             self._step(inst, now)
 
-    def _step(self, inst: SimInstance, now: float) -> None:
-        res = inst.engine.step()
-        if res.duration_s <= 0.0 and not res.outputs:
-            inst.busy = False  # nothing could be scheduled; the next tick tries again
-            return
+    def _step(self, inst: SimInstance, now: float, fold: bool = False) -> None:
+        """Start the engine's next step at `now`. With `fold` (from its own STEP_DONE, where
+        nothing else looks at it before the next event that is not a step): its pure decode
+        steps up to that event as one (fold.py), with the same times, tokens and blocks."""
+        res = None
+        if fold and self._fold:
+            until = min(self._next_arrival, self.events.next_look_t())
+            res = inst.engine.fold(now, until, straddle=True)
+        if res is None:
+            res = inst.engine.step()
+            if res.duration_s <= 0.0 and not res.outputs:
+                inst.busy = False  # nothing could be scheduled; the next tick tries again
+                return
+            inst.busy_s += res.duration_s
+            end = now + res.duration_s
+        else:
+            times, end, busy_s = [], now, inst.busy_s
+            for d in res.step_durations:  # the clock and the busy time, added step by step
+                end += d
+                busy_s += d
+                times.append(end)
+            inst.busy_s = busy_s
+            inst.fold_times = times
         inst.busy = True
         inst.dirty = True
         inst.pending = res
-        inst.busy_s += res.duration_s
-        inst.steps += 1
-        self.events.push(now + res.duration_s, STEP_DONE, inst)
+        inst.steps += res.num_steps
+        self.step_events += 1
+        self.events.push(end, STEP_DONE, inst)
 
     def _step_done(self, inst: SimInstance, now: float) -> None:
         res, inst.pending = inst.pending, None
         reqs = self.reqs
         streams = inst.worker.streams
+        folded = res.num_steps > 1
+        if folded:  # token j of each output came at the end of the fold's step j
+            times, inst.fold_times = inst.fold_times, None
         for out in res.outputs:
             st = reqs[out.request_id]
             if out.new_token_ids:
-                st.tokens.append(now)
+                if folded:
+                    st.tokens.extend(times[: len(out.new_token_ids)])
+                else:
+                    st.tokens.append(now)
             if out.finish_reason == "deadline":  # rejected by the engine (SCORPIO), never started
                 st.error, st.expired = "status_429", True
                 del streams[out.request_id]
@@ -384,7 +431,7 @@ class ClusterSim:
         else:
             inst.engine.pool.events.clear()
         if inst.engine.has_work():
-            self._step(inst, now)
+            self._step(inst, now, fold=True)
         else:
             inst.busy = False
 
@@ -418,16 +465,17 @@ class ClusterSim:
         cfg = self.cfg
         if self.retiring:
             self._retire(now)
+        stopped, keepalive = self.stopped, cfg.keepalive_s
+        receivers = [self.router.on_heartbeat, self.queue.on_heartbeat, self.admission.on_heartbeat]
+        if self.macro is not None:
+            receivers.append(self.macro.on_heartbeat)
         for inst in self.instances:
-            if inst.id in self.stopped:  # a stopped worker sends nothing: it falls silent
-                continue
-            if inst.dirty or now - inst.last_hb_s >= cfg.keepalive_s:
+            if inst.dirty or now - inst.last_hb_s >= keepalive:
+                if stopped and inst.id in stopped:  # a stopped worker sends nothing: it falls silent
+                    continue
                 hb = inst.worker.heartbeat(inst.engine.stats(), now)
-                self.router.on_heartbeat(hb, now)
-                self.queue.on_heartbeat(hb, now)
-                self.admission.on_heartbeat(hb, now)
-                if self.macro is not None:
-                    self.macro.on_heartbeat(hb, now)
+                for receive in receivers:
+                    receive(hb, now)
                 inst.last_hb_s = now
                 inst.dirty = inst.busy
         if self.macro is not None:
@@ -453,9 +501,10 @@ class ClusterSim:
         if not self.sample_times or now - self.sample_times[-1] >= cfg.sample_s - 1e-9:
             self._sample(now)
         for inst in self.instances:  # an engine that could not schedule anything retries here
-            if inst.engine.expire(now):  # SCORPIO's rejection path (a no-op for other policies)
+            engine = inst.engine
+            if engine.waiting and engine.expire(now):  # SCORPIO's rejection path (others: a no-op)
                 inst.dirty = True
-            if not inst.busy and inst.engine.has_work():
+            if not inst.busy and engine.has_work():
                 self._step(inst, now)
         legs, self.legs = self.legs, []
         for leg in legs:

@@ -19,7 +19,8 @@ from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 class SimInstance:
-    __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "pending", "busy_s", "bs_samples", "steps")
+    __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "pending", "busy_s", "bs_samples", "steps",
+                 "fold_times")
 
     def __init__(
         self,
@@ -41,6 +42,8 @@ class SimInstance:
         self.dirty = True
         self.last_hb_s = float("-inf")
         self.pending: StepResult | None = None
+        self.fold_times: list[float] | None = None
+        """With a folded step pending: the virtual time each of its steps ends."""
         self.busy_s = 0.0
         self.steps = 0
         self.bs_samples = array("H")

@@ -5,6 +5,7 @@ that also need to see spans. Process-level tests use tokenyard.launcher.FleetPro
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -110,11 +111,18 @@ async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", 
     return fleet
 
 
-async def until(condition, timeout_s: float = 10.0) -> None:
-    """Await a state of the services (checked as the event loop turns), not a guessed delay."""
+async def until(condition, timeout_s: float = 10.0, poll_s: float = 0.005):
+    """Await a state of the services (checked as the event loop turns), not a guessed delay.
+    `condition` may be a coroutine function (a NATS request, a scrape); the first truthy value
+    it gives is returned. TimeoutError after `timeout_s`."""
     async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.005)
+        while True:
+            value = condition()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await asyncio.sleep(poll_s)
 
 
 @pytest.fixture

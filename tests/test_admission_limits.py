@@ -422,3 +422,34 @@ def test_a_burst_spends_the_reported_headroom_then_waits_at_the_workers_prefill_
     assert isinstance(out, AdmittedRequest)
     out = admit(c, big, now=100.0)
     assert (out.status, out.code, out.retry_after_s) == (503, "overloaded", pytest.approx(5.5 + 0.25 - 5.0))
+
+
+def test_a_prompt_whose_prefill_no_workers_decodes_can_absorb_is_refused():
+    """The decode-capacity term: a prefill delays every running decode on its worker, so a prompt
+    whose own prefill exceeds the TPOT slack of every worker's decodes is a 503 now, with a
+    Retry-After of the excess; a worker with nothing decoding takes any prompt."""
+    c = core()
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    c.on_heartbeat(hb("w0", ts=100.0, prefill_ms_per_token=1.0, tpot_slack_ms=1500.0), 100.0)
+    c.on_heartbeat(hb("w1", ts=100.0, prefill_ms_per_token=1.0, tpot_slack_ms=2500.0), 100.0)
+    ok = admit(c, GenerateRequest(prompt="a" * 2400), now=100.0)  # 2.4 s ≤ w1's 2.5 s
+    assert isinstance(ok, AdmittedRequest)
+    out = admit(c, GenerateRequest(prompt="a" * 3000), now=100.0)  # 3 s > 2.5 s
+    assert (out.status, out.code) == (503, "overloaded")
+    assert out.retry_after_s == pytest.approx(0.5)
+    assert "TPOT" in out.message
+    # P3 has no deadline: it waits in the queue for room instead
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 3000, priority=3), now=100.0), AdmittedRequest)
+    # a worker whose decodes are done (no slack reported: nothing decodes) takes it
+    c.on_heartbeat(hb("w0", ts=100.0, prefill_ms_per_token=1.0), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 3000), now=100.0), AdmittedRequest)
+    # a stale worker's room does not count: at 102 s only w0's new heartbeat is fresh
+    c.on_heartbeat(hb("w0", ts=102.0, prefill_ms_per_token=1.0, tpot_slack_ms=1500.0), 102.0)
+    assert admit(c, GenerateRequest(prompt="a" * 3000), now=102.0).status == 503
+
+
+def test_without_prefill_rates_the_decode_term_refuses_nothing():
+    c = core()
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    c.on_heartbeat(hb("w0", ts=100.0, tpot_slack_ms=-50.0), 100.0)  # a vLLM worker of old: no rate
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 3000), now=100.0), AdmittedRequest)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tokenyard.shared import codec, schemas
 
 EVENTS = [
@@ -90,3 +92,21 @@ def test_priority_class_and_outcome_values():
     assert [int(p) for p in schemas.PriorityClass] == [0, 1, 2, 3]
     assert schemas.Outcome.ROUTED == "routed"
     assert str(schemas.Phase.MIXED) == "mixed"
+
+
+@given(tokens=st.lists(st.integers(0, 2**20), max_size=300),
+       hashes=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=20),
+       resume=st.lists(st.integers(0, 2**20), max_size=5), migrations=st.integers(0, 3))
+def test_a_request_in_transit_reencodes_byte_for_byte_and_a_changed_one_stays_whole(tokens, hashes, resume, migrations):
+    """The queue and the router decode AdmittedRequestInTransit (the prompt's tokens left
+    encoded): what they forward is what they got, and a re-issue they change still carries
+    every token to the worker."""
+    ar = schemas.AdmittedRequest("r1", "_INBOX.c.1", "m", tokens, len(tokens), hashes, 16, 8, 1, 1.5, tenant="t")
+    data = codec.encode(ar)
+    seen = codec.decode(data, schemas.AdmittedRequestInTransit)
+    assert codec.encode(seen) == data
+    assert [getattr(seen, f) for f in ar.__struct_fields__ if f != "prompt_token_ids"] == \
+        [getattr(ar, f) for f in ar.__struct_fields__ if f != "prompt_token_ids"]
+    moved = msgspec.structs.replace(seen, resume_token_ids=resume, migrations=migrations)
+    assert codec.decode(codec.encode(moved), schemas.AdmittedRequest) == \
+        msgspec.structs.replace(ar, resume_token_ids=resume, migrations=migrations)

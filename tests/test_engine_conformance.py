@@ -19,8 +19,9 @@ from tokenyard.services.worker.engine import Engine, EngineOutput
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.engine import SimEngine
 from tokenyard.services.worker.sim.latency import profile
-from tokenyard.shared import hashing
 from tokenyard.shared.schemas import AdmittedRequest, BlockStored
+
+from tests import builders
 
 MAX_SEQS = 4
 BLOCK_SIZE = 16
@@ -64,19 +65,9 @@ async def engine(request) -> AsyncIterator[Engine]:
 
 
 def req(rid: str, prompt_len: int, max_tokens: int, first_token: int = 0) -> AdmittedRequest:
-    tokens = [(first_token + k) % 250 for k in range(prompt_len)]
-    return AdmittedRequest(
-        request_id=rid,
-        reply_to=f"inbox.{rid}",
-        model="m",
-        prompt_token_ids=tokens,
-        prompt_len=prompt_len,
-        block_hashes=hashing.hash_chain(tokens, BLOCK_SIZE),
-        block_size=BLOCK_SIZE,
-        max_tokens=max_tokens,
-        priority=1,
-        arrival_s=0.0,
-    )
+    """A prompt of `prompt_len` tokens counting up from `first_token` (mod 250)."""
+    return builders.req(rid, tokens=[(first_token + k) % 250 for k in range(prompt_len)], max_tokens=max_tokens,
+                        block_size=BLOCK_SIZE)
 
 
 async def collect(engine: Engine, r: AdmittedRequest) -> list[EngineOutput]:

@@ -16,6 +16,7 @@ import pytest
 from tokenyard.shared import natsutil, schemas
 from tokenyard.shared.client import TokenyardClient
 
+from tests.conftest import until
 from tokenyard import cli
 from tokenyard.launcher import NATS_PORT, FleetProcesses, nats_port, ping
 
@@ -28,9 +29,11 @@ async def test_fleet_of_processes_serves_nats_and_http(tmp_path):
         nc = await natsutil.connect(fleet.nats_url, "test")
         assert await ping(nc) == fleet.expected()
 
-        done = await TokenyardClient(nc).generate(schemas.GenerateRequest(prompt="over nats", max_tokens=4))
+        client = TokenyardClient(nc)
+        done = await client.generate(schemas.GenerateRequest(prompt="over nats", max_tokens=4))
         assert done.finish_reason == "length" and done.usage.completion_tokens == 4
         assert done.worker_id in ("w0", "w1")
+        await client.close()  # its lease task ends with it
         await nc.drain()
 
         async with aiohttp.ClientSession() as http:
@@ -50,6 +53,10 @@ async def test_fleet_of_processes_serves_nats_and_http(tmp_path):
 async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
     """The edge cannot bind its HTTP port: `up` says which service failed and why, in the
     service's own words (not a traceback: a one-line error)."""
+    def nats_client_tasks() -> set[asyncio.Task]:
+        return {t for t in asyncio.all_tasks() if t.get_coro().__qualname__.startswith("Client.")}
+
+    before = nats_client_tasks()  # an earlier test's connections, if any, are not this one's
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -63,8 +70,7 @@ async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
     assert fleet.procs == []  # everything started was stopped
     # ... and its own NATS connection closed: left open to the stopped server, it would
     # reconnect forever in this event loop (and hang the test session's teardown).
-    await asyncio.sleep(0)
-    assert not [t for t in asyncio.all_tasks() if "Client." in t.get_coro().__qualname__]
+    await until(lambda: not nats_client_tasks() - before, timeout_s=5)
 
 
 def descendants(pid: int) -> set[int]:
@@ -105,10 +111,8 @@ async def test_children_die_with_up_when_it_is_killed_outright():
         assert len(children) >= 7  # nats-server, edge, admission, queue, router, macro, a worker
         up.kill()  # SIGKILL: no handler runs, nothing is stopped by the parent
         await up.wait()
-        async with asyncio.timeout(60):  # each child gets SIGTERM from the kernel and drains
-            while left := {p for p in children if alive(p)}:
-                await asyncio.sleep(0.1)
-        assert left == set()
+        # each child gets SIGTERM from the kernel and drains
+        await until(lambda: not any(alive(p) for p in children), timeout_s=60, poll_s=0.1)
     finally:
         if up.returncode is None:
             up.kill()

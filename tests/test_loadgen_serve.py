@@ -97,7 +97,8 @@ async def test_run_bench_over_nats(nats_url):
     assert result["by_priority"]["P0"]["failed"] == len(bad) and result["by_priority"]["P0"]["completed"] == 0
     assert result["by_priority"]["P1"]["completed"] == len(ok)
     assert result["by_priority"]["P1"]["total_output_tokens"] == sum(r.max_tokens for r in ok)
-    assert 0 < result["median_ttft_ms"] <= result["p99_ttft_ms"] < 5000
+    # ms, and each within the run (in seconds or µs they would fall outside these bounds)
+    assert 0 < result["median_ttft_ms"] <= result["p99_ttft_ms"] <= result["duration"] * 1000
     assert result["mean_tpot_ms"] > 0 and result["mean_itl_ms"] > 0
     assert (result["target"], result["num_prompts"], result["concurrency"], result["seed"]) == (
         nats_url,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from tokenyard.services.macro_instance.core import MacroConfig
@@ -13,7 +14,7 @@ from tokenyard.services.macro_instance.shell import MacroShell
 from tokenyard.shared import codec, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
-from tests.conftest import InProcFleet, start_macro_fleet
+from tests.conftest import InProcFleet, start_macro_fleet, until
 
 WORKERS = ("ew0", "ew1", "ew2")
 PHASE_S = 0.3
@@ -135,15 +136,23 @@ async def test_mitosis_shrink_drains_a_live_worker_and_asks_the_provisioner_to_s
                                                          ByteTokenizer())))
     prov = RecordingProvisioner()
     scaling = MitosisConfig(n_lower=1, n_upper=2, shrink_window_s=0.3, grow_window_s=60.0, min_workers=1)
-    await fleet.add(MacroShell(MacroConfig(size=2, scaling=scaling), plan_s=0.05, provisioner=prov))
+    macro = MacroShell(MacroConfig(size=2, scaling=scaling), plan_s=0.05, provisioner=prov)
+    await fleet.add(macro)
     try:
         async with asyncio.timeout(30):
             await prov.changed.wait()  # idle workers: utilisation 0 < 40% for the shrink window
             assert prov.ops == [("remove", "sw1")]
-            while not fleet.workers[1].shell.core.draining:  # its drain control arrives
-                await asyncio.sleep(0.05)
+            await until(lambda: fleet.workers[1].shell.core.draining, timeout_s=30)  # its drain control arrives
         assert not fleet.workers[0].shell.core.draining
-        assert prov.ops == [("remove", "sw1")]  # min_workers = 1: no further shrink
+
+        # min_workers = 1: no further shrink, checked once the remaining group's utilisation
+        # history (restarted by the shrink) has spanned two more shrink windows of idle samples.
+        def spanned_twice() -> bool:
+            h = macro.core.mitosis.hist.get(next(iter(macro.core.groups), ""))
+            return h is not None and h.mean_over(time.time(), 2 * scaling.shrink_window_s) is not None
+
+        await until(spanned_twice)
+        assert prov.ops == [("remove", "sw1")]
     finally:
         await fleet.stop()
         await nc.drain()

@@ -6,18 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 from tokenyard.services.router.core import RouterConfig, RouterCore
-from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
+from tokenyard.shared.schemas import Heartbeat, MacroState
 
-from tests import builders
-
-
-def hb(wid, pending=0, slack=None, free=10_000, running=0, waiting=0, c=0.1, macro="m0") -> Heartbeat:
-    return builders.hb(wid, running=running, waiting=waiting, queued=pending, free=free, macro_id=macro,
-                       tpot_slack_ms=slack, prefill_ms_per_token=c)
-
-
-def req(prompt=1000, max_tokens=16, chain=None) -> AdmittedRequest:
-    return AdmittedRequest("r", "inbox", "m", [], prompt, chain or [], 16, max_tokens, 1, 0.0)
+from tests.builders import hb, req
 
 
 def eco_state(workers, accepting, mid="m0", ttft=1000.0) -> MacroState:
@@ -35,23 +26,23 @@ def router(*beats: Heartbeat, states=()) -> RouterCore:
 
 
 def test_new_requests_go_only_to_prefill_phase_workers():
-    r = router(hb("a"), hb("b"), hb("c"), states=[eco_state(["a", "b", "c"], ["b"])])
-    assert [r.route(req(), 0.0).worker_id for _ in range(3)] == ["b", "b", "b"]
+    r = router(hb("a", prefill_ms_per_token=0.1, macro_id="m0"), hb("b", prefill_ms_per_token=0.1, macro_id="m0"), hb("c", prefill_ms_per_token=0.1, macro_id="m0"), states=[eco_state(["a", "b", "c"], ["b"])])
+    assert [r.route(req(prompt_len=1000, max_tokens=16), 0.0).worker_id for _ in range(3)] == ["b", "b", "b"]
 
 
 def test_each_refusal_moves_the_request_to_a_worker_that_passes():
     # a: 0.1 × (9500 + 1000) = 1050 ms > 1000 (TTFT); b: slack 50 < 100 ms (TPOT); c: 10 free
     # blocks < 64 (memory); d passes although it is the most loaded.
-    beats = [hb("a", pending=9500), hb("b", slack=50.0), hb("c", free=10), hb("d", running=9, slack=500.0)]
+    beats = [hb("a", queued=9500, prefill_ms_per_token=0.1, macro_id="m0"), hb("b", tpot_slack_ms=50.0, prefill_ms_per_token=0.1, macro_id="m0"), hb("c", free=10, prefill_ms_per_token=0.1, macro_id="m0"), hb("d", running=9, tpot_slack_ms=500.0, prefill_ms_per_token=0.1, macro_id="m0")]
     r = router(*beats, states=[eco_state(["a", "b", "c", "d"], ["a", "b", "c", "d"])])
-    assert r.route(req(), 0.0).worker_id == "d"
+    assert r.route(req(prompt_len=1000, max_tokens=16), 0.0).worker_id == "d"
     assert r.ecoserve.refused == {"ttft": 1, "tpot": 1, "memory": 1}
 
 
 def test_none_passes_the_least_loaded_prefill_worker_takes_it():
-    beats = [hb("a", pending=20_000, running=3), hb("b", pending=20_000, running=1, waiting=1), hb("c", running=0)]
+    beats = [hb("a", queued=20_000, running=3, prefill_ms_per_token=0.1, macro_id="m0"), hb("b", queued=20_000, running=1, waiting=1, prefill_ms_per_token=0.1, macro_id="m0"), hb("c", running=0, prefill_ms_per_token=0.1, macro_id="m0")]
     r = router(*beats, states=[eco_state(["a", "b", "c"], ["a", "b"])])
-    assert r.route(req(), 0.0).worker_id == "b"  # c is in its decode phase
+    assert r.route(req(prompt_len=1000, max_tokens=16), 0.0).worker_id == "b"  # c is in its decode phase
     assert (r.ecoserve.decisions, r.ecoserve.fallbacks) == (1, 1)
 
 
@@ -64,26 +55,26 @@ def test_a_worker_whose_decode_just_made_its_first_token_takes_a_short_prefill()
 
     clock = SlackClock(default_tpot_slo_ms=50.0)
     clock.on_step(0.2, [EngineOutput("d", [7], False, None)], lambda rid: 0.0)
-    beats = [hb("a", slack=clock.min_slack_ms(), running=1), hb("b", pending=20_000)]
+    beats = [hb("a", tpot_slack_ms=clock.min_slack_ms(), running=1, prefill_ms_per_token=0.1, macro_id="m0"), hb("b", queued=20_000, prefill_ms_per_token=0.1, macro_id="m0")]
     r = router(*beats, states=[eco_state(["a", "b"], ["a", "b"])])
-    assert r.route(req(prompt=400), 0.0).worker_id == "a"
+    assert r.route(req(prompt_len=400, max_tokens=16), 0.0).worker_id == "a"
     assert r.ecoserve.refused == {"ttft": 1}
     assert (r.ecoserve.decisions, r.ecoserve.fallbacks) == (1, 0)
 
 
 def test_the_session_worker_holding_the_prefix_is_preferred():
-    r = router(hb("a"), hb("b"), hb("c", running=5), states=[eco_state(["a", "b", "c"], ["a", "b", "c"])])
+    r = router(hb("a", prefill_ms_per_token=0.1, macro_id="m0"), hb("b", prefill_ms_per_token=0.1, macro_id="m0"), hb("c", running=5, prefill_ms_per_token=0.1, macro_id="m0"), states=[eco_state(["a", "b", "c"], ["a", "b", "c"])])
     chain = [11, 12, 13]
     from tokenyard.shared.schemas import BlockStored, KVEventBatch
 
     r.on_kv_events("c", KVEventBatch(0.0, [BlockStored(chain, None, list(range(48)), 16)]), 0.0)
-    assert r.route(req(prompt=100, chain=chain), 0.0).worker_id == "c"  # least-loaded alone would pick a
+    assert r.route(req(prompt_len=100, chain=chain, max_tokens=16), 0.0).worker_id == "c"  # least-loaded alone would pick a
 
 
 def test_workers_outside_ecoserve_are_untouched():
-    beats = [hb("a", pending=20_000, macro="m0"), hb("x", pending=20_000, macro="m1")]
+    beats = [hb("a", queued=20_000, macro_id="m0", prefill_ms_per_token=0.1), hb("x", queued=20_000, macro_id="m1", prefill_ms_per_token=0.1)]
     r = router(*beats, states=[eco_state(["a"], ["a"]),
                                MacroState("m1", "nodg", ["x"], {"x": "mixed"}, ["x"], 1, 0.0)])
-    keep, _ = r.ecoserve.narrow(req(), r.view, np.array([0, 1]))
+    keep, _ = r.ecoserve.narrow(req(prompt_len=1000, max_tokens=16), r.view, np.array([0, 1]))
     assert keep.tolist() == [True, True]  # a: none passes → least loaded (itself); x: not EcoServe
     assert r.ecoserve.refused == {"ttft": 1}

@@ -5,16 +5,10 @@ what the controller and the router's constraint check need in its heartbeat."""
 from __future__ import annotations
 
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
-from tokenyard.services.worker.engine import EngineStats
 from tokenyard.shared.schemas import GenerateReply, Phase, WorkerControl
 from tokenyard.shared.tokenizer import ByteTokenizer
 
-from tests.builders import req
-
-
-def stats(queued: int = 0, **kw) -> EngineStats:
-    return EngineStats(running=0, waiting=0, queued_prefill_tokens=queued, kv_blocks_used=0, kv_blocks_free=100,
-                       block_size=16, **kw)
+from tests.builders import req, stats
 
 
 def core() -> WorkerCore:

@@ -4,7 +4,6 @@ agree with what the client saw, over `/metrics` and over `$SRV.STATS`."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -16,6 +15,7 @@ from tokenyard.shared import codec, metrics, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
 from tests import builders
+from tests.conftest import until
 
 
 def hb(**kw) -> schemas.Heartbeat:
@@ -174,9 +174,7 @@ async def test_live_fleet_counters_agree_with_the_client(fleet):
                     and sample(text["worker"], "vllm:num_requests_running{") == 0)
             return text if done else None
 
-        async with asyncio.timeout(10):
-            while (text := await settled()) is None:
-                await asyncio.sleep(0.05)
+        text = await until(settled, poll_s=0.05)
         assert sample(text["admission"], 'tokenyard:admission_decisions_total{outcome="admitted"}') == 6
         assert sample(text["admission"], 'tokenyard:refusals_total{reason="invalid_value"}') == 1
         assert sample(text["queue"], 'tokenyard:queue_dispatches_total{outcome="routed"}') == 6

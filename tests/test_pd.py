@@ -13,19 +13,11 @@ from tokenyard.services.router.core import RouterConfig, RouterCore
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineStats
 from tokenyard.services.worker.sim.latency import profile
-from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, WorkerControl
+from tokenyard.shared.schemas import WorkerControl
 from tokenyard.shared.tokenizer import ByteTokenizer
 from tokenyard.simulator.cluster import ClusterSim, SimConfig
 
-from tests import builders
-
-
-def hb(wid: str, macro: str = "", phase: str = "mixed", running: int = 0) -> Heartbeat:
-    return builders.hb(wid, running=running, phase=phase, macro_id=macro)
-
-
-def req(rid: str = "r", kv_from: str = "") -> AdmittedRequest:
-    return AdmittedRequest(rid, "inbox", "m", [], 100, [], 16, 8, 1, 0.0, kv_from=kv_from)
+from tests.builders import hb, req
 
 
 def test_roles_half_prefill_rounded_up_and_always_both():

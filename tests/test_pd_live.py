@@ -11,7 +11,7 @@ from tokenyard.services.macro_instance.core import MacroConfig
 from tokenyard.shared import codec, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
-from tests.conftest import InProcFleet, start_macro_fleet
+from tests.conftest import InProcFleet, start_macro_fleet, until
 
 WORKERS = ("pw0", "pw1", "pw2", "pw3")
 
@@ -44,8 +44,8 @@ async def test_a_request_is_prefilled_on_a_prefill_worker_and_decoded_on_a_decod
     try:
         async with asyncio.timeout(30):
             await planned.wait()
-            while not all(c.mode == "pd" and c.phase != "mixed" for c in cores.values()):
-                await asyncio.sleep(0.05)  # the controls reached every worker (no event to await)
+        await until(lambda: all(c.mode == "pd" and c.phase != "mixed" for c in cores.values()),
+                    timeout_s=30)  # every worker has its control
         prefill = {w for w, c in cores.items() if c.phase == "prefill"}
         decode = set(WORKERS) - prefill
         assert (len(prefill), len(decode)) == (2, 2)

@@ -8,11 +8,10 @@ from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
 from tokenyard.shared.schemas import AdmittedRequest
 
-from tests.builders import hb
+from tests.builders import hb, req
 
-
-def req(rid: str, arrival: float = 0.0) -> AdmittedRequest:
-    return AdmittedRequest(rid, f"inbox.{rid}", "m", [], 8, [], 16, 4, 1, arrival)
+WORK = req("x").prompt_len + req("x").max_tokens
+"""A request's work in the queue's ledger (prompt + output tokens)."""
 
 
 def make(slots: int = 2, stale: float = 1.0, backoff: float = 0.5) -> QueueCore:
@@ -76,7 +75,7 @@ def test_dispatch_pops_in_policy_order_up_to_headroom():
     q = make(slots=3)
     q.on_heartbeat(hb("w0", waiting=1), 0.0)  # 2 free
     for rid, t in [("c", 3.0), ("a", 1.0), ("b", 2.0)]:
-        q.offer(req(rid, t), t)
+        q.offer(req(rid, arrival_s=t), t)
     assert ids(q.dispatchable(0.1)) == ["a", "b"]
     assert q.dispatchable(0.1) == []  # both in flight use the room
     assert len(q) == 1 and set(q.in_flight) == {"a", "b"}
@@ -86,7 +85,7 @@ def test_routed_requests_count_against_their_worker_until_its_next_heartbeat():
     q = make(slots=2)
     q.on_heartbeat(hb("w0"), 0.0)
     for rid in "abc":
-        q.offer(req(rid, ord(rid)), 0.0)
+        q.offer(req(rid, arrival_s=ord(rid)), 0.0)
     assert ids(q.dispatchable(0.0)) == ["a", "b"]
     assert q.on_routed("a", "w0").request_id == "a"
     assert q.on_routed("b", "w0").request_id == "b"
@@ -107,10 +106,10 @@ def test_on_routed_of_an_unknown_request_or_worker():
 def test_not_routed_puts_the_request_back_at_its_turn_and_pauses():
     q = make(slots=2, stale=10.0, backoff=0.5)
     q.on_heartbeat(hb("w0"), 0.0)
-    q.offer(req("a", 1.0), 1.0)
-    q.offer(req("b", 2.0), 2.0)
+    q.offer(req("a", arrival_s=1.0), 1.0)
+    q.offer(req("b", arrival_s=2.0), 2.0)
     assert ids(q.dispatchable(2.0)) == ["a", "b"]
-    q.offer(req("c", 3.0), 3.0)
+    q.offer(req("c", arrival_s=3.0), 3.0)
     q.on_not_routed("a", now=3.0)
     assert "a" not in q.in_flight and len(q) == 2
     assert q.paused_until == 3.5
@@ -169,7 +168,7 @@ def test_every_offered_request_is_in_exactly_one_place(script):
         if ev[0] == "offer":
             rid = f"r{ev[1]}"
             expect = state.get(rid) not in ("waiting", "flying")
-            assert q.offer(req(rid, arrival[rid]), now) is expect
+            assert q.offer(req(rid, arrival_s=arrival[rid]), now) is expect
             if expect:
                 state[rid] = "waiting"
         elif ev[0] == "hb":
@@ -194,7 +193,7 @@ def test_every_offered_request_is_in_exactly_one_place(script):
             if state.get(rid) == "waiting":
                 state[rid] = "done"
         assert len(q) == sum(s == "waiting" for s in state.values())
-        assert sum(q.depth) == len(q) and sum(q.work) == 12 * len(q)
+        assert sum(q.depth) == len(q) and sum(q.work) == WORK * len(q)
         assert set(q.in_flight) == {r for r, s in state.items() if s == "flying"}
 
 
@@ -274,9 +273,11 @@ def test_a_batch_cap_counts_running_requests_too():
 # ───────────────────────────── flow control (on by default) ─────────────────────────────
 
 
-def fhb(wid: str, queued: int = 0, kv_free_blocks: int = 10_000, ms_per_token: float = 0.1, waiting: int = 0):
+def fhb(wid: str, queued: int = 0, kv_free_blocks: int = 10_000, ms_per_token: float = 0.1, waiting: int = 0,
+        tpot_slack_ms: float | None = None):
     """A heartbeat as flow control reads it: 0.1 ms per prompt token → H = 0.25 s is 2500 tokens."""
-    return hb(wid, waiting=waiting, queued=queued, free=kv_free_blocks, prefill_ms_per_token=ms_per_token)
+    return hb(wid, waiting=waiting, queued=queued, free=kv_free_blocks, prefill_ms_per_token=ms_per_token,
+              tpot_slack_ms=tpot_slack_ms)
 
 
 def sized(rid: str, prompt_len: int, arrival: float = 0.0, cls: int = 1) -> AdmittedRequest:
@@ -419,3 +420,18 @@ def test_the_drain_counts_only_what_left_a_backlog_per_second_of_backlog():
     q.on_routed("b", "w0", now=1.2)
     # 0.5 s of backlog held, 50 tokens left it (a's 100 routed with nothing waiting do not count)
     assert q.drain_rate(1.5) == (100.0, 2.0)
+
+
+def test_the_running_decodes_tpot_slack_bounds_the_room():
+    """A prefill chunk delays every decode's next token: a worker holds no more prefill than its
+    tightest decode's TPOT slack absorbs (shared.slo.prefill_budget_s), and none once a decode has
+    none left; with nothing decoding only H bounds it."""
+    q = QueueCore(QueueConfig(), FCFS())
+    q.on_heartbeat(fhb("w0", queued=300, tpot_slack_ms=100.0), 0.0)  # 0.1 s = 1000 tokens
+    assert q.headroom(0.0) == 700
+    q.on_heartbeat(fhb("w0", queued=300, tpot_slack_ms=900.0), 0.0)  # more slack than H: H bounds it
+    assert q.headroom(0.0) == 2200
+    q.on_heartbeat(fhb("w0", tpot_slack_ms=-20.0), 0.0)
+    assert q.headroom(0.0) == 0 and q.saturated(0.0)
+    q.on_heartbeat(fhb("w0"), 0.0)
+    assert q.headroom(0.0) == 2500

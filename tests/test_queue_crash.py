@@ -25,6 +25,8 @@ from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.service import ServiceHost
 from tokenyard.shared.tokenizer import ByteTokenizer
 
+from tests.conftest import until
+
 
 async def crash(host: ServiceHost) -> None:
     """Die without a word: no acks, no naks, the connection just goes."""
@@ -53,8 +55,10 @@ async def test_queue_crash_loses_no_admitted_request():
             asyncio.create_task(client.generate(schemas.GenerateRequest(prompt=f"keep me {i}", max_tokens=2)))
             for i in range(5)
         ]
-        while json.loads((await nc.request("llm.v1.pq.stats", b"", timeout=2)).data)["held"] < 5:
-            await asyncio.sleep(0.02)
+        async def all_held() -> bool:
+            return json.loads((await nc.request("llm.v1.pq.stats", b"", timeout=2)).data)["held"] >= 5
+
+        await until(all_held, timeout_s=30, poll_s=0.02)
         await crash(first)
 
         hosts.append(await ServiceHost(QueueShell(qcfg, FCFS()), url).start())
@@ -65,9 +69,10 @@ async def test_queue_crash_loses_no_admitted_request():
         assert [d.finish_reason for d in done] == ["length"] * 5
         assert all(d.accepted is not None and d.usage.completion_tokens == 2 for d in done)
         # Every message is acked once routed (acks are asynchronous publishes: await them).
-        async with asyncio.timeout(5):
-            while (await nc.jetstream().stream_info("LLM_QUEUE")).state.messages:
-                await asyncio.sleep(0.01)
+        async def stream_empty() -> bool:
+            return (await nc.jetstream().stream_info("LLM_QUEUE")).state.messages == 0
+
+        await until(stream_empty, timeout_s=5)
         await nc.drain()
     finally:
         for h in reversed(hosts):

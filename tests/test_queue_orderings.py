@@ -12,7 +12,8 @@ from tokenyard.services.priority_queue.policies.keeps_turn import KeepsTurn
 from tokenyard.services.priority_queue.policies.registry import make_policy, parse_aging
 from tokenyard.services.priority_queue.policies.strict import Strict
 
-from tests.test_queue_policies import drain, req
+from tests.builders import req
+from tests.test_queue_policies import drain
 
 
 def push_all(p, reqs, now=0.0):
@@ -25,8 +26,8 @@ def push_all(p, reqs, now=0.0):
 
 def test_strict_serves_classes_in_order_then_least_deadline():
     p = Strict()
-    push_all(p, [req("p3", 0.0, 3), req("p1-late", 2.0, 1), req("p1", 1.0, 1), req("p0", 3.0, 0)])
-    dl = req("p1-deadline", 5.0, 1)
+    push_all(p, [req("p3", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), req("p1-late", arrival_s=2.0, priority=1, prompt_len=32, max_tokens=16), req("p1", arrival_s=1.0, priority=1, prompt_len=32, max_tokens=16), req("p0", arrival_s=3.0, priority=0, prompt_len=32, max_tokens=16)])
+    dl = req("p1-deadline", arrival_s=5.0, priority=1, prompt_len=32, max_tokens=16)
     dl.deadline_s = 5.1  # earlier than p1's implicit 1.0 + 5 s
     p.push(dl, 5.0)
     assert drain(p) == ["p0", "p1-deadline", "p1", "p1-late", "p3"]
@@ -34,7 +35,7 @@ def test_strict_serves_classes_in_order_then_least_deadline():
 
 def test_strict_pop_realtime_only_releases_p0():
     p = Strict()
-    push_all(p, [req("a", 0.0, 1), req("b", 1.0, 0)])
+    push_all(p, [req("a", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("b", arrival_s=1.0, priority=0, prompt_len=32, max_tokens=16)])
     assert p.pop_realtime(0.0).request_id == "b"
     assert p.pop_realtime(0.0) is None
     assert len(p) == 1
@@ -45,14 +46,14 @@ def test_strict_pop_realtime_only_releases_p0():
 
 def test_hybrid_p0_strict_then_wfq_then_best_effort():
     p = hybrid()
-    push_all(p, [req("p3", 0.0, 3), req("p2", 0.0, 2), req("p1", 0.0, 1), req("p0", 0.0, 0)])
+    push_all(p, [req("p3", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), req("p2", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16), req("p1", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("p0", arrival_s=0.0, priority=0, prompt_len=32, max_tokens=16)])
     # P1's tag 48/8 = 6 beats P2's 48/4 = 12; P3 only once nothing above waits
     assert drain(p, 0.0) == ["p0", "p1", "p2", "p3"]
 
 
 def test_hybrid_wfq_gives_p1_twice_p2s_share_of_equal_costs():
     p = hybrid()
-    push_all(p, [req(f"a{i}", 0.0, 1) for i in range(6)] + [req(f"b{i}", 0.0, 2) for i in range(3)])
+    push_all(p, [req(f"a{i}", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16) for i in range(6)] + [req(f"b{i}", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16) for i in range(3)])
     # tags: P1 6, 12, 18, 24, 30, 36; P2 12, 24, 36; ties go to the lower class
     assert drain(p, 0.0) == ["a0", "a1", "b0", "a2", "a3", "b1", "a4", "a5", "b2"]
 
@@ -60,13 +61,13 @@ def test_hybrid_wfq_gives_p1_twice_p2s_share_of_equal_costs():
 def test_wfq_weighs_cost_not_count():
     p = hybrid()
     # one P1 request of 800 tokens (tag 100) against P2 requests of 48 (tags 12, 24, …)
-    push_all(p, [req("big", 0.0, 1, prompt_len=784)] + [req(f"s{i}", 0.0, 2) for i in range(9)])
+    push_all(p, [req("big", arrival_s=0.0, priority=1, prompt_len=784, max_tokens=16)] + [req(f"s{i}", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16) for i in range(9)])
     assert drain(p, 0.0) == ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "big", "s8"]
 
 
 def test_wfq_policy_shares_among_all_four_classes():
     p = wfq()
-    push_all(p, [req(f"c{c}-{i}", 0.0, c) for c in range(4) for i in range(8)])
+    push_all(p, [req(f"c{c}-{i}", arrival_s=0.0, priority=c, prompt_len=32, max_tokens=16) for c in range(4) for i in range(8)])
     first = drain(p, 0.0)[:15]
     # weights 16/8/4/2 at cost 48: tags P0 3k, P1 6k, P2 12k, P3 24k
     assert [r.split("-")[0] for r in first] == [
@@ -76,17 +77,17 @@ def test_wfq_policy_shares_among_all_four_classes():
 
 def test_a_class_back_from_idle_banks_no_credit():
     p = hybrid()
-    push_all(p, [req(f"a{i}", 0.0, 1) for i in range(4)])
+    push_all(p, [req(f"a{i}", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16) for i in range(4)])
     assert drain(p, 0.0) == ["a0", "a1", "a2", "a3"]  # V = 24
-    push_all(p, [req("b0", 1.0, 2), req("a4", 1.0, 1), req("a5", 1.0, 1)])
+    push_all(p, [req("b0", arrival_s=1.0, priority=2, prompt_len=32, max_tokens=16), req("a4", arrival_s=1.0, priority=1, prompt_len=32, max_tokens=16), req("a5", arrival_s=1.0, priority=1, prompt_len=32, max_tokens=16)])
     # P2 re-enters at V: 24 + 12 = 36; P1 continues 30, 36 → a4, then a5 ties b0 and wins
     assert drain(p, 1.0) == ["a4", "a5", "b0"]
 
 
 def test_aging_moves_a_request_up_one_class_per_threshold():
     p = hybrid()
-    p.push(req("old", 0.0, 3), 0.0)
-    p.push(req("p2", 4.0, 2), 4.0)
+    p.push(req("old", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
+    p.push(req("p2", arrival_s=4.0, priority=2, prompt_len=32, max_tokens=16), 4.0)
     assert p.class_of("old") == 3
     p._age_until(4.99)
     assert p.class_of("old") == 3
@@ -105,7 +106,7 @@ def test_aging_moves_a_request_up_one_class_per_threshold():
 def test_a_lazily_polled_queue_promotes_as_a_busy_one_would():
     lazy, busy = hybrid(), hybrid()
     for p in (lazy, busy):
-        push_all(p, [req("x", 0.0, 3), req("y", 10.0, 2)])
+        push_all(p, [req("x", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), req("y", arrival_s=10.0, priority=2, prompt_len=32, max_tokens=16)])
     for t in range(0, 53):
         busy._age_until(float(t))
     lazy._age_until(52.0)
@@ -117,26 +118,26 @@ def test_aging_can_be_turned_off_and_retuned():
     assert parse_aging("off") is None
     assert parse_aging("10,4,1") == (float("inf"), 10.0, 4.0, 1.0)
     p = hybrid(aging_s=parse_aging("10,4,1"))
-    p.push(req("x", 0.0, 3), 0.0)
+    p.push(req("x", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
     p._age_until(15.0)  # 1 s in P3, 4 s in P2, 10 s in P1
     assert p.class_of("x") == 0
     q = hybrid(aging_s=None)
-    q.push(req("x", 0.0, 3), 0.0)
+    q.push(req("x", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
     q._age_until(1e9)
     assert q.class_of("x") == 3
 
 
 def test_least_deadline_first_within_a_class():
     p = hybrid()
-    late, urgent = req("late", 0.0, 1), req("urgent", 3.0, 1)
+    late, urgent = req("late", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("urgent", arrival_s=3.0, priority=1, prompt_len=32, max_tokens=16)
     urgent.deadline_s = 3.2
-    push_all(p, [late, urgent, req("plain", 1.0, 1)])
+    push_all(p, [late, urgent, req("plain", arrival_s=1.0, priority=1, prompt_len=32, max_tokens=16)])
     assert drain(p, 3.0) == ["urgent", "late", "plain"]
 
 
 def test_hybrid_pop_realtime_takes_p0_only():
     p = hybrid()
-    push_all(p, [req("a", 0.0, 1), req("b", 0.0, 0)])
+    push_all(p, [req("a", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("b", arrival_s=0.0, priority=0, prompt_len=32, max_tokens=16)])
     assert p.pop_realtime(0.0).request_id == "b"
     assert p.pop_realtime(0.0) is None
     assert p.pop_realtime(40.0).request_id == "a"  # aged 30 s in P1: now P0
@@ -147,15 +148,15 @@ def test_hybrid_pop_realtime_takes_p0_only():
 
 def test_drr_serves_quanta_of_tokens_per_class_per_round():
     p = DRR(base_quantum=64)  # quanta P0 512, P1 256, P2 128, P3 64
-    push_all(p, [req(f"a{i}", 0.0, 1, prompt_len=112) for i in range(5)])  # cost 128
-    push_all(p, [req(f"b{i}", 0.0, 3, prompt_len=16) for i in range(3)])  # cost 32
+    push_all(p, [req(f"a{i}", arrival_s=0.0, priority=1, prompt_len=112, max_tokens=16) for i in range(5)])  # cost 128
+    push_all(p, [req(f"b{i}", arrival_s=0.0, priority=3, prompt_len=16, max_tokens=16) for i in range(3)])  # cost 32
     # round 1: P1 256 → a0 a1; P3 64 → b0 b1; round 2: a2 a3, b2; round 3: a4
     assert drain(p) == ["a0", "a1", "b0", "b1", "a2", "a3", "b2", "a4"]
 
 
 def test_drr_skips_fruitless_rounds_at_once():
     p = DRR(base_quantum=1)
-    p.push(req("huge", 0.0, 3, prompt_len=99_984), 0.0)  # cost 100 000, quantum 1
+    p.push(req("huge", arrival_s=0.0, priority=3, prompt_len=99_984, max_tokens=16), 0.0)  # cost 100 000, quantum 1
     assert p.pop(0.0).request_id == "huge"
     assert p.deficit[3] == 0.0
 
@@ -164,7 +165,7 @@ def test_drr_skips_fruitless_rounds_at_once():
 
 
 def length(rid: str, L: int, t: float = 0.0, cls: int = 1):
-    return req(rid, t, cls, prompt_len=L - 16)  # max_tokens is 16: L = prompt + 16
+    return req(rid, arrival_s=t, priority=cls, prompt_len=L - 16, max_tokens=16)  # max_tokens is 16: L = prompt + 16
 
 
 def spans(line: BubbleLine) -> list[tuple[float, float, int]]:
@@ -184,7 +185,7 @@ def test_a_short_partition_gives_several_per_turn_a_long_one_gives_one():
         b.push(length(f"s{i}", 100, float(i)), 1)
     for i in range(3):
         b.push(length(f"l{i}", 3000, float(i)), 1)
-    # L̄ = 9500 / 8 = 1187.5: shorts round(11.9) = 12, hot → 24 (all); longs round(0.4) → 1
+    # L̄_max = 3000: shorts round(3000 / 100) = 30, hot → 60 (all); longs 1
     assert pop_all(b) == ["s0", "s1", "s2", "s3", "s4", "l0", "l1", "l2"]
     f = BubbleLine(dynamic=False)
     for r in [length("s0", 100), length("s1", 100), length("l0", 3000), length("l1", 3000)]:
@@ -198,8 +199,8 @@ def test_bubble_partitions_start_log_spaced_and_serve_shortest_first_in_turns():
         b.push(length(rid, L), 1)
     assert spans(b) == [(0, 512, 3), (512, 2048, 1), (2048, 8192, 1), (8192, float("inf"), 1)]
     assert [p.hot for p in b.parts] == [True, False, False, False]  # 3 / 1.5 > 1.10
-    # the short partition's quantum, 2 (hot) · round(L̄ 4392 / its 117), takes all three;
-    # then one from each of the others
+    # the short partition's quantum, 2 (hot) · round(L̄_max 20000 / its 117), takes all
+    # three; then one from each of the others
     assert pop_all(b) == ["s1", "s2", "s3", "m1", "l1", "x1"]
     assert spans(b)[0] == (0, 512, 0)  # all served: the base bounds are back
 
@@ -262,8 +263,30 @@ def test_sjf_without_aging_starves_the_long_request():
 
     p = make_policy("sjf", aging_s=None)
     assert sustained(p, length("victim", 20_000), load_class=1, steps=600) is None
+    # bubble: the short partition's turn is worth the 20k request's work, twice while hot:
+    # 2 · round(20000 / 48) = 834 pops of 48-token requests, then the long one's turn
     q = make_policy("bubble", aging_s=None)
-    assert sustained(q, length("victim", 20_000), load_class=1, steps=600) == 28
+    assert sustained(q, length("victim", 20_000), load_class=1, steps=1200) == 834
+
+
+def test_a_short_flood_does_not_shrink_the_short_partitions_turn():
+    """Turns share work: 40 short requests (L = 100) and 2 long ones (L = 10 000). The short
+    partition's turn is 2 (hot) · 10000/100 requests, so all 40 go before the first long one.
+    The earlier rule (work_turns=False: a turn worth the mean waiting length, 571 at first)
+    gave the shorts 2 · round(5.7) = 12 a turn, growing as they leave and the mean rises: the
+    first long request went after 18 shorts, 1,800 tokens against its 10,000, and under a short
+    flood the shorts backed up behind the long ones."""
+    shorts = [length(f"s{i:02d}", 100, float(i)) for i in range(40)]
+    longs = [length(f"l{i}", 10_000, float(i)) for i in range(2)]
+    b = BubbleLine()
+    for r in shorts + longs:
+        b.push(r, 1)
+    assert pop_all(b) == [r.request_id for r in shorts + longs]
+    old = BubbleLine(work_turns=False)
+    for r in shorts + longs:
+        old.push(r, 1)
+    ids = [r.request_id for r in shorts]
+    assert pop_all(old) == [*ids[:18], "l0", *ids[18:], "l1"]
 
 
 lengths = st.lists(st.integers(1, 40_000), max_size=30)
@@ -293,9 +316,9 @@ def test_bubble_partitions_stay_sorted_disjoint_and_hold_their_lengths(pushes, w
 
 def test_put_back_requests_return_in_their_pop_order_before_anything_else():
     p = KeepsTurn(hybrid())
-    push_all(p, [req("a", 0.0, 1), req("b", 0.0, 1), req("c", 0.0, 2)])
+    push_all(p, [req("a", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("b", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("c", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16)])
     x, y = p.pop(0.0), p.pop(0.0)
-    p.push(req("p0", 0.0, 0), 0.0)
+    p.push(req("p0", arrival_s=0.0, priority=0, prompt_len=32, max_tokens=16), 0.0)
     p.push(y, 0.0)
     p.push(x, 0.0)
     assert drain(p, 0.0) == ["a", "b", "p0", "c"]
@@ -303,7 +326,7 @@ def test_put_back_requests_return_in_their_pop_order_before_anything_else():
 
 def test_a_put_back_request_can_be_aborted():
     p = KeepsTurn(hybrid())
-    push_all(p, [req("a", 0.0, 1), req("b", 0.0, 1)])
+    push_all(p, [req("a", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("b", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16)])
     a = p.pop(0.0)
     p.push(a, 0.0)
     assert "a" in p and len(p) == 2
@@ -313,7 +336,7 @@ def test_a_put_back_request_can_be_aborted():
 
 def test_pop_realtime_takes_a_put_back_p0_first_but_never_a_lower_class():
     p = KeepsTurn(hybrid())
-    push_all(p, [req("a", 0.0, 1), req("z", 0.0, 0)])
+    push_all(p, [req("a", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("z", arrival_s=0.0, priority=0, prompt_len=32, max_tokens=16)])
     z, a = p.pop(0.0), p.pop(0.0)
     p.push(a, 0.0)
     assert p.pop_realtime(0.0) is None  # `a` (P1) waits in the lane, not from the P0 reserve

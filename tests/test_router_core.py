@@ -13,34 +13,11 @@ from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.router.pipeline import ArgminPicker, Narrowed, Pipeline, Scored
 from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
 from tokenyard.services.router.policies.round_robin import RoundRobinScorer
-from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, MacroState
+from tokenyard.shared.schemas import MacroState
 
-from tests import builders
+from tests.builders import hb, req
 
 MODEL = "m"
-
-
-def hb(
-    wid,
-    running=0,
-    waiting=0,
-    queued=0,
-    *,
-    model=MODEL,
-    healthy=True,
-    draining=False,
-    phase="mixed",
-    macro="",
-    used=0,
-    free=100,
-    step_ms=0.0,
-) -> Heartbeat:
-    return builders.hb(wid, running=running, waiting=waiting, queued=queued, used=used, free=free, model=model,
-                       phase=phase, healthy=healthy, step_time_ms=step_ms, draining=draining, macro_id=macro)
-
-
-def req(rid="r", prompt_len=10, model=MODEL) -> AdmittedRequest:
-    return AdmittedRequest(rid, "inbox", model, [], prompt_len, [], 16, 4, 1, 0.0)
 
 
 def row(view: FleetView, wid: str) -> dict:
@@ -85,7 +62,7 @@ def pipeline(scorer, filters=None) -> Pipeline:
 
 def test_upsert_adds_rows_in_arrival_order_with_every_field():
     v = FleetView()
-    assert v.upsert(hb("w0", 2, 3, 40, used=7, free=93, step_ms=12.5, macro="m0", phase="prefill"), 5.0) == 0
+    assert v.upsert(hb("w0", running=2, waiting=3, queued=40, used=7, free=93, step_time_ms=12.5, macro_id="m0", phase="prefill"), 5.0) == 0
     assert v.upsert(hb("w1", model="other", healthy=False), 6.0) == 1
     assert (v.n, v.ids, v.slot, v.model_codes) == (
         2,
@@ -114,9 +91,9 @@ def test_upsert_adds_rows_in_arrival_order_with_every_field():
 
 def test_upsert_of_a_known_worker_overwrites_its_row():
     v = FleetView()
-    v.upsert(hb("w0", 1, 1), 0.0)
+    v.upsert(hb("w0", running=1, waiting=1), 0.0)
     v.upsert(hb("w1"), 0.0)
-    assert v.upsert(hb("w0", 4, 0, 9, draining=True, phase="decode"), 2.0) == 0
+    assert v.upsert(hb("w0", running=4, waiting=0, queued=9, draining=True, phase="decode"), 2.0) == 0
     assert v.n == 2
     r = row(v, "w0")
     assert (r["running"], r["waiting"], r["queued"], r["healthy"], r["phase"], r["seen"]) == (
@@ -183,11 +160,11 @@ def test_set_accepting_of_an_unknown_worker_is_ignored():
 def test_forget_silent_swap_removes_and_keeps_rows_consistent():
     v = FleetView()
     for k in range(5):
-        v.upsert(hb(f"w{k}", running=k, macro=f"m{k}"), 0.0)
+        v.upsert(hb(f"w{k}", running=k, macro_id=f"m{k}"), 0.0)
     v.note_routed(v.slot["w4"], 3)
     v.set_accepting("w3", False)
     for k in (0, 2, 4):  # w1 and w3 go silent
-        v.upsert(hb(f"w{k}", running=k, waiting=0 if k != 4 else 1, macro=f"m{k}"), 10.0)
+        v.upsert(hb(f"w{k}", running=k, waiting=0 if k != 4 else 1, macro_id=f"m{k}"), 10.0)
     assert v.forget_silent(70.0, 60.0) == ["w1", "w3"]
     assert v.n == 3
     assert sorted(v.ids) == ["w0", "w2", "w4"]
@@ -233,7 +210,7 @@ def test_fleet_rows_match_a_model_after_any_sequence(ops):
     for op, k, x in ops:
         wid = f"w{k}"
         if op == "hb":
-            v.upsert(hb(wid, running=x, waiting=x + 1, queued=3 * x, macro=f"m{x}"), now)
+            v.upsert(hb(wid, running=x, waiting=x + 1, queued=3 * x, macro_id=f"m{x}"), now)
             prev = model.get(wid, {"last_chosen": -1})
             model[wid] = {
                 "running": x,

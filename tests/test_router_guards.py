@@ -24,11 +24,7 @@ from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch
 
-from tests.builders import hb
-
-
-def req(prompt_len, priority=1, rid="r") -> AdmittedRequest:
-    return AdmittedRequest(rid, "", "m", [], prompt_len, [], 16, 8, priority, 0.0)
+from tests.builders import hb, req
 
 
 def test_the_product_sends_a_long_prompt_to_the_longest_prefill_queue_and_the_guard_does_not():
@@ -36,7 +32,7 @@ def test_the_product_sends_a_long_prompt_to_the_longest_prefill_queue_and_the_gu
         c = RouterCore(RouterConfig(policy=policy))
         c.on_heartbeat(hb("queued", running=2, queued=200_000), 0.0)  # long prompts waiting
         c.on_heartbeat(hb("busy", running=40, queued=5_000), 0.0)  # short ones decoding
-        return c.route(req(prompt_len), 0.0)
+        return c.route(req(prompt_len=prompt_len), 0.0)
 
     # queued: (200,000 + 30,000) × 3 = 690,000 < busy: (5,000 + 30,000) × 41 = 1,435,000
     c = route("multiplicative-unguarded", 30_000)
@@ -60,9 +56,9 @@ def test_over_budget_everywhere_keeps_the_queues_near_the_shortest():
     cand = np.arange(4)
     # budgets P0…P3: 0.5 / 5 / 60 / 60 s → 5,000 / 50,000 / 600,000 tokens: P0, P1 are over everywhere
     # then keep P ≤ 1.25 × min P = 1.25 × 91,000 = 113,750 → w0 (101,000) and w3 (91,000)
-    keep, note = g.narrow(req(1_000, priority=1), v, cand)
+    keep, note = g.narrow(req(prompt_len=1_000, priority=1), v, cand)
     assert (keep.tolist(), note) == ([True, False, False, True], "over-budget")
-    keep, note = g.narrow(req(1_000, priority=2), v, cand)
+    keep, note = g.narrow(req(prompt_len=1_000, priority=2), v, cand)
     assert (keep.tolist(), note) == ([True] * 4, "")
 
 

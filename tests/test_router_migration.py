@@ -18,12 +18,14 @@ from tokenyard.services.router.migration import (
 )
 from tokenyard.shared.schemas import AdmittedRequest, Chunk, Error, Finished, Usage
 
+from tests import builders
+
 CFG = MigrationConfig(suspect_after_s=0.5, dead_after_s=3.0, silence_s=10.0, probe_every_s=0.5,
                       reissue_deadline_s=10.0, orphan_after_s=3.0)
 
 
 def req(rid: str = "r1", max_tokens: int = 8, reply_to: str = "_INBOX.1ea5e00000000001.x") -> AdmittedRequest:
-    return AdmittedRequest(rid, reply_to, "m", [1, 2, 3], 3, [], 16, max_tokens, 1, 0.0)
+    return builders.req(rid, tokens=[1, 2, 3], chain=[], max_tokens=max_tokens, reply_to=reply_to)
 
 
 def chunk(rid: str, seq: int, *ids: int) -> Chunk:

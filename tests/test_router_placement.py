@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
 
-from tests.test_router_core import hb, req
+from tests.builders import hb, req
 
 
 def core_with(*workers: str) -> RouterCore:

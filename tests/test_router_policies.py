@@ -15,16 +15,12 @@ from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicke
 from tokenyard.services.router.policies.llmd import LlmdWeightedScorer
 from tokenyard.services.router.policies.sglang import SglangCacheAwareScorer
 from tokenyard.shared.hashing import ids_chain
-from tokenyard.shared.schemas import AdmittedRequest, BlockStored, KVEventBatch, MacroState
+from tokenyard.shared.schemas import BlockStored, KVEventBatch, MacroState
 
-from tests.builders import hb
+from tests.builders import hb, req
 
 MODEL = "m"
 BS = 16
-
-
-def req(prompt_len, chain=(), rid="r", priority=1) -> AdmittedRequest:
-    return AdmittedRequest(rid, "inbox", MODEL, [], prompt_len, list(chain), BS, 8, priority, 0.0)
 
 
 def cache(core: RouterCore, wid: str, chain) -> None:
@@ -85,7 +81,7 @@ def test_every_policy_conforms(policy, fleet, reqs):
     a, b = build(policy, fleet), build(policy, fleet)
     shared = chain(12)
     for n, (blocks, prio, excluded) in enumerate(reqs):
-        r = req(blocks * 11, shared[: (blocks * 11) // BS], f"q{n}", prio)
+        r = req(f"q{n}", prompt_len=blocks * 11, chain=shared[: (blocks * 11) // BS], priority=prio)
         exclude = frozenset(f"w{k}" for k in excluded)
         eligible = {f"w{k}" for k, f in enumerate(fleet) if f[5] and f[6]} - exclude
         v = a.view
@@ -139,7 +135,7 @@ def test_every_scorer_guard_and_picker_conforms(policy, fleet, keep, prompt):
     if TREE_BLOCKS in spec.scorer.inputs:
         v.tree_blocks[:n] = np.arange(n, dtype=np.int64)[::-1]
     cand = np.flatnonzero(np.array(keep[:n])) if any(keep[:n]) else np.arange(n)
-    r = req(prompt)
+    r = req(prompt_len=prompt)
     for g in spec.guards:
         mask, _ = g.narrow(r, v, cand)
         assert mask.shape == cand.shape and mask.any()
@@ -159,7 +155,7 @@ def test_a_worker_without_kv_events_is_predicted_and_one_with_them_is_not():
     c.on_heartbeat(hb("quiet"), 0.0)
     c.on_heartbeat(hb("talks", running=50), 0.0)
     cache(c, "talks", [])
-    r = req(64, chain(4))
+    r = req(prompt_len=64, chain=chain(4))
     assert c.route(r, 0.0).worker_id == "quiet"
     assert c.index.holders_of(chain(4)[3]) == ["quiet"]  # predicted, until the TTL runs out
     c.on_heartbeat(hb("quiet", running=1), 1.0)
@@ -190,7 +186,7 @@ def test_the_best_cached_instance_goes_elsewhere_when_its_prefill_queue_is_long(
     c.on_heartbeat(hb("other", running=2), 0.0)
     cache(c, "cached", chain(64))
     cache(c, "other", [])  # publishes KV events: nothing predicted for it
-    ch = c.route(req(1024, chain(64)), 0.0)
+    ch = c.route(req(prompt_len=1024, chain=chain(64)), 0.0)
     # cached: P = 8000 + 1, BS + 1 = 41 → 328,041; other: P = 1024, BS + 1 = 3 → 3,072
     assert (ch.worker_id, ch.score, ch.p_tokens, ch.batch_size, ch.hit_tokens) == (
         "other",
@@ -201,7 +197,7 @@ def test_the_best_cached_instance_goes_elsewhere_when_its_prefill_queue_is_long(
     )
     c.on_heartbeat(hb("cached", running=40, queued=0), 0.1)
     c.on_heartbeat(hb("other", running=2), 0.1)
-    ch = c.route(req(1024, chain(64)), 0.1)
+    ch = c.route(req(prompt_len=1024, chain=chain(64)), 0.1)
     # with its prefill queue empty the full hit wins: P = 1, 1 × 41 = 41 < 3,072
     assert (ch.worker_id, ch.score, ch.p_tokens, ch.batch_size, ch.hit_tokens) == (
         "cached",
@@ -218,7 +214,7 @@ def test_an_idle_uncached_instance_does_not_win_a_tiny_fully_cached_request():
         c.on_heartbeat(hb("busy", running=8), 0.0)
         c.on_heartbeat(hb("idle"), 0.0)
         cache(c, "busy", chain(2))
-        ch = c.route(req(32, chain(2)), 0.0)
+        ch = c.route(req(prompt_len=32, chain=chain(2)), 0.0)
         # busy: P = max(32 − 32, 1) = 1, × (8 + 1) = 9; idle: P = 32, × (0 + 1) = 32 (exact: × 0 = 0)
         assert (ch.worker_id, ch.score) == (want, score), policy
 
@@ -227,7 +223,7 @@ def test_score_ties_break_on_p_then_recency():
     c = core("multiplicative")
     c.on_heartbeat(hb("a", queued=100), 0.0)  # P = 200, BS + 1 = 1 → 200
     c.on_heartbeat(hb("b", running=1), 0.0)  # P = 100, BS + 1 = 2 → 200
-    ch = c.route(req(100), 0.0)
+    ch = c.route(req(prompt_len=100), 0.0)
     assert (ch.worker_id, ch.score, ch.p_tokens) == ("b", 200.0, 100.0)
 
 
@@ -235,7 +231,7 @@ def test_optimistic_updates_spread_requests_between_heartbeats():
     c = core("multiplicative")
     c.on_heartbeat(hb("a"), 0.0)
     c.on_heartbeat(hb("b"), 0.0)
-    picks = [c.route(req(100, rid=f"q{k}"), 0.0) for k in range(4)]
+    picks = [c.route(req(f"q{k}", prompt_len=100), 0.0) for k in range(4)]
     # a: 100 → (200, BS 1) 400; b: 100 → tie at 400 and P 200: a chosen longer ago
     assert [(p.worker_id, p.score) for p in picks] == [("a", 100.0), ("b", 100.0), ("a", 400.0), ("b", 400.0)]
     assert c.view.bs[:2].tolist() == [2, 2] and c.view.queued_prefill[:2].tolist() == [200.0, 200.0]
@@ -255,8 +251,8 @@ def test_the_batch_size_cap_filters_full_instances():
     c = core("multiplicative", bs_cap=4)
     c.on_heartbeat(hb("full", running=4), 0.0)
     c.on_heartbeat(hb("open", running=3, queued=50_000), 0.0)
-    assert c.route(req(10), 0.0).worker_id == "open"
-    ch = c.route(req(10), 0.0)  # open is at 4 now (optimistically)
+    assert c.route(req(prompt_len=10), 0.0).worker_id == "open"
+    ch = c.route(req(prompt_len=10), 0.0)  # open is at 4 now (optimistically)
     assert (ch.worker_id, ch.reason) == (None, "no candidate passed filter 'bs-cap'")
 
 
@@ -273,11 +269,11 @@ def view_of(*rows) -> FleetView:
 
 def test_dynamo_cost_in_blocks():
     v = view_of((0, 0, 32, 100, 900, 32), (0, 0, 0, 10, 990, 0))
-    cost = DynamoScorer().score(req(64), v, np.array([0, 1])).scores
+    cost = DynamoScorer().score(req(prompt_len=64), v, np.array([0, 1])).scores
     # w0: max(32/16 + 64/16 − 2, 0) + 100 + 4 = 108;  w1: (0 + 4 − 0) + 10 + 4 = 18
     assert cost.tolist() == [108.0, 18.0]
     assert DynamoScorer(prefill_load_scale=2.0, overlap_credit=0.5).score(
-        req(64), v, np.array([0, 1])
+        req(prompt_len=64), v, np.array([0, 1])
     ).scores.tolist() == [
         2 * 5 + 104,
         2 * 4 + 14,
@@ -300,10 +296,10 @@ def test_dynamo_softmax_picker_is_seeded_and_argmin_at_zero():
 def test_llmd_weighted_scorers():
     # prefix 1.0 / 0 / 0.5; queue (waiting 4, 0, 2) → 0 / 1 / 0.5; KV free share 0.5 / 0.9 / 1.0
     v = view_of((0, 4, 0, 50, 50, 64), (0, 0, 0, 10, 90, 0), (0, 2, 0, 0, 100, 32))
-    assert np.allclose(LlmdWeightedScorer().score(req(64), v, np.array([0, 1, 2])).scores, [-4.0, -3.8, -4.5])
+    assert np.allclose(LlmdWeightedScorer().score(req(prompt_len=64), v, np.array([0, 1, 2])).scores, [-4.0, -3.8, -4.5])
     # every queue equal: the queue scorer gives 1 to all
     v2 = view_of((0, 3, 0, 0, 100, 0), (0, 3, 0, 0, 100, 0))
-    assert LlmdWeightedScorer().score(req(64), v2, np.array([0, 1])).scores.tolist() == [-4.0, -4.0]
+    assert LlmdWeightedScorer().score(req(prompt_len=64), v2, np.array([0, 1])).scores.tolist() == [-4.0, -4.0]
 
 
 @pytest.mark.parametrize(
@@ -320,7 +316,7 @@ def test_llmd_token_load_sticky_until_saturated(other_queued, sticky_queued, sti
     c.on_heartbeat(hb("w1", queued=sticky_queued), 0.0)
     cache(c, "w0", [])
     cache(c, "w1", chain(sticky_blocks))
-    assert c.route(req(160, chain(10)), 0.0).worker_id == want
+    assert c.route(req(prompt_len=160, chain=chain(10)), 0.0).worker_id == want
 
 
 def said(scored: Scored) -> tuple[list[float], str]:
@@ -331,12 +327,12 @@ def test_sglang_balance_then_cache_then_smallest_tree():
     s = SglangCacheAwareScorer()
     cand = np.array([0, 1])
     v = view_of((90, 10, 0, 0, 1, 64), (10, 0, 0, 0, 1, 0))  # loads 100 vs 10: imbalanced
-    assert said(s.score(req(64), v, cand)) == ([100.0, 10.0], "balance")
+    assert said(s.score(req(prompt_len=64), v, cand)) == ([100.0, 10.0], "balance")
     v = view_of((5, 5, 0, 0, 1, 32), (12, 0, 0, 0, 1, 0))  # match rate 0.5 > 0.3
-    assert said(s.score(req(64), v, cand)) == ([-32.0, -0.0], "cache")
+    assert said(s.score(req(prompt_len=64), v, cand)) == ([-32.0, -0.0], "cache")
     v = view_of((5, 5, 0, 0, 1, 16), (12, 0, 0, 0, 1, 0))  # 0.25 ≤ 0.3: the smaller tree
     v.tree_blocks[:2] = [500, 20]
-    assert said(s.score(req(64), v, cand)) == ([500.0, 20.0], "tree")
+    assert said(s.score(req(prompt_len=64), v, cand)) == ([500.0, 20.0], "tree")
 
 
 def test_sglang_through_the_core_uses_the_index_tree_sizes():
@@ -345,6 +341,6 @@ def test_sglang_through_the_core_uses_the_index_tree_sizes():
         c.on_heartbeat(hb(w), 0.0)
     cache(c, "big", chain(50, base=1000))
     cache(c, "small", chain(5, base=2000))
-    assert c.route(req(64, chain(4)), 0.0).worker_id == "small"
+    assert c.route(req(prompt_len=64, chain=chain(4)), 0.0).worker_id == "small"
     cache(c, "big", chain(4))
-    assert c.route(req(64, chain(4)), 0.0).worker_id == "big"
+    assert c.route(req(prompt_len=64, chain=chain(4)), 0.0).worker_id == "big"

@@ -4,7 +4,6 @@ a refusal, and puts the decision's inputs on its span."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from tokenyard.services.router.core import RouterConfig
@@ -14,17 +13,9 @@ from tokenyard.shared.hashing import ids_chain
 from tokenyard.shared.service import ServiceHost
 
 from tests import builders
+from tests.conftest import until
 
 CHAIN = ids_chain(range(100, 104))
-
-
-async def until(cond) -> None:
-    """Await a condition the router reaches once it has read what was published (bounded)."""
-    for _ in range(500):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the router never saw the published state")
 
 
 async def test_the_router_follows_kv_events_and_records_its_inputs(nats_server, spans):

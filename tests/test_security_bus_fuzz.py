@@ -20,7 +20,8 @@ from tokenyard.shared.tokenizer import ByteTokenizer
 
 BUS_TYPES = {
     "submit (admission)": schemas.GenerateRequest,
-    "queue stream (queue), worker offer (router, worker)": schemas.AdmittedRequest,
+    "worker offer (worker)": schemas.AdmittedRequest,
+    "queue stream (queue), route request (router)": schemas.AdmittedRequestInTransit,
     "route reply (queue)": schemas.RouteDecision,
     "generate reply (router)": schemas.GenerateReply,
     "abort (queue, worker)": schemas.Abort,
@@ -53,6 +54,8 @@ def builtins_for(t: mi.Type) -> st.SearchStrategy:
             return st.floats(allow_nan=False, allow_infinity=False)
         case mi.StrType():
             return st.text(max_size=12)
+        case mi.RawType():  # left encoded by the hop (the prompt's tokens in transit): any value
+            return st.lists(st.integers(0, 2**20), max_size=4)
         case mi.BoolType():
             return st.booleans()
         case mi.NoneType():

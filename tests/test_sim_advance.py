@@ -1,27 +1,34 @@
-"""`advance(horizon)` folds identical decode steps; a driver that uses it must see exactly
-what one calling `step()` sees: every token of every request at the same virtual time, the
-same finishes, the same cached blocks."""
+"""`advance(now, until)` folds identical decode steps (fold.py); a driver that uses it must see
+exactly what one calling `step()` sees: every token of every request at the same virtual time,
+the same finishes, the same cached blocks, the same stats. The cluster simulator folds between
+the events that look at an engine; its results with and without folding are the same."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenyard.loadgen.workloads import open_workload
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import PROFILES
-from tokenyard.shared import hashing
 from tokenyard.shared.schemas import AdmittedRequest, BlockRemoved, BlockStored
+from tokenyard.simulator.cluster import ChainCache, ClusterSim, SimConfig
+from tokenyard.simulator.metrics import WALL_CLOCK_KEYS, result
+
+from tests import builders
 
 BS = 4
 
 
 def req(k: int, prefix: int, own: int, max_tokens: int) -> AdmittedRequest:
+    """Request k: a prompt of `prefix` shared tokens and `own` of its own."""
     toks = list(range(prefix)) + [1000 + 10 * k + j for j in range(own)]
-    return AdmittedRequest(f"r{k}", "", "m", toks, len(toks), hashing.hash_chain(toks, BS), BS, max_tokens, 1, 0.0)
+    return builders.req(f"r{k}", tokens=toks, max_tokens=max_tokens, block_size=BS)
 
 
-def drive(mix, budget, blocks, fold: bool, host: int = 0, mode: str = "recompute"):
+def drive(mix, budget, blocks, fold: bool, host: int = 0, mode: str = "recompute", straddle: bool = False):
     prof = dataclasses.replace(PROFILES["h100-llama3-8b"], max_num_batched_tokens=budget)
     core = SimEngineCore(prof, BS, blocks, host_blocks=host, preemption_mode=mode)
     arrivals = sorted(((at * 0.01, k, req(k, p, own, mt)) for k, (p, own, mt, at) in enumerate(mix)),
@@ -31,6 +38,7 @@ def drive(mix, budget, blocks, fold: bool, host: int = 0, mode: str = "recompute
     finished: dict[str, float] = {}
     index: set[tuple[int, str]] = set()
     steps = 0
+    stats = []
     while i < len(arrivals) or core.has_work():
         while i < len(arrivals) and arrivals[i][0] <= now:
             core.add(arrivals[i][2])
@@ -38,8 +46,8 @@ def drive(mix, budget, blocks, fold: bool, host: int = 0, mode: str = "recompute
         if not core.has_work():
             now = arrivals[i][0]
             continue
-        horizon = arrivals[i][0] - now if i < len(arrivals) else float("inf")
-        r = core.advance(horizon) if fold else core.step()
+        until = arrivals[i][0] if i < len(arrivals) else float("inf")
+        r = core.advance(now, until, straddle=straddle) if fold else core.step()
         durations = r.step_durations or [r.duration_s]
         times = []
         t = now
@@ -59,7 +67,10 @@ def drive(mix, budget, blocks, fold: bool, host: int = 0, mode: str = "recompute
             elif isinstance(e, BlockRemoved):
                 index.difference_update((h, e.medium) for h in e.block_hashes)
         assert steps < 5000
-    return sorted(tokens), finished, index, steps, now
+        assert core.has_work() == bool(core.running or core.waiting or core.aborted)
+        assert set(core.seqs.values()) == {*core.running, *core.waiting}
+        stats.append((now, core.stats()))
+    return sorted(tokens), finished, index, steps, now, stats
 
 
 mixes = st.lists(st.tuples(st.sampled_from([0, 8]), st.integers(1, 9), st.integers(1, 40), st.integers(0, 30)),
@@ -71,10 +82,15 @@ mixes = st.lists(st.tuples(st.sampled_from([0, 8]), st.integers(1, 9), st.intege
        mode=st.sampled_from(["recompute", "swap"]))
 def test_advance_is_step_by_step(mix, budget, blocks, host, mode):
     a = drive(mix, budget, blocks, False, host, mode)
-    b = drive(mix, budget, blocks, True, host, mode)
-    assert a[0] == b[0]  # every token, at the same time
-    assert a[1] == b[1] and a[2] == b[2] and a[3] == b[3]
-    assert a[4] == b[4]
+    seen = dict(a[5])
+    for straddle in (False, True):
+        b = drive(mix, budget, blocks, True, host, mode, straddle)
+        assert a[0] == b[0]  # every token, at the same time
+        assert a[1] == b[1] and a[2] == b[2] and a[3] == b[3]
+        assert a[4] == b[4]
+        # what the engine reports wherever the folding driver looks (at every fold's end) is
+        # what the step-by-step driver sees at the same time
+        assert all(seen[t] == s for t, s in b[5])
 
 
 def test_a_fold_of_pure_decode_steps():
@@ -100,6 +116,33 @@ def test_a_fold_stops_at_the_horizon_and_max_steps():
     core.add(req(0, 0, 6, 50))
     core.step()
     d = PROFILES["a100-llama3-8b"].step_s(1, 7, [])
-    assert core.advance(horizon_s=0.0).num_steps == 1  # a horizon already reached: one step still runs
-    assert core.advance(horizon_s=2.5 * d).num_steps == 3  # steps start at 0, ~d, ~2d < 2.5d
+    assert core.advance(until=0.0).num_steps == 1  # a horizon already reached: one step still runs
+    assert core.advance(0.0, until=2.5 * d).num_steps == 2  # steps end at ~d, ~2d < 2.5d; ~3d is not before
     assert core.advance(max_steps=5).num_steps == 5
+
+
+def _replay(spec: dict, cfg, fold: bool):
+    spec = dict(spec)
+    w = open_workload(spec.pop("name"), **spec)
+    items = w.items()
+    sim = ClusterSim(dataclasses.replace(cfg, fold_decodes=fold), w.block_tokens, ChainCache())
+    sim.run(items)
+    res = {k: v for k, v in result(sim, items, {"ttft": 2000.0, "tpot": 100.0}).items() if k not in WALL_CLOCK_KEYS}
+    per_req = [(rid, list(s.tokens), s.finished, s.error, s.cached_tokens, s.worker) for rid, s in sorted(sim.reqs.items())]
+    return per_req, res, [(i.id, i.steps, i.busy_s, list(i.bs_samples)) for i in sim.instances], sim.step_events
+
+
+@pytest.mark.parametrize(
+    ("spec", "cfg"),
+    [
+        (dict(name="mooncake", num_requests=150), SimConfig(instances=16)),
+        (dict(name="chatbot", num_requests=150, priority_mix=(0.1, 0.4, 0.3, 0.2)), SimConfig(instances=4)),
+        (dict(name="chatbot", num_requests=150), SimConfig(instances=8, macro_size=4, mode="ecoserve")),
+    ],
+    ids=["mooncake", "chatbot-classes", "ecoserve"],
+)
+def test_the_cluster_simulator_folds_without_changing_a_result(spec, cfg):
+    one_by_one = _replay(spec, cfg, False)
+    folded = _replay(spec, cfg, True)
+    assert folded[:3] == one_by_one[:3]  # every token at the same time, every result, every instance's busy time
+    assert folded[3] < one_by_one[3] / 2  # in fewer events: most steps were folded

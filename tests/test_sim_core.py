@@ -4,6 +4,7 @@ latency profiles, on tiny engines with exact expected steps."""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 from hypothesis import given, settings
@@ -13,9 +14,12 @@ from tokenyard.services.worker.sim import latency
 from tokenyard.services.worker.sim.core import _FILLER, SimEngineCore
 from tokenyard.services.worker.sim.latency import PROFILES, LatencyProfile
 from tokenyard.shared import hashing
-from tokenyard.shared.schemas import AdmittedRequest, AllBlocksCleared, BlockRemoved, BlockStored
+from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored
+
+from tests import builders
 
 BS = 4
+req = partial(builders.req, block_size=BS)
 
 
 def prof(budget: int = 64, max_seqs: int = 8, base: str = "zero") -> LatencyProfile:
@@ -24,21 +28,6 @@ def prof(budget: int = 64, max_seqs: int = 8, base: str = "zero") -> LatencyProf
 
 def engine(budget: int = 64, max_seqs: int = 8, blocks: int = 64, base: str = "zero") -> SimEngineCore:
     return SimEngineCore(prof(budget, max_seqs, base), block_size=BS, num_blocks=blocks)
-
-
-def req(rid: str, tokens: list[int], max_tokens: int) -> AdmittedRequest:
-    return AdmittedRequest(
-        rid,
-        f"inbox.{rid}",
-        "m",
-        list(tokens),
-        len(tokens),
-        hashing.hash_chain(tokens, BS),
-        BS,
-        max_tokens,
-        1,
-        0.0,
-    )
 
 
 def token(rid: str, pos: int) -> int:
@@ -82,8 +71,8 @@ def check_blocks(core: SimEngineCore) -> None:
 
 def test_two_requests_batch_continuously_one_token_per_step():
     core = engine()
-    core.add(req("a", list(range(6)), 3))
-    core.add(req("bb", list(range(10, 15)), 2))
+    core.add(req("a", tokens=list(range(6)), max_tokens=3))
+    core.add(req("bb", tokens=list(range(10, 15)), max_tokens=2))
     r = core.step()
     assert r.outputs == [out("a", 0), out("bb", 0)]  # both prefilled, both emit their first token
     assert r.scheduled_tokens == 11
@@ -97,14 +86,14 @@ def test_two_requests_batch_continuously_one_token_per_step():
 
 def test_a_request_of_one_token_finishes_at_its_prefill():
     core = engine()
-    core.add(req("a", [1, 2, 3], 1))
+    core.add(req("a", tokens=[1, 2, 3], max_tokens=1))
     assert steps(core) == [[out("a", 0, done=True)]]
 
 
 def test_chunked_prefill_under_the_token_budget():
     core = engine(budget=8)
-    core.add(req("a", list(range(20)), 2))
-    core.add(req("b", list(range(100, 106)), 1))
+    core.add(req("a", tokens=list(range(20)), max_tokens=2))
+    core.add(req("b", tokens=list(range(100, 106)), max_tokens=1))
     r1, r2, r3 = core.step(), core.step(), core.step()
     assert [r1.scheduled_tokens, r2.scheduled_tokens, r3.scheduled_tokens] == [8, 8, 8]
     assert r1.outputs == [] and r2.outputs == []
@@ -120,7 +109,7 @@ def test_chunked_prefill_under_the_token_budget():
 def test_decodes_go_before_new_prefills_and_max_num_seqs_caps_the_batch():
     core = engine(budget=64, max_seqs=2)
     for rid in ("a", "b", "c"):
-        core.add(req(rid, [1, 2, 3, ord(rid)], 2))
+        core.add(req(rid, tokens=[1, 2, 3, ord(rid)], max_tokens=2))
     assert core.step().outputs == [out("a", 0), out("b", 0)]
     s = core.stats()
     assert (s.running, s.waiting, s.queued_prefill_tokens) == (2, 1, 4)
@@ -131,8 +120,8 @@ def test_decodes_go_before_new_prefills_and_max_num_seqs_caps_the_batch():
 
 def test_stats_count_running_waiting_and_blocks():
     core = engine(budget=8, blocks=16)
-    core.add(req("a", list(range(12)), 4))
-    core.add(req("b", list(range(50, 55)), 4))
+    core.add(req("a", tokens=list(range(12)), max_tokens=4))
+    core.add(req("b", tokens=list(range(50, 55)), max_tokens=4))
     assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS)
     core.step()  # a: 8 of 12
     assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12, compute_util=1.0)
@@ -147,9 +136,9 @@ def test_stats_count_running_waiting_and_blocks():
 def test_a_second_request_with_the_same_prompt_hits_the_cache():
     core = engine()
     prompt = list(range(20))  # five full blocks
-    core.add(req("a", prompt, 2))
+    core.add(req("a", tokens=prompt, max_tokens=2))
     steps(core)
-    core.add(req("b", prompt, 2))
+    core.add(req("b", tokens=prompt, max_tokens=2))
     r = core.step()
     # all but the last block: at least one token is always computed
     assert r.outputs == [out("b", 0, cached=16)]
@@ -161,19 +150,19 @@ def test_a_second_request_with_the_same_prompt_hits_the_cache():
 
 def test_a_shared_prefix_hits_its_whole_blocks_only():
     core = engine()
-    core.add(req("a", list(range(18)), 1))
+    core.add(req("a", tokens=list(range(18)), max_tokens=1))
     steps(core)
-    core.add(req("b", list(range(10)) + [99] * 8, 1))  # shares two full blocks and 2 tokens
-    core.add(req("c", list(range(18)), 1))  # 4 full blocks cached, 2 tokens more
+    core.add(req("b", tokens=list(range(10)) + [99] * 8, max_tokens=1))  # shares two full blocks and 2 tokens
+    core.add(req("c", tokens=list(range(18)), max_tokens=1))  # 4 full blocks cached, 2 tokens more
     assert core.step().outputs == [out("b", 0, done=True, cached=8), out("c", 0, done=True, cached=16)]
 
 
 def test_a_prefix_is_shared_by_running_requests():
     core = engine()
     prompt = list(range(16))
-    core.add(req("a", prompt + [1, 2, 3, 4], 3))
+    core.add(req("a", tokens=prompt + [1, 2, 3, 4], max_tokens=3))
     core.step()
-    core.add(req("b", prompt + [5, 6, 7, 8], 3))
+    core.add(req("b", tokens=prompt + [5, 6, 7, 8], max_tokens=3))
     core.step()
     b = core.seqs["b"]
     assert b.cached_tokens == 16
@@ -185,7 +174,7 @@ def test_a_prefix_is_shared_by_running_requests():
 def test_kv_events_describe_the_blocks_a_prefill_stores():
     core = engine(budget=8)
     prompt = list(range(10))
-    core.add(req("a", prompt, 1))
+    core.add(req("a", tokens=prompt, max_tokens=1))
     core.step()
     chain = hashing.hash_chain(prompt, BS)
     assert core.pool.drain_events() == [BlockStored(chain, None, prompt[:8], BS, medium="GPU")]
@@ -196,12 +185,12 @@ def test_kv_events_describe_the_blocks_a_prefill_stores():
 def test_eviction_follows_lru_and_is_announced():
     core = engine(blocks=4)
     a, b = list(range(8)), list(range(20, 28))
-    core.add(req("a", a, 1))
+    core.add(req("a", tokens=a, max_tokens=1))
     steps(core)
-    core.add(req("b", b, 1))
+    core.add(req("b", tokens=b, max_tokens=1))
     steps(core)
     core.pool.drain_events()
-    core.add(req("c", list(range(40, 52)), 1))  # three blocks: a's two go first, then b's tail
+    core.add(req("c", tokens=list(range(40, 52)), max_tokens=1))  # three blocks: a's two go first, then b's tail
     steps(core)
     ca, cb = hashing.hash_chain(a, BS), hashing.hash_chain(b, BS)
     events = core.pool.drain_events()
@@ -214,8 +203,8 @@ def test_eviction_follows_lru_and_is_announced():
 
 def test_the_newest_request_is_preempted_when_blocks_run_out_and_still_finishes():
     core = engine(blocks=4)
-    core.add(req("a", list(range(7)), 6))  # 2 blocks for its prompt; a third at token 9
-    core.add(req("b", list(range(50, 57)), 6))
+    core.add(req("a", tokens=list(range(7)), max_tokens=6))  # 2 blocks for its prompt; a third at token 9
+    core.add(req("b", tokens=list(range(50, 57)), max_tokens=6))
     assert core.step().outputs == [out("a", 0), out("b", 0)]
     assert core.step().outputs == [out("a", 1), out("b", 1)]  # tokens 8: still two blocks each
     # a needs its third block and takes b's: b (newest) is preempted and waits
@@ -237,8 +226,8 @@ def test_the_newest_request_is_preempted_when_blocks_run_out_and_still_finishes(
 
 def test_the_last_running_request_preempts_itself_and_re_prefills_later():
     core = engine(blocks=5)
-    core.add(req("a", list(range(8)), 9))
-    core.add(req("b", list(range(30, 38)), 9))
+    core.add(req("a", tokens=list(range(8)), max_tokens=9))
+    core.add(req("b", tokens=list(range(30, 38)), max_tokens=9))
     assert core.step().outputs == [out("a", 0), out("b", 0)]
     # token 9 of each needs a third block; a gets the last free one, b (last in line) has
     # nobody newer to preempt: it preempts itself and waits, its prompt blocks evictable
@@ -262,8 +251,8 @@ def test_the_last_running_request_preempts_itself_and_re_prefills_later():
 
 def test_a_preempted_request_reports_its_first_prefix_hit():
     core = engine(blocks=4)
-    core.add(req("a", list(range(7)), 6))
-    core.add(req("b", list(range(50, 57)), 6))
+    core.add(req("a", tokens=list(range(7)), max_tokens=6))
+    core.add(req("b", tokens=list(range(50, 57)), max_tokens=6))
     finals = {o.request_id: o for outs in steps(core) for o in outs if o.finished}
     assert core.preemptions >= 1
     # b's prompt was computed from scratch: what its re-prefill found cached does not count
@@ -273,7 +262,7 @@ def test_a_preempted_request_reports_its_first_prefix_hit():
 def test_computed_tokens_stay_exact_through_preemptions():
     core = engine(blocks=6, budget=16)
     for k in range(4):
-        core.add(req(f"r{k}", list(range(10 * k, 10 * k + 6)), 8))
+        core.add(req(f"r{k}", tokens=list(range(10 * k, 10 * k + 6)), max_tokens=8))
     while core.has_work():
         core.step()
         check_blocks(core)
@@ -283,10 +272,10 @@ def test_no_livelock_when_a_waiting_prefix_hit_pins_blocks():
     # b's first block is cached; b waits for room while a, running, needs every block
     core = engine(blocks=6, budget=64)
     shared = [1, 2, 3, 4]
-    core.add(req("warm", shared + [0], 1))
+    core.add(req("warm", tokens=shared + [0], max_tokens=1))
     steps(core)
-    core.add(req("a", list(range(100, 108)), 12))  # 8 + 12 = 20 tokens: 5 blocks
-    core.add(req("b", shared + list(range(200, 212)), 4))  # 16 + 4: 5 blocks, 1 of them cached
+    core.add(req("a", tokens=list(range(100, 108)), max_tokens=12))  # 8 + 12 = 20 tokens: 5 blocks
+    core.add(req("b", tokens=shared + list(range(200, 212)), max_tokens=4))  # 16 + 4: 5 blocks, 1 of them cached
     trace = steps(core, limit=200)
     done = [o.request_id for outs in trace for o in outs if o.finished]
     assert sorted(done) == ["a", "b"]
@@ -294,8 +283,8 @@ def test_no_livelock_when_a_waiting_prefix_hit_pins_blocks():
 
 def test_abort_ends_a_request_at_the_next_step_and_frees_its_blocks():
     core = engine(budget=8)
-    core.add(req("a", list(range(12)), 5))
-    core.add(req("b", list(range(40, 44)), 5))
+    core.add(req("a", tokens=list(range(12)), max_tokens=5))
+    core.add(req("b", tokens=list(range(40, 44)), max_tokens=5))
     core.step()
     assert core.abort("a") is True
     assert core.abort("b") is True  # still waiting
@@ -313,19 +302,19 @@ def test_abort_ends_a_request_at_the_next_step_and_frees_its_blocks():
 
 def test_add_refuses_a_duplicate_and_a_request_larger_than_the_pool():
     core = engine(blocks=4)
-    core.add(req("a", [1, 2, 3], 2))
+    core.add(req("a", tokens=[1, 2, 3], max_tokens=2))
     with pytest.raises(ValueError, match="request a is already in the engine"):
-        core.add(req("a", [1, 2, 3], 2))
+        core.add(req("a", tokens=[1, 2, 3], max_tokens=2))
     with pytest.raises(ValueError, match="request needs 5 KV blocks; the engine has 4"):
-        core.add(req("big", list(range(16)), 2))
-    core.add(req("fits", list(range(14)), 2))
+        core.add(req("big", tokens=list(range(16)), max_tokens=2))
+    core.add(req("fits", tokens=list(range(14)), max_tokens=2))
 
 
 def test_step_duration_is_the_profiles_step_time_of_its_batch():
     p = prof(budget=16, base="a100-llama3-8b")
     core = SimEngineCore(p, block_size=BS, num_blocks=64)
-    core.add(req("a", list(range(20)), 3))
-    core.add(req("b", list(range(40, 46)), 3))
+    core.add(req("a", tokens=list(range(20)), max_tokens=3))
+    core.add(req("b", tokens=list(range(40, 46)), max_tokens=3))
     r = core.step()  # a: chunk of 16 from 0
     assert r.duration_s == p.step_s(0, 0, [(16, 0)])
     r = core.step()  # a: last 4 from 16; b: 6 from 0 (+ their first tokens)
@@ -360,7 +349,7 @@ def simulate(mix, budget, max_seqs, blocks):
     reqs = {}
     for k, (pre, own, mt, at, ab) in enumerate(mix):
         toks = PREFIXES[pre] + [1000 + 10 * k + j for j in range(own)]
-        reqs[f"r{k}"] = (req(f"r{k}", toks, mt), at, ab)
+        reqs[f"r{k}"] = (req(f"r{k}", tokens=toks, max_tokens=mt), at, ab)
     step = 0
     while step <= 16 or core.has_work():
         for rid, (r, at, ab) in reqs.items():

@@ -5,7 +5,6 @@ it as it reads `vllm serve`."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 
@@ -16,6 +15,8 @@ from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.engine import SimEngine
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.shared.tokenizer import ByteTokenizer
+
+from tests.conftest import until
 
 MODEL = "sim-model"
 
@@ -107,9 +108,7 @@ async def test_a_client_that_goes_away_aborts_its_request(front):
         await r.content.readuntil(b"\n\n")  # the first token arrived
         assert front.engine.stats().running == 1
         r.close()
-    async with asyncio.timeout(10):
-        while front.engine.stats().running:  # the handler's cancellation reaches the engine
-            await asyncio.sleep(0.01)
+    await until(lambda: not front.engine.stats().running)  # the handler's cancellation reaches the engine
     assert front.engine.stats().waiting == 0
 
 

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import PROFILES
-from tokenyard.shared import hashing
 from tokenyard.shared.schemas import AdmittedRequest, Phase
+
+from tests import builders
 
 BS = 4
 
@@ -22,8 +23,7 @@ def engine(budget: int = 8, blocks: int = 64, **opts) -> SimEngineCore:
 
 
 def req(rid: str, n: int, max_tokens: int, base: int = 0) -> AdmittedRequest:
-    tokens = list(range(base, base + n))
-    return AdmittedRequest(rid, "x", "m", tokens, n, hashing.hash_chain(tokens, BS), BS, max_tokens, 1, 0.0)
+    return builders.req(rid, tokens=range(base, base + n), max_tokens=max_tokens, block_size=BS)
 
 
 def emitted(res) -> dict[str, int]:

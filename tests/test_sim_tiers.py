@@ -5,6 +5,7 @@ tiny engines, and per-tier properties (hypothesis)."""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,17 +17,15 @@ from tokenyard.services.worker.sim.scheduler import VllmPolicy
 from tokenyard.shared import hashing
 from tokenyard.shared.schemas import AdmittedRequest, AllBlocksCleared, BlockRemoved, BlockStored, Phase
 
+from tests import builders
+
 BS = 4
+req = partial(builders.req, block_size=BS)
 
 
 def engine(budget=64, max_seqs=8, blocks=64, host=0, mode="recompute", base="zero", policy=None) -> SimEngineCore:
     p = dataclasses.replace(PROFILES[base], max_num_batched_tokens=budget, max_num_seqs=max_seqs)
     return SimEngineCore(p, BS, blocks, host_blocks=host, preemption_mode=mode, policy=policy)
-
-
-def req(rid: str, tokens: list[int], max_tokens: int, priority: int = 1) -> AdmittedRequest:
-    return AdmittedRequest(rid, "", "m", list(tokens), len(tokens), hashing.hash_chain(tokens, BS), BS,
-                           max_tokens, priority, 0.0)
 
 
 def out(rid: str, pos: int, done: bool = False, cached: int = 0) -> EngineOutput:
@@ -47,8 +46,8 @@ def drain(core: SimEngineCore, limit: int = 500) -> list[EngineOutput]:
 
 def test_the_lowest_priority_class_is_preempted_first_even_when_older():
     core = engine(blocks=4)
-    core.add(req("a", list(range(7)), 6, priority=3))
-    core.add(req("b", list(range(50, 57)), 6, priority=1))
+    core.add(req("a", tokens=list(range(7)), max_tokens=6, priority=3))
+    core.add(req("b", tokens=list(range(50, 57)), max_tokens=6, priority=1))
     core.step()
     core.step()
     # a needs its third block: the victim is a itself (P3), not the newer b (P1)
@@ -58,10 +57,10 @@ def test_the_lowest_priority_class_is_preempted_first_even_when_older():
 
 def test_within_a_class_the_latest_arrival_goes():
     core = engine(blocks=5)
-    core.add(req("a", list(range(4)), 8))  # 1 block for its prompt
+    core.add(req("a", tokens=list(range(4)), max_tokens=8))  # 1 block for its prompt
     core.step()
     core.step()  # a: 2 generated, 5 tokens: 2 blocks
-    core.add(req("b", list(range(40, 48)), 8))  # 2 blocks
+    core.add(req("b", tokens=list(range(40, 48)), max_tokens=8))  # 2 blocks
     core.step()  # b prefills (1 generated); a decodes: 3 generated
     assert (core.seqs["a"].generated, core.seqs["b"].generated) == (3, 1)
     # next decode: a (6 tokens → 2 blocks, has 2) fine; b needs a third block (9 tokens): 1 free
@@ -75,9 +74,9 @@ def test_within_a_class_the_latest_arrival_goes():
 
 def test_a_victim_scheduled_earlier_in_the_step_gives_its_tokens_back():
     core = engine(blocks=4)
-    core.add(req("x", list(range(6)), 6, priority=3))
+    core.add(req("x", tokens=list(range(6)), max_tokens=6, priority=3))
     assert core.step().outputs == [out("x", 0)]  # x runs first, so it decodes first below
-    core.add(req("y", list(range(50, 58)), 6, priority=1))
+    core.add(req("y", tokens=list(range(50, 58)), max_tokens=6, priority=1))
     assert core.step().outputs == [out("y", 0), out("x", 1)]  # 2 blocks each, none free
     # x decodes first (8 tokens: no new block); y's 9th token needs a third block, none is
     # free: the victim is x (P3), already scheduled — its token goes back to the budget
@@ -89,7 +88,7 @@ def test_a_victim_scheduled_earlier_in_the_step_gives_its_tokens_back():
 def test_the_waiting_line_serves_the_higher_class_first_then_arrival_as_vllm_priority():
     core = engine(budget=8, max_seqs=1)
     for rid, prio in (("a", 2), ("b", 1), ("c", 2), ("d", 0)):
-        core.add(req(rid, list(range(ord(rid), ord(rid) + 4)), 1, priority=prio))
+        core.add(req(rid, tokens=list(range(ord(rid), ord(rid) + 4)), max_tokens=1, priority=prio))
     order = [o.request_id for o in drain(core) if o.finished]
     assert order == ["d", "b", "a", "c"]
 
@@ -98,7 +97,7 @@ def test_one_preemption_rule_lowest_class_then_latest_arrival():
     from tokenyard.services.worker.sim.core import Seq
     from tokenyard.services.worker.sim.scheduler import preemption_victim
 
-    a, b, c, d = (Seq(req(r, [1], 4, priority=p), i) for i, (r, p) in enumerate((("a", 3), ("b", 1), ("c", 3), ("d", 2))))
+    a, b, c, d = (Seq(req(r, tokens=[1], max_tokens=4, priority=p), i) for i, (r, p) in enumerate((("a", 3), ("b", 1), ("c", 3), ("d", 2))))
     c.generated = 0
     a.generated = 3  # tokens generated do not matter
     assert preemption_victim([a, b, c, d]).rid == "c"
@@ -111,8 +110,8 @@ def test_one_preemption_rule_lowest_class_then_latest_arrival():
 
 def test_swap_keeps_the_victims_kv_in_the_host_tier_and_resumes_without_prefill():
     core = engine(blocks=4, host=8, mode="swap")
-    core.add(req("a", list(range(7)), 6))
-    core.add(req("b", list(range(50, 57)), 6))
+    core.add(req("a", tokens=list(range(7)), max_tokens=6))
+    core.add(req("b", tokens=list(range(50, 57)), max_tokens=6))
     core.step()
     core.step()
     r = core.step()  # a needs a block: b (newest) is swapped out with its 8 computed tokens
@@ -131,8 +130,8 @@ def test_swap_keeps_the_victims_kv_in_the_host_tier_and_resumes_without_prefill(
 def test_swap_costs_the_transfer_in_both_steps():
     a100 = dataclasses.replace(PROFILES["a100-llama3-8b"], max_num_batched_tokens=64)
     core = SimEngineCore(a100, BS, 4, host_blocks=8, preemption_mode="swap")
-    core.add(req("a", list(range(7)), 6))
-    core.add(req("b", list(range(50, 57)), 6))
+    core.add(req("a", tokens=list(range(7)), max_tokens=6))
+    core.add(req("b", tokens=list(range(50, 57)), max_tokens=6))
     core.step()
     core.step()
     r = core.step()  # swap-out of b's 8 tokens: 8 × 128 KiB at 25 GB/s
@@ -141,8 +140,8 @@ def test_swap_costs_the_transfer_in_both_steps():
 
 def test_swap_without_host_room_falls_back_to_recompute():
     core = engine(blocks=4, host=1, mode="swap")
-    core.add(req("a", list(range(7)), 6))
-    core.add(req("b", list(range(50, 57)), 6))
+    core.add(req("a", tokens=list(range(7)), max_tokens=6))
+    core.add(req("b", tokens=list(range(50, 57)), max_tokens=6))
     core.step()
     core.step()
     core.step()
@@ -166,16 +165,16 @@ def test_auto_swaps_when_the_transfer_is_under_three_tenths_of_the_recompute():
 def test_evicted_prefix_blocks_are_demoted_and_promoted_back_on_a_hit():
     core = engine(blocks=4, host=4)
     a = list(range(8))
-    core.add(req("a", a + [99], 1))
+    core.add(req("a", tokens=a + [99], max_tokens=1))
     drain(core)
-    core.add(req("c", list(range(40, 53)), 1))  # 4 blocks: 2 free, and a's two cached ones
+    core.add(req("c", tokens=list(range(40, 53)), max_tokens=1))  # 4 blocks: 2 free, and a's two cached ones
     drain(core)
     ca = hashing.hash_chain(a, BS)
     events = core.pool.drain_events()
     assert BlockRemoved([ca[1], ca[0]], medium="GPU") in events
     assert BlockStored([ca[1], ca[0]], None, [], BS, medium="CPU") in events
     assert core.host.match(ca, 0) == 2
-    core.add(req("a2", a + [77], 1))
+    core.add(req("a2", tokens=a + [77], max_tokens=1))
     r = core.step()
     assert r.outputs == [out("a2", 0, done=True, cached=8)]
     assert r.scheduled_tokens == 1
@@ -188,18 +187,18 @@ def test_promotion_costs_the_host_link():
     a100 = dataclasses.replace(PROFILES["a100-llama3-8b"], max_num_batched_tokens=64)
     core = SimEngineCore(a100, BS, 4, host_blocks=4)
     a = list(range(8))
-    core.add(req("a", a + [99], 1))
+    core.add(req("a", tokens=a + [99], max_tokens=1))
     drain(core)
-    core.add(req("c", list(range(40, 53)), 1))
+    core.add(req("c", tokens=list(range(40, 53)), max_tokens=1))
     drain(core)
-    core.add(req("a2", a + [77], 1))
+    core.add(req("a2", tokens=a + [77], max_tokens=1))
     assert core.step().duration_s == a100.step_s(0, 0, [(1, 8)]) + 8 * 131072 / 25e9
 
 
 def test_the_host_tier_evicts_its_least_recent_block():
     core = engine(blocks=3, host=2)
     for k, rid in enumerate("xyz"):
-        core.add(req(rid, list(range(10 * k, 10 * k + 8)) + [5], 1))
+        core.add(req(rid, tokens=list(range(10 * k, 10 * k + 8)) + [5], max_tokens=1))
         drain(core)
     cx, cy = hashing.hash_chain(list(range(8)), BS), hashing.hash_chain(list(range(10, 18)), BS)
     events = core.pool.drain_events()
@@ -228,8 +227,8 @@ class EveryOtherStep(VllmPolicy):
 
 def test_the_policy_decides_who_joins_the_running_set():
     core = engine(policy=NoNewcomers())
-    core.add(req("a", [1, 2, 3], 2))
-    core.add(req("b", [4, 5, 6], 2))
+    core.add(req("a", tokens=[1, 2, 3], max_tokens=2))
+    core.add(req("b", tokens=[4, 5, 6], max_tokens=2))
     assert core.step().outputs == [out("a", 0)]
     assert core.step().outputs == [out("a", 1, done=True)]
     assert core.step().outputs == [out("b", 0)]
@@ -237,8 +236,8 @@ def test_the_policy_decides_who_joins_the_running_set():
 
 def test_the_policy_decides_who_runs_in_a_step():
     core = engine(policy=EveryOtherStep())
-    core.add(req("a", [1, 2, 3], 3))
-    core.add(req("b", [4, 5, 6], 3))
+    core.add(req("a", tokens=[1, 2, 3], max_tokens=3))
+    core.add(req("b", tokens=[4, 5, 6], max_tokens=3))
     assert core.step().outputs == [out("a", 0), out("b", 0)]  # admitted: both prefill
     assert core.step().outputs == [out("a", 1)]
     assert core.step().outputs == [out("b", 1)]
@@ -246,8 +245,8 @@ def test_the_policy_decides_who_runs_in_a_step():
 
 def test_a_decode_phase_schedules_no_prefill():
     core = engine(budget=4)
-    core.add(req("a", [1, 2, 3], 4))
-    core.add(req("b", list(range(10, 20)), 2))
+    core.add(req("a", tokens=[1, 2, 3], max_tokens=4))
+    core.add(req("b", tokens=list(range(10, 20)), max_tokens=2))
     core.step()  # a prefilled (3) + 1 token of b's prompt
     core.set_phase(Phase.DECODE)
     for k in range(1, 4):
@@ -290,7 +289,7 @@ def run(mix, budget, max_seqs, blocks, host, mode):
     core = SimEngineCore(dataclasses.replace(PROFILES["a100-llama3-8b"], max_num_batched_tokens=budget,
                                              max_num_seqs=max_seqs), BS, blocks, host_blocks=host,
                          preemption_mode=mode)
-    reqs = {f"r{k}": (req(f"r{k}", PREFIXES[p] + [1000 + 10 * k + j for j in range(own)], mt, prio), at, ab)
+    reqs = {f"r{k}": (req(f"r{k}", tokens=PREFIXES[p] + [1000 + 10 * k + j for j in range(own)], max_tokens=mt, priority=prio), at, ab)
             for k, (p, own, mt, at, ab, prio) in enumerate(mix)}
     trace, events = [], []
     step = 0
@@ -370,9 +369,9 @@ def test_the_worker_flags_configure_the_simulated_engine():
 
 def test_reset_prefix_cache_forgets_both_tiers():
     core = engine(blocks=3, host=2)
-    core.add(req("x", list(range(8)) + [5], 1))
+    core.add(req("x", tokens=list(range(8)) + [5], max_tokens=1))
     drain(core)
-    core.add(req("y", list(range(10, 18)) + [5], 1))
+    core.add(req("y", tokens=list(range(10, 18)) + [5], max_tokens=1))
     drain(core)
     core.pool.drain_events()
     core.reset_prefix_cache()

@@ -11,6 +11,7 @@ from tokenyard.shared.slo import (
     ENGINE_BACKLOG_S,
     TTFT_TARGET_S,
     latest_release_s,
+    prefill_budget_s,
     request_deadline_s,
     ttft_deadline_s,
 )
@@ -49,3 +50,10 @@ def test_a_request_s_deadline_is_the_stamped_one_else_its_class_target():
     assert request_deadline_s(r) == 55.0
     r.deadline_s = 61.5
     assert request_deadline_s(r) == 61.5
+
+
+@given(st.one_of(st.none(), st.floats(-1e3, 1e3, allow_nan=False)))
+def test_the_prefill_budget_is_the_backlog_horizon_capped_by_the_decodes_slack(slack):
+    budget = prefill_budget_s(slack)
+    assert budget <= ENGINE_BACKLOG_S
+    assert budget == (ENGINE_BACKLOG_S if slack is None or slack >= ENGINE_BACKLOG_S else slack)

@@ -30,6 +30,7 @@ from tokenyard.services.worker.vllm.settings import VllmSettings  # noqa: E402
 from tokenyard.shared import codec, hashing, natsutil, schemas, subjects  # noqa: E402
 from tokenyard.shared.schemas import AdmittedRequest, AllBlocksCleared, BlockStored, Sampling  # noqa: E402
 
+from tests import builders  # noqa: E402
 from tests import test_engine_conformance as conformance  # noqa: E402
 from tests.vllm_tiny_model import build  # noqa: E402
 
@@ -96,11 +97,8 @@ async def engine(vllm_engine):
 
 
 def req(rid: str, tokens: list[int], max_tokens: int, priority: int = 1, **sampling) -> AdmittedRequest:
-    return AdmittedRequest(
-        request_id=rid, reply_to=f"inbox.{rid}", model="m", prompt_token_ids=tokens, prompt_len=len(tokens),
-        block_hashes=hashing.hash_chain(tokens, FLEET_BLOCK), block_size=FLEET_BLOCK, max_tokens=max_tokens,
-        priority=priority, arrival_s=0.0, sampling=Sampling(**sampling),
-    )
+    return builders.req(rid, tokens=tokens, max_tokens=max_tokens, priority=priority, block_size=FLEET_BLOCK,
+                        sampling=Sampling(**sampling))
 
 
 async def collect(eng: Engine, r: AdmittedRequest) -> list[EngineOutput]:
@@ -121,6 +119,18 @@ async def test_the_same_prompt_again_hits_the_prefix_cache(engine):
 
 
 # ───────────────────────────── vLLM specifics ─────────────────────────────
+
+
+async def test_the_engine_measures_its_prefill_rate_from_its_steps(engine):
+    """What flow control, the worker's `saturated` refusal and admission's deadlines read: the
+    prefill time per computed prompt token, measured from vLLM's own steps (stats.py)."""
+    await collect(engine, req("decode-only", list(range(1, 9)), 8))  # a few decode-only steps
+    await collect(engine, req("long-prompt", [7 + i % 100 for i in range(1500)], 2))
+    stats = engine.stats()
+    assert engine.tracker.decode_step_ms > 0.0
+    assert stats.prefill_ms_per_token > 0.0
+    # and it is a rate, not a step: a 1500-token prefill takes ~1500 × it, far more than a step
+    assert 1500 * stats.prefill_ms_per_token > engine.tracker.decode_step_ms
 
 
 async def test_kv_events_are_the_admission_chain_at_the_fleet_block_size(engine):

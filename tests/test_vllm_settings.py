@@ -90,3 +90,46 @@ def test_stats_never_exceed_the_requests_actually_open():
     assert (s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_free) == (0, 0, 0, 20)
     s = t.snapshot(open_requests=5, queued_prefill_tokens=0)
     assert (s.running, s.waiting) == (4, 1)
+
+
+def test_the_prefill_rate_is_the_time_chunked_steps_take_beyond_a_decode_step_per_computed_token():
+    t = StatsTracker(fleet_block_size=16)
+    t.configure(num_blocks=100, block_size=16)
+    assert t.snapshot(open_requests=0, queued_prefill_tokens=0).prefill_ms_per_token == 0.0  # nothing measured
+    # decode-only steps of 10 ms
+    t.on_arrival(0.0)
+    t.on_step(running=1, waiting=0, kv_usage=0.1, prefix_hits=0, prefix_queries=0, now=0.010)
+    t.on_step(running=1, waiting=0, kv_usage=0.1, prefix_hits=0, prefix_queries=0, now=0.020)
+    assert t.decode_step_ms == pytest.approx(10.0)
+    # a 1000-token prompt arrives: two chunked steps of 60 ms, 50 ms of prefill each; vLLM computed
+    # 900 of its tokens (100 came from its prefix cache) → 100 ms / 900 tokens
+    t.queued_prefill = 1000
+    t.on_step(running=1, waiting=1, kv_usage=0.1, prefix_hits=0, prefix_queries=0, now=0.030)  # still decode
+    t.on_step(running=2, waiting=0, kv_usage=0.2, prefix_hits=0, prefix_queries=0, now=0.090)
+    t.queued_prefill = 0  # its first token is out
+    t.on_step(running=2, waiting=0, kv_usage=0.2, prefix_hits=100, prefix_queries=1000, now=0.150,
+              prompt_tokens_computed=900)
+    s = t.snapshot(open_requests=2, queued_prefill_tokens=0)
+    assert s.prefill_ms_per_token == pytest.approx(100.0 / 900)
+    # the next prefill (300 tokens in one 40 ms step: 30 ms) folds in with weight 1, the past decays by 0.8
+    t.queued_prefill = 300
+    t.on_step(running=2, waiting=1, kv_usage=0.2, prefix_hits=0, prefix_queries=0, now=0.160)  # decode: 10 ms
+    t.queued_prefill = 0
+    t.on_step(running=3, waiting=0, kv_usage=0.3, prefix_hits=0, prefix_queries=300, now=0.200,
+              prompt_tokens_computed=300)
+    assert t.prefill_ms_per_token == pytest.approx((0.8 * 100.0 + 30.0) / (0.8 * 900 + 300))
+
+
+def test_an_engine_that_went_idle_times_its_next_request_from_its_arrival():
+    t = StatsTracker(fleet_block_size=16)
+    t.queued_prefill = 500
+    t.on_arrival(5.0)
+    t.queued_prefill = 0
+    # the 500-token prompt in one 50 ms step, no decode step measured yet (decode time 0)
+    t.on_step(running=1, waiting=0, kv_usage=0.1, prefix_hits=0, prefix_queries=500, now=5.05,
+              prompt_tokens_computed=500)
+    assert t.prefill_ms_per_token == pytest.approx(0.1)
+    t.on_step(running=0, waiting=0, kv_usage=0.0, prefix_hits=0, prefix_queries=0, now=5.06)
+    t.on_arrival(9.0)  # idle in between: not a step
+    t.on_step(running=1, waiting=0, kv_usage=0.1, prefix_hits=0, prefix_queries=0, now=9.01)
+    assert t.step_time_ms == pytest.approx(0.2 * 10 + 0.8 * (0.2 * 10 + 0.8 * 50))  # not the idle 4 s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared.schemas import (
@@ -16,18 +17,7 @@ from tokenyard.shared.schemas import (
 )
 from tokenyard.shared.tokenizer import ByteTokenizer
 
-from tests.builders import req
-
-
-def stats(waiting: int = 0, **kw) -> EngineStats:
-    base = {
-        "running": 0,
-        "queued_prefill_tokens": 0,
-        "kv_blocks_used": 0,
-        "kv_blocks_free": 100,
-        "block_size": 16,
-    }
-    return EngineStats(waiting=waiting, **(base | kw))
+from tests.builders import req, stats
 
 
 def core(max_waiting: int = 4, remember: int = 100) -> WorkerCore:
@@ -109,11 +99,12 @@ def test_remembered_ids_are_bounded():
     for rid in ("a", "b", "c"):
         c.offer(req(rid), stats())
         c.on_output(EngineOutput(rid, [], True, "length"))
-    assert list(c._seen) == ["b", "c"]
+    assert c.offer(req("c"), stats()) == (GenerateReply("c", True, "duplicate"), False)  # remembered
     assert c.offer(req("a"), stats())[1] is True  # forgotten: generated again
     for rid in ("x", "y", "z"):
         c.on_abort(rid)
-    assert list(c._aborted) == ["y", "z"]
+    assert c.offer(req("z"), stats())[0].reason == "aborted"  # remembered
+    assert c.offer(req("x"), stats())[1] is True  # forgotten: an abort that came before it no longer counts
 
 
 def test_outputs_become_numbered_chunks_then_finished_with_usage():
@@ -175,11 +166,25 @@ def test_heartbeat_carries_engine_stats_and_worker_state():
 def test_offer_refuses_while_the_prefill_backlog_exceeds_the_flow_control_horizon():
     c = core()
     # 0.1 ms per token: 2500 queued tokens are 0.25 s (= the horizon, still fine), 2600 are not
-    ok, start = c.offer(req("a"), stats(queued_prefill_tokens=2500, prefill_ms_per_token=0.1))
+    ok, start = c.offer(req("a"), stats(queued=2500, prefill_ms_per_token=0.1))
     assert ok.accepted and start
-    no, start = c.offer(req("b"), stats(queued_prefill_tokens=2600, prefill_ms_per_token=0.1))
+    no, start = c.offer(req("b"), stats(queued=2600, prefill_ms_per_token=0.1))
     assert (no.accepted, no.reason, start) == (False, "saturated", False)
     # an engine that reports no prefill rate, or a worker with flow control off, takes it
-    assert c.offer(req("c"), stats(queued_prefill_tokens=10**6))[0].accepted
+    assert c.offer(req("c"), stats(queued=10**6))[0].accepted
     off = WorkerCore(WorkerConfig("w", "m", flow_control=False), ByteTokenizer())
-    assert off.offer(req("d"), stats(queued_prefill_tokens=10**6, prefill_ms_per_token=0.1))[0].accepted
+    assert off.offer(req("d"), stats(queued=10**6, prefill_ms_per_token=0.1))[0].accepted
+
+
+def test_offer_refuses_a_prefill_backlog_its_decodes_tpot_slack_cannot_absorb():
+    c = core()
+    # the tightest decode can absorb 50 ms more: 400 tokens at 0.1 ms (40 ms) fit, 600 do not
+    assert c.offer(req("a"), stats(queued=400, prefill_ms_per_token=0.1, tpot_slack_ms=50.0))[0].accepted
+    no, start = c.offer(req("b"), stats(queued=600, prefill_ms_per_token=0.1, tpot_slack_ms=50.0))
+    assert (no.accepted, no.reason, start) == (False, "saturated", False)
+    # a decode already past its slack: no prefill at all until it is done
+    no, _ = c.offer(req("c"), stats(queued=1, prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))
+    assert no.reason == "saturated"
+    # a P/D decode leg brings its KV, not a prefill: taken whatever the slack
+    leg = msgspec.structs.replace(req("d"), kv_from="w-prefill")
+    assert c.offer(leg, stats(prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))[0].accepted

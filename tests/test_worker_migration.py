@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_request
-from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.shared.schemas import (
     MIGRATED,
     AdmittedRequest,
@@ -20,11 +20,13 @@ from tokenyard.shared.schemas import (
 )
 from tokenyard.shared.tokenizer import ByteTokenizer
 
-STATS = EngineStats(running=0, waiting=0, queued_prefill_tokens=0, kv_blocks_used=0, kv_blocks_free=100, block_size=16)
+from tests import builders
+
+STATS = builders.stats(free=100)
 
 
 def req(rid: str = "r1", reply_to: str = "inbox.a", **kw) -> AdmittedRequest:
-    return msgspec.structs.replace(AdmittedRequest(rid, reply_to, "m", [1, 2, 3], 3, [7], 16, 6, 1, 0.0), **kw)
+    return msgspec.structs.replace(builders.req(rid, tokens=[1, 2, 3], chain=[7], max_tokens=6, reply_to=reply_to), **kw)
 
 
 def core() -> WorkerCore:

@@ -139,7 +139,7 @@ def test_one_registry_every_name_opens_for_the_simulator_and_for_bench_serve(moo
         bench = list(make_workload(BenchConfig(workload=spec, num_prompts=3)).requests())
         assert [r.prompt_len for r in bench] == [r.prompt_len for r in sim.items()]
         assert all(len(r.prompt) == r.prompt_len for r in bench)
-        assert is_trace(spec) == (name in ("mooncake", "azure-code", "azure-conv", "trace"))
+        assert is_trace(spec) == (name in ("mooncake", "azure-code", "azure-conv", "azure-code-prefix", "azure-conv-prefix", "trace"))
     with pytest.raises(ValueError, match="heavy-tail"):  # the error lists every name
         make_workload(BenchConfig(workload="bogus"))
 

@@ -6,6 +6,8 @@
     chatbot, api, coder   multi-turn chat, short prompts on shared system prompts, long shared
                    repository contexts (synthetic.py)
     mooncake, azure-code, azure-conv   the public traces shipped in data/traces (traces.py)
+    azure-code-prefix, azure-conv-prefix   the Azure traces with a seeded prefix model
+                   (azure_prefix.py: Zipf-popular shared prefixes, session continuations)
     trace:PATH     any Mooncake JSONL or Azure 2023 CSV file (or the same .gz)
 
     open_workload(spec, …) → a workload with name, block_tokens, items() → list[TraceRequest]
@@ -26,7 +28,7 @@ from tokenyard.loadgen.workloads.traces import (
     BUNDLED,
     AzureTrace,
     MooncakeTrace,
-    bundled_trace,
+    open_bundled,
     open_trace,
     trace_rate,
 )
@@ -118,8 +120,8 @@ def open_workload(
             raise ValueError("trace workloads are named trace:PATH")
         if rate is not None:
             raise ValueError("a trace replays at its own rate: scale it with rate_scale / time_scale")
-        return open_trace(
-            arg if name == "trace" else bundled_trace(name),
+        return (open_trace if name == "trace" else open_bundled)(
+            arg if name == "trace" else name,
             rate_scale=rate_scale,
             time_scale=time_scale,
             max_requests=num_requests,

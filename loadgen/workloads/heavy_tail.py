@@ -2,7 +2,7 @@
 about lengths, not caching).
 
     bucket      [16, 512)  [512, 2k)  [2k, 8k)  [8k, 32k)     prompt tokens, log-uniform within
-    share         45%        30%        15%        10%
+    share         45%        30%        15%        10%       (`shares`: another mix)
     max_tokens ~ round(LogNormal(ln 128, 0.6)) ∈ [8, 1024]
 Arrivals Poisson at `rate` (DEFAULT_RATE when None) × rate_scale ÷ time_scale; priorities from
 `priority_mix`; arrivals at or after `duration_s` dropped. A seed fixes everything.
@@ -27,7 +27,7 @@ class HeavyTailWorkload:
 
     def __init__(self, num_requests: int = 1000, *, rate: float | None = None, burstiness: float = 1.0,
                  rate_scale: float = 1.0, time_scale: float = 1.0, priority_mix: Sequence[float] = (0, 1, 0, 0),
-                 seed: int = 0, duration_s: float | None = None):
+                 seed: int = 0, duration_s: float | None = None, shares: Sequence[float] = SHARES):
         if num_requests < 0:
             raise ValueError("num_requests must be >= 0")
         if burstiness != 1.0:
@@ -39,6 +39,9 @@ class HeavyTailWorkload:
             raise ValueError("rate must be positive")
         self.num_requests, self.seed, self.duration_s = num_requests, seed, duration_s
         self.priority_mix = np.asarray(priority_mix, dtype=float) / float(sum(priority_mix))
+        if len(shares) != len(BUCKETS) or min(shares) < 0 or not sum(shares) > 0:
+            raise ValueError(f"shares must be {len(BUCKETS)} non-negative numbers, not all 0")
+        self.shares = np.asarray(shares, dtype=float) / float(sum(shares))
         self._cache: list[TraceRequest] | None = None
 
     def items(self) -> list[TraceRequest]:
@@ -47,7 +50,7 @@ class HeavyTailWorkload:
             rng = np.random.default_rng(self.seed)
             gaps = rng.exponential(1.0 / self.rate, size=n)
             arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
-            bucket = rng.choice(len(BUCKETS), size=n, p=SHARES)
+            bucket = rng.choice(len(BUCKETS), size=n, p=self.shares)
             lo = np.array([BUCKETS[b][0] for b in bucket], dtype=float)
             hi = np.array([BUCKETS[b][1] for b in bucket], dtype=float)
             prompt = np.floor(np.exp(rng.uniform(np.log(lo), np.log(hi)))).astype(np.int64)

@@ -7,8 +7,11 @@ same gzip-compressed).
   `hash_ids`): `hash_ids` are 512-token block ids that encode the whole prefix (equal ids =
   shared prefix), so they are the block ids as they stand; block_tokens = 512.
 * Azure LLM inference trace 2023 (CSV: `TIMESTAMP`, `ContextTokens`, `GeneratedTokens`): it
-  has no prefix information and no prefix model is added — every request's blocks are its
-  own (prefix_hit_bound = 0); block_tokens = 16, vLLM's page size.
+  has no prefix information. As `azure-conv` / `azure-code` / `trace:PATH` none is added —
+  every request's blocks are its own (prefix_hit_bound = 0); as `azure-conv-prefix` /
+  `azure-code-prefix` the seeded prefix model of azure_prefix.py decides which prompts share
+  what (Zipf-popular shared prefixes, session continuations). block_tokens = 16, vLLM's page
+  size.
 
 Arrival offsets are the trace's own, from its first request, then scaled:
     t_i = (ts_i − ts_0) · time_scale / rate_scale
@@ -33,12 +36,15 @@ from pathlib import Path
 import msgspec
 import numpy as np
 from tokenyard.data import TRACES
+from tokenyard.loadgen.workloads.azure_prefix import MODELS, PrefixModel, PrefixModeler
 from tokenyard.loadgen.workloads.blocks import TraceRequest
 
 BUNDLED: dict[str, tuple[str, str]] = {
     "mooncake": ("mooncake_conversation_trace.jsonl.gz", "Mooncake's conversation trace (FAST'25): shared prefixes, long prompts"),
     "azure-code": ("azure2023_code.csv.gz", "Azure's 2023 code-completion trace: bursty, long prompts, short answers"),
     "azure-conv": ("azure2023_conv.csv.gz", "Azure's 2023 conversation trace: shorter prompts, longer answers"),
+    "azure-code-prefix": ("azure2023_code.csv.gz", "azure-code with a seeded prefix model: shared files, sessions"),
+    "azure-conv-prefix": ("azure2023_conv.csv.gz", "azure-conv with a seeded prefix model: system prompts, sessions"),
 }
 """Workload name → (file in data/traces, what it is)."""
 
@@ -134,20 +140,29 @@ class MooncakeTrace(_TraceWorkload):
 
 
 class AzureTrace(_TraceWorkload):
-    """Azure LLM inference trace 2023 (CSV); no prefix information, none added."""
+    """Azure LLM inference trace 2023 (CSV). `prefix_model` None: no prefix information, none
+    added; a PrefixModel: which prompts share what, drawn by it (azure_prefix.py) with `seed`."""
 
     name = "azure"
     block_tokens = 16
 
+    def __init__(self, path: str | Path, *, prefix_model: PrefixModel | None = None, **kw):
+        super().__init__(path, **kw)
+        self.prefix_model = prefix_model
+
     def _rows(self):
         next_id = 0
+        modeler = None if self.prefix_model is None else PrefixModeler(self.prefix_model, self.block_tokens, self.seed)
         with _open(self.path, text=True) as f:
             for row in csv.DictReader(f):
                 # Timestamps carry 7 fractional digits; datetime takes at most 6.
                 ts = datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp()
-                n = int(row["ContextTokens"])
+                n, out = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+                if modeler is not None:
+                    yield ts, n, out, modeler.ids(n, out)
+                    continue
                 blocks = -(-n // self.block_tokens)
-                yield ts, n, int(row["GeneratedTokens"]), tuple(range(next_id, next_id + blocks))
+                yield ts, n, out, tuple(range(next_id, next_id + blocks))
                 next_id += blocks
 
 
@@ -163,6 +178,13 @@ def open_trace(path: str | Path, **kw) -> _TraceWorkload:
     if kind == ".csv":
         return AzureTrace(p, **kw)
     raise ValueError(f"unknown trace format {p.suffix!r}: .jsonl (Mooncake) or .csv (Azure 2023), or either .gz")
+
+
+def open_bundled(name: str, **kw) -> _TraceWorkload:
+    """A named trace (BUNDLED); the `-prefix` names with their prefix model (azure_prefix.py)."""
+    if name.endswith("-prefix"):
+        return AzureTrace(bundled_trace(name), prefix_model=MODELS[name.removeprefix("azure-").removesuffix("-prefix")], **kw)
+    return open_trace(bundled_trace(name), **kw)
 
 
 def bundled_trace(name: str) -> Path:

@@ -19,7 +19,9 @@ rejected request leaves no trace in any queue, bucket or counter):
   7. shared.validation.tokenize: tokens, block-hash chain; prompt tokens in the vocabulary;
      prompt + max_tokens ≤ max_model_len (400 context_length_exceeded); the request's TTFT
      deadline (shared.slo.ttft_deadline_s: class target + its own predicted prefill, or the
-     client's ttft_slo_ms) is stamped on it; with an explicit ttft_slo_ms, the prompt's own
+     client's ttft_slo_ms) is stamped on it; a prompt whose own prefill no worker's running
+     decodes can absorb within their TPOT SLO is a 503 (feasibility.py, decode capacity; P3
+     waits instead); with an explicit ttft_slo_ms, the prompt's own
      prefill on the fastest worker must fit it (400 slo_infeasible) and so must the wait plus
      that prefill (503 overloaded);
   8. token buckets on the exact price prompt + max_tokens; both are charged together only
@@ -149,6 +151,10 @@ class AdmissionCore:
                                                   prepared.max_tokens)
         own = self.fleet.own_prefill_s(prompt_len, now) or 0.0
         deadline = ttft_deadline_s(now, int(priority), req.ttft_slo_ms, own)
+        if self.cfg.slo_check and deadline != float("inf"):
+            room = self.fleet.decode_room_s(now)
+            if room is not None and own > room:
+                return self._no_decode_room(rid, priority, prompt_len, own, room, now)
         if self.cfg.slo_check and req.ttft_slo_ms is not None:
             slo = req.ttft_slo_ms / 1000.0
             if own + ENGINE_BACKLOG_S > slo:
@@ -202,6 +208,16 @@ class AdmissionCore:
                     f"{deadline:g} s TTFT target ({depth} requests queued); retry later",
             retry_after_s=retry_after if retry_after != float("inf") else self.fleet.stale_after_s,
             queue_depth=depth,
+        )
+
+    def _no_decode_room(self, rid: str, priority: PriorityClass, prompt_len: int, own: float,
+                        room: float, now: float) -> Rejected:
+        return Rejected(
+            request_id=rid, status=503, code="overloaded",
+            message=f"Fleet saturated: the {prompt_len}-token prompt's prefill (about {own:.1f} s) would push "
+                    f"the running decodes past their TPOT SLO on every worker (the most any can absorb now: "
+                    f"{max(room, 0.0):.1f} s); retry later",
+            retry_after_s=own - max(room, 0.0), queue_depth=self.fleet.depth(now),
         )
 
     def _tenant_bucket(self, tenant: str, policy: TenantPolicy) -> TokenBucket | None:

@@ -28,7 +28,12 @@ classes, which have the loosest targets):
 A request's own prefill, once it is tokenized, is predicted on the fastest fresh worker
 (`own_prefill_s`: L·a + L²·b, a and b the worker's reported linear and attention costs;
 admission does not see the prefix cache, so the whole prompt counts) and extends its TTFT
-deadline (shared.slo.ttft_deadline_s): a long prompt is served when the fleet has room. Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
+deadline (shared.slo.ttft_deadline_s): a long prompt is served when the fleet has room.
+Decode capacity (`decode_room_s`): a prefill delays every decode running beside it, so a prompt
+whose own prefill exceeds the TPOT slack of the running decodes on every fresh worker
+(Heartbeat.tpot_slack_ms; a worker with nothing decoding takes any prompt) would push them past
+their TPOT SLO wherever it went: 503, Retry-After = its prefill − the largest slack. This is
+what keeps the 30k–126k-token prompts of a saturated fleet from stalling everyone's decodes. Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
 wait is unbounded (every class with a deadline is refused: 503). Work admitted since the last queue
 state is added to W at once and counts until a queue state shows the queue has taken it in
 (QueueStats.seen_arrival_s), so a burst the queue has not yet fetched cannot all slip in.
@@ -36,12 +41,13 @@ state is added to W at once and counts until a queue state shows the queue has t
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from tokenyard.shared import config
 from tokenyard.shared.schemas import Heartbeat, QueueStats
-from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S
+from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S, decode_slack_s
 
 NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
@@ -87,6 +93,9 @@ class FleetView:
     """worker id → (seen at, healthy and not draining)."""
     prefill_cost: dict[str, tuple[float, float]] = field(default_factory=dict)
     """worker id → its reported prefill costs (ms per token, ms per token²), workers that report one."""
+    tpot_slack_s: dict[str, float | None] = field(default_factory=dict)
+    """worker id → the prefill time its running decodes can absorb within their TPOT SLO
+    (Heartbeat.tpot_slack_ms; None: nothing decodes there)."""
     admitted: deque[tuple[float, int, float, int]] = field(default_factory=deque)
     """(arrival, class, cost, prompt tokens) of what this admission admitted that no queue
     state counts yet, oldest first."""
@@ -113,8 +122,19 @@ class FleetView:
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
-        if hb.stats.prefill_ms_per_token > 0:
-            self.prefill_cost[hb.worker_id] = (hb.stats.prefill_ms_per_token, hb.stats.prefill_ms_per_token2)
+        s = hb.stats
+        if s.prefill_ms_per_token > 0:
+            self.prefill_cost[hb.worker_id] = (s.prefill_ms_per_token, s.prefill_ms_per_token2)
+        self.tpot_slack_s[hb.worker_id] = decode_slack_s(hb)
+
+    def decode_room_s(self, now: float) -> float | None:
+        """The longest prefill some fresh, healthy worker can take without pushing its running
+        decodes past their TPOT SLO: the largest slack over the workers (∞ where nothing
+        decodes); None when no worker reports one (nothing known: nothing refused)."""
+        rooms = [math.inf if slack is None else slack for w, slack in self.tpot_slack_s.items()
+                 if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s
+                 and w in self.prefill_cost]
+        return max(rooms) if rooms else None
 
     def own_prefill_s(self, prompt_len: int, now: float) -> float | None:
         """The request's prefill alone on the fastest fresh, healthy worker; None: unknown."""

@@ -7,9 +7,15 @@ requests while the fleet is saturated, judged per fresh, healthy worker w from i
 heartbeat and what was routed to it since, with no per-deployment number:
 
     backlog_w  = queued_prefill_w + sent_tokens_w          prompt tokens not yet prefilled
-    room_w     = min( H / prefill_s_per_token_w − backlog_w,   time: the backlog drains in H
+    room_w     = min( B_w / prefill_s_per_token_w − backlog_w,   time: the backlog drains in B_w
                       kv_free_w · block_size − backlog_w )     memory: the backlog fits its KV
+    B_w        = min(H, S_w)                           shared.slo.prefill_budget_s
     H          = TTFT target of the tightest class / 2  (shared.slo: 0.25 s)
+    S_w        = the TPOT slack of w's tightest running decode (Heartbeat.tpot_slack_ms: the
+                 delay its tokens may still take, its mean TPOT within its SLO; ∞ when nothing
+                 decodes). Every step that carries a prefill chunk delays each running decode's
+                 next token, so prefill beyond S_w pushes a decode past its TPOT SLO: a worker
+                 whose decodes are tight takes no prefill until they gain slack or finish.
     headroom   = Σ_w max(0, room_w) − prompt tokens in flight to the router
     A worker that reports no prefill rate (vLLM's) has room while waiting_w + sent_w < 2.
 
@@ -50,7 +56,13 @@ from dataclasses import dataclass, field
 from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, deadline, klass
 from tokenyard.shared import config
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, QueueStats, Rejected
-from tokenyard.shared.slo import ENGINE_BACKLOG_S, latest_release_s, request_deadline_s
+from tokenyard.shared.slo import (
+    ENGINE_BACKLOG_S,
+    decode_slack_s,
+    latest_release_s,
+    prefill_budget_s,
+    request_deadline_s,
+)
 
 BACKLOG_S = ENGINE_BACKLOG_S
 """H: the prefill backlog a worker may hold, in seconds of its prefill time."""
@@ -95,13 +107,16 @@ class _Worker:
     """Prompt tokens routed to it since its heartbeat."""
     sent_p0: int = 0
     """P0 requests released from the reserve and routed to it since its heartbeat."""
+    tpot_slack_s: float | None = None
+    """The prefill time its running decodes can still absorb within their TPOT SLO (the
+    tightest one's saved slack); None: nothing decodes."""
 
     def room(self) -> int:
         """Flow control: prompt tokens it may still take (≤ 0: saturated)."""
         if self.prefill_s_per_token <= 0.0:
             return 1 if self.waiting + self.sent < UNKNOWN_RATE_WAITING else 0
         backlog = self.queued_prefill + self.sent_tokens
-        return int(min(BACKLOG_S / self.prefill_s_per_token, self.kv_free_tokens)) - backlog
+        return int(min(prefill_budget_s(self.tpot_slack_s) / self.prefill_s_per_token, self.kv_free_tokens)) - backlog
 
 
 @dataclass
@@ -184,7 +199,8 @@ class QueueCore:
         self.workers[hb.worker_id] = _Worker(
             waiting=s.waiting, healthy=hb.healthy and not hb.draining, seen_s=now, running=s.running,
             queued_prefill=s.queued_prefill_tokens, kv_free_tokens=s.kv_blocks_free * s.block_size,
-            prefill_s_per_token=s.prefill_ms_per_token / 1000.0)
+            prefill_s_per_token=s.prefill_ms_per_token / 1000.0,
+            tpot_slack_s=decode_slack_s(hb))
 
     def _fresh(self, now: float) -> list[_Worker]:
         return [w for w in self.workers.values() if w.healthy and now - w.seen_s <= self.cfg.stale_after_s]
@@ -195,10 +211,15 @@ class QueueCore:
 
     def headroom(self, now: float) -> int:
         """Flow control: prompt tokens the fleet may still take; off: requests."""
-        fresh = self._fresh(now)
-        if self.cfg.flow_control:
-            room = sum(max(0, w.room()) for w in fresh)
+        if self.cfg.flow_control:  # one pass, no list: the simulator asks this every 100 ms of 128 workers
+            room, stale = 0, self.cfg.stale_after_s
+            for w in self.workers.values():
+                if w.healthy and now - w.seen_s <= stale:
+                    r = w.room()
+                    if r > 0:
+                        room += r
             return room - sum(self._size(r) for r in self.in_flight.values())
+        fresh = self._fresh(now)
         cap = self.cfg.batch_cap_per_worker
         room = 0
         for w in fresh:
@@ -216,7 +237,7 @@ class QueueCore:
         if now < self.paused_until:
             return []
         out: list[AdmittedRequest] = []
-        room = self.headroom(now)
+        room = self.headroom(now) if len(self.policy) else 0  # nothing waits: no sum over the fleet
         while room > 0:
             req = self.policy.pop(now)
             if req is None:

@@ -1,5 +1,6 @@
-"""The priority queue's shell: a durable JetStream pull consumer on LLM_QUEUE feeds the core;
-a dispatch loop sends what the core releases to the router (`llm.v1.route`, request/reply)
+"""The priority queue's shell: a durable JetStream pull consumer on LLM_QUEUE feeds the core
+through one standing pull (see `_pull_loop`: each message reaches the core as soon as
+JetStream stores it, not when a batched fetch returns); a dispatch loop sends what the core releases to the router (`llm.v1.route`, request/reply)
 and acks a JetStream message only once the router answered `routed`. A crash before that
 loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
 replica runs. Messages held long are kept alive with
@@ -23,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
@@ -36,6 +38,11 @@ log = telemetry.logger("queue")
 
 ROUTE_TIMEOUT_S = 5.0
 ROUTER_DOWN_BACKOFF_MAX_S = 2.0
+PULL_EXPIRES_S = 1.0
+"""A pull request's life: an idle queue renews it this often."""
+PULL_GRACE_S = 1.0
+"""A pull whose end (its 408) never came is renewed this long after it expired: a NATS
+restart forgets pull requests, and so does a failover to another node."""
 
 
 class QueueShell:
@@ -43,12 +50,18 @@ class QueueShell:
 
     def __init__(self, cfg: QueueConfig, policy: QueuePolicy, fetch_batch: int = 256,
                  stats_interval_s: float = 0.1):
+        """`fetch_batch`: the messages one pull request may bring."""
         self.core = QueueCore(cfg, policy)
         self.instance_id = new_instance_id(self.kind)
         self.fetch_batch = fetch_batch
         self.stats_interval_s = stats_interval_s
         self.held: dict[str, Msg] = {}
         self._wake = asyncio.Event()
+        self._pull_seq = 0
+        """The number of the pull in force; its messages and its end arrive on `<inbox>.<seq>`."""
+        self._pull_left = 0
+        """Messages the pull in force may still bring."""
+        self._pull_over = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._routes: set[asyncio.Task] = set()
         self._running = False
@@ -62,18 +75,21 @@ class QueueShell:
         await natsutil.ensure_queue_stream(nc)
         js = nc.jetstream()
         cfg = self.core.cfg
-        self.psub = await js.pull_subscribe(
-            subjects.QUEUE,
-            durable=subjects.QUEUE_CONSUMER,
-            stream=subjects.QUEUE_STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=cfg.ack_wait_s, max_ack_pending=-1),
-        )
+        try:
+            await js.consumer_info(subjects.QUEUE_STREAM, subjects.QUEUE_CONSUMER)
+        except NotFoundError:
+            await js.add_consumer(subjects.QUEUE_STREAM, ConsumerConfig(
+                durable_name=subjects.QUEUE_CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=cfg.ack_wait_s,
+                max_ack_pending=-1))
+        self._pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.QUEUE_STREAM}.{subjects.QUEUE_CONSUMER}"
+        self._pull_inbox = nc.new_inbox()
+        self._pull_sub = await nc.subscribe(f"{self._pull_inbox}.*", cb=self._on_pulled)
         await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
         await service.add_endpoint(name="stats", subject=subjects.QUEUE_STATS, handler=self._on_stats)
         self._running = True
         self._tasks = [
-            asyncio.create_task(self._fetch_loop()),
+            asyncio.create_task(self._pull_loop()),
             asyncio.create_task(self._dispatch_loop()),
             asyncio.create_task(self._keepalive_loop()),
             asyncio.create_task(self._stats_loop()),
@@ -83,18 +99,14 @@ class QueueShell:
     async def stop(self) -> None:
         self._running = False
         self._wake.set()
-        fetch, *others = self._tasks
-        # Let the fetch in progress end by itself (≤ 1 s): a pull request cancelled midway
-        # leaves its inbox subscription undrainable, and NATS's drain then waits 30 s.
+        self._pull_over.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(fetch, timeout=2.0)
-        for t in others:
+            await self._pull_sub.unsubscribe()
+        for t in self._tasks:
             t.cancel()
-        for t in others:
+        for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        with contextlib.suppress(Exception):
-            await self.psub.unsubscribe()
         if self._routes:  # let routes in flight finish, so their acks go out
             await asyncio.gather(*self._routes, return_exceptions=True)
         # Hand back what was never routed: a standby replica gets it at once. (After a crash
@@ -104,27 +116,47 @@ class QueueShell:
                 await msg.nak()
         self.held.clear()
 
-    async def _fetch_loop(self) -> None:
+    async def _pull_loop(self) -> None:
+        """One standing pull request at a time: `fetch_batch` messages, for PULL_EXPIRES_S.
+        JetStream delivers each message to `_on_pulled` the moment it is stored (a batched
+        fetch would hold the first until the batch filled or the pull ended). A pull ends
+        when its batch has all come, or with its 408 at expiry; then the next goes out. Each
+        pull's end (a status message) comes on that pull's own reply subject, so a late end of
+        an old pull does not end the one in force."""
         while self._running:
+            self._pull_seq += 1
+            self._pull_left = self.fetch_batch
+            self._pull_over.clear()
+            request = msgspec.json.encode({"batch": self.fetch_batch, "expires": int(PULL_EXPIRES_S * 1e9)})
             try:
-                msgs = await self.psub.fetch(self.fetch_batch, timeout=1.0)
-            except (TimeoutError, NatsTimeout):
-                continue
+                await self.nc.publish(self._pull_subject, request, reply=f"{self._pull_inbox}.{self._pull_seq}")
             except Exception as e:  # connection hiccup: back off and retry
-                log.warning("fetch_failed", error=repr(e))
+                log.warning("pull_failed", error=repr(e))
                 await asyncio.sleep(0.2)
                 continue
-            now = time.time()
-            for msg in msgs:
-                try:
-                    req = codec.decode(msg.data, schemas.AdmittedRequest)
-                except codec.DecodeError as e:
-                    log.error("undecodable_message", error=str(e))
-                    await msg.term()
-                    continue
-                self.held[req.request_id] = msg  # a redelivery replaces the older delivery
-                self.core.offer(req, now)
-            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PULL_EXPIRES_S + PULL_GRACE_S):
+                    await self._pull_over.wait()
+
+    async def _on_pulled(self, msg: Msg) -> None:
+        if not msg.reply:  # a status: 408 (the pull expired), 409 (ended by the server), 100 (heartbeat)
+            status = (msg.headers or {}).get("Status", "")
+            if msg.subject.endswith(f".{self._pull_seq}") and status != "100":
+                self._pull_over.set()
+            return
+        # A message (it carries its own subject, not the pull's): the pull in force brought it.
+        self._pull_left -= 1
+        if self._pull_left <= 0:
+            self._pull_over.set()
+        try:
+            req = codec.decode(msg.data, schemas.AdmittedRequestInTransit)
+        except codec.DecodeError as e:
+            log.error("undecodable_message", error=str(e))
+            await msg.term()
+            return
+        self.held[req.request_id] = msg  # a redelivery replaces the older delivery
+        self.core.offer(req, time.time())
+        self._wake.set()
 
     async def _dispatch_loop(self) -> None:
         while self._running:
@@ -150,9 +182,10 @@ class QueueShell:
         ) as span:
             try:
                 with telemetry.span(self.kind, "send", subjects.ROUTE, kind=SpanKind.PRODUCER, request_id=req.request_id):
-                    reply = await self.nc.request(
-                        subjects.ROUTE, codec.encode(req), timeout=ROUTE_TIMEOUT_S, headers=telemetry.inject()
-                    )
+                    # The message as JetStream holds it: the queue changes nothing in a request.
+                    data = msg.data if msg is not None else codec.encode(req)
+                    reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
+                                                  headers=telemetry.inject())
                 decision = codec.decode(reply.data, schemas.RouteDecision)
             except NoRespondersError:
                 self._router_down()

@@ -50,7 +50,7 @@ from tokenyard.services.router.pipeline import (
     Scorer,
 )
 from tokenyard.services.router.policies.dynamo import DynamoScorer, SoftmaxPicker
-from tokenyard.services.router.policies.latency import MarginalLatencyScorer
+from tokenyard.services.router.policies.latency import BoundedLoadGuard, MarginalLatencyScorer
 from tokenyard.services.router.policies.least_loaded import LeastLoadedScorer
 from tokenyard.services.router.policies.llmd import LlmdAffinityGuard, LlmdTokenLoadScorer, LlmdWeightedScorer
 from tokenyard.services.router.policies.multiplicative import MultiplicativeScorer
@@ -115,7 +115,7 @@ POLICIES: dict[str, Callable[[RouterConfig, np.random.Generator], Policy]] = {
     "multiplicative": _multiplicative(exact=False, guarded=True),
     "multiplicative-exact": _multiplicative(exact=True, guarded=False),
     "multiplicative-unguarded": lambda cfg, rng: Policy(MultiplicativeScorer()),
-    "marginal-latency": lambda cfg, rng: Policy(MarginalLatencyScorer()),
+    "marginal-latency": lambda cfg, rng: Policy(MarginalLatencyScorer(), guards=[BoundedLoadGuard()]),
     "dynamo": lambda cfg, rng: Policy(DynamoScorer(), SoftmaxPicker(cfg.dynamo_temperature, rng)),
     "llmd": lambda cfg, rng: Policy(LlmdWeightedScorer()),
     "llmd-token-load": lambda cfg, rng: Policy(LlmdTokenLoadScorer(), guards=[LlmdAffinityGuard()]),

@@ -79,7 +79,7 @@ class EcoServeGuard:
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
         eco = view.eco[cand]
         if not eco.any():
-            return Narrowed(np.ones(len(cand), dtype=np.bool_))
+            return Narrowed(True)
         rows = cand[eco]
         self.decisions += 1
         # Per-row SLOs come from each macro-instance's state; TPOT is the decodes' (their slack).

@@ -163,17 +163,28 @@ class BlockIndex:
             return np.zeros(self.slots + pad, dtype=np.int64)
         runs: dict[int, int] = {}
         # Half-open spans [lo, hi) with alive(lo) = a, alive(hi) = b (alive(len) = 0), b ⊆ a.
+        # A probe splits a span in two; a half whose ends agree is one run, counted at once,
+        # and the loop goes on into the other half without a trip through the stack.
         stack = [(0, len(chain), first, 0)]
+        push, pop = stack.append, stack.pop
         while stack:
-            lo, hi, a, b = stack.pop()
-            if a == b or hi - lo == 1:
-                runs[a] = runs.get(a, 0) + hi - lo
-                continue
-            mid = (lo + hi) // 2
-            m = get(chain[mid], 0) & a
-            if m:
-                stack.append((mid, hi, m, b & m))
-            stack.append((lo, mid, a, m))
+            lo, hi, a, b = pop()
+            while True:
+                if a == b or hi - lo == 1:
+                    runs[a] = runs.get(a, 0) + hi - lo
+                    break
+                mid = (lo + hi) >> 1
+                m = get(chain[mid], 0) & a
+                if m == a:  # nobody drops before mid
+                    runs[a] = runs.get(a, 0) + mid - lo
+                    lo = mid
+                    continue
+                if m == b:  # nobody drops from mid on (b may be 0: then nothing to count)
+                    if m:
+                        runs[m] = runs.get(m, 0) + hi - mid
+                elif m:
+                    push((mid, hi, m, b))
+                hi, b = mid, m
         return self._counts(runs, pad)
 
     def match_walk(self, chain: Sequence[int]) -> np.ndarray:

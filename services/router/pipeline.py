@@ -42,8 +42,9 @@ class Scored(NamedTuple):
 
 
 class Narrowed(NamedTuple):
-    keep: np.ndarray
-    """A boolean mask over the candidates: which stay (never all False)."""
+    keep: np.ndarray | bool
+    """A boolean mask over the candidates: which stay (never all False); or True: all of them
+    (a guard with nothing to say spares the pipeline a mask and a copy of the candidates)."""
     note: str = ""
     """Why the guard narrowed as it did, when that is worth recording (e.g. `over-budget`)."""
 
@@ -61,8 +62,8 @@ class Guard(Protocol):
     inputs: frozenset[str]
 
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
-        """A boolean mask over `cand` (row indices): which candidates stay. A guard that
-        would keep none must keep some (it narrows, it does not refuse)."""
+        """A boolean mask over `cand` (row indices), or True (all): which candidates stay. A
+        guard that would keep none must keep some (it narrows, it does not refuse)."""
 
 
 class Scorer(Protocol):
@@ -157,11 +158,13 @@ class Pipeline:
     ) -> Choice:
         if view.n == 0:
             return Choice(None, "no workers known", policy=self.name)
+        # The decision's hot path (`tokenyard bench router`): a filter that keeps every row
+        # answers a scalar True and costs no array operation here.
         masks = [f.keep(req, view, now) for f in self.filters]
-        mask = np.ones(view.n, dtype=np.bool_)
-        for m in masks:
-            if m is not np.True_:
-                mask &= m
+        arrays = [m for m in masks if m is not True and m is not np.True_]
+        mask = arrays[0].copy() if arrays else np.ones(view.n, dtype=np.bool_)
+        for m in arrays[1:]:
+            mask &= m
         cand = np.flatnonzero(mask)
         if len(cand) == 0:  # name the filter that emptied the candidates (the rare path)
             mask[:] = True
@@ -180,12 +183,14 @@ class Pipeline:
         notes: list[str] = []
         for g in self.guards:
             keep, note = g.narrow(req, view, cand)
+            if note:
+                notes.append(note)
+            if keep is True:
+                continue
             kept = cand[keep]
             if len(kept) == 0:
                 raise ValueError(f"guard '{g.name}' kept no candidate")
             cand = kept
-            if note:
-                notes.append(note)
         scored = self.scorer.score(req, view, cand)
         scores = np.asarray(scored.scores, dtype=np.float64)
         # One sum catches any nan or ±inf (finite scores here are far from overflowing it).

@@ -118,7 +118,7 @@ class RouterShell:
 
     async def _route(self, req: Request) -> None:
         try:
-            ar = codec.decode(req.data, schemas.AdmittedRequest)
+            ar = codec.decode(req.data, schemas.AdmittedRequestInTransit)
         except codec.DecodeError as e:
             await req.respond_error("400", f"bad route request: {e}")
             return
@@ -126,7 +126,7 @@ class RouterShell:
             self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id
         ) as span:
             t0 = time.perf_counter()
-            decision, hit_tokens = await self._place(ar, span)
+            decision, hit_tokens = await self._place(ar, span, data=req.data)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
             view = self.core.view
             fresh = view.fresh(time.time(), self.core.cfg.stale_after_s)
@@ -137,9 +137,11 @@ class RouterShell:
         await req.respond(codec.encode(decision))
 
     async def _place(
-        self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset()
+        self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None
     ) -> tuple[schemas.RouteDecision, int | None]:
-        """The decision, and the prefix-hit tokens on the worker that took the request."""
+        """The decision, and the prefix-hit tokens on the worker that took the request. `data`:
+        `ar` as it came, MessagePack; offered as it is (an 8k-token prompt costs ~0.3 ms of CPU
+        to encode or decode, and this hop changes nothing in it)."""
         rid = ar.request_id
         if self.migration.orphan(ar, time.time()):
             return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="client gone"), None
@@ -153,7 +155,7 @@ class RouterShell:
         while (choice := placement.next(time.time())) is not None:
             if span is not None:
                 span.set_attributes(span_attributes(choice))
-            reply = await self._offer(ar, choice.worker_id)
+            reply = await self._offer(ar, choice.worker_id, data)
             if reply is not None and reply.accepted:
                 if reply.reason in ("duplicate", schemas.Outcome.DUPLICATE):
                     await self._drop(rid)  # a redelivery (its first router follows it) or a reused id
@@ -172,12 +174,13 @@ class RouterShell:
         self.migration.untrack(request_id)
         await self._unfollow(request_id)
 
-    async def _offer(self, ar: schemas.AdmittedRequest, worker_id: str) -> schemas.GenerateReply | None:
+    async def _offer(self, ar: schemas.AdmittedRequest, worker_id: str,
+                     data: bytes | None = None) -> schemas.GenerateReply | None:
         subject = subjects.worker_generate(worker_id)
         with telemetry.span(self.kind, "send", subject, kind=SpanKind.PRODUCER, request_id=ar.request_id):
             try:
                 msg = await self.nc.request(
-                    subject, codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject()
+                    subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject()
                 )
                 return codec.decode(msg.data, schemas.GenerateReply)
             except NoRespondersError:

@@ -14,6 +14,7 @@ from tokenyard.shared import config
 
 
 def register(sub) -> None:
+    from tokenyard.services.worker.sim.engine_policies import ENGINE_POLICIES
     from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser("worker", help="host an engine (simulated or vLLM) as a fleet member")
@@ -33,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", help="tokenizer.json for output text (default: the model's with vllm, "
                                        "else the built-in byte tokenizer)")
     p.add_argument("--num-blocks", type=int, help="sim: KV blocks (default: the profile's)")
+    p.add_argument("--scheduling", choices=ENGINE_POLICIES, default="vllm",
+                   help="sim: the engine's scheduling policy (default vllm: vLLM V1's; scorpio: SCORPIO's "
+                        "TPOT-SLO batching, which rejects a request it held past its TTFT deadline)")
     p.add_argument("--flow-control", choices=("on", "off"), default="on",
                    help="refuse new requests while the prefill backlog exceeds the queue's horizon "
                         "(default: on; off with `tokenyard queue --flow-control off`)")

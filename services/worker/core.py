@@ -23,10 +23,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgspec
-from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
 from tokenyard.shared import schemas
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
-from tokenyard.shared.slo import ENGINE_BACKLOG_S
+from tokenyard.shared.slo import prefill_budget_s, request_deadline_s
 from tokenyard.shared.tokenizer import Tokenizer
 
 
@@ -39,8 +39,9 @@ class WorkerConfig:
     remember: int = 50_000
     flow_control: bool = True
     """Refuse new requests ("saturated") while the engine's prefill backlog already takes more
-    than shared.slo.ENGINE_BACKLOG_S: the queue's flow control, enforced where the state is
-    exact (the router then tries another worker, or the request waits in the queue)."""
+    than shared.slo.prefill_budget_s (ENGINE_BACKLOG_S, and no more than its running decodes'
+    TPOT slack): the queue's flow control, enforced where the state is exact (the router then
+    tries another worker, or the request waits in the queue)."""
 
 
 @dataclass
@@ -106,13 +107,21 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
-        if self.cfg.flow_control and stats.queued_prefill_tokens * stats.prefill_ms_per_token > ENGINE_BACKLOG_S * 1000:
+        if self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED):
             return schemas.GenerateReply(rid, False, "saturated"), False
         # A decode leg's first token went out from the prefill worker: number on from it.
         self.streams[rid] = (_Stream(req, 1, 1) if req.kv_from
                              else _Stream(req, seq=req.resume_seq, tokens=len(req.resume_token_ids)))
         self._remember(self._seen, rid, (req.reply_to, req.migrations))
         return schemas.GenerateReply(rid, True), True
+
+    @staticmethod
+    def saturated(stats: EngineStats, decodes_beside: bool = True) -> bool:
+        """The queue's flow-control rule where the state is exact: the engine's prefill backlog
+        already takes longer than shared.slo.prefill_budget_s allows (ENGINE_BACKLOG_S, and
+        no more than the running decodes' TPOT slack)."""
+        slack = stats.tpot_slack_ms / 1000.0 if decodes_beside and stats.tpot_slack_ms is not None else None
+        return stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0 > prefill_budget_s(slack)
 
     def running_ids(self) -> list[str]:
         """The requests generating here for their client (a migrated-away one is not)."""
@@ -133,13 +142,23 @@ class WorkerCore:
         self._remember(self._aborted, request_id)
         return request_id in self.streams
 
-    def on_output(self, out: EngineOutput) -> list[schemas.Chunk | schemas.Finished]:
-        """The stream events one engine output makes, numbered."""
+    def on_output(self, out: EngineOutput) -> list[schemas.Chunk | schemas.Finished | schemas.Rejected]:
+        """The stream events one engine output makes, numbered; a request the engine
+        rejected past its deadline before its first token (finish reason `deadline`) gets a
+        `rejected` 429 `deadline_exceeded`, as the queue's expiry sends."""
         st = self.streams[out.request_id]
         if st.silenced:
             if out.finished:
                 del self.streams[out.request_id]
             return []
+        if out.finish_reason == DEADLINE and out.finished and not st.tokens:
+            # the engine rejected it unstarted (SCORPIO's rejection path, SimEngineCore.expire)
+            del self.streams[out.request_id]
+            return [schemas.Rejected(
+                out.request_id, 429, "deadline_exceeded",
+                f"the engine could not start the request within its TTFT deadline "
+                f"({request_deadline_s(st.req) - st.req.arrival_s:.3g} s) without breaking the running "
+                f"requests' TPOT SLOs; retry later")]
         events: list[schemas.Chunk | schemas.Finished] = []
         st.cached_tokens = out.num_cached_tokens
         if out.new_token_ids:

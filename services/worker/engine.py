@@ -16,13 +16,17 @@ from typing import Protocol
 import msgspec
 from tokenyard.shared.schemas import AdmittedRequest, EngineStats, KVEvent
 
+DEADLINE = "deadline"
+"""The finish reason of a request the engine rejected unstarted past its TTFT deadline
+(SCORPIO's rejection path: SimEngineCore.expire)."""
+
 
 class EngineOutput(msgspec.Struct):
     request_id: str
     new_token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None
-    """`length`, `stop` or `abort` once finished."""
+    """`length`, `stop` or `abort` once finished; `deadline` (DEADLINE): rejected unstarted."""
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
 

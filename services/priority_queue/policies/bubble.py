@@ -5,9 +5,14 @@ sorted by lo, initially the log-spaced bounds [0,512) [512,2k) [2k,8k) [8k,∞).
 round robin in ascending length: a round visits the non-empty partitions shortest first and
 takes up to quantum_i requests from each (least deadline first inside), so short requests
 still go first and a long one waits at most one round, however many short ones arrive:
-    quantum_i = max(1, round(L̄ / L̄_i)) · (2 if hot else 1)
-L̄ the mean length of all waiting requests, L̄_i that of partition i: a partition of short
-requests gives several per turn (their turns are cheap), one of long requests gives one.
+    quantum_i = max(1, round(L̄_max / L̄_i)) · (2 if hot else 1)
+L̄_i the mean length of partition i's waiting requests, L̄_max the largest L̄_j among the
+non-empty partitions: every turn is worth about one request of the longest partition, so the
+partitions share the work, not the request count (deficit round robin in tokens over length
+ranges). A partition of short requests gives many per turn, the longest gives one. (With L̄
+the mean of all waiting requests instead, a short flood pulls L̄ down to the short length, each
+turn of the shorts gives one or two requests while a long one's turn gives 40× their work, and
+the shorts back up behind a handful of long requests.)
 
 Dynamics (`dynamic=True`; `fixed` partitions turn them all off):
   * a partition that empties is dropped, leaving a gap (when the whole class empties the base
@@ -54,10 +59,14 @@ class Partition:
 
 class BubbleLine:
     def __init__(self, bubble_width: float = 1024.0, bounds: Sequence[float] = BASE_BOUNDS,
-                 dynamic: bool = True) -> None:
+                 dynamic: bool = True, work_turns: bool = True) -> None:
         self.bubble_width = float(bubble_width)
         self.bounds = tuple(bounds)
         self.dynamic = dynamic
+        self.work_turns = work_turns
+        """True: a turn is worth L̄_max (the longest partition's mean); False: the earlier
+        rule, L̄ = the mean of all waiting requests (kept for the comparison in
+        docs/results-bubble.md)."""
         self.parts: list[Partition] = []
         self._reset()
         self._home: dict[str, tuple[Partition, int]] = {}
@@ -142,12 +151,16 @@ class BubbleLine:
         return None if first is None else (first, False)
 
     def _quantum(self, p: Partition, live: int) -> int:
-        """Requests a partition may give in one turn: the mean waiting length over its own
-        mean length, rounded, at least 1; twice that when hot. Fixed partitions: 1."""
+        """Requests a partition may give in one turn: the longest partition's mean length over
+        its own, rounded, at least 1; twice that when hot. Fixed partitions: 1."""
         if not self.dynamic:
             return 1
-        q = max(1, round((self.tokens / len(self._home)) / (p.tokens / len(p))))
-        return 2 * q if p.hot else q
+        if self.work_turns:
+            ref = max(q.tokens / len(q) for q in self.parts if len(q))
+        else:
+            ref = self.tokens / len(self._home)
+        n = max(1, round(ref / (p.tokens / len(p))))
+        return 2 * n if p.hot else n
 
     def _partition_for(self, length: float) -> Partition:
         los = [p.lo for p in self.parts]

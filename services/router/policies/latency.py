@@ -1,7 +1,12 @@
-"""Marginal latency (the router's default): place r where it adds the least waiting to the
-fleet — its own wait for a first token plus the stall its prefill inflicts on the sequences
-decoding there — counted in prefill-token times (one unit = the time an instance takes to
-prefill one token), so no rate, weight or per-workload knob is needed.
+"""Marginal latency (the router's default): among the instances whose load is within a bound
+relative to the fleet's mean (BoundedLoadGuard, below), place r where it adds the least
+waiting to the fleet — its own wait for a first token plus the stall its prefill inflicts on
+the sequences decoding there — counted in prefill-token times (one unit = the time an
+instance takes to prefill one token). No rate, weight or per-workload knob: the one
+constant, c = 1.25, is a ratio to the load the fleet itself carries.
+
+    keep_i  = L_i + 1 ≤ ⌈1.25 · (Σ L + 1) / n⌉,  L_i = running + waiting on i   (the guard)
+    cost_i  = Q_i + N_i · (1 + (B_i + B̄) / 2)                              (the scorer)
 
 For request r and candidate instance i, from i's heartbeat, the router's optimistic additions
 and the block index (view.hit → view.new):
@@ -30,21 +35,28 @@ What each term does for the figures (docs/results-routing.md):
   P × (BS + 1), whose Q·BS term is the stall the queue ahead of r inflicts anyway).
 * Nothing depends on r's size but r's own tokens: a long prompt pays for its own prefill
   wherever it goes, it is never deferred for short ones.
-Measured and left out (the results document has the numbers): a KV-headroom term
-(B_i + 1) · max(0, Q_i + N_i + max_tokens − free KV tokens_i), pricing the preemptions to
-come, doubled the mean TTFT at ×3 on the tuning trace (it steers away from the instances
-that hold r's prefix, whose cache is what fills their KV); a decode term pricing the TPOT r
-gets and adds (its context read every step by O steps) cost a fifth to a third of the hit
-ratio; the stall charged at B_i alone (no B̄) raised the mean TTFT at ×2 from 2.55 to 2.77 s.
+* The bound replicates hot prefixes: the cost alone keeps every request for a hot system
+  prompt on its holder until the holder's queue outweighs the whole prompt's stall (API's
+  hot spot); the bound sends the next one elsewhere as soon as the holder carries more than
+  1.25 × the fleet's mean, and that instance then holds a copy. Under overload every
+  instance is loaded alike and the bound keeps them all, so affinity is not thrown away.
+Measured and left out (the results document has the numbers): a KV-headroom term pricing
+the preemptions to come (it steers away from the instances that hold r's prefix, whose cache
+is what fills their KV); a decode term pricing r's own decode time from the heartbeat's
+step time (at weight 1 it dwarfs every prompt, and a smaller weight is a knob); the stall at
+B_i alone (no B̄); the bound on the measured step time (one step's time, so a prefill chunk
+makes a holder look loaded) or also on KV blocks in use (it moves long conversations away
+from the instances that hold them); c = 1.5 (worse than 1.25 where measured).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.pipeline import Scored
+from tokenyard.services.router.pipeline import Narrowed, Scored
 from tokenyard.shared.schemas import AdmittedRequest
 
 
@@ -59,3 +71,35 @@ class MarginalLatencyScorer:
         b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
         own = q + n
         return Scored(own + n * (b + b.mean()) / 2.0, tiebreak=own)
+
+
+BALANCE_FACTOR = 1.25
+"""c of consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, SODA 2018:
+c = 1 + ε; ε = 0.25 is the value of its deployments, e.g. HAProxy's `hash-balance-factor
+125`). A fixed ratio to the fleet's own mean, not a per-workload threshold."""
+
+
+@dataclass
+class BoundedLoadGuard:
+    """Consistent hashing with bounded loads, made relative (SGLang's balance thresholds with
+    the fleet mean in place of absolute counts): a candidate may take r only while its load,
+    r included, stays within c × the candidates' mean,
+
+        L_i + 1 ≤ ⌈c · (Σ L + 1) / n⌉,      L_i = running + waiting on i (+ routed since)
+
+    so a hot prefix's holders fill up to c × the mean and the next request for it goes to
+    another instance, which then holds a copy (a hot prompt is replicated as its load
+    demands, instead of queueing behind its first holder). The least loaded candidate always
+    passes (its L ≤ ⌊ΣL/n⌋ < (ΣL + 1)/n), so the guard never empties the candidates; when
+    every instance is loaded alike (overload) it keeps them all and affinity decides."""
+
+    c: float = BALANCE_FACTOR
+    name: str = "bounded-load"
+    inputs: frozenset[str] = frozenset()
+
+    def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
+        load = view.running[cand] + view.waiting[cand]
+        cap = math.ceil(self.c * (int(load.sum()) + 1) / len(cand))
+        keep = load < cap  # L + 1 ≤ cap, in integers
+        assert keep.any(), "the least loaded candidate is always within the bound"
+        return Narrowed(keep)

@@ -22,98 +22,32 @@ One step, as vLLM's scheduler builds it (token budget = max_num_batched_tokens):
   request reaching max_tokens finishes ("length") and releases its blocks. Step time =
   profile(all scheduled tokens, decodes and their context, each chunk's attention) + the
   host transfers the step made.
+
+The parts, one module each: seq.py (a request's state, a step's result, output tokens),
+scheduler.py (the policy seam and the preemption rule), preemption.py (how a victim gives its
+blocks back), admit.py (step 2), phases.py (what a step may schedule), fold.py (`advance`),
+engine_stats.py (what the heartbeat reports), kv_pool.py / kv_tiers.py (the blocks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.engine import EngineOutput
+from tokenyard.services.worker.sim import fold
+from tokenyard.services.worker.sim.admit import admit_waiting
+from tokenyard.services.worker.sim.engine_stats import engine_stats
 from tokenyard.services.worker.sim.kv_pool import BlockPool
 from tokenyard.services.worker.sim.kv_tiers import HostTier
 from tokenyard.services.worker.sim.latency import LatencyProfile
 from tokenyard.services.worker.sim.phases import step_shape
-from tokenyard.services.worker.sim.preemption import PreemptionMode, wants_swap
-from tokenyard.services.worker.sim.scheduler import (
-    SchedulingPolicy,
-    VllmPolicy,
-    allows_prefill,
-    preemption_victim,
-)
+from tokenyard.services.worker.sim.preemption import PreemptionMode, preempt_due, preempt_for
+from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy, allows_prefill
+from tokenyard.services.worker.sim.seq import FILLER, Seq, StepResult, cdiv, filler_token
 from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
-from tokenyard.shared.schemas import AdmittedRequest, Phase
+from tokenyard.shared.schemas import AdmittedRequest, EngineStats, Phase
 from tokenyard.shared.slo import request_deadline_s
 
-_FILLER = b"the quick brown fox jumps over the lazy dog. "
-_NF = len(_FILLER)
-_FILLER_LONG = _FILLER * 64
-_LONG = len(_FILLER_LONG) - _NF
-
-
-def _deadline(req: AdmittedRequest) -> float:
-    return request_deadline_s(req)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-class Seq:
-    """One request inside the engine."""
-
-    __slots__ = (
-        "req", "rid", "order", "target", "computed", "generated", "cached", "private",
-        "cached_tokens", "started", "running", "swapped", "_tok", "plen", "max_tokens", "remote",
-    )
-
-    def __init__(self, req: AdmittedRequest, order: int):
-        self.req = req
-        self.rid = req.request_id
-        self.order = order
-        """Arrival order in this engine (the waiting line's tiebreak; the latest is preempted first)."""
-        self.target = req.prompt_len
-        """Tokens to compute before decoding: the prompt, plus generated ones after a recompute."""
-        self.computed = 0
-        """Tokens whose KV is in (GPU, or the host tier while swapped)."""
-        self.generated = 0
-        self.cached: list[int] = []
-        """Chain hashes this request holds a reference on (prefix hit, then committed blocks)."""
-        self.private = 0
-        self.cached_tokens = 0
-        """Prompt tokens its first schedule found cached (vLLM's num_cached_tokens: a re-prefill
-        after a preemption does not change it)."""
-        self.started = False
-        self.running = False
-        self.swapped = 0
-        """Blocks it parked in the host tier (swap preemption); 0 when not swapped."""
-        self._tok = len(self.rid)
-        self.plen = req.prompt_len
-        self.max_tokens = req.max_tokens
-        self.remote = False
-        """Its prompt's KV was computed on another instance (spatial P/D): it waits for
-        blocks to land in, then decodes."""
-
-    @property
-    def blocks(self) -> int:
-        return len(self.cached) + self.private
-
-    def __repr__(self) -> str:
-        return f"Seq({self.rid!r}, computed={self.computed}/{self.target}, generated={self.generated})"
-
-
-_Seq = Seq
-
-
-@dataclass
-class StepResult:
-    duration_s: float
-    outputs: list[EngineOutput]
-    """Tokens this step produced and requests it finished, delivered at now + duration."""
-    scheduled_tokens: int = 0
-    num_steps: int = 1
-    """Engine steps this result covers (`advance` folds identical decode steps into one)."""
-    step_durations: list[float] = field(default_factory=list)
-    """With num_steps > 1: each step's duration; token k of every output came at the end of step k."""
+_FILLER = FILLER  # the name tests read the filler text by
+__all__ = ["FILLER", "Seq", "SimEngineCore", "StepResult"]
 
 
 class SimEngineCore:
@@ -153,8 +87,10 @@ class SimEngineCore:
         self.preemptions = 0
         self.swaps = 0
         self._order = 0
-        self._aborted: list[EngineOutput] = []
-        self._transfer_s = 0.0
+        self.aborted: list[EngineOutput] = []
+        """Aborted and expired requests, each ended by the next step's outputs."""
+        self.step_transfer_s = 0.0
+        """Host-link transfers (swaps, promotions) the step being built makes; added to its time."""
         # EcoServe's inputs (issue 8, slack.py): saved TPOT slack on the engine's clock,
         # the last step's share of the token budget, the prefill cost per token.
         self.slack = SlackClock(tpot_slo_ms)
@@ -172,14 +108,18 @@ class SimEngineCore:
         self.max_model_len = max_model_len
         self.handed_off: list[tuple[AdmittedRequest, int]] = []
         """(request, its num_cached_tokens) of each hand-off since the caller last drained it."""
+        self._stats: EngineStats | None = None
+        """`stats()` since the engine last changed (every method that changes it drops it): an
+        idle engine's keep-alive heartbeats and a tick's samples ask again for the same numbers."""
 
     # ── requests ──
     def add(self, req: AdmittedRequest) -> None:
         if req.request_id in self.seqs:
             raise ValueError(f"request {req.request_id} is already in the engine")
-        need = _cdiv(req.prompt_len + req.max_tokens, self.block_size)
+        need = cdiv(req.prompt_len + req.max_tokens, self.block_size)
         if need > self.pool.total:
             raise ValueError(f"request needs {need} KV blocks; the engine has {self.pool.total}")
+        self._stats = None
         seq = Seq(req, self._order)
         self._order += 1
         self.seqs[req.request_id] = seq
@@ -206,7 +146,7 @@ class SimEngineCore:
             seq = self.seqs.get(out.request_id)
             if seq is None or out.finished or not seq.running or seq.generated != 1 or seq.computed < seq.target:
                 continue
-            self._finish(seq)
+            self.finish(seq)
             self.slack.forget(seq.rid)
             self.handed_off.append((seq.req, seq.cached_tokens))
 
@@ -214,6 +154,7 @@ class SimEngineCore:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return False
+        self._stats = None
         if seq.running:
             self.running.remove(seq)
             seq.running = False
@@ -222,8 +163,8 @@ class SimEngineCore:
         if seq.swapped:
             self.host.release_swap(seq.swapped)
             seq.swapped = 0
-        self._free(seq)
-        self._aborted.append(EngineOutput(request_id, [], True, "abort", seq.cached_tokens))
+        self.free(seq)
+        self.aborted.append(EngineOutput(request_id, [], True, "abort", seq.cached_tokens))
         return True
 
     def expire(self, now: float) -> list[str]:
@@ -233,29 +174,31 @@ class SimEngineCore:
         reason `deadline` and no token. Returns their ids."""
         if not self.policy.rejects_past_deadline or not self.waiting:
             return []
-        late = [s for s in self.waiting if not s.started and s.generated == 0 and _deadline(s.req) < now]
+        late = [s for s in self.waiting if not s.started and s.generated == 0 and request_deadline_s(s.req) < now]
+        if late:
+            self._stats = None
         for seq in late:
             self.waiting.remove(seq)
             del self.seqs[seq.rid]
-            self._aborted.append(EngineOutput(seq.rid, [], True, "deadline", 0))
+            self.aborted.append(EngineOutput(seq.rid, [], True, "deadline", 0))
         return [s.rid for s in late]
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self._aborted)
+        # every request waiting or running is in `seqs` (a dict's truth is cheaper than the line's)
+        return bool(self.seqs or self.aborted)
 
     def set_phase(self, phase: str) -> None:
+        self._stats = None
         self.phase = Phase(phase)
 
     # ── one step ──
     def step(self) -> StepResult:
-        outputs, self._aborted = self._aborted, []
-        self._transfer_s = 0.0
+        self._stats = None
+        outputs, self.aborted = self.aborted, []
+        self.step_transfer_s = 0.0
         prof = self.prof
         bs = self.block_size
-        budget = prof.max_num_batched_tokens
-        limit = getattr(self.policy, "token_budget", None)  # a policy may cap a step's tokens
-        if limit is not None:
-            budget = min(budget, limit(self))
+        budget = min(prof.max_num_batched_tokens, self.policy.token_budget(self))  # a policy may cap it
         decodes: list[Seq] = []
         append_decode = decodes.append
         chunks: dict[Seq, int] = {}
@@ -263,7 +206,7 @@ class SimEngineCore:
         preempted = self.preemptions
         decode_ctx = 0
 
-        self._preempt_due()
+        preempt_due(self)
         for seq in list(self.policy.step_batch(self.running)):
             if budget <= 0:
                 break
@@ -273,8 +216,8 @@ class SimEngineCore:
             if c >= seq.target:  # decoding: a new block when the last one is full
                 if not decode_ok:
                     continue
-                if c % bs == 0 and not self._grow(seq, c + 1):
-                    budget = self._preempt_for(seq, c + 1, budget, decodes, chunks)
+                if c % bs == 0 and not self.grow(seq, c + 1):
+                    budget = preempt_for(self, seq, c + 1, budget, decodes, chunks)
                     if not seq.running:
                         continue
                 append_decode(seq)
@@ -282,8 +225,8 @@ class SimEngineCore:
                 budget -= 1
             elif prefill_ok:
                 n = min(seq.target - c, budget)
-                if (len(seq.cached) + seq.private) * bs < c + n and not self._grow(seq, c + n):
-                    budget = self._preempt_for(seq, c + n, budget, decodes, chunks)
+                if (len(seq.cached) + seq.private) * bs < c + n and not self.grow(seq, c + n):
+                    budget = preempt_for(self, seq, c + n, budget, decodes, chunks)
                     if not seq.running:
                         continue
                 chunks[seq] = n
@@ -291,7 +234,7 @@ class SimEngineCore:
 
         scheduled_decodes = len(decodes)
         if prefill_ok:
-            self._admit_waiting(decodes, chunks, budget, whole)
+            admit_waiting(self, decodes, chunks, budget, whole)
 
         # Timing and outputs.
         tokens = len(decodes)
@@ -304,7 +247,7 @@ class SimEngineCore:
         for seq, n in chunks.items():
             tokens += n
             attn += p0 + n * (p1 + p2 * n * 0.5 + p3 * seq.computed)
-        dur = prof.step_ms(tokens, len(decodes), decode_ctx, attn) / 1000.0 + self._transfer_s
+        dur = prof.step_ms(tokens, len(decodes), decode_ctx, attn) / 1000.0 + self.step_transfer_s
         self.last_step_s = dur
         for seq, n in chunks.items():
             self._advance_prefill(seq, n, outputs)
@@ -315,233 +258,41 @@ class SimEngineCore:
             seq.computed += 1  # the previous token's KV
             pos = seq.generated
             seq.generated = pos + 1
-            token = [_FILLER[(seq._tok + pos) % _NF]]
+            token = [filler_token(seq, pos)]
             if pos + 1 >= seq.max_tokens:
                 append(EngineOutput(seq.rid, token, True, "length", seq.cached_tokens))
-                self._finish(seq)
+                self.finish(seq)
             else:
                 append(EngineOutput(seq.rid, token, False, None, seq.cached_tokens))
         self.last_tokens = tokens
-        self.slack.on_step(dur, outputs, self._tpot_slo_ms, self._max_tokens)
+        self.slack.on_step(dur, outputs, self.tpot_slo_ms_of, self.max_tokens_of)
         return StepResult(dur, outputs, tokens)
 
-    def _preempt_for(self, seq: Seq, end: int, budget: int, decodes: list[Seq], chunks: dict[Seq, int]) -> int:
-        """Out of blocks: preempt the policy's victims until `seq` can hold `end` tokens, or
-        it is the victim itself; a victim scheduled earlier in this step gives its tokens back.
-        Returns the budget left."""
-        while True:
-            victim = preemption_victim(self.running)
-            if victim in chunks:
-                budget += chunks.pop(victim)
-            elif victim is not seq and victim in decodes:
-                decodes.remove(victim)
-                budget += 1
-            self._preempt(victim)
-            if victim is seq or self._grow(seq, end):
-                return budget
-
-    def _preempt_due(self) -> None:
-        for victim in self.policy.due_victims(self):
-            if victim.running:
-                self._preempt(victim)
-
-    def _folds(self, running: list[Seq]) -> bool:
-        """May identical steps be folded: the policy runs the whole batch every step. Asked
-        without side effects where the policy can say so (`folds`, e.g. SCORPIO's credits)."""
-        folds = getattr(self.policy, "folds", None)
-        return folds(running) if folds is not None else self.policy.step_batch(running) is running
-
-    def _max_tokens(self, request_id: str) -> int:
+    def max_tokens_of(self, request_id: str) -> int:
         seq = self.seqs.get(request_id)
         return seq.max_tokens if seq is not None else 0
 
-    def _tpot_slo_ms(self, request_id: str) -> float:
+    def tpot_slo_ms_of(self, request_id: str) -> float:
         seq = self.seqs.get(request_id)
         return seq.req.tpot_slo_ms if seq is not None else 0.0
 
-    def advance(self, horizon_s: float = float("inf"), max_steps: int = 1 << 30) -> StepResult:
-        """What `step()` called over and over would do while the time before each step is
-        under `horizon_s` (at least one step), folded into one result where the steps are
-        pure decode steps: everyone running decodes, nobody waits, no prefill, no abort
-        pending, the policy runs the whole batch. The fold goes on through finishes (the
-        batch shrinks; nobody is waiting to take the room) until the batch is empty, a block
-        would run out, `max_steps`, or the horizon. Its result has one output per request with
-        the tokens it made (token j at the end of the fold's step j), `num_steps` and each
-        step's duration. Anything else: one ordinary step.
+    def fold(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30,
+             straddle: bool = False) -> StepResult | None:
+        """The next pure decode steps that end before `until` (with `straddle`, and the one
+        across it where nothing is delivered before `until`), computed as one (fold.py);
+        None where the next step is not one."""
+        self._stats = None
+        return fold.fold(self, now, until, max_steps, straddle)
 
-        Blocks are taken segment by segment (between two finishes) and a finishing request
-        frees its blocks after its segment's allocations, as step by step: the same blocks
-        are evicted, the same KV events come out."""
-        self._preempt_due()
-        running = self.running
-        b = len(running)
-        if (
-            b == 0 or self.waiting or self._aborted or max_steps < 2
-            or b > self.prof.max_num_batched_tokens
-            or self.policy.step_batch(running) is not running
-            or not self.chunked_prefill or self.prefill_only_phase or self.hand_off
-        ):
-            return self.step()
-        ctx = 0
-        for seq in running:
-            if seq.computed < seq.target:
-                return self.step()
-            ctx += seq.plen + seq.generated
-        prof, bs, pool = self.prof, self.block_size, self.pool
-        order = list(running)
-        active = sorted(order, key=lambda q: q.max_tokens - q.generated)  # stable: running order on ties
-        made: dict[Seq, EngineOutput] = {}
-        durations: list[float] = []
-        elapsed = 0.0
-        first = j = 0
-        while first < len(active) and j < max_steps:
-            batch = len(active) - first
-            seg_end = min(active[first].max_tokens - active[first].generated, max_steps)
-            j0, n0 = j, len(durations)
-            # prof.step_ms(batch, batch, ctx + j·batch, 0.0) / 1000, its float operations in its
-            # order (the fold's times must equal the steps' to the bit), hoisted out of the loop
-            fixed = prof.overhead_ms + prof.linear(batch) + 0.0
-            d0, d2 = prof.d0, prof.d2
-            while j < seg_end and not (j and elapsed >= horizon_s):
-                d = (fixed + (d0 + d2 * (ctx + j * batch))) / 1000.0
-                durations.append(d)
-                elapsed += d
-                j += 1
-            if j == j0:
-                break
-            while True:  # blocks for this segment, without preemption
-                need = 0
-                for k in range(first, len(active)):
-                    q = active[k]
-                    need += _cdiv(q.computed + j, bs) - len(q.cached) - q.private
-                if need <= pool.available:
-                    break
-                j = j0 + (j - j0) // 2
-                if j == j0:
-                    break
-            del durations[n0 + j - j0 :]
-            if j == j0:
-                break
-            for k in range(first, len(active)):
-                self._grow(active[k], active[k].computed + j)
-            # requests finishing at the segment's end: out, and their blocks back
-            while first < len(active) and active[first].max_tokens - active[first].generated == j:
-                q = active[first]
-                made[q] = self._fold_output(q, j)
-                ctx -= q.plen + q.generated - j
-                self._finish(q)
-                first += 1
-            if j < seg_end:
-                break
-        if j == 0:  # not even one step fits its blocks: the ordinary step preempts
-            return self.step()
-        for k in range(first, len(active)):
-            made[active[k]] = self._fold_output(active[k], j)
-        outputs = [made[q] for q in order]
-        self.last_step_s = durations[-1]
-        self.last_tokens = len(active) - first or len(order)
-        total = sum(durations)
-        self.slack.on_step(total, outputs, self._tpot_slo_ms, self._max_tokens)
-        return StepResult(total, outputs, sum(len(o.new_token_ids) for o in outputs), j, durations)
-
-    def _fold_output(self, seq: Seq, k: int) -> EngineOutput:
-        """k decode steps of a fold, applied: its k tokens, finished if they reach max_tokens."""
-        pos = seq.generated
-        seq.computed += k
-        seq.generated = pos + k
-        done = seq.generated >= seq.max_tokens
-        start = (seq._tok + pos) % _NF
-        if k <= _LONG:
-            toks = list(_FILLER_LONG[start : start + k])
-        else:
-            toks = [_FILLER[(start + p) % _NF] for p in range(k)]
-        return EngineOutput(seq.rid, toks, done, "length" if done else None, seq.cached_tokens)
-
-    def _admit_waiting(self, decodes: list[Seq], chunks: dict[Seq, int], budget: int, whole: bool = False) -> None:
-        bs = self.block_size
-        pool = self.pool
-        waiting = self.waiting
-        max_seqs = self.prof.max_num_seqs
-        while waiting and budget > 0 and len(self.running) < max_seqs:
-            seq = waiting.peek()
-            if not self.policy.admit(seq, self):
-                break
-            chain = seq.req.block_hashes
-            if seq.remote:  # spatial P/D: its KV lands in fresh blocks, then it decodes
-                n = 1
-                need = _cdiv(seq.computed + 1, bs)
-                if need > pool.available:
-                    break
-                pool.allocate(need)
-                seq.private = need
-                seq.remote = False
-            elif seq.swapped:
-                n = 1 if seq.computed >= seq.target else min(seq.target - seq.computed, budget)
-                gpu = pool.match_prefix(chain[: seq.computed // bs])
-                need = _cdiv(seq.computed + n, bs) - gpu
-                if need > pool.available - self._pinned(chain, gpu):
-                    break
-                pool.acquire(chain[:gpu])
-                seq.cached = list(chain[:gpu])
-                pool.allocate(need)
-                seq.private = need
-                self._transfer_s += self.prof.transfer_s(seq.computed - gpu * bs)
-                self.host.release_swap(seq.swapped)
-                seq.swapped = 0
-            else:
-                gpu, host = self._prefix_hit(seq)
-                hit = gpu + host
-                n = min(seq.target - hit * bs, budget)
-                if whole and n < seq.target - hit * bs:
-                    break  # no chunking: the whole prompt in this step, or wait for the next
-                need = _cdiv(hit * bs + n, bs) - gpu
-                if need > pool.available - self._pinned(chain, gpu):
-                    break
-                pool.acquire(chain[:gpu])
-                seq.cached = list(chain[:gpu])
-                promoted = chain[gpu:hit]
-                if host:
-                    self.host.pin(promoted)
-                pool.allocate(need)
-                seq.private = need
-                if host:
-                    self.host.unpin(promoted)
-                    self._commit(seq, promoted)
-                    self._transfer_s += self.prof.transfer_s(host * bs)
-                    if not seq.started:
-                        self.host_hits += host * bs
-                seq.computed = hit * bs
-                if not seq.started:  # a re-prefill after a preemption is not a new lookup
-                    seq.cached_tokens = seq.computed
-                    self.prefix_hits += seq.cached_tokens
-                    self.prefix_queries += seq.req.prompt_len
-            seq.started = True
-            waiting.pop()
-            seq.running = True
-            self.running.append(seq)
-            if seq.computed >= seq.target:  # a swapped decode resumes
-                decodes.append(seq)
-            else:
-                chunks[seq] = n
-            budget -= n
+    def advance(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30,
+                straddle: bool = False) -> StepResult:
+        """`fold`, else one ordinary step."""
+        self._stats = None
+        return fold.advance(self, now, until, max_steps, straddle)
 
     # ── internals ──
-    def _pinned(self, chain: list[int], gpu: int) -> int:
-        """Evictable blocks of the prefix a request would take (they stop being available)."""
-        ref = self.pool.ref
-        return sum(1 for h in chain[:gpu] if ref[h] == 0) if gpu else 0
-
-    def _prefix_hit(self, seq: Seq) -> tuple[int, int]:
-        """Leading blocks of the request's chain cached now: (on the GPU, then in the host tier)."""
-        chain = seq.req.block_hashes
-        # vLLM always computes at least the last token, so a full hit gives back a block.
-        cap = (seq.target - 1) // self.block_size
-        gpu = min(self.pool.match_prefix(chain), cap)
-        host = min(self.host.match(chain, gpu), cap - gpu) if self.host.lru else 0
-        return gpu, host
-
-    def _grow(self, seq: Seq, tokens: int) -> bool:
-        extra = _cdiv(tokens, self.block_size) - len(seq.cached) - seq.private
+    def grow(self, seq: Seq, tokens: int) -> bool:
+        extra = cdiv(tokens, self.block_size) - len(seq.cached) - seq.private
         if extra <= 0:
             return True
         if not self.pool.allocate(extra):
@@ -549,28 +300,11 @@ class SimEngineCore:
         seq.private += extra
         return True
 
-    def _preempt(self, victim: Seq) -> None:
-        self.running.remove(victim)
-        victim.running = False
-        kv_tokens = victim.computed
-        blocks = victim.blocks
-        if wants_swap(self.preemption_mode, self.prof, kv_tokens) and self.host.reserve_swap(blocks):
-            victim.swapped = blocks
-            self._transfer_s += self.prof.transfer_s(kv_tokens)
-            self.swaps += 1
-            self._free(victim)
-        else:
-            self._free(victim)
-            victim.target = victim.req.prompt_len + victim.generated
-            victim.computed = 0
-        self.waiting.push_front(victim)
-        self.preemptions += 1
-
-    def _free(self, seq: Seq) -> None:
+    def free(self, seq: Seq) -> None:
         self.pool.release(seq.cached, seq.private)
         seq.cached, seq.private = [], 0
 
-    def _commit(self, seq: Seq, new: list[int]) -> None:
+    def commit(self, seq: Seq, new: list[int]) -> None:
         k = len(seq.cached)
         chain = seq.req.block_hashes
         bs = self.block_size
@@ -583,7 +317,7 @@ class SimEngineCore:
         chain = seq.req.block_hashes
         full = min(seq.computed // self.block_size, len(chain))
         if full > len(seq.cached):
-            self._commit(seq, chain[len(seq.cached) : full])
+            self.commit(seq, chain[len(seq.cached) : full])
         if seq.computed >= seq.target:
             self._emit(seq, outputs)
 
@@ -591,55 +325,24 @@ class SimEngineCore:
         pos = seq.generated
         seq.generated = pos + 1
         done = seq.generated >= seq.req.max_tokens
-        outputs.append(
-            EngineOutput(seq.rid, [_FILLER[(seq._tok + pos) % _NF]], done, "length" if done else None, seq.cached_tokens)
-        )
+        outputs.append(EngineOutput(seq.rid, [filler_token(seq, pos)], done, "length" if done else None, seq.cached_tokens))
         if done:
-            self._finish(seq)
+            self.finish(seq)
 
-    def _finish(self, seq: Seq) -> None:
+    def finish(self, seq: Seq) -> None:
         self.running.remove(seq)
         seq.running = False
         del self.seqs[seq.rid]
-        self._free(seq)
+        self.free(seq)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block no request holds, on both tiers (vLLM's
         reset_prefix_cache): BlockRemoved, or AllBlocksCleared when nothing stays cached."""
+        self._stats = None
         self.pool.clear()
         self.host.clear()
 
     def stats(self) -> EngineStats:
-        queued = 0
-        for s in self.waiting:
-            queued += s.target - s.computed
-        decoding = ctx = 0
-        for s in self.running:
-            if s.computed < s.target:
-                queued += s.target - s.computed
-            else:
-                decoding += 1
-                ctx += s.plen + s.generated
-        # the pace of the decodes' tokens still to come: a decode step of the batch now
-        decode_ms = self.prof.step_ms(decoding, decoding, ctx, 0.0)
-        host = self.host
-        return EngineStats(
-            running=len(self.running),
-            waiting=len(self.waiting),
-            queued_prefill_tokens=queued,
-            kv_blocks_used=self.pool.used,
-            kv_blocks_free=self.pool.available,
-            block_size=self.block_size,
-            step_time_ms=self.last_step_s * 1000.0,
-            prefix_hits=self.prefix_hits,
-            prefix_queries=self.prefix_queries,
-            preemptions=self.preemptions,
-            kv_host_blocks_used=host.capacity - host.free,
-            kv_host_blocks_free=host.free,
-            tpot_slack_ms=self.slack.min_slack_ms(decode_ms),
-            # an idle engine computes nothing, whatever its last step was
-            compute_util=self.last_tokens / self.prof.max_num_batched_tokens if self.has_work() else 0.0,
-            prefill_ms_per_token=self.prefill_ms_per_token,
-            prefill_ms_per_token2=self.prof.p3 / 2,  # Σ over the prompt of p3 × context ≈ p3 · L² / 2
-            **(fields(self) if (fields := getattr(self.policy, "heartbeat_fields", None)) else {}),
-        )
+        if self._stats is None:
+            self._stats = engine_stats(self)
+        return self._stats

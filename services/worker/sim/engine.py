@@ -2,11 +2,18 @@
 `Engine`. A step loop runs while there is work: plan a step, wait its duration ÷ speed
 (against a running deadline, so sleep overshoot does not accumulate), then deliver the
 step's outputs to each request's stream. `speed` = simulated seconds per wall second.
+
+A policy that rejects past the deadline (SCORPIO's rejection path, SimEngineCore.expire) gets
+it here as in the cluster simulator: before every step, and every EXPIRE_POLL_S (the
+simulator's tick) while the requests it holds back leave nothing to run, the waiting requests
+whose TTFT deadline (wall-clock, as admission stamped it) has passed are taken out; each
+stream ends with finish reason `deadline`, which the worker's core turns into a 429.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -14,6 +21,8 @@ from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.shared.schemas import AdmittedRequest, KVEvent
 
+EXPIRE_POLL_S = 0.1
+"""How often an idle engine holding requests back checks their deadlines (the simulator's tick)."""
 HANDED_OFF = "handed_off"
 """The end of a stream on a P/D prefill worker: the request went on to a decode worker."""
 
@@ -97,11 +106,17 @@ class SimEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = time.monotonic()
+            self.core.expire(time.time())
             result = self.core.step()
             if result.scheduled_tokens == 0 and not result.outputs:
-                # Nothing could run (decode phase with only prefills waiting): wait for a change.
+                # Nothing could run (decode phase with only prefills waiting, or every waiting
+                # request held back by SCORPIO's VBS check): wait for a change, or a deadline.
                 self._wake.clear()
-                await self._wake.wait()
+                if self.core.policy.rejects_past_deadline and self.core.waiting:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), EXPIRE_POLL_S)
+                else:
+                    await self._wake.wait()
                 deadline = time.monotonic()
                 continue
             deadline = max(deadline, time.monotonic() - 0.05) + result.duration_s / self.speed

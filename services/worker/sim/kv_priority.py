@@ -26,7 +26,8 @@ from tokenyard.services.worker.sim.scheduler import KeyedLine, SchedulingPolicy,
 from tokenyard.services.worker.sim.scorpio import ScorpioPolicy, deadline
 
 if TYPE_CHECKING:
-    from tokenyard.services.worker.sim.core import Seq, SimEngineCore
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.seq import Seq
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class PriorityKVPolicy:
+class PriorityKVPolicy(SchedulingPolicy):
     def __init__(self, inner: SchedulingPolicy | None = None, regions: Regions = Regions()) -> None:
         self.inner = inner or VllmPolicy()
         self.regions = regions
@@ -66,10 +67,7 @@ class PriorityKVPolicy:
         return used
 
     def folds(self, running: list[Seq]) -> bool:
-        if self.marked:
-            return False
-        folds = getattr(self.inner, "folds", None)
-        return folds(running) if folds is not None else self.inner.step_batch(running) is running
+        return not self.marked and self.inner.folds(running)
 
     def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
         marked, self.marked = self.marked, []
@@ -111,13 +109,7 @@ class PriorityKVPolicy:
         return False
 
     def heartbeat_fields(self, core: SimEngineCore) -> dict[str, float]:
-        fields = getattr(self.inner, "heartbeat_fields", None)
-        return fields(core) if fields is not None else {}
+        return self.inner.heartbeat_fields(core)
 
     def token_budget(self, core: SimEngineCore) -> int:
-        budget = getattr(self.inner, "token_budget", None)
-        return budget(core) if budget is not None else self.core_budget(core)
-
-    @staticmethod
-    def core_budget(core: SimEngineCore) -> int:
-        return core.prof.max_num_batched_tokens
+        return self.inner.token_budget(core)

@@ -4,12 +4,15 @@ order, who joins the running set, and who is preempted. SimEngineCore keeps the 
 (SCORPIO's VBS admission and credit-based batching, KV regions by priority) and issue 8
 (prefill/decode phases) add policies, not branches in the core.
 
-    each step:   for v in policy.due_victims(core): core preempts v   (claims decided earlier)
+    each step:   budget = min(max_num_batched_tokens, policy.token_budget(core))
+                 for v in policy.due_victims(core): core preempts v   (claims decided earlier)
                  batch = policy.step_batch(running)        which running requests run, in order
                  then, if phase allows prefill:
                    while waiting and budget:   seq = waiting.peek()
                        policy.admit(seq, core) → join the running set (else stop: head-of-line)
     out of KV:   victim = preemption_victim(running)
+    heartbeat:   policy.heartbeat_fields(core) join the engine's stats
+    folding:     policy.folds(running): identical decode steps may be computed as one (fold.py)
 
 The default, `VllmPolicy`, is vLLM V1's with `scheduling_policy="priority"` (what the vLLM
 worker sets): every running request each step (decodes and prefill chunks in running order);
@@ -32,7 +35,8 @@ from tokenyard.shared.schemas import Phase
 from tokenyard.shared.slo import klass
 
 if TYPE_CHECKING:
-    from tokenyard.services.worker.sim.core import Seq, SimEngineCore
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.seq import Seq
 
 
 def victim_key(seq: Seq) -> tuple[int, int]:
@@ -136,39 +140,54 @@ def priority_key(seq: Seq, preempted: bool) -> tuple[int]:
 
 
 class SchedulingPolicy(Protocol):
-    rejects_past_deadline: bool
+    """The seam. `new_waiting_line` and `admit` every policy decides; the rest have defaults
+    here (vLLM's behaviour), which a policy inherits by subclassing this Protocol or
+    replaces by defining the method (SCORPIO's credit batching, the KV regions' claims).
+    The core calls every hook directly: there is no optional method to probe for."""
+
+    rejects_past_deadline: bool = False
     """Whether the engine rejects a waiting request that never started once its TTFT deadline
     has passed (SimEngineCore.expire; SCORPIO's rejection path), instead of keeping it."""
 
     def new_waiting_line(self) -> WaitingLine: ...
-
-    def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
-        """Running requests to preempt before this step's batch is built (a claim an earlier
-        `admit` decided: the victims finished their step first)."""
-        ...
-
-    def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
-        """The running requests this step schedules, in order (a subset for credit-based
-        batching; `running` itself by default)."""
-        ...
 
     def admit(self, seq: Seq, core: SimEngineCore) -> bool:
         """May the waiting line's head join the running set now (beyond budget, seats and
         blocks, which the core checks)? False stops admission for this step."""
         ...
 
+    def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
+        """Running requests the core preempts before this step's batch is built (a claim an
+        earlier `admit` decided: the victims finished their step first). The policy returns
+        them; the core preempts (preemption.preempt_due). Default: none."""
+        return ()
 
-class VllmPolicy:
+    def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
+        """The running requests this step schedules, in order (a subset for credit-based
+        batching). Default: `running` itself, every request every step."""
+        return running
+
+    def token_budget(self, core: SimEngineCore) -> int:
+        """This step's token cap (the core takes the smaller of it and max_num_batched_tokens).
+        Default: max_num_batched_tokens."""
+        return core.prof.max_num_batched_tokens
+
+    def folds(self, running: list[Seq]) -> bool:
+        """Whether identical decode steps of `running` may be folded into one (fold.py): the
+        policy would run the whole batch every step. Asked without side effects. Default:
+        `step_batch(running) is running`, which a policy with a stateful `step_batch` replaces."""
+        return self.step_batch(running) is running
+
+    def heartbeat_fields(self, core: SimEngineCore) -> dict[str, float]:
+        """Extra EngineStats fields the policy reports (SCORPIO's VBS for the router). Default: none."""
+        return {}
+
+
+class VllmPolicy(SchedulingPolicy):
     rejects_past_deadline = False
 
     def new_waiting_line(self) -> WaitingLine:
         return KeyedLine(priority_key)
-
-    def due_victims(self, core: SimEngineCore) -> Sequence[Seq]:
-        return ()
-
-    def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
-        return running
 
     def admit(self, seq: Seq, core: SimEngineCore) -> bool:
         return True

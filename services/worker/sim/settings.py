@@ -6,6 +6,8 @@ either engine:
     kv-cache-dtype  auto | fp16 | bf16 | fp8, fp8_e4m3, fp8_e5m2 (→ fp8: half the bytes per token)
     quantization    none | fp8, fp8_per_block, fp8_per_channel (→ fp8: data/profiles.json's factor)
     kv-offload-gb   the host KV tier: gb × 10⁹ / (bytes per token × block size) blocks
+and the simulated engine's own scheduling policy (`--scheduling`, engine_policies.py: vllm,
+scorpio, priority-kv, scorpio+kv).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.engine_policies import make_engine_policy
 from tokenyard.services.worker.sim.latency import LatencyProfile
 
 
@@ -41,4 +44,5 @@ def sim_core(prof: LatencyProfile, block_size: int, args) -> SimEngineCore:
         prof, block_size, getattr(args, "num_blocks", None),
         host_blocks=host_blocks(prof, block_size, getattr(args, "kv_offload_gb", 0.0) or 0.0),
         preemption_mode=getattr(args, "preemption_mode", None) or "recompute",
+        policy=make_engine_policy(getattr(args, "scheduling", None) or "vllm", prof),
     )

@@ -58,6 +58,20 @@ class SlackClock:
                     self._after[rid] = len(out.new_token_ids) - 1
                     self._max[rid] = max_tokens(rid) if max_tokens is not None else 0
 
+    def on_steps(
+        self,
+        durations: list[float],
+        outputs: Iterable[EngineOutput],
+        slo_ms: Callable[[str], float],
+        max_tokens: Callable[[str], int] | None = None,
+    ) -> None:
+        """Several steps that ended, folded (fold.py): the clock advances by each duration in
+        turn (as step by step, to the bit), then `outputs`, each with its tokens of those steps,
+        count as one step's. Every request in a fold had its first token before it."""
+        for d in durations[:-1]:
+            self.clock_s += d
+        self.on_step(durations[-1], outputs, slo_ms, max_tokens)
+
     def forget(self, request_id: str) -> None:
         """A request left without a finished output of its own (an abort)."""
         self._first.pop(request_id, None)

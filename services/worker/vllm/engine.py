@@ -80,6 +80,15 @@ class _Open:
     abort_requested: bool = False
 
 
+def _computed_prompt_tokens(iteration_stats) -> int:
+    """Prompt tokens vLLM computed (not served from its prefix cache) for the prefills that
+    completed in this step."""
+    if iteration_stats is None:
+        return 0
+    tokens = getattr(iteration_stats, "prompt_token_stats", None)
+    return tokens.computed if tokens is not None else getattr(iteration_stats, "num_prompt_tokens", 0)
+
+
 def _stat_logger_class(tracker: StatsTracker) -> type[StatLoggerBase]:
     class TokenyardStatLogger(StatLoggerBase):
         """Per-engine stat logger: each step's SchedulerStats into the worker's tracker."""
@@ -98,6 +107,7 @@ def _stat_logger_class(tracker: StatsTracker) -> type[StatLoggerBase]:
                     prefix_hits=pcs.hits if pcs else 0,
                     prefix_queries=pcs.queries if pcs else 0,
                     now=time.monotonic(),
+                    prompt_tokens_computed=_computed_prompt_tokens(iteration_stats),
                 )
             if iteration_stats is not None and iteration_stats.num_preempted_reqs:
                 tracker.on_preempted(iteration_stats.num_preempted_reqs)
@@ -130,7 +140,6 @@ class VllmEngine:
         self._remember_aborts = remember_aborts
         self._open: dict[str, _Open] = {}
         self._early_aborts: OrderedDict[str, None] = OrderedDict()
-        self._queued_prefill = 0
         self._kv_events: list[KVEvent] = []
         self._kv_seq = -1
         self._tmp: str | None = None
@@ -221,7 +230,8 @@ class VllmEngine:
             raise ValueError(f"request {rid} is already running on this engine")
         state = _Open(len(req.prompt_token_ids))
         self._open[rid] = state
-        self._queued_prefill += state.prompt_len
+        self.tracker.queued_prefill += state.prompt_len
+        self.tracker.on_arrival(time.monotonic())
         finished = False
         stream = None
         try:
@@ -236,7 +246,7 @@ class VllmEngine:
             async for out in stream:
                 if not state.first_output:
                     state.first_output = True
-                    self._queued_prefill -= state.prompt_len
+                    self.tracker.queued_prefill -= state.prompt_len
                 comp = out.outputs[0] if out.outputs else None
                 finished = out.finished
                 yield EngineOutput(
@@ -258,7 +268,7 @@ class VllmEngine:
                 yield EngineOutput(rid, [], True, "abort")
         finally:
             if not state.first_output:
-                self._queued_prefill -= state.prompt_len
+                self.tracker.queued_prefill -= state.prompt_len
             self._open.pop(rid, None)
             if not finished and self.llm is not None:  # the consumer went away: free the slot
                 with contextlib.suppress(Exception):
@@ -281,7 +291,7 @@ class VllmEngine:
     # ───────────────────────────── state ─────────────────────────────
 
     def stats(self) -> EngineStats:
-        return self.tracker.snapshot(open_requests=len(self._open), queued_prefill_tokens=self._queued_prefill)
+        return self.tracker.snapshot(open_requests=len(self._open), queued_prefill_tokens=self.tracker.queued_prefill)
 
     def drain_kv_events(self) -> list[KVEvent]:
         self._drain_socket()

@@ -1,0 +1,146 @@
+"""Seed 004's comparison, swept into the short-request flood: bubble queues against SJF and
+both fixed-partition baselines (docs/results-bubble.md). Deterministic: the same command
+gives the same numbers on any machine (only wall time differs).
+
+    python -m bench.bubble [--instances 8] [--base-rate 16] [--floods 0,40,80,120]
+                           [--duration 60] [--out docs/results/bubble.json]
+
+Workload: the heavy-tailed length mix (loadgen/workloads/heavy_tail.py: 45 % < 512 prompt
+tokens, 30 % 512–2k, 15 % 2k–8k, 10 % 8k–32k) at `base-rate` req/s, plus `flood` req/s more
+of the shortest bucket: the longer requests keep arriving at the same rate while short ones
+flood in. `duration` seconds of arrivals, one class (P1), `instances` × a100-llama3-8b.
+Short = L < 512, long = L ≥ 8192 (L = prompt + max_tokens).
+
+Policies, all with the fleet's defaults (flow control on, router `marginal-latency`):
+  sjf          one queue, shortest first                                   (starves long requests)
+  fixed        one queue, round robin over fixed length partitions, work-conserving (registry.py)
+  bubble       one queue, bubble queues                                    (bubble.py)
+  partitioned  the seed's fixed partitions: the instances split by length range, each range's
+               requests only to its own instances (bubble_partitions.py; tuning/evaluate.py)
+  fcfs         one queue, arrival order
+  bubble-count bubble queues with the earlier turn rule (a turn worth the mean waiting length,
+               BubbleLine(work_turns=False)), for the comparison
+Admission's SLO refusals and the queue's deadline rejection are off (tuning/evaluate.py): they
+would drop the long requests the study measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+POLICIES = ("sjf", "fixed", "bubble", "partitioned", "fcfs", "bubble-count")
+DEFAULT_POLICIES = ("sjf", "fixed", "bubble", "partitioned", "bubble-count")
+
+
+def make_variant(name: str, **knobs):
+    """The registry's policies, and `bubble-count`: bubble with BubbleLine(work_turns=False)."""
+    from functools import partial
+
+    from tokenyard.services.priority_queue.policies.base import WFQ_WEIGHTS
+    from tokenyard.services.priority_queue.policies.bubble import BASE_BOUNDS, BubbleLine
+    from tokenyard.services.priority_queue.policies.hybrid import hybrid
+    from tokenyard.services.priority_queue.policies.keeps_turn import KeepsTurn
+    from tokenyard.services.priority_queue.policies.registry import make_policy
+
+    if name != "bubble-count":
+        return make_policy(name, **knobs)
+    line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, True, False)
+    return KeepsTurn(hybrid(knobs["aging_s"], line, "bubble-count", WFQ_WEIGHTS))
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def flood_workload(base_rate: float, flood: float, duration_s: float, seed: int = 0):
+    """The heavy-tail mix at `base_rate` plus `flood` req/s of its shortest bucket."""
+    from tokenyard.loadgen.workloads.heavy_tail import SHARES, HeavyTailWorkload
+
+    rates = [base_rate * s for s in SHARES]
+    rates[0] += flood
+    total = sum(rates)
+    return HeavyTailWorkload(round(total * duration_s), rate=total, seed=seed, shares=rates)
+
+
+def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
+              policies: tuple[str, ...] = DEFAULT_POLICIES) -> dict[str, Any]:
+    from tokenyard.simulator.cluster import SimConfig
+    from tokenyard.tuning.evaluate import PartitionedSetup, SimSetup
+
+    w = flood_workload(base_rate, flood, duration_s)
+    row: dict[str, Any] = {"flood": flood, "rate": w.rate, "requests": len(w.items())}
+    for pol in policies:
+        cfg = SimConfig(instances=instances)
+        t0 = time.perf_counter()
+        if pol == "partitioned":
+            setup = PartitionedSetup(w, cfg)
+            row["partition_counts"] = list(setup.partitions().counts)
+            m = setup.run()
+        else:
+            m = SimSetup(w, cfg, pol, make=make_variant).run({})
+        row[pol] = {"short_p50_ttft_s": m.short_p50_ttft_s, "long_p99_ttft_s": m.long_p99_ttft_s,
+                    "long_in_60s": m.long_done, "throughput": m.throughput, "completed": m.completed,
+                    "wall_s": round(time.perf_counter() - t0, 1)}
+    if "bubble" in row:
+        b = row["bubble"]
+        for base in ("partitioned", "fixed"):
+            if base in row and row[base]["long_p99_ttft_s"] > 0:
+                row[f"long_p99_bubble_over_{base}"] = b["long_p99_ttft_s"] / row[base]["long_p99_ttft_s"]
+        if "sjf" in row and row["sjf"]["short_p50_ttft_s"] > 0:
+            row["short_p50_bubble_over_sjf"] = b["short_p50_ttft_s"] / row["sjf"]["short_p50_ttft_s"]
+    return row
+
+
+def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = DEFAULT_POLICIES) -> str:
+    names = " / ".join(policies)
+    out = [f"| flood (req/s) | total rate | short p50 TTFT (s): {names} | long p99 TTFT (s): {names} "
+           f"| req/s done: {names} | bubble long p99 ÷ partitioned | ÷ fixed | bubble short p50 ÷ sjf |",
+           "|---|---|---|---|---|---|---|---|"]
+    def col(r: dict[str, Any], key: str, fmt: str) -> str:
+        return " / ".join(format(r[p][key], fmt) for p in policies if p in r)
+
+    def ratio(r: dict[str, Any], key: str) -> str:
+        return f"{r[key]:.2f}" if key in r else "–"
+
+    for r in rows:
+        out.append(f"| {r['flood']:g} | {r['rate']:.1f} | {col(r, 'short_p50_ttft_s', '.2f')} | "
+                   f"{col(r, 'long_p99_ttft_s', '.1f')} | {col(r, 'throughput', '.1f')} | "
+                   f"{ratio(r, 'long_p99_bubble_over_partitioned')} | {ratio(r, 'long_p99_bubble_over_fixed')} | "
+                   f"{ratio(r, 'short_p50_bubble_over_sjf')} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.bubble", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--instances", type=int, default=8)
+    p.add_argument("--base-rate", type=float, default=16.0)
+    p.add_argument("--floods", default="0,40,80,120")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help=f"of {', '.join(POLICIES)}")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    policies = tuple(x for x in args.policies.split(",") if x)
+    unknown = set(policies) - set(POLICIES)
+    if unknown:
+        p.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
+    t0 = time.perf_counter()
+    rows = []
+    for flood in _floats(args.floods):
+        rows.append(run_point(args.instances, args.base_rate, flood, args.duration, policies))
+        print(json.dumps(rows[-1]), flush=True)
+    print(table(rows, policies))
+    if args.out:
+        command = "python -m bench.bubble " + " ".join(sys.argv[1:] if argv is None else argv)
+        with open(args.out, "w") as f:
+            json.dump({"command": command, "instances": args.instances, "base_rate": args.base_rate,
+                       "duration_s": args.duration, "rows": rows, "wall_s": time.perf_counter() - t0}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The live burst's shape (bench.live_burst) in the cluster simulator: the same cores, zero
+transport delay, so it separates what admission's prediction decides from what the live
+fleet's messaging and a loaded machine add.
+
+    python -m bench.sim_burst [--workers 2] [--rate 115] [--seconds 4] [--input-len 2000]
+                              [--output-len 100] [--mix 0,0.6,0.3,0.1] [--seed 0]
+
+Prints when admission first refused (after the first arrival), how many it refused and the
+queue expired, and the served requests' TTFT per class against their targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tokenyard.loadgen.config import parse_priority_mix
+    from tokenyard.loadgen.workloads.blocks import TraceRequest
+    from tokenyard.shared.slo import ttft_target_s
+    from tokenyard.simulator.cluster import ClusterSim, SimConfig
+
+    p = argparse.ArgumentParser(prog="python -m bench.sim_burst", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--rate", type=float, default=115.0, help="requests/s (live_burst: 10 × the capacity, 11.5)")
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--input-len", type=int, default=2000)
+    p.add_argument("--output-len", type=int, default=100)
+    p.add_argument("--mix", default="0,0.6,0.3,0.1")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    n = int(args.rate * args.seconds)
+    arrivals = np.cumsum(rng.exponential(1 / args.rate, n))
+    classes = rng.choice(4, size=n, p=parse_priority_mix(args.mix))
+    items = [TraceRequest(i, float(arrivals[i]), args.input_len, args.output_len, int(classes[i]),
+                          tuple(int(x) for x in rng.integers(1 << 40, size=args.input_len // 16))) for i in range(n)]
+    sim = ClusterSim(SimConfig(instances=args.workers), 16)
+    sim.run(items)
+    states = list(sim.reqs.values())
+    refused = sorted(st.item.arrival_s for st in states if st.error and not st.expired)
+    t0 = items[0].arrival_s
+    print(f"first refusal {refused[0] - t0:.3f} s after the first arrival" if refused else "no refusal")
+    print(f"refused {len(refused)}  expired {sum(st.expired for st in states)}  of {n}")
+    for c in range(4):
+        ttft = [st.tokens[0] - st.item.arrival_s for st in states
+                if st.item.priority == c and st.finished and len(st.tokens)]
+        if ttft:
+            p99 = float(np.percentile(ttft, 99))
+            target = ttft_target_s(c)
+            vs = f"= {p99 / target:.2f} × target" if np.isfinite(target) else "(no target)"
+            print(f"P{c} served {len(ttft)}  p50 {np.median(ttft):.2f} s  p99 {p99:.2f} s  {vs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

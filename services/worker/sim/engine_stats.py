@@ -1,0 +1,56 @@
+"""What the simulated engine reports (EngineStats, the heartbeat's engine part):
+
+    queued_prefill_tokens  Σ (target − computed) over the waiting and the running still prefilling
+    tpot_slack_ms          the tightest decode's saved slack (slack.py), paced by a decode step
+                           of the batch decoding now: step_ms(n, n, Σ context, 0)
+    compute_util           tokens of the last step ÷ the step token budget; 0 when idle
+    prefill_ms_per_token   one full-budget fresh chunk's step time ÷ the budget
+    prefill_ms_per_token2  p3 / 2 (Σ over a prompt of p3 × context ≈ p3 · L² / 2)
+plus the counters (prefix hits and queries, preemptions), the KV pool's and the host tier's
+used and free blocks, and whatever the scheduling policy adds (`heartbeat_fields`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tokenyard.shared.schemas import EngineStats
+
+if TYPE_CHECKING:
+    from tokenyard.services.worker.sim.core import SimEngineCore
+
+
+def engine_stats(core: SimEngineCore) -> EngineStats:
+    queued = 0
+    for s in core.waiting:
+        queued += s.target - s.computed
+    decoding = ctx = 0
+    for s in core.running:
+        if s.computed < s.target:
+            queued += s.target - s.computed
+        else:
+            decoding += 1
+            ctx += s.plen + s.generated
+    # the pace of the decodes' tokens still to come: a decode step of the batch now
+    decode_ms = core.prof.step_ms(decoding, decoding, ctx, 0.0)
+    host = core.host
+    return EngineStats(
+        running=len(core.running),
+        waiting=len(core.waiting),
+        queued_prefill_tokens=queued,
+        kv_blocks_used=core.pool.used,
+        kv_blocks_free=core.pool.available,
+        block_size=core.block_size,
+        step_time_ms=core.last_step_s * 1000.0,
+        prefix_hits=core.prefix_hits,
+        prefix_queries=core.prefix_queries,
+        preemptions=core.preemptions,
+        kv_host_blocks_used=host.capacity - host.free,
+        kv_host_blocks_free=host.free,
+        tpot_slack_ms=core.slack.min_slack_ms(decode_ms),
+        # an idle engine computes nothing, whatever its last step was
+        compute_util=core.last_tokens / core.prof.max_num_batched_tokens if core.has_work() else 0.0,
+        prefill_ms_per_token=core.prefill_ms_per_token,
+        prefill_ms_per_token2=core.prof.p3 / 2,  # Σ over the prompt of p3 × context ≈ p3 · L² / 2
+        **core.policy.heartbeat_fields(core),
+    )

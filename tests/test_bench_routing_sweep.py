@@ -1,0 +1,46 @@
+"""bench/routing_sweep.py: the default joins the peers' JSON of a point without rerunning them
+(same request count only), and the won/lost verdicts against each metric's best peer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import routing_sweep as sweep
+
+
+def test_the_default_joins_the_peers_json_of_the_same_point(tmp_path):
+    peers = ("least-loaded", "round-robin")
+    _, _, _, rc = sweep.run_point("api", 1.0, tmp_path, "", requests=40, policies=peers)
+    assert rc == 0
+    first = json.loads((tmp_path / "api_x1.json").read_text())
+    _, _, _, rc = sweep.run_point("api", 1.0, tmp_path, "", requests=40, policies=(sweep.DEFAULT,))
+    assert rc == 0
+    doc = json.loads((tmp_path / "api_x1.json").read_text())
+    assert list(doc["policies"]) == [*peers, sweep.DEFAULT]
+    assert doc["policies"]["least-loaded"] == first["policies"]["least-loaded"]  # not rerun
+    assert "--compare least-loaded,round-robin" in doc["commands"]["round-robin"]
+    assert f"--compare {sweep.DEFAULT} " in doc["commands"][sweep.DEFAULT]
+    assert "--num-requests 40" in doc["commands"][sweep.DEFAULT]
+    with pytest.raises(SystemExit, match="another request count"):
+        sweep.run_point("api", 1.0, tmp_path, "", requests=30, policies=(sweep.DEFAULT,))
+
+
+def metrics(ttft, tpot, hit, goodput, failed=0):
+    return {"mean_ttft_ms": ttft, "p99_tpot_ms": tpot, "prefix_hit_ratio": hit, "request_goodput": goodput,
+            "failed": failed}
+
+
+def test_tables_mark_each_metric_against_its_own_best_peer(tmp_path):
+    res = {
+        sweep.DEFAULT: metrics(89.0, 20.0, 0.905, 10.0, failed=3),
+        "dynamo": metrics(100.0, 19.0, 0.90, 9.0),
+        "llmd": metrics(120.0, 25.0, 0.915, 11.0, failed=1),
+    }
+    (tmp_path / "api_x1.json").write_text(json.dumps({"policies": res}))
+    (tmp_path / "api_x3.json").write_text(json.dumps({"policies": {"dynamo": res["dynamo"]}}))
+    rows = [line for line in sweep.tables(tmp_path).splitlines() if line.startswith("| api |")]
+    assert rows[1] == ("| api | ×1 | **won** 89 vs 100 (dynamo) | lost 20.0 vs 19.0 (dynamo) | **won** 0.905 vs "
+                       "0.915 (llmd) | lost 10.00 vs 11.00 (llmd) | 3 vs 0 (dynamo) | lost |")
+    assert "default not run" in rows[4] and "not run" in rows[0]

@@ -89,7 +89,27 @@ async def connect(
         raise ConnectionError(f"cannot reach NATS at {url} within {first_connect_timeout_s:g} s{why}")
     connecting.result()
     connected = True
+    _skip_abandoned_pongs(nc)
     return nc
+
+
+def _skip_abandoned_pongs(nc: Client) -> None:
+    """nats-py answers each PONG by setting the result of the oldest waiting flush() future. A
+    flush whose caller was cancelled or timed out leaves its future cancelled in that list; the
+    PONG that answers it then raises InvalidStateError inside the read loop, which stops reading
+    for good: the connection looks up and receives nothing until the stale-ping check, minutes
+    later (the same family as nats-io/nats.py#624). Here an abandoned future takes its PONG and
+    nothing else happens."""
+
+    async def process_pong() -> None:
+        if nc._pongs:
+            future = nc._pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            nc._pongs_received += 1
+            nc._pings_outstanding = 0
+
+    nc._process_pong = process_pong
 
 
 def free_port() -> int:

@@ -96,12 +96,12 @@ def test_no_more_queue_work_or_sequences_never_costs_more(fleet, prompt):
 def test_bounded_load_keeps_the_candidates_within_c_times_the_mean():
     # L = 0, 4, 5, 11 → Σ = 20; cap = ⌈1.25 · 21 / 4⌉ = ⌈6.5625⌉ = 7: L + 1 ≤ 7 keeps 0, 4, 5
     v = view((0, 0, 0, 0), (3, 1, 0, 0), (5, 0, 0, 0), (8, 3, 0, 0))
-    assert BoundedLoadGuard().narrow(req(64), v, np.arange(4)).keep.tolist() == [True, True, True, False]
+    assert BoundedLoadGuard().narrow(req(prompt_len=64, max_tokens=8), v, np.arange(4)).keep.tolist() == [True, True, True, False]
     # on a subset the mean is the candidates': 5 and 11 → cap ⌈1.25 · 17 / 2⌉ = 11: 5 only
-    assert BoundedLoadGuard().narrow(req(64), v, np.array([2, 3])).keep.tolist() == [True, False]
+    assert BoundedLoadGuard().narrow(req(prompt_len=64, max_tokens=8), v, np.array([2, 3])).keep.tolist() == [True, False]
     # loaded alike (overload): all stay, affinity decides
     same = view(*[(60, 40, 200_000, 0)] * 4)
-    assert BoundedLoadGuard().narrow(req(64), same, np.arange(4)).keep.all()
+    assert BoundedLoadGuard().narrow(req(prompt_len=64, max_tokens=8), same, np.arange(4)).keep.all()
 
 
 @settings(max_examples=300, deadline=None)
@@ -109,7 +109,7 @@ def test_bounded_load_keeps_the_candidates_within_c_times_the_mean():
        c=st.floats(1.0, 3.0))
 def test_bounded_load_never_empties_and_keeps_the_least_loaded(loads, c):
     v = view(*[(r, w, 0, 0) for r, w in loads])
-    keep = BoundedLoadGuard(c).narrow(req(64), v, np.arange(v.n)).keep
+    keep = BoundedLoadGuard(c).narrow(req(prompt_len=64, max_tokens=8), v, np.arange(v.n)).keep
     load = np.array([r + w for r, w in loads])
     assert keep[load.argmin()]
     assert (load[keep] + 1 <= np.ceil(c * (load.sum() + 1) / len(load))).all()
@@ -124,7 +124,7 @@ def test_a_hot_prefix_is_replicated_once_its_holder_passes_the_bound():
     for k in range(4):
         c.on_heartbeat(hb(f"w{k}", running=2), 0.0)
     c.on_kv_events("w0", KVEventBatch(0.0, [BlockStored(prefix, None, [], BS)]), 0.0)
-    routes = [c.route(req(1_100, ids_chain(range(68))), 0.0) for _ in range(8)]
+    routes = [c.route(req(prompt_len=1_100, chain=ids_chain(range(68)), max_tokens=8), 0.0) for _ in range(8)]
     # L = 2+2+2+2 → w0 (cap ⌈1.25·9/4⌉ = 3); 3,2,2,2 → cap ⌈3.125⌉ = 4: w0 again; 4,2,2,2 → cap
     # ⌈3.4375⌉ = 4, w0 is out: w1 recomputes the prompt (hit 0) and then holds it (hit 1,088)
     assert [r.worker_id for r in routes] == ["w0", "w0", "w1", "w1", "w0", "w1", "w2", "w2"]
@@ -134,4 +134,4 @@ def test_a_hot_prefix_is_replicated_once_its_holder_passes_the_bound():
     for k in range(4):
         bare.on_heartbeat(hb(f"w{k}", running=2), 0.0)
     bare.on_kv_events("w0", KVEventBatch(0.0, [BlockStored(prefix, None, [], BS)]), 0.0)
-    assert {bare.route(req(1_100, ids_chain(range(68))), 0.0).worker_id for _ in range(8)} == {"w0"}
+    assert {bare.route(req(prompt_len=1_100, chain=ids_chain(range(68)), max_tokens=8), 0.0).worker_id for _ in range(8)} == {"w0"}

@@ -57,7 +57,10 @@ async def test_a_live_scorpio_worker_rejects_a_request_it_held_past_its_deadline
     nc = await natsutil.connect(nats_server.url, "test-client")
     fleet = InProcFleet(nats_server.url, nc)
     engine = SimEngine(SimEngineCore(PROF, 16, policy=ScorpioPolicy(PROF)), speed=1.0)
-    shell = WorkerShell(WorkerConfig("scorpio-w", config.DEFAULT_MODEL), engine, ByteTokenizer())
+    # Flow control off at the worker: its `saturated` refusal (no prefill a running decode's TPOT
+    # slack cannot absorb) would turn B away at the door, which protects A the same way; here the
+    # engine's own SCORPIO path — accept, hold, reject past the deadline — is what is tested.
+    shell = WorkerShell(WorkerConfig("scorpio-w", config.DEFAULT_MODEL, flow_control=False), engine, ByteTokenizer())
     await fleet.add(shell)
     try:
         inbox_a, inbox_b = Inbox(), Inbox()

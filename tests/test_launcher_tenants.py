@@ -42,3 +42,12 @@ def test_a_missing_tenant_file_stops_up_before_anything_starts(tmp_path, capsys)
     args = p.parse_args(["up", "--tenants", str(tmp_path / "none.toml")])
     assert asyncio.run(_up(args)) == 2
     assert "--tenants: no such file" in capsys.readouterr().err
+
+
+def test_up_passes_the_simulated_workers_scheduling_policy():
+    cmds = dict(FleetProcesses(nats_url="nats://x:1", workers=2, scheduling="scorpio", metrics=False)._commands())
+    for name in ("worker-0", "worker-1"):
+        i = cmds[name].index("--scheduling")
+        assert cmds[name][i + 1] == "scorpio"
+    vllm = dict(FleetProcesses(nats_url="nats://x:1", workers=1, engine="vllm", metrics=False)._commands())
+    assert "--scheduling" not in vllm["worker-0"]  # a vLLM worker schedules as vLLM does

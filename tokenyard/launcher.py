@@ -73,6 +73,8 @@ class FleetProcesses:
     engine: str = "sim"
     profile: str = "a100-llama3-8b"
     speed: float = 1.0
+    scheduling: str = "vllm"
+    """The simulated engine's scheduling policy (`tokenyard worker --scheduling`)."""
     nats_url: str | None = None
     nats_port: int = 0
     http_port: int = 8000
@@ -129,7 +131,8 @@ class FleetProcesses:
             cmds.append((
                 f"worker-{i}",
                 [*base, "worker", *url, "--engine", self.engine, "--profile", self.profile,
-                 "--speed", str(self.speed), "--id", f"w{i}", "--model", self.model],
+                 "--speed", str(self.speed), "--id", f"w{i}", "--model", self.model,
+                 *(["--scheduling", self.scheduling] if self.engine == "sim" else [])],
             ))
         return [(name, [*cmd, *self._metrics_args(name)]) for name, cmd in cmds]
 
@@ -272,6 +275,7 @@ async def ping(nc, wait_s: float = 0.25) -> Counter:
 
 def register(sub) -> None:
     from tokenyard.services.router.core import POLICIES
+    from tokenyard.services.worker.sim.engine_policies import ENGINE_POLICIES
     from tokenyard.services.worker.sim.latency import PROFILES
 
     p = sub.add_parser(
@@ -287,6 +291,9 @@ def register(sub) -> None:
                    help="GPU and model the simulated engine behaves like")
     p.add_argument("--speed", type=float, default=1.0,
                    help="simulated seconds per wall second (2 = twice as fast as the real GPU)")
+    p.add_argument("--scheduling", choices=ENGINE_POLICIES, default="vllm",
+                   help="the simulated workers' scheduling policy (default vllm: vLLM V1's priority order; "
+                   "scorpio: SCORPIO's TPOT-aware batching and deadline rejection)")
     p.add_argument("--nats", metavar="URL", default=None, help="use this NATS server instead of starting one")
     p.add_argument("--nats-port", type=int, default=None,
                    help=f"port of the NATS server to start (default: {NATS_PORT} if free, else any free port)")
@@ -382,7 +389,7 @@ async def _up(args) -> int:
     port = 0 if args.nats else nats_port(args.nats_port)
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
-        nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
+        scheduling=args.scheduling, nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=_macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile as get_profile
+from tokenyard.services.worker.sim.replay import replay
 from tokenyard.services.worker.sim.scheduler import VllmPolicy
 from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
 from tokenyard.shared.schemas import AdmittedRequest
@@ -60,20 +61,8 @@ def simulate(policy: str, reqs: list[AdmittedRequest], profile: str = "a100-llam
     rejected = 0
     first: dict[str, float] = {}
     last: dict[str, float] = {}
-    now, k = 0.0, 0
-    while k < len(reqs) or core.has_work():
-        while k < len(reqs) and reqs[k].arrival_s <= now:
-            core.add(reqs[k])
-            k += 1
-        if not core.has_work():
-            now = reqs[k].arrival_s
-            continue
-        rejected += len(core.expire(now))
-        res = core.step()
-        if res.duration_s <= 0 and not res.outputs:
-            now = reqs[k].arrival_s if k < len(reqs) else now  # nothing schedulable: wait for arrivals
-            continue
-        now += res.duration_s
+    for now, expired, res in replay(core, reqs):
+        rejected += len(expired)
         for o in res.outputs:
             if o.new_token_ids:
                 first.setdefault(o.request_id, now)

@@ -36,6 +36,7 @@ from tokenyard.loadgen.workloads import open_workload
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.engine_policies import make_engine_policy
 from tokenyard.services.worker.sim.latency import profile as get_profile
+from tokenyard.services.worker.sim.replay import replay
 from tokenyard.shared import hashing
 from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.simulator.cluster import ChainCache, ClusterSim, SimConfig, with_slos
@@ -97,21 +98,9 @@ def engine_run(policy: str) -> dict:
                          policy=make_engine_policy(policy, prof))
     reqs = _engine_requests(300)
     trace: list = []
-    now, k = 0.0, 0
+    now = 0.0
     wall0 = time.perf_counter()
-    while k < len(reqs) or core.has_work():
-        while k < len(reqs) and reqs[k].arrival_s <= now:
-            core.add(reqs[k])
-            k += 1
-        if not core.has_work():
-            now = reqs[k].arrival_s
-            continue
-        expired = core.expire(now)
-        res = core.step()
-        if res.duration_s <= 0 and not res.outputs:
-            now = reqs[k].arrival_s if k < len(reqs) else now
-            continue
-        now += res.duration_s
+    for now, expired, res in replay(core, reqs):
         trace.append((repr(now), expired, [(o.request_id, o.new_token_ids, o.finished, o.finish_reason,
                                             o.num_cached_tokens) for o in res.outputs],
                       [repr(e) for e in core.pool.drain_events()]))

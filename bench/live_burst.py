@@ -6,6 +6,7 @@ queue's intake trailed admission (`queue_intake`, from the queue states seen dur
 
     python -m bench.live_burst [--workers 2] [--factor 10] [--seconds 4] [--input-len 2000]
                                [--output-len 100] [--mix 0,0.6,0.3,0.1] [--out FILE.json]
+                               [--log-dir DIR]
 
 The fleet's capacity C (requests/s) is measured first by the cluster simulator on the same
 fleet and request shape (same cores, same profile), offered far above what it serves; the
@@ -112,6 +113,16 @@ def report(records) -> dict[str, Any]:
         "refusals_at_s": sorted(round(r.end_s - t0, 2) for r in refused)[:10],
         "by_class": {},
     }
+    if first is not None:
+        # What the first refusal was made of: when its request was due and sent, how long its
+        # answer took, and how many requests had gone out before it (the simulator's count for
+        # the same burst is bench.sim_burst's `arrivals before`).
+        r = min(refused, key=lambda r: r.end_s)
+        out["first_refused"] = {"scheduled_after_s": r.scheduled_s - min(x.scheduled_s for x in records),
+                                "sent_after_s": r.send_s - t0, "answer_s": r.end_s - r.send_s,
+                                "sent_before": sum(x.send_s < r.send_s for x in records)}
+        lag = [x.send_s - x.scheduled_s for x in records if x.send_s <= first]
+        out["send_lag_before_first_refusal_ms"] = {"p50": 1000 * float(np.median(lag)), "max": 1000 * max(lag)}
     for c in range(4):
         ok = [r.ttft for r in records if r.priority == c and r.success]
         if not ok:
@@ -162,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, default=100)
     p.add_argument("--mix", default="0,0.6,0.3,0.1")
     p.add_argument("--out", default=None)
+    p.add_argument("--log-dir", default=None, help="keep every service's log here (tokenyard up --log-dir)")
     args = p.parse_args(argv)
     from tokenyard.loadgen.config import parse_priority_mix
 
@@ -170,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     rate = args.factor * cap
     print(f"capacity {cap:.1f} req/s (simulator); burst {rate:.1f} req/s for {args.seconds:g} s", flush=True)
     creds_dir = tempfile.mkdtemp(prefix="tokenyard-burst-")
-    up, url = start_up(args.workers, args.profile, creds_dir)
+    up, url = start_up(args.workers, args.profile, creds_dir, *(["--log-dir", args.log_dir] if args.log_dir else []))
     try:
         records, states = asyncio.run(burst(url, creds_dir, rate, args.seconds, args.input_len, args.output_len, mix))
         doc = {"capacity_req_s": cap, "burst_req_s": rate, **vars(args), **report(records),

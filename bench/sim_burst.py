@@ -44,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     states = list(sim.reqs.values())
     refused = sorted(st.item.arrival_s for st in states if st.error and not st.expired)
     t0 = items[0].arrival_s
-    print(f"first refusal {refused[0] - t0:.3f} s after the first arrival" if refused else "no refusal")
+    if refused:
+        before = sum(it.arrival_s < refused[0] for it in items)
+        print(f"first refusal {refused[0] - t0:.3f} s after the first arrival ({before} arrivals before it)")
+    else:
+        print("no refusal")
     print(f"refused {len(refused)}  expired {sum(st.expired for st in states)}  of {n}")
     for c in range(4):
         ttft = [st.tokens[0] - st.item.arrival_s for st in states

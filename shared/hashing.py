@@ -35,14 +35,25 @@ def block_hash(parent: BlockHash | None, tokens: Sequence[int]) -> BlockHash:
 
 
 def hash_chain(tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE) -> list[BlockHash]:
-    """The hashes of every full block of `tokens`, each chained on the one before."""
+    """The hashes of every full block of `tokens`, each chained on the one before.
+
+    The same links as `block_hash`, computed on bytes: the prompt is packed once and each
+    parent's digest is fed on as it is (its 8 bytes are the signed int's big-endian form), so
+    admission's per-request cost (a 2,000-token prompt: 125 links) is the hashing itself, not
+    125 packs and int round trips — it was most of admission's CPU in a 10× burst."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
+    full = len(tokens) - len(tokens) % block_size
+    if full == 0:
+        return []
+    data = struct.pack(f"<{full}q", *tokens[:full])
+    step = 8 * block_size
+    blake2b = hashlib.blake2b
     chain: list[BlockHash] = []
-    parent: BlockHash | None = None
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = block_hash(parent, tokens[start : start + block_size])
-        chain.append(parent)
+    parent = ROOT
+    for start in range(0, len(data), step):
+        parent = blake2b(parent + data[start : start + step], digest_size=8).digest()
+        chain.append(BlockHash(int.from_bytes(parent, "big", signed=True)))
     return chain
 
 

@@ -95,3 +95,16 @@ def test_equal_chain_prefixes_are_equal_block_prefixes(a, b, block_size):
 def test_extending_a_prompt_extends_its_chain(a, extra, block_size):
     ca = hashing.hash_chain(a, block_size)
     assert hashing.hash_chain(a + extra, block_size)[: len(ca)] == ca
+
+
+@settings(max_examples=80, deadline=None)
+@given(a=st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=80),
+       block_size=st.integers(min_value=1, max_value=16))
+def test_the_chain_is_its_links_one_by_one(a, block_size):
+    """hash_chain packs the prompt once and chains digests as bytes: the same links as
+    block_hash applied block by block, for any token value a 64-bit slot holds."""
+    parent, links = None, []
+    for start in range(0, len(a) - block_size + 1, block_size):
+        parent = hashing.block_hash(parent, a[start : start + block_size])
+        links.append(parent)
+    assert hashing.hash_chain(a, block_size) == links

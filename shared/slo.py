@@ -33,6 +33,10 @@ FINITE_TTFT_TARGET_S: tuple[float, ...] = tuple(
 )
 """The same with P3 given P2's target (for rules that need a number for every class)."""
 
+DEFAULT_TPOT_SLO_MS: float = 100.0
+"""The TPOT SLO of a request that names none (`tpot_slo_ms` 0 or absent), every class alike:
+what an engine's decode slack (the decode term) and SCORPIO hold a decode to."""
+
 ENGINE_BACKLOG_S: float = min(TTFT_TARGET_S) / 2
 """The prefill backlog, in seconds of prefill, the queue's flow control lets an engine hold
 (half the tightest target: 0.25 s); also the time a request still needs after it leaves the

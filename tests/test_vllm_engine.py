@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -182,6 +183,58 @@ async def test_priority_orders_the_waiting_queue(engine):
         await asyncio.gather(late, *blockers)
     assert first[conformance.MAX_SEQS:] == ["p0", "p3"]
     assert (done["p0"], done["p3"], done["b0"]) == ("length", "length", "abort")
+
+
+class ScriptedLLM:
+    """A stand-in for AsyncLLM that streams a scripted request: (wall time, new token ids,
+    finished) per output, moving the engine's injected clock to each output's time."""
+
+    def __init__(self, now: list[float], script: list[tuple[float, list[int], bool]]):
+        self.now, self.script = now, script
+
+    async def generate(self, prompt, params, request_id, priority=0):
+        for t, tokens, finished in self.script:
+            self.now[0] = t
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, finish_reason="length" if finished else None)],
+                                  finished=finished, num_cached_tokens=0)
+
+    async def abort(self, request_id):
+        pass
+
+
+async def test_the_adapter_reports_its_running_decodes_tpot_slack_from_the_tokens_it_streams():
+    """The decode term on a vLLM fleet: the slack is the adapter's own measurement (no vLLM
+    stat carries it), from each token's wall time, with the request's own TPOT SLO."""
+    now = [0.0]
+    eng = VllmEngine(VllmSettings(model="scripted"), clock=lambda: now[0])
+    eng.llm = ScriptedLLM(now, [(1.00, [5], False), (1.05, [6], False), (1.10, [7], False), (1.30, [8], True)])
+    eng.tracker.decode_step_ms = 40.0
+    r = req("s", [1, 2, 3], 6)
+    r.tpot_slo_ms = 50.0
+    assert eng.stats().tpot_slack_ms is None
+    seen = []
+    async for out in eng.generate(r):
+        if not out.finished:
+            seen.append((now[0], eng.stats().tpot_slack_ms))
+            now[0] += 0.01  # the heartbeat comes 10 ms after the token
+            seen.append((now[0], eng.stats().tpot_slack_ms))
+    # (g + 1 + k) · 50 − elapsed − k · 40, k = 6 − 2 − g
+    assert seen == [(1.00, pytest.approx(5 * 50 - 0 - 4 * 40)), (1.01, pytest.approx(5 * 50 - 10 - 4 * 40)),
+                    (1.05, pytest.approx(5 * 50 - 50 - 3 * 40)), (1.06, pytest.approx(5 * 50 - 60 - 3 * 40)),
+                    (1.10, pytest.approx(5 * 50 - 100 - 2 * 40)), (1.11, pytest.approx(5 * 50 - 110 - 2 * 40))]
+    assert eng.stats().tpot_slack_ms is None  # finished: nothing decodes
+
+
+async def test_the_real_engine_reports_a_tpot_slack_while_it_decodes(engine):
+    """Flow control's decode term and admission's decode-capacity refusal act on a vLLM fleet:
+    its heartbeat's tpot_slack_ms is set while a request decodes, None once none does."""
+    slacks = []
+    async with asyncio.timeout(30):
+        async for out in engine.generate(req("decoding", list(range(1, 40)), 24)):
+            if out.new_token_ids and not out.finished:
+                slacks.append(engine.stats().tpot_slack_ms)
+    assert slacks and all(s is not None for s in slacks)
+    assert engine.stats().tpot_slack_ms is None
 
 
 async def test_a_request_with_block_hashes_only_is_refused_clearly(engine):

@@ -44,7 +44,7 @@ from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy
 from tokenyard.services.worker.sim.seq import FILLER, Seq, StepResult, cdiv, filler_token
 from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
 from tokenyard.shared.schemas import AdmittedRequest, EngineStats, Phase
-from tokenyard.shared.slo import request_deadline_s
+from tokenyard.shared.slo import DEFAULT_TPOT_SLO_MS, request_deadline_s
 
 _FILLER = FILLER  # the name tests read the filler text by
 __all__ = ["FILLER", "Seq", "SimEngineCore", "StepResult"]
@@ -60,7 +60,7 @@ class SimEngineCore:
         host_blocks: int = 0,
         preemption_mode: PreemptionMode | str = PreemptionMode.RECOMPUTE,
         policy: SchedulingPolicy | None = None,
-        tpot_slo_ms: float = 100.0,
+        tpot_slo_ms: float = DEFAULT_TPOT_SLO_MS,
         chunked_prefill: bool = True,
         prefill_only_phase: bool = False,
         hand_off: bool = False,

@@ -1,6 +1,9 @@
 """EcoServe's engine-side inputs for the simulated engine, kept on the engine's own clock
 (the sum of its step durations — the same time base on the real clock, ÷ speed, and in the
-cluster simulator):
+cluster simulator). A real engine (vLLM) runs on the wall clock instead: its adapter moves
+the clock to the time it sees each output (`advance_to`) and asks for the slack at the time
+of the heartbeat (`min_slack_ms(d, now_s)`), so a decode whose tokens stall loses slack as
+time passes, not only as tokens come:
 
   saved TPOT slack of request r  = (g_r + 1 + k_r) · STP_r − (clock − t_first(r)) − k_r · d
       (shared.ecoserve.saved_slack_ms) k_r = max_tokens − 2 − g_r tokens still to come after
@@ -19,10 +22,11 @@ from collections.abc import Callable, Iterable
 from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.sim.latency import LatencyProfile
 from tokenyard.shared.ecoserve import saved_slack_ms
+from tokenyard.shared.slo import DEFAULT_TPOT_SLO_MS
 
 
 class SlackClock:
-    def __init__(self, default_tpot_slo_ms: float = 100.0):
+    def __init__(self, default_tpot_slo_ms: float = DEFAULT_TPOT_SLO_MS):
         self.default_tpot_slo_ms = default_tpot_slo_ms
         self.clock_s = 0.0
         self._first: dict[str, tuple[float, float]] = {}
@@ -72,18 +76,24 @@ class SlackClock:
             self.clock_s += d
         self.on_step(durations[-1], outputs, slo_ms, max_tokens)
 
+    def advance_to(self, now_s: float) -> None:
+        """A wall-clock engine: the outputs that follow (`on_step(0.0, …)`) came at `now_s`
+        (monotonic seconds; the clock never runs back)."""
+        self.clock_s = max(self.clock_s, now_s)
+
     def forget(self, request_id: str) -> None:
         """A request left without a finished output of its own (an abort)."""
         self._first.pop(request_id, None)
         self._after.pop(request_id, None)
         self._max.pop(request_id, None)
 
-    def min_slack_ms(self, decode_ms: float = 0.0) -> float | None:
+    def min_slack_ms(self, decode_ms: float = 0.0, now_s: float | None = None) -> float | None:
         """The tightest decode's slack; `decode_ms` is the engine's decode step time now (the
-        pace of the tokens still to come)."""
+        pace of the tokens still to come); `now_s`: a wall-clock engine's time of asking
+        (default: the clock's last output)."""
         if not self._first:
             return None
-        now_ms = self.clock_s * 1000.0
+        now_ms = (self.clock_s if now_s is None else max(self.clock_s, now_s)) * 1000.0
         after, most = self._after, self._max
         return min(
             saved_slack_ms(after[rid], now_ms - t0 * 1000.0, slo, most[rid] - 2 - after[rid], decode_ms)

@@ -9,9 +9,21 @@ adapter (services/worker/sim/engine.py).
                    overtakes its request is remembered and ends that request at once; a
                    consumer that goes away (closes or cancels the stream) aborts it too.
     stats()        StatsTracker fed by a StatLoggerBase every engine step + what the worker
-                   tracks itself (queued prefill tokens, open requests)
+                   tracks itself (queued prefill tokens, open requests) + the running
+                   decodes' TPOT slack, from the tokens it streams (below)
     drain_kv_events()  vLLM's ZMQ KV events (PUB on an ipc:// socket in a private temp dir,
                    SUB here) translated to fleet hashes by KVHashRelay
+
+TPOT slack (the decode term of flow control, the worker's `saturated` refusal and admission's
+decode-capacity refusal): the adapter sees every token of every running request and when it
+came, so it keeps the simulated engine's SlackClock on the wall clock — each request's first
+token time, its tokens since, its TPOT SLO (its own `tpot_slo_ms`, else
+shared.slo.DEFAULT_TPOT_SLO_MS) and max_tokens — and reports the tightest running decode's
+
+    saved slack = (g + 1 + k)·SLO − (now − t_first) − k·d      (shared.ecoserve.saved_slack_ms)
+
+at heartbeat time, d = the decode-only step time it measures (stats.py; the EWMA of all
+steps until one is measured), k = max_tokens − 2 − g. None while nothing decodes.
 
 A request that carries only block hashes (trace replay without text) cannot run on a real
 model: generate() refuses it with a ValueError naming the reason.
@@ -26,12 +38,13 @@ import shutil
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
 import zmq
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.sim.slack import SlackClock
 from tokenyard.services.worker.vllm.kv_relay import KVHashRelay
 from tokenyard.services.worker.vllm.settings import VllmSettings, engine_kwargs, vllm_priority
 from tokenyard.services.worker.vllm.stats import StatsTracker
@@ -131,10 +144,14 @@ def drop_prometheus_logger(llm: AsyncLLM) -> None:
 class VllmEngine:
     name = "vllm"
 
-    def __init__(self, settings: VllmSettings, remember_aborts: int = 10_000):
+    def __init__(self, settings: VllmSettings, remember_aborts: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic):
+        """`clock`: the time tokens are seen and heartbeats asked at (monotonic seconds)."""
         self.settings = settings
         self.llm: AsyncLLM | None = None
+        self.clock = clock
         self.tracker = StatsTracker(settings.fleet_block_size)
+        self.slack = SlackClock()
         self.relay = KVHashRelay(settings.fleet_block_size)
         self.kv_batches_missed = 0
         self._remember_aborts = remember_aborts
@@ -249,13 +266,16 @@ class VllmEngine:
                     self.tracker.queued_prefill -= state.prompt_len
                 comp = out.outputs[0] if out.outputs else None
                 finished = out.finished
-                yield EngineOutput(
+                output = EngineOutput(
                     rid,
                     list(comp.token_ids) if comp else [],
                     finished,
                     ((comp.finish_reason if comp else None) or "abort") if finished else None,
                     out.num_cached_tokens or 0,
                 )
+                self.slack.advance_to(self.clock())
+                self.slack.on_step(0.0, [output], lambda _: req.tpot_slo_ms, lambda _: req.max_tokens)
+                yield output
                 if finished:
                     return
                 if state.abort_requested:
@@ -270,6 +290,7 @@ class VllmEngine:
             if not state.first_output:
                 self.tracker.queued_prefill -= state.prompt_len
             self._open.pop(rid, None)
+            self.slack.forget(rid)
             if not finished and self.llm is not None:  # the consumer went away: free the slot
                 with contextlib.suppress(Exception):
                     await self.llm.abort(rid)
@@ -291,7 +312,9 @@ class VllmEngine:
     # ───────────────────────────── state ─────────────────────────────
 
     def stats(self) -> EngineStats:
-        return self.tracker.snapshot(open_requests=len(self._open), queued_prefill_tokens=self.tracker.queued_prefill)
+        t = self.tracker
+        slack = self.slack.min_slack_ms(t.decode_step_ms or t.step_time_ms, self.clock())
+        return t.snapshot(open_requests=len(self._open), queued_prefill_tokens=t.queued_prefill, tpot_slack_ms=slack)
 
     def drain_kv_events(self) -> list[KVEvent]:
         self._drain_socket()

@@ -19,7 +19,8 @@ preemptions (deltas). The tracker keeps the latest gauges and sums the deltas:
 KV blocks are counted in the fleet's blocks (`block_size` = the fleet's, 16 by default):
 total = vLLM's blocks × vLLM's block size ÷ the fleet's, so the router compares KV room
 across workers whatever their engine's block size (vLLM's is 128 on CPU by default). What
-vLLM cannot know is added by the engine adapter at snapshot time: the prompt tokens of
+vLLM cannot know is added by the engine adapter at snapshot time: its running decodes' TPOT
+slack (from the tokens it streams), the prompt tokens of
 requests the worker accepted that have not produced their first token yet (queued
 prefill, the router's P-token load, counted at full prompt length, as vLLM's own
 queued-token admission does), and a clamp of running / waiting / KV used to the requests
@@ -102,7 +103,10 @@ class StatsTracker:
     def on_preempted(self, n: int) -> None:
         self.preemptions += n
 
-    def snapshot(self, *, open_requests: int, queued_prefill_tokens: int) -> EngineStats:
+    def snapshot(self, *, open_requests: int, queued_prefill_tokens: int,
+                 tpot_slack_ms: float | None = None) -> EngineStats:
+        """`tpot_slack_ms`: the running decodes' TPOT slack, which the engine adapter keeps
+        from the tokens it streams (engine.py)."""
         running = min(self.running, open_requests)
         waiting = min(self.waiting, open_requests - running)
         total = self.num_blocks * self.block_size // self.fleet_block_size
@@ -119,6 +123,7 @@ class StatsTracker:
             prefix_queries=self.prefix_queries,
             preemptions=self.preemptions,
             prefill_ms_per_token=self.prefill_ms_per_token,
+            tpot_slack_ms=tpot_slack_ms,
         )
 
 

@@ -144,6 +144,7 @@ class WorkerShell:
                             self.metrics.observe_finished(
                                 None if ttft_ms is None else ttft_ms / 1000.0, time.monotonic() - t0,
                                 event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
+                            await self._heartbeat_if_decodes_ended()
                         await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs)
                 if self._handed_off(ar.request_id):
                     await self._send_decode_leg(ar, hdrs)
@@ -238,6 +239,16 @@ class WorkerShell:
         hb = self.core.heartbeat(self.engine.stats(), time.time())
         self.metrics.heartbeat = hb
         await self.nc.publish(subjects.heartbeat(self.core.cfg.worker_id), codec.encode(hb))
+
+    async def _heartbeat_if_decodes_ended(self) -> None:
+        """The last running decode just ended: say so now, not at the next tick. The last
+        heartbeat still shows its TPOT slack, which holds prefill back (flow control's decode
+        term) and lets admission refuse a prompt for want of decode capacity, for a decode
+        that is gone; its client, answered right after this, may send its next request at once."""
+        last = self.metrics.heartbeat
+        if last is not None and last.stats.tpot_slack_ms is not None and self.engine.stats().tpot_slack_ms is None:
+            with contextlib.suppress(Exception):
+                await self._publish_heartbeat()
 
     async def _heartbeat_loop(self) -> None:
         while True:

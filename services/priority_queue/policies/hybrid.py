@@ -12,6 +12,24 @@ Classes are split into three tiers, tried in order on every pop:
   best effort (hybrid: P3)   only when nothing in the tiers above waits.
 `wfq` is the same machine with all four classes in the fair tier.
 
+Deadline-first fair tier (`fair_order="deadline"`, hybrid's default). Under flow control the
+backlog waits here, so whom the fair tier serves first decides who misses a deadline. WFQ
+serves P2 its share (4 of 12) even while P2's head has a minute of slack and P1's head is
+about to pass its 5 s target: on saturated chatbot that cost ~160 P1 deadlines. So the fair
+tier serves the head that must leave first, WFQ only breaking what deadlines leave open:
+
+    release_c = shared.slo.latest_release_s(deadline(head_c, c), prefill(head_c))
+    key_c     = (0, release_c, F_c, c)   if now ≤ release_c < ∞   (it can still make it)
+              = (1, F_c, c)              otherwise                 (no deadline, or missed)
+    serve the class with the least key_c; V and F_last advance as in WFQ.
+
+A head that can still meet its deadline goes before any that cannot, earliest release first
+(EDF: meets every deadline any order can, while the fleet can); the rest share by WFQ tags,
+so a head that has already missed (the queue's expiry is off, or it has not yet run) gets no
+priority over the ones it would make late — EDF's domino — and a class without deadlines
+still gets its weighted share. The deadlines are the fairness bound: a fair class's head
+waits at most until its release time while any order could serve it by then.
+
 Aging: a request that has spent AGING_S[c] in class c (P3 5 s, P2 15 s, P1 30 s) moves to
 c − 1, its clock in the new class starting when it was promoted (so a long-idle queue
 promotes exactly as a continuously polled one would). Within a class, a line orders the
@@ -21,11 +39,22 @@ requests (least deadline first by default; bubble / SJF lines in bubble.py).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 
-from tokenyard.services.priority_queue.policies.base import AGING_S, NUM_CLASSES, WFQ_WEIGHTS, cost, klass
+from tokenyard.services.priority_queue.policies.base import (
+    AGING_S,
+    NUM_CLASSES,
+    WFQ_WEIGHTS,
+    cost,
+    deadline,
+    klass,
+)
 from tokenyard.services.priority_queue.policies.lines import DeadlineLine, Line
 from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.slo import latest_release_s
+
+FAIR_ORDERS = ("deadline", "wfq")
 
 
 class ClassScheduler:
@@ -38,9 +67,12 @@ class ClassScheduler:
         weights: Sequence[float] = WFQ_WEIGHTS,
         aging_s: Sequence[float] | None = AGING_S,
         line: Callable[[], Line] = DeadlineLine,
+        fair_order: str = "wfq",
     ) -> None:
         assert sorted([*strict, *fair, *best_effort]) == list(range(NUM_CLASSES))
+        assert fair_order in FAIR_ORDERS, fair_order
         self.name = name
+        self.fair_order = fair_order
         self.strict, self.fair, self.best_effort = tuple(strict), tuple(fair), tuple(best_effort)
         self.weights = tuple(weights)
         self.aging_s = tuple(aging_s) if aging_s is not None else (float("inf"),) * NUM_CLASSES
@@ -65,7 +97,7 @@ class ClassScheduler:
         for c in self.strict:
             if len(self.lines[c]):
                 return self._take(c)
-        c = self._fair_pick()
+        c = self._fair_pick(now)
         if c is not None:
             self.virtual = self.last_finish[c] = self._tag(c)
             self._head_tag[c] = None
@@ -130,19 +162,31 @@ class ClassScheduler:
         self._head_tag[c] = (head.request_id, tag)
         return tag
 
-    def _fair_pick(self) -> int | None:
-        best: tuple[float, int] | None = None
+    def _release(self, c: int) -> float:
+        """The latest time class c's head may leave and still meet its deadline (∞: none)."""
+        head = self.lines[c].peek()
+        assert head is not None
+        return latest_release_s(deadline(head, c), head.prefill_s)
+
+    def _fair_pick(self, now: float) -> int | None:
+        best: tuple | None = None
         for c in self.fair:
             if len(self.lines[c]):
-                cand = (self._tag(c), c)
+                cand: tuple = (self._tag(c), c)
+                if self.fair_order == "deadline":
+                    release = self._release(c)
+                    cand = (0, release, *cand) if now <= release < math.inf else (1, *cand)
                 if best is None or cand < best:
                     best = cand
-        return None if best is None else best[1]
+        return None if best is None else best[-1]
 
 
 def hybrid(aging_s: Sequence[float] | None = AGING_S, line: Callable[[], Line] = DeadlineLine,
-           name: str = "hybrid", weights: Sequence[float] = WFQ_WEIGHTS) -> ClassScheduler:
-    return ClassScheduler(name, (0,), (1, 2), (3,), weights, aging_s, line)
+           name: str = "hybrid", weights: Sequence[float] = WFQ_WEIGHTS,
+           fair_order: str = "deadline") -> ClassScheduler:
+    """P0 strict · P1–P2 fair (deadline-first by default; `fair_order="wfq"`: DESIGN §3.3's
+    plain WFQ, the policy `hybrid-wfq`) · P3 best effort · aging."""
+    return ClassScheduler(name, (0,), (1, 2), (3,), weights, aging_s, line, fair_order)
 
 
 def wfq(aging_s: Sequence[float] | None = None, weights: Sequence[float] = WFQ_WEIGHTS) -> ClassScheduler:

@@ -154,7 +154,7 @@ def test_a_class_back_from_idle_banks_no_credit():
 
 
 def test_aging_moves_a_request_up_one_class_per_threshold():
-    p = hybrid()
+    p = hybrid(fair_order="wfq")
     p.push(req("old", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
     p.push(req("p2", arrival_s=4.0, priority=2, prompt_len=32, max_tokens=16), 4.0)
     assert p.class_of("old") == 3
@@ -172,8 +172,25 @@ def test_aging_moves_a_request_up_one_class_per_threshold():
     assert drain(p, 1000.0) == ["old", "p2"]  # LDF in P0: deadline = arrival + 0.5
 
 
+def test_deadline_first_aging_skips_the_fair_tier_and_keeps_its_thresholds():
+    p = hybrid()
+    p.push(req("old", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
+    p.push(req("p2", arrival_s=4.0, priority=2, prompt_len=32, max_tokens=16), 4.0)
+    p.push(req("p1", arrival_s=4.0, priority=1, prompt_len=32, max_tokens=16), 4.0)
+    p._age_until(5.0)
+    assert p.class_of("old") == 2  # best effort → fair after 5 s in P3
+    p._age_until(48.99)
+    assert [p.class_of(r) for r in ("old", "p2", "p1")] == [2, 2, 0]  # p1: 30 s in P1 at 34
+    p._age_until(49.0)  # p2: 15 + 30 s after its arrival at 4
+    assert [p.class_of(r) for r in ("old", "p2")] == [2, 0]
+    p._age_until(50.0)  # old: 5 + 15 + 30
+    assert p.class_of("old") == 0
+    assert p.promotions == 4  # never into P1: an aged request's P1 target would be long past
+    assert drain(p, 50.0) == ["old", "p1", "p2"]  # LDF in P0: deadlines 0.5, 4.5, 4.5 (arrival order)
+
+
 def test_a_lazily_polled_queue_promotes_as_a_busy_one_would():
-    lazy, busy = hybrid(), hybrid()
+    lazy, busy = hybrid(fair_order="wfq"), hybrid(fair_order="wfq")
     for p in (lazy, busy):
         push_all(p, [req("x", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), req("y", arrival_s=10.0, priority=2, prompt_len=32, max_tokens=16)])
     for t in range(0, 53):

@@ -32,7 +32,9 @@ waits at most until its release time while any order could serve it by then.
 
 Aging: a request that has spent AGING_S[c] in class c (P3 5 s, P2 15 s, P1 30 s) moves to
 c − 1, its clock in the new class starting when it was promoted (so a long-idle queue
-promotes exactly as a continuously polled one would). Within a class, a line orders the
+promotes exactly as a continuously polled one would). With the deadline-first fair tier a
+request does not age from one fair class into another (its deadline already orders it); it
+leaves the tier after the thresholds it skips (hybrid: P2 → P0 after 15 + 30 s). Within a class, a line orders the
 requests (least deadline first by default; bubble / SJF lines in bubble.py).
 """
 
@@ -76,6 +78,8 @@ class ClassScheduler:
         self.strict, self.fair, self.best_effort = tuple(strict), tuple(fair), tuple(best_effort)
         self.weights = tuple(weights)
         self.aging_s = tuple(aging_s) if aging_s is not None else (float("inf"),) * NUM_CLASSES
+        self._ages_to: list[tuple[int, float]] = [self._promotion(c) for c in range(NUM_CLASSES)]
+        """Per class: (the class a request ages into, after how long in this one)."""
         self.lines: list[Line] = [line() for _ in range(NUM_CLASSES)]
         self._where: dict[str, tuple[int, float]] = {}
         """request id → (current class, time it entered that class)."""
@@ -129,7 +133,7 @@ class ClassScheduler:
     def _enter(self, req: AdmittedRequest, c: int, entered: float) -> None:
         self._where[req.request_id] = (c, entered)
         self.lines[c].push(req, c)
-        if self.aging_s[c] != float("inf"):
+        if c > 0 and self._ages_to[c][1] != float("inf"):
             heapq.heappush(self._age[c], (entered, req.request_id))
 
     def _take(self, c: int) -> AdmittedRequest:
@@ -138,10 +142,23 @@ class ClassScheduler:
         del self._where[req.request_id]
         return req
 
+    def _promotion(self, c: int) -> tuple[int, float]:
+        """Aging moves a class-c request to c − 1 after aging_s[c]. A deadline-first fair tier
+        already serves a request by its deadline, and a request aged into another fair class
+        would carry that class's (long passed) target into its line, ahead of requests that can
+        still make theirs: there a fair request climbs straight out of the tier, after the
+        thresholds it skips (hybrid: P2 → P0 after 15 + 30 s), as it would have reached it."""
+        to, limit = c - 1, self.aging_s[c]
+        if self.fair_order == "deadline" and c in self.fair:
+            while to in self.fair:
+                limit += self.aging_s[to]
+                to -= 1
+        return (to, limit) if to >= 0 else (c, float("inf"))  # no tier above: it stays
+
     def _age_until(self, now: float) -> None:
         # Lower classes first, so a request may climb several classes in one call.
         for c in range(NUM_CLASSES - 1, 0, -1):
-            limit = self.aging_s[c]
+            to, limit = self._ages_to[c]
             heap = self._age[c]
             while heap and heap[0][0] + limit <= now:
                 entered, rid = heapq.heappop(heap)
@@ -150,7 +167,7 @@ class ClassScheduler:
                 req = self.lines[c].remove(rid)
                 assert req is not None
                 self.promotions += 1
-                self._enter(req, c - 1, entered + limit)
+                self._enter(req, to, entered + limit)
 
     def _tag(self, c: int) -> float:
         head = self.lines[c].peek()

@@ -15,8 +15,9 @@ Classes are split into three tiers, tried in order on every pop:
 Deadline-first fair tier (`fair_order="deadline"`, hybrid's default). Under flow control the
 backlog waits here, so whom the fair tier serves first decides who misses a deadline. WFQ
 serves P2 its share (4 of 12) even while P2's head has a minute of slack and P1's head is
-about to pass its 5 s target: on saturated chatbot that cost ~160 P1 deadlines. So the fair
-tier serves the head that must leave first, WFQ only breaking what deadlines leave open:
+about to pass its 5 s target: on saturated chatbot that cost 248 P1 requests (65 refused, 158
+expired, 25 late; docs/results-priorities.md §1.1). So the fair tier serves the head that
+must leave first, WFQ only ordering what deadlines leave open:
 
     release_c = shared.slo.latest_release_s(deadline(head_c, c), prefill(head_c))
     key_c     = (0, release_c, F_c, c)   if now ≤ release_c < ∞   (it can still make it)
@@ -24,18 +25,20 @@ tier serves the head that must leave first, WFQ only breaking what deadlines lea
     serve the class with the least key_c; V and F_last advance as in WFQ.
 
 A head that can still meet its deadline goes before any that cannot, earliest release first
-(EDF: meets every deadline any order can, while the fleet can); the rest share by WFQ tags,
-so a head that has already missed (the queue's expiry is off, or it has not yet run) gets no
-priority over the ones it would make late — EDF's domino — and a class without deadlines
-still gets its weighted share. The deadlines are the fairness bound: a fair class's head
-waits at most until its release time while any order could serve it by then.
+(EDF, which on one server meets every set of deadlines any order could); the rest share by
+WFQ tags, so a head that has already missed (the queue's expiry is off, or has not run yet)
+gets no priority over the ones it would make late — EDF's domino — and heads without
+deadlines keep their weighted shares. A class is not starved: its head is served by its
+release time unless heads with earlier releases fill the fleet until then, and once it has
+missed it competes by WFQ tag.
 
 Aging: a request that has spent AGING_S[c] in class c (P3 5 s, P2 15 s, P1 30 s) moves to
 c − 1, its clock in the new class starting when it was promoted (so a long-idle queue
 promotes exactly as a continuously polled one would). With the deadline-first fair tier a
 request does not age from one fair class into another (its deadline already orders it); it
-leaves the tier after the thresholds it skips (hybrid: P2 → P0 after 15 + 30 s). Within a class, a line orders the
-requests (least deadline first by default; bubble / SJF lines in bubble.py).
+leaves the tier after the thresholds it skips (hybrid: P2 → P0 after 15 + 30 s). Within a
+class, a line orders the requests (least deadline first by default; bubble / SJF lines in
+bubble.py).
 """
 
 from __future__ import annotations

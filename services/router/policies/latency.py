@@ -129,8 +129,11 @@ class BoundedLoadGuard:
         if not self.sticky or keep.all():
             return Narrowed(keep)
         queued = view.queued_prefill[cand]
+        exempt = ~keep & (view.hit[cand] > queued)
+        if not exempt.any():  # the common case: nothing beyond the bound holds more than it queues
+            return Narrowed(keep)
         own = queued + view.new[cand]
-        exempt = ~keep & (view.hit[cand] > queued) & (own <= own[keep].min())
+        exempt &= own <= own[keep].min()
         if not exempt.any():
             return Narrowed(keep)
         return Narrowed(keep | exempt, "sticky")

@@ -113,8 +113,10 @@ class BoundedLoadGuard:
     holder's queue does not make r wait; where it does not (a conversation's holder a few
     sequences over a small mean, the lightly loaded fleet), sending r away only recomputes
     its context. A holder whose queue outgrows what r has cached there (a hot prefix's
-    holder once its queue passes the prefix's length, any holder of the overloaded fleet) is
-    not exempt, and the bound replicates and balances as before."""
+    holder once its queue passes the prefix's length; under overload, holders of all but the
+    longest contexts) is not exempt, and the bound replicates and balances as before. Chosen
+    on the tuning workloads, where it helped at every load; on the unseen Mooncake half it
+    helps at ×1 and costs mean TTFT at ×3 (docs/results-routing.md)."""
 
     c: float = BALANCE_FACTOR
     sticky: bool = True

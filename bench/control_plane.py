@@ -292,10 +292,13 @@ def print_side_by_side(result: dict[str, Any], console: Console) -> None:
             t.add_column("segment")
             for label in labels:
                 t.add_column(label, justify="right")
+            def cell(label: str, name: str, stat: str, path: str = path) -> str:
+                got = hops[label][path]["segments"].get(name)
+                return f"{got[stat]:.3f}" if got else "–"  # "–": that code notes no such instant
+
             for name in (*names, "total (TTFT)"):
-                t.add_row(name, *(f"{hops[label][path]['segments'][name]['mean_ms']:.3f}" for label in labels))
-            t.add_row("median TTFT", *(f"{hops[label][path]['segments']['total (TTFT)']['p50_ms']:.3f}"
-                                       for label in labels))
+                t.add_row(name, *(cell(label, name, "mean_ms") for label in labels))
+            t.add_row("median TTFT", *(cell(label, "total (TTFT)", "p50_ms") for label in labels))
             console.print(t)
     t = Table(title="Control-plane targets (this tree)", box=box.SIMPLE_HEAD)
     for col in ("target", "measured", "goal", ""):

@@ -5,21 +5,30 @@ service exports its spans over OTLP/HTTP to a small receiver in this process. Re
 one at a time at a low rate (max_tokens = 1), each with a `traceparent` of its own, so every
 hop's span lands in that request's trace. Span timestamps are the host's wall clock in every
 process, so they compare across processes. A request's TTFT, t_first − t_send as the client
-sees it, is cut at the spans' edges into contiguous segments that sum to it exactly:
+sees it, is cut at the spans' edges and at the instants the hops note on their spans (when
+spans are recorded) into contiguous segments that sum to it exactly. The cuts follow the
+first token's critical path, not the spans' ends: admission answers `accepted` after
+JetStream's ack, but the queue may have the message before that ack comes back.
 
     client → edge            edge span start − t_send                      (HTTP path only)
     edge → admission         admission span start − edge span start        (HTTP path only)
     client → admission       admission span start − t_send                 (NATS path only)
-    admission                admission span: decode, checks, tokenize, `accepted`, the
-                             JetStream publish and its acknowledgement
-    JetStream → queue        queue's dispatch span start − admission span end (JetStream
-                             stores and delivers; the queue orders. It overlaps the ack, so
-                             it can come out negative: the queue may have the message first)
-    queue → router           router span start − queue dispatch span start
-    router                   router's offer span start − router span start (the decision)
-    router → worker          worker's generation span start − offer span start
-    worker                   its time to first token (the engine takes no time here)
-    worker → client          t_first − (worker span start + its TTFT)
+    admission                decode, checks, tokenize, encode: admission span start →
+                             the JetStream publish (`tokenyard.enqueue_ns`)
+    JetStream → queue        JetStream stores the message and delivers it to the queue's
+                             standing pull: publish → the queue's callback has it
+                             (`tokenyard.received_ns` on the queue's span)
+    queue                    decode, order, release: received → the route request sent
+                             (the queue's `send llm.v1.route` span start)
+    queue → router           route request sent → router span start
+    router                   the decision, the follow subscription: router span start →
+                             its offer to the worker (`send llm.v1.worker.…` span start)
+    router → worker          offer sent → the worker's endpoint has it (`tokenyard.received_ns`
+                             on the worker's span)
+    worker                   decode, accept, answer the router, start the engine, the first
+                             token, encode: received → the first chunk handed to NATS
+                             (`tokenyard.first_event_ns`)
+    worker → client          t_first − the first chunk's publish
 
 Recording spans costs each hop some time of its own (an SDK span is ~0.2 ms of Python), so
 the total here exceeds the TTFT measured without tracing; the split is what it shows.
@@ -39,7 +48,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-NATS_SEGMENTS = ("client → admission", "admission", "JetStream → queue", "queue → router", "router",
+NATS_SEGMENTS = ("client → admission", "admission", "JetStream → queue", "queue", "queue → router", "router",
                  "router → worker", "worker", "worker → client")
 HTTP_SEGMENTS = ("client → edge", "edge → admission", *NATS_SEGMENTS[1:])
 
@@ -118,12 +127,17 @@ def segments(spans: list[Span], sent: Sent, http: bool) -> dict[str, float] | No
 
     edge, adm = one("edge", "publish"), one("admission", "process")
     queue, router = one("queue", "process"), one("router", "process")
-    offer, worker = one("router", "send llm.v1.worker."), one("worker", "process")
-    if None in (adm, queue, router, offer, worker) or (http and edge is None):
+    route, offer = one("queue", "send llm.v1.route"), one("router", "send llm.v1.worker.")
+    worker = one("worker", "process")
+    if None in (adm, queue, route, router, offer, worker) or (http and edge is None):
         return None
-    ttft_ns = int(worker.attributes.get("gen_ai.server.time_to_first_token", 0.0) * 1e9)
-    cuts = [sent.t_send_ns, *([edge.start_ns] if http else []), adm.start_ns, adm.end_ns, queue.start_ns,
-            router.start_ns, offer.start_ns, worker.start_ns, worker.start_ns + ttft_ns, sent.t_first_ns]
+    noted = (adm.attributes.get("tokenyard.enqueue_ns"), queue.attributes.get("tokenyard.received_ns"),
+             worker.attributes.get("tokenyard.received_ns"), worker.attributes.get("tokenyard.first_event_ns"))
+    if not all(noted):
+        return None
+    enqueued, received, offered, first = noted
+    cuts = [sent.t_send_ns, *([edge.start_ns] if http else []), adm.start_ns, enqueued, received, route.start_ns,
+            router.start_ns, offer.start_ns, offered, first, sent.t_first_ns]
     names = HTTP_SEGMENTS if http else NATS_SEGMENTS
     return {n: (b - a) / 1e6 for n, a, b in zip(names, cuts[:-1], cuts[1:], strict=True)}
 
@@ -157,6 +171,10 @@ async def send_http(http: aiohttp.ClientSession, url: str, model: str, prompt: s
 
 
 def summarise(rows: list[dict[str, float]], names: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Median and mean of each segment and of the total; empty without rows (a fleet whose
+    code notes no instants, e.g. an older commit's beside this tree's)."""
+    if not rows:
+        return {}
     out = {n: {"p50_ms": statistics.median(r[n] for r in rows),
                "mean_ms": statistics.fmean(r[n] for r in rows)} for n in names}
     totals = [sum(r.values()) for r in rows]

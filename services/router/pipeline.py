@@ -165,7 +165,7 @@ class Pipeline:
         mask = arrays[0].copy() if arrays else np.ones(view.n, dtype=np.bool_)
         for m in arrays[1:]:
             mask &= m
-        cand = np.flatnonzero(mask)
+        cand = mask.nonzero()[0]  # the mask is 1-D: flatnonzero less its Python-level ravel
         if len(cand) == 0:  # name the filter that emptied the candidates (the rare path)
             mask[:] = True
             for f, m in zip(self.filters, masks, strict=True):
@@ -177,7 +177,7 @@ class Pipeline:
                 i = view.slot.get(wid)
                 if i is not None:
                     mask[i] = False
-            cand = np.flatnonzero(mask)
+            cand = mask.nonzero()[0]  # the mask is 1-D: flatnonzero less its Python-level ravel
             if len(cand) == 0:
                 return Choice(None, "every candidate refused", policy=self.name)
         notes: list[str] = []

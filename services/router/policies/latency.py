@@ -69,8 +69,9 @@ class MarginalLatencyScorer:
         n = view.new[cand].astype(np.float64)
         own = view.queued_prefill[cand] + n
         b = view.running[cand] + view.waiting[cand]
-        # own + n · (b + b̄) / 2, in place: the same values, fewer temporaries (the decision's hot path)
-        cost = b + b.mean()
+        # own + n · (b + b̄) / 2, in place: the same values, fewer temporaries (the decision's
+        # hot path); b̄ as sum / count, the value ndarray.mean gives without its Python-level steps
+        cost = b + int(b.sum()) / len(b)
         cost *= n
         cost /= 2.0
         cost += own

@@ -193,14 +193,15 @@ class Pipeline:
             cand = kept
         scored = self.scorer.score(req, view, cand)
         scores = np.asarray(scored.scores, dtype=np.float64)
-        # One sum catches any nan or ±inf (finite scores here are far from overflowing it).
-        if scores.shape != cand.shape or not math.isfinite(scores.sum()):
+        # One sum catches any nan or ±inf (finite scores here are far from overflowing it);
+        # np.add.reduce is ndarray.sum without its Python-level wrapper (the hot path).
+        if scores.shape != cand.shape or not math.isfinite(np.add.reduce(scores)):
             raise ValueError(f"scorer '{self.scorer.name}' must return one finite score per candidate")
         tiebreak = scored.tiebreak
-        if tiebreak is not None and (tiebreak.shape != cand.shape or not math.isfinite(tiebreak.sum())):
+        if tiebreak is not None and (tiebreak.shape != cand.shape or not math.isfinite(np.add.reduce(tiebreak))):
             raise ValueError(f"scorer '{self.scorer.name}' must give one finite tiebreak per candidate")
         if scored.note:
             notes.append(scored.note)
         k = self.picker.pick(view, cand, scores, tiebreak)
-        score = float(scores[np.searchsorted(cand, k)])
+        score = float(scores[cand.searchsorted(k)])
         return Choice(view.ids[k], candidates=len(cand), row=k, score=score, policy=self.name, notes=tuple(notes))

@@ -71,7 +71,7 @@ class MarginalLatencyScorer:
         b = view.running[cand] + view.waiting[cand]
         # own + n · (b + b̄) / 2, in place: the same values, fewer temporaries (the decision's
         # hot path); b̄ as sum / count, the value ndarray.mean gives without its Python-level steps
-        cost = b + int(b.sum()) / len(b)
+        cost = b + int(np.add.reduce(b)) / len(b)
         cost *= n
         cost /= 2.0
         cost += own

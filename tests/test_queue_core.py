@@ -435,3 +435,30 @@ def test_the_running_decodes_tpot_slack_bounds_the_room():
     assert q.headroom(0.0) == 0 and q.saturated(0.0)
     q.on_heartbeat(fhb("w0"), 0.0)
     assert q.headroom(0.0) == 2500
+
+
+def test_a_worker_in_its_decode_phase_offers_no_room():
+    """EcoServe's decode phase and a P/D decode worker refuse every new request (the worker's
+    offer says "decode phase"): room counted there would go to the router and bounce back."""
+    from tokenyard.services.priority_queue.policies.registry import make_policy
+
+    q = QueueCore(QueueConfig(p0_reserve_per_worker=1), make_policy("hybrid"))
+    q.on_heartbeat(hb("p", queued=1000, prefill_ms_per_token=0.1, phase="prefill"), 0.0)  # 1500 of room
+    q.on_heartbeat(hb("d", prefill_ms_per_token=0.1, phase="decode"), 0.0)  # idle, but takes none
+    q.on_heartbeat(hb("m", queued=2400, prefill_ms_per_token=0.1, phase="mixed"), 0.0)  # 100
+    assert q.headroom(0.0) == 1600
+    for rid, cls in (("a", 1), ("z0", 0), ("z1", 0), ("z2", 0)):
+        q.offer(sized(rid, 2000, cls=cls), 0.0)
+    # z0 takes the room; the P0 reserve is one per worker that takes new requests: p and m
+    assert ids(q.dispatchable(0.0)) == ["z0", "z1", "z2"]
+    for rid, wid in (("z0", "p"), ("z1", "p"), ("z2", "m")):
+        q.on_routed(rid, wid, 0.0)
+    # the phases rotate: p decodes what it prefilled, d takes its turn at prefill
+    q.on_heartbeat(hb("p", running=2, prefill_ms_per_token=0.1, phase="decode"), 0.1)
+    q.on_heartbeat(hb("d", prefill_ms_per_token=0.1, phase="prefill"), 0.1)
+    assert q.headroom(0.1) == 2500  # d's whole H; m, sent z2 since its heartbeat, has none
+
+    off = QueueCore(QueueConfig(flow_control=False, slots_per_worker=3), FCFS())
+    off.on_heartbeat(hb("d", phase="decode"), 0.0)
+    off.on_heartbeat(hb("p", waiting=1, phase="prefill"), 0.0)
+    assert off.headroom(0.0) == 2

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tokenyard.shared.schemas import Heartbeat
+from tokenyard.shared.schemas import Heartbeat, Phase
 
 
 class Refusal(enum.IntEnum):
@@ -157,6 +157,19 @@ def place(
 def leaves_prefill(backlog_requests: int, compute_util: float, cfg: EcoConfig) -> bool:
     """prefill → decode: the backlog is small, or compute is saturated."""
     return backlog_requests <= cfg.backlog_switch or compute_util >= cfg.saturation
+
+
+def prefill_phase_starved(phase: str, mode: str, waiting: int, cfg: EcoConfig = EcoConfig()) -> bool:
+    """Is an EcoServe worker in its prefill phase holding so few waiting requests that
+    leaves_prefill would end the phase (≤ `backlog_switch`)? Flow control then lets it take one
+    more request whatever its prefill-time bound (shared.slo.prefill_budget_s): a prefill phase
+    exists to work through a backlog, and that bound (a quarter second of prefill) is under one
+    full chunk on a slow engine (0.9 s on l20-codellama34b-tp4), so with the backlog held in the
+    queue the worker saw ≤ 2 waiting, every phase ended at its minimum length, and requests
+    waited in the queue instead (Azure conversation ×4: goodput 3.35 req/s, 9.72 with this
+    rule). What such a worker takes is still bounded by the router's constraint check (TTFT
+    SLO, TPOT slack). Spatial P/D's prefill workers (mode `pd`) have no phase to end."""
+    return mode == "ecoserve" and phase == Phase.PREFILL and waiting <= cfg.backlog_switch
 
 
 def ready_for_prefill(slack_ms: float | None, est_prefill_ms: float, cfg: EcoConfig) -> bool:

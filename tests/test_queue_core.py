@@ -462,3 +462,20 @@ def test_a_worker_in_its_decode_phase_offers_no_room():
     off.on_heartbeat(hb("d", phase="decode"), 0.0)
     off.on_heartbeat(hb("p", waiting=1, phase="prefill"), 0.0)
     assert off.headroom(0.0) == 2
+
+
+def test_an_ecoserve_prefill_phase_keeps_a_backlog_its_phase_can_work_through():
+    """Flow control's quarter second of prefill is under one chunk on a slow engine: an EcoServe
+    prefill-phase worker would then never hold more than the 2 waiting requests at which its
+    phase ends, so it has room for one more request while waiting + sent ≤ 2."""
+    q = QueueCore(QueueConfig(), FCFS())
+    q.on_heartbeat(hb("eco", queued=9000, waiting=1, prefill_ms_per_token=0.1, phase="prefill", mode="ecoserve"), 0.0)
+    q.on_heartbeat(hb("pd", queued=9000, prefill_ms_per_token=0.1, phase="prefill", mode="pd"), 0.0)
+    assert q.headroom(0.0) == 1
+    for rid in "abc":
+        q.offer(sized(rid, 4000), 0.0)
+    assert ids(q.dispatchable(0.0)) == ["a"]
+    q.on_routed("a", "eco", 0.0)
+    assert ids(q.dispatchable(0.0)) == ["b"]  # waiting 1 + sent 1 = 2: still starved
+    q.on_routed("b", "eco", 0.0)
+    assert q.dispatchable(0.0) == [] and q.headroom(0.0) == 0  # 3: its phase goes on

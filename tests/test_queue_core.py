@@ -467,15 +467,20 @@ def test_a_worker_in_its_decode_phase_offers_no_room():
 def test_an_ecoserve_prefill_phase_keeps_a_backlog_its_phase_can_work_through():
     """Flow control's quarter second of prefill is under one chunk on a slow engine: an EcoServe
     prefill-phase worker would then never hold more than the 2 waiting requests at which its
-    phase ends, so it has room for one more request while waiting + sent ≤ 2."""
+    phase ends, so it has room for one more request while waiting + sent ≤ 2 and its backlog
+    is under its minimum phase length (1 s) of prefill."""
     q = QueueCore(QueueConfig(), FCFS())
-    q.on_heartbeat(hb("eco", queued=9000, waiting=1, prefill_ms_per_token=0.1, phase="prefill", mode="ecoserve"), 0.0)
-    q.on_heartbeat(hb("pd", queued=9000, prefill_ms_per_token=0.1, phase="prefill", mode="pd"), 0.0)
+    q.on_heartbeat(hb("eco", queued=5000, waiting=1, prefill_ms_per_token=0.1, phase="prefill", mode="ecoserve"), 0.0)
+    q.on_heartbeat(hb("pd", queued=5000, prefill_ms_per_token=0.1, phase="prefill", mode="pd"), 0.0)
     assert q.headroom(0.0) == 1
-    for rid in "abc":
-        q.offer(sized(rid, 4000), 0.0)
+    for rid in "abcd":
+        q.offer(sized(rid, 2000), 0.0)
     assert ids(q.dispatchable(0.0)) == ["a"]
     q.on_routed("a", "eco", 0.0)
-    assert ids(q.dispatchable(0.0)) == ["b"]  # waiting 1 + sent 1 = 2: still starved
+    assert ids(q.dispatchable(0.0)) == ["b"]  # waiting 1 + sent 1 = 2, 0.7 s: still starved
     q.on_routed("b", "eco", 0.0)
-    assert q.dispatchable(0.0) == [] and q.headroom(0.0) == 0  # 3: its phase goes on
+    assert q.dispatchable(0.0) == [] and q.headroom(0.0) == 0  # 3 waiting: its phase goes on
+    q.on_heartbeat(hb("eco", queued=9000, waiting=1, prefill_ms_per_token=0.1, phase="prefill", mode="ecoserve"), 0.1)
+    assert ids(q.dispatchable(0.1)) == ["c"]  # 0.9 s
+    q.on_routed("c", "eco", 0.1)
+    assert q.dispatchable(0.1) == []  # 1.1 s: a minimum phase's work is there

@@ -21,8 +21,9 @@ heartbeat and what was routed to it since, with no per-deployment number:
     A worker in the decode phase (EcoServe's, or a spatial P/D decode worker) has none: it
     refuses every new request (only P/D decode legs, which never pass the queue, go to it), so
     room counted there would be released to the router and bounce back. An EcoServe worker in
-    its prefill phase has room for one more request while waiting_w + sent_w ≤ 2, the backlog
-    at which its phase would end (shared.ecoserve.prefill_phase_starved).
+    its prefill phase has room for one more request while waiting_w + sent_w ≤ 2 (with which
+    its phase would end) and its backlog is under 1 s of prefill, its minimum phase length
+    (shared.ecoserve.prefill_phase_starved).
 
 The queue releases requests in its policy's order while headroom > 0 (each takes its prompt
 tokens off it; the last one may overshoot). H is half the tightest TTFT target, so a request
@@ -127,7 +128,8 @@ class _Worker:
             return 1 if self.waiting + self.sent < UNKNOWN_RATE_WAITING else 0
         backlog = self.queued_prefill + self.sent_tokens
         room = int(min(prefill_budget_s(self.tpot_slack_s) / self.prefill_s_per_token, self.kv_free_tokens)) - backlog
-        if room <= 0 and prefill_phase_starved(self.phase, self.mode, self.waiting + self.sent):
+        if room <= 0 and prefill_phase_starved(self.phase, self.mode, self.waiting + self.sent,
+                                               backlog * self.prefill_s_per_token):
             return 1  # one more request, whatever its prompt (the last release may overshoot)
         return room
 

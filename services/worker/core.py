@@ -109,7 +109,8 @@ class WorkerCore:
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
         if (self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED)
-                and not prefill_phase_starved(self.phase, self.mode, stats.waiting)):
+                and not prefill_phase_starved(self.phase, self.mode, stats.waiting,
+                                              stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0)):
             return schemas.GenerateReply(rid, False, "saturated"), False
         # A decode leg's first token went out from the prefill worker: number on from it.
         self.streams[rid] = (_Stream(req, 1, 1) if req.kv_from

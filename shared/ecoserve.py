@@ -173,7 +173,7 @@ def prefill_phase_starved(phase: str, mode: str, waiting: int, backlog_s: float,
     under one full 2,048-token chunk on a slow engine (0.9 s on l20-codellama34b-tp4), so with
     the backlog held in the queue such a worker never saw more than 2 waiting, each phase ended
     at its minimum length, and requests waited in the queue instead (Azure conversation ×4:
-    goodput 3.35 req/s; 9.72 with this rule). The MIN_PHASE_S bound keeps a worker holding long
+    goodput 3.35 req/s; 9.60 with this rule). The MIN_PHASE_S bound keeps a worker holding long
     prompts from taking more (coder ×0.3: 3.00 req/s with the count alone, 4.66 with both).
     What it takes is still subject to the router's constraint check (TTFT SLO, TPOT slack).
     Spatial P/D's prefill workers (mode `pd`) have no phase to end."""

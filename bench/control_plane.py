@@ -62,9 +62,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 from tokenyard.loadgen.config import BenchConfig
-from tokenyard.loadgen.report import write_result_json
 from tokenyard.loadgen.serve import run_bench
 from tokenyard.shared import config as shared_config
+
+from bench._out import write_result
 
 TTFT_P50_MS = 2.0
 TTFT_P99_MS = 10.0
@@ -432,8 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]control-plane benchmark failed: {type(e).__name__}: {e}")
         return 2
     print_report(result, console)
-    if args.json:
-        write_result_json(result, args.json)
+    write_result(args.json, result)
     return 0 if all(v["met"] for v in result["verdicts"]) else 1
 
 

@@ -41,6 +41,7 @@ from nats.aio.client import Client
 from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
+from bench._out import write_result
 from tokenyard.launcher import FleetProcesses, ping
 
 PROBES = ("worker-kill", "worker-kill-off", "nats-restart", "queue-kill", "overload-rss")
@@ -491,9 +492,7 @@ async def main(argv: list[str] | None = None) -> int:
         for row in out if isinstance(out, list) else [out]:
             print_row(row)
             rows.append(row)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv, "rows": rows}, f, indent=1, default=str)
+    write_result(args.json, {"rows": rows}, "python -m bench.faults")
     return 0
 
 

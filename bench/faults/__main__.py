@@ -43,7 +43,7 @@ async def main(argv: list[str] | None = None) -> int:
                     help="nats-restart: streams of 400 tokens, a third read each way")
     ap.add_argument("--queued", type=int, default=1200)
     ap.add_argument("--overload-s", type=float, default=60.0)
-    ap.add_argument("--overload-workers", type=int, default=1)
+    ap.add_argument("--overload-workers", type=int, default=2)
     ap.add_argument("--overload-speed", type=float, default=0.1,
                     help="overload-rss: the simulated workers' speed (small: a capacity this machine can offer 10× of)")
     ap.add_argument("--capacity-concurrency", type=int, default=128)

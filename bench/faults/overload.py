@@ -6,7 +6,8 @@ honestly: simulated workers slowed by `--overload-speed` (simulated seconds per 
 second), so the simulated GPUs, not the control plane's CPU, bound what is served. The
 capacity is measured twice: before, by a closed loop of `--capacity-concurrency` streams
 (more than the engine's batch fills at this length), and during the overload, as the 200s
-the fleet completed while it ran (its saturated throughput). The offered load is spread
+the fleet completed in its second half (its saturated throughput); both count only a
+window's second half, once the pipeline is full. The offered load is spread
 over enough generator processes (generator.py) that none is asked for more than
 GENERATOR_RPS, and offered ÷ capacity is reported against the larger of the two."""
 
@@ -30,9 +31,13 @@ from bench.faults.streams import note
 GENERATOR_RPS = 60.0
 """The most one generator process is asked for (one Python process on a busy 2-core machine
 keeps this rate; the earlier single generator reached 144 req/s of the 462 asked)."""
-CAPACITY_S = 20.0
+CAPACITY_S = 40.0
+"""The closed loop's length; completions are counted in its second half only (a request at
+these speeds takes seconds: counting from the start would undercount a loop still filling)."""
 DRAIN_S = 30.0
 """After the load: how long clients wait for answers before giving up (disconnecting)."""
+IDLE_WAIT_S = 120.0
+"""How long the probe waits for the edge to hold nothing before reading RSS."""
 
 
 async def edge_in_flight(http: aiohttp.ClientSession, base: str) -> float:
@@ -43,7 +48,18 @@ async def edge_in_flight(http: aiohttp.ClientSession, base: str) -> float:
     return 0.0
 
 
+async def edge_settles(base: str, within_s: float) -> tuple[float, float]:
+    """Wait until the edge holds no request (at most `within_s`): what it still holds, and
+    how long that took."""
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        while (held := await edge_in_flight(http, base)) > 0 and time.monotonic() - t0 < within_s:
+            await asyncio.sleep(0.5)
+    return held, time.monotonic() - t0
+
+
 async def closed_loop_capacity(url: str, concurrency: int, seconds: float) -> float:
+    """Completions per second in the second half of a closed loop of `concurrency`."""
     done = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         t0 = time.monotonic()
@@ -52,12 +68,12 @@ async def closed_loop_capacity(url: str, concurrency: int, seconds: float) -> fl
             nonlocal done
             i = k
             while time.monotonic() - t0 < seconds:
-                if await one(http, url, i) == 200 and time.monotonic() - t0 < seconds:
+                if await one(http, url, i) == 200 and seconds / 2 <= time.monotonic() - t0 < seconds:
                     done += 1
                 i += concurrency
 
         await asyncio.gather(*(loop(k) for k in range(concurrency)))
-    return done / seconds
+    return done / (seconds / 2)
 
 
 async def probe_overload_rss(args) -> dict:
@@ -82,10 +98,8 @@ async def probe_overload_rss(args) -> dict:
                 peak[n] = max(peak[n], rss_mb(p))
             await asyncio.sleep(0.5)
         results = [json.loads(g.stdout.read()) for g in gens]
-        async with aiohttp.ClientSession() as http:
-            async with asyncio.timeout(60):
-                while await edge_in_flight(http, fleet.http_url) > 0:
-                    await asyncio.sleep(0.5)
+        held, waited = await edge_settles(fleet.http_url, IDLE_WAIT_S)
+        note(f"overload-rss: edge holds {held:g} requests {waited:.1f} s after the generators exit")
         await asyncio.sleep(5)  # idle: the edge trims after 1 s
         after = {n: rss_mb(p) for n, p in pids.items()}
         statuses: Counter = Counter()
@@ -93,7 +107,7 @@ async def probe_overload_rss(args) -> dict:
             statuses.update(r["statuses"])
         sent = sum(r["sent"] for r in results)
         offered = sum(r["offered_rps"] for r in results)
-        served = sum(r["ok_in_window"] for r in results) / args.overload_s
+        served = sum(r["ok_second_half"] for r in results) / (args.overload_s / 2)
         per_process = {n: {"base_mb": round(base[n], 1), "peak_mb": round(peak[n], 1), "after_mb": round(after[n], 1),
                            "delta_mb": round(after[n] - base[n], 1)} for n in pids}
         ratio = None
@@ -102,6 +116,7 @@ async def probe_overload_rss(args) -> dict:
         return {"probe": "overload-rss", "workers": args.overload_workers, "speed": args.overload_speed,
                 "capacity_rps": round(capacity, 1), "served_rps_under_overload": round(served, 1),
                 "offered_rps": round(offered, 1), "offered_over_capacity": ratio, "generators": n_gen,
+                "edge_held_after": held, "edge_settled_s": round(waited, 1),
                 "sent": sent, "statuses": dict(statuses.most_common()),
                 "worst_delta_mb": max(v["delta_mb"] for v in per_process.values()), "rss": per_process}
     finally:

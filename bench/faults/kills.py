@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 from collections import Counter
 
 from nats.aio.client import Client
-from tokenyard.shared import codec, natsutil, schemas, subjects
+from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects
 
 from bench.faults.fleet import fleet_for, proc, running_on
 from bench.faults.streams import note, submit, tally, wait_all
@@ -61,13 +62,22 @@ async def queue_depth(nc: Client) -> int:
     return sum(latest.values())
 
 
+def env_as(fleet, kind: str) -> dict[str, str]:
+    return {**os.environ, **nats_auth.child_env(fleet.nats_url, kind)}
+
+
+def log_file(args, name: str):
+    return open(os.path.join(args.log_dir, f"{name}.log"), "a") if args.log_dir else subprocess.DEVNULL
+
+
 async def probe_queue_kill(args) -> dict:
     # No worker yet: the queue replicas hold every request until one comes, after the kill.
     fleet = fleet_for(args, workers=0)
     await fleet.start()
     base = [sys.executable, "-m", "tokenyard.cli"]
-    standby = subprocess.Popen([*base, "queue", "--nats", fleet.nats_url],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # The fleet's server is secured: each extra process gets its kind's credentials.
+    standby = subprocess.Popen([*base, "queue", "--nats", fleet.nats_url], env=env_as(fleet, "queue"),
+                               stdout=subprocess.DEVNULL, stderr=log_file(args, "queue-standby"))
     late = None
     try:
         nc = await natsutil.connect(fleet.nats_url, "bench-faults")
@@ -83,7 +93,8 @@ async def probe_queue_kill(args) -> dict:
         note(f"queue-kill: {sum(s.accepted for s in streams)} accepted, {depth} queued; SIGKILL the queue")
         proc(fleet, "queue").send_signal(signal.SIGKILL)
         late = subprocess.Popen([*base, "worker", "--nats", fleet.nats_url, "--engine", "sim", "--profile",
-                                 args.profile, "--id", "w-late"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 args.profile, "--id", "w-late"], env=env_as(fleet, "worker"), stdout=subprocess.DEVNULL,
+                                stderr=log_file(args, "worker-late"))
         await wait_all(streams, args.deadline_s + 120)  # held ones come back after ack_wait (30 s)
         note(f"queue-kill: {Counter(s.outcome for s in streams)}")
         finishes = Counter(s.request_id for s in streams if s.terminal == "finished")

@@ -45,6 +45,8 @@ log = telemetry.logger("worker")
 LEG_ROUTE_TIMEOUT_S = 5.0
 """How long a P/D decode leg waits for the router's answer (the queue's route timeout)."""
 
+REPLAY_SLICE = 256
+"""Replayed events published between two turns of the event loop."""
 REPLAY_POLL_S = 0.1
 """While a due replay waits for the connection to come back: how often it looks."""
 
@@ -176,9 +178,11 @@ class WorkerShell:
                 if self.outage.pending:  # disconnected again
                     await asyncio.sleep(REPLAY_POLL_S)
                 continue
-            for subject, data, headers in batch:
+            for i, (subject, data, headers) in enumerate(batch, 1):
                 with contextlib.suppress(Exception):
                     await self.nc.publish(subject, data, headers=headers)
+                if i % REPLAY_SLICE == 0:  # let heartbeats and the engine run: a replay is ~10k events
+                    await asyncio.sleep(0)
             sent += len(batch)
         log.warning("replay_after_reconnect", events=sent)
 

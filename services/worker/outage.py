@@ -78,15 +78,17 @@ class OutageReplay:
             self._kept.append(event)
         return not terminal
 
-    def take(self, connected: bool) -> list[Event]:
+    def take(self, now: float, connected: bool) -> list[Event]:
         """The next batch of the due replay, in the order the events were sent. An empty batch
         while connected ends the unsure period: events sent while a batch was being published
         come in the next batch, so a held terminal event never overtakes its stream's chunks.
         While disconnected the batch is empty and the replay stays pending (the next reconnect
-        makes it due again)."""
+        makes it due again). A batch counts as sent at `now`: a disconnect soon after replays
+        it again, as it would any event of the last `before_s`."""
         if not connected:
             return []
         batch, self._kept = self._kept, []
         if not batch:
             self.due_at = None
+        self._recent.extend((now, event) for event in batch)
         return batch

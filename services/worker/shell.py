@@ -173,7 +173,7 @@ class WorkerShell:
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
-            batch = self.outage.take(self.nc.is_connected)
+            batch = self.outage.take(time.monotonic(), self.nc.is_connected)
             if not batch:
                 if self.outage.pending:  # disconnected again
                     await asyncio.sleep(REPLAY_POLL_S)

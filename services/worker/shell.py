@@ -96,6 +96,7 @@ class WorkerShell:
         await self.engine.stop()
 
     async def _on_generate(self, req: Request) -> None:
+        received_ns = time.time_ns()
         try:
             ar = codec.decode(req.data, schemas.AdmittedRequest)
         except codec.DecodeError as e:
@@ -103,7 +104,7 @@ class WorkerShell:
             return
         reply, start = self.core.offer(ar, self.engine.stats())
         if start:
-            task = asyncio.create_task(self._generate(ar, req.headers))
+            task = asyncio.create_task(self._generate(ar, req.headers, received_ns))
             self._streams[ar.request_id] = task
             task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))
         await req.respond(codec.encode(reply))
@@ -111,7 +112,9 @@ class WorkerShell:
             error = self.core.reused_id_error(ar)
             await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=codec.content_headers(ar.json))
 
-    async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None) -> None:
+    async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None,
+                        received_ns: int = 0) -> None:
+        """`received_ns`: when the offer came (wall clock), for the hop profile."""
         subject = subjects.worker_generate(self.core.cfg.worker_id)
         attrs = {
             "gen_ai.operation.name": "chat" if ar.kind == "chat" else "text_completion",
@@ -120,19 +123,21 @@ class WorkerShell:
             "gen_ai.request.max_tokens": ar.max_tokens,
             "gen_ai.usage.input_tokens": ar.prompt_len,
             "tokenyard.worker_id": self.core.cfg.worker_id,
+            "tokenyard.received_ns": received_ns,
         }
         # MessagePack is the default and is told from JSON by its first byte: a header on every
         # chunk would double the publish cost (8.5 vs 4.2 µs), so only JSON streams carry one.
         hdrs = codec.content_headers(True) if ar.json else None
         with telemetry.span(self.kind, "process", subject, headers, request_id=ar.request_id, attributes=attrs) as span:
             t0 = time.monotonic()
-            ttft_ms = None
+            ttft_ms, first = None, False
             try:
                 async for out in self.engine.generate(engine_request(ar)):
                     for event in self.core.on_output(out):
                         if isinstance(event, schemas.Chunk) and ttft_ms is None:
                             ttft_ms = (time.monotonic() - t0) * 1000.0
                             span.set_attribute("gen_ai.server.time_to_first_token", ttft_ms / 1000.0)
+                            first = True
                         if isinstance(event, schemas.Finished):
                             event.ttft_ms = ttft_ms
                             span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
@@ -142,6 +147,9 @@ class WorkerShell:
                                 event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
                         await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs,
                                          terminal=isinstance(event, schemas.TERMINAL_EVENTS))
+                        if first:  # handed to NATS: where the hop profile's last segment starts
+                            span.set_attribute("tokenyard.first_event_ns", time.time_ns())
+                            first = False
                 if self._handed_off(ar.request_id):
                     await self._send_decode_leg(ar, hdrs)
             except Exception as e:

@@ -83,13 +83,15 @@ def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
         else:
             m = SimSetup(w, cfg, pol, make=make_variant).run({})
         row[pol] = {"short_p50_ttft_s": m.short_p50_ttft_s, "long_p99_ttft_s": m.long_p99_ttft_s,
+                    "long_p50_ttft_s": m.long_p50_ttft_s, "long_mean_ttft_s": m.long_mean_ttft_s,
                     "long_in_60s": m.long_done, "throughput": m.throughput, "completed": m.completed,
                     "wall_s": round(time.perf_counter() - t0, 1)}
     if "bubble" in row:
         b = row["bubble"]
         for base in ("partitioned", "fixed"):
-            if base in row and row[base]["long_p99_ttft_s"] > 0:
-                row[f"long_p99_bubble_over_{base}"] = b["long_p99_ttft_s"] / row[base]["long_p99_ttft_s"]
+            for stat in ("p99", "p50", "mean"):
+                if base in row and row[base][f"long_{stat}_ttft_s"] > 0:
+                    row[f"long_{stat}_bubble_over_{base}"] = b[f"long_{stat}_ttft_s"] / row[base][f"long_{stat}_ttft_s"]
         if "sjf" in row and row["sjf"]["short_p50_ttft_s"] > 0:
             row["short_p50_bubble_over_sjf"] = b["short_p50_ttft_s"] / row["sjf"]["short_p50_ttft_s"]
     return row

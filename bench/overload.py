@@ -2,14 +2,16 @@
 queue policy hybrid, the router's default policy, admission fed heartbeats and queue stats as
 live). Deterministic: the same command gives the same numbers on any machine.
 
-    python -m bench.overload priorities [--n 3000] [--instances 8] [--load 6] [--out FILE.json]
+    python -m bench.overload priorities [--workload chatbot] [--mix 5,60,30,5] [--n 3000] [--instances 8]
+                                        [--load 6] [--skip-requests 0] [--out FILE.json]
     python -m bench.overload overload --workload chatbot|mooncake|azure-code|trace:PATH [--loads 1.5,3]
                                       [--instances 16] [--n 3000] [--skip-requests 0] [--mix 0,1,0,0]
                                       [--out FILE.json]
 
-* priorities — the chatbot workload with DESIGN §3.2's class mix 5/60/30/5, saturated (8 ×
-  a100-llama3-8b at ×6 the workload's base rate): P0's p95 TTFT and the output throughput under
-  queue policy `fcfs` and `hybrid`, and the same with flow control off (the old default).
+* priorities — the chatbot workload (or `--workload`) with DESIGN §3.2's class mix 5/60/30/5,
+  saturated (8 × a100-llama3-8b at ×6 the workload's base rate): P0's p95 TTFT, deadlines met
+  and the output throughput under queue policy `fcfs`, `hybrid` (the default) and `hybrid-wfq`
+  (its plain-WFQ fair tier), and the same with flow control off.
   Refused and expired requests count: `p0_p95_ttft_all_ms` is the p95 TTFT over *all* P0
   requests with a refused or expired one counted as never served (∞; so ∞ once more than 5 %
   are lost), beside `p0_served_share` and the p95 over the served ones only.
@@ -84,24 +86,32 @@ def row(res: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def priorities(n: int, instances: int, load: float) -> dict[str, Any]:
+PRIORITY_POLICIES = ("fcfs", "hybrid", "hybrid-wfq")
+"""fcfs, the default hybrid (deadline-first fair tier), and hybrid-wfq (DESIGN §3.3's plain WFQ
+fair tier, the default before it): what the priorities study compares."""
+
+
+def priorities(n: int, instances: int, load: float, workload: str = "chatbot", mix: str = "5,60,30,5",
+               skip: int = 0) -> dict[str, Any]:
+    from tokenyard.loadgen.config import parse_priority_mix
     from tokenyard.loadgen.workloads import open_workload
 
-    w = open_workload("chatbot", num_requests=n, rate_scale=load, priority_mix=(0.05, 0.6, 0.3, 0.05), seed=0)
+    w = open_workload(workload, num_requests=n, rate_scale=load, priority_mix=parse_priority_mix(mix), seed=0,
+                      skip_requests=skip)
     runs = {}
     for fc in (True, False):
-        for pol in ("fcfs", "hybrid"):
+        for pol in PRIORITY_POLICIES:
             res = run(w, instances=instances, queue_policy=pol, flow_control=fc)
             r = row(res)
             p0 = res["p0_ttft_all_s"]
-            r["p0_served_share"] = sum(math.isfinite(t) for t in p0) / len(p0)
+            r["p0_served_share"] = sum(math.isfinite(t) for t in p0) / len(p0) if p0 else math.nan
             r["p0_p95_ttft_all_ms"] = p95_all_ms(p0)
             runs[f"{pol}{'' if fc else ' (flow control off)'}"] = r
-            print(f"{pol:7} flow_control={fc!s:5} P0 p95 all {r['p0_p95_ttft_all_ms']:8.0f} ms  served "
-                  f"{r['p95_ttft_ms_by_class']['P0']:6.0f} ms  P0 served {r['p0_served_share']:.1%}  "
-                  f"output {r['output_throughput']:8.0f} tok/s  "
-                  f"refused {res['outcomes']['all']['refused']} expired {res['outcomes']['all']['expired']}",
-                  flush=True)
+            o = res["outcomes"]["all"]
+            print(f"{pol:10} flow_control={fc!s:5} P0 p95 all {r['p0_p95_ttft_all_ms']:8.0f} ms  served "
+                  f"{r['p95_ttft_ms_by_class'].get('P0', math.nan):6.0f} ms  P0 served {r['p0_served_share']:.1%}  "
+                  f"output {r['output_throughput']:8.0f} tok/s  refused {o['refused']} expired {o['expired']}  "
+                  f"met {o['met_slo']} missed {o['missed_slo']}", flush=True)
     h, f = runs["hybrid"], runs["fcfs"]
     ha, fa = h["p0_p95_ttft_all_ms"], f["p0_p95_ttft_all_ms"]
     summary = {
@@ -143,16 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instances", type=int, default=None, help="default: 8 (priorities), 16 (overload)")
     p.add_argument("--load", type=float, default=6.0, help="priorities: rate scale")
     p.add_argument("--loads", default="1.5,3", help="overload: rate scales")
-    p.add_argument("--mix", default="0,1,0,0", help="overload: class mix P0..P3")
+    p.add_argument("--mix", default=None, help="class mix P0..P3 (default: 5,60,30,5 priorities, 0,1,0,0 overload)")
     p.add_argument("--skip-requests", type=int, default=0,
                    help="overload, traces: start after this many requests (held-out parts of a trace)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     if args.study == "priorities":
-        doc = priorities(args.n, args.instances or 8, args.load)
+        doc = priorities(args.n, args.instances or 8, args.load, args.workload, args.mix or "5,60,30,5",
+                         args.skip_requests)
     else:
-        doc = overload(args.workload, _floats(args.loads), args.instances or 16, args.n, args.mix, args.skip_requests)
+        doc = overload(args.workload, _floats(args.loads), args.instances or 16, args.n, args.mix or "0,1,0,0",
+                       args.skip_requests)
     doc["command"] = "python -m bench.overload " + " ".join(sys.argv[1:] if argv is None else argv)
     doc["wall_s"] = time.perf_counter() - t0
     if args.out:

@@ -186,8 +186,10 @@ def stats(work=(0, 0, 0, 0), depth=(0, 0, 0, 0), drain=1000.0, headroom=0, polic
         ("strict", [100, 500, 1300, 1500]),
         # P1: W1 + min(W0, W1·2) + min(W2, W1/2) + min(W3, W1/4) = 400 + 100 + 200 + 100
         ("wfq", [100 + 50 + 25 + 12.5, 400 + 100 + 200 + 100, 800 + 100 + 400 + 200, 200 + 100 + 400 + 400]),
-        ("hybrid", [100, 100 + 400 + 200, 100 + 800 + 400, 1500]),
-        ("bubble", [100, 700, 1300, 1500]),
+        ("hybrid-wfq", [100, 100 + 400 + 200, 100 + 800 + 400, 1500]),
+        # deadline-first fair tier: P1 goes before P2 (its release comes first), P2 after P1
+        ("hybrid", [100, 100 + 400, 100 + 400 + 800, 1500]),
+        ("bubble", [100, 500, 1300, 1500]),
     ],
 )
 def test_work_ahead_follows_the_queue_policy(policy, expected):

@@ -52,17 +52,86 @@ def test_hybrid_p0_strict_then_wfq_then_best_effort():
 
 
 def test_hybrid_wfq_gives_p1_twice_p2s_share_of_equal_costs():
-    p = hybrid()
+    p = hybrid(fair_order="wfq")
     push_all(p, [req(f"a{i}", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16) for i in range(6)] + [req(f"b{i}", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16) for i in range(3)])
     # tags: P1 6, 12, 18, 24, 30, 36; P2 12, 24, 36; ties go to the lower class
     assert drain(p, 0.0) == ["a0", "a1", "b0", "a2", "a3", "b1", "a4", "a5", "b2"]
 
 
 def test_wfq_weighs_cost_not_count():
-    p = hybrid()
+    p = hybrid(fair_order="wfq")
     # one P1 request of 800 tokens (tag 100) against P2 requests of 48 (tags 12, 24, …)
     push_all(p, [req("big", arrival_s=0.0, priority=1, prompt_len=784, max_tokens=16)] + [req(f"s{i}", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16) for i in range(9)])
     assert drain(p, 0.0) == ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "big", "s8"]
+
+
+def test_deadline_first_serves_p1_before_a_p2_with_a_minute_of_slack():
+    p = hybrid()
+    push_all(p, [req(f"a{i}", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16) for i in range(6)] + [req(f"b{i}", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16) for i in range(3)])
+    # releases: P1 0 + 5 − 0.25 = 4.75, P2 59.75; WFQ would have put b0 third
+    assert drain(p, 0.0) == ["a0", "a1", "a2", "a3", "a4", "a5", "b0", "b1", "b2"]
+
+
+def test_deadline_first_serves_a_p2_whose_release_comes_first():
+    p = hybrid()
+    push_all(p, [req("p2-old", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16),
+                 req("p1-new", arrival_s=56.0, priority=1, prompt_len=32, max_tokens=16)], 56.0)
+    assert drain(p, 56.0) == ["p2-old", "p1-new"]  # 59.75 before 60.75
+
+
+def test_release_counts_the_heads_own_prefill():
+    p = hybrid(aging_s=None)
+    long, short = req("p2-long", arrival_s=0.0, priority=2, prompt_len=30_000, max_tokens=16), req("p1", arrival_s=50.0, priority=1, prompt_len=32, max_tokens=16)
+    long.deadline_s, long.prefill_s = 70.0, 12.0  # release 70 − 12 − 0.25 = 57.75
+    short.deadline_s, short.prefill_s = 55.0, 0.01  # release 54.74: first
+    push_all(p, [long, short], 50.0)
+    assert drain(p, 50.0) == ["p1", "p2-long"]
+    long2 = req("p2-long2", arrival_s=0.0, priority=2, prompt_len=30_000, max_tokens=16)
+    long2.deadline_s, long2.prefill_s = 70.0, 16.0  # release 53.75: it must leave before the P1
+    push_all(p, [long2, req("p1b", arrival_s=50.0, priority=1, prompt_len=32, max_tokens=16)], 50.0)
+    assert drain(p, 50.0) == ["p2-long2", "p1b"]
+
+
+def test_a_head_that_missed_its_release_yields_to_one_that_can_still_make_it():
+    p = hybrid(aging_s=None)
+    push_all(p, [req("p1-missed", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16), req("p2", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16)])
+    assert drain(p, 10.0) == ["p2", "p1-missed"]  # P1's release 4.75 passed; P2's 59.75 has not
+
+
+def test_heads_that_all_missed_share_by_wfq_tags():
+    p = hybrid(aging_s=None)
+    push_all(p, [req(f"a{i}", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16) for i in range(6)] + [req(f"b{i}", arrival_s=0.0, priority=2, prompt_len=32, max_tokens=16) for i in range(3)])
+    # at 100 s every deadline has passed: no EDF domino, the weighted shares of WFQ
+    assert drain(p, 100.0) == ["a0", "a1", "b0", "a2", "a3", "b1", "a4", "a5", "b2"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2), st.floats(0.0, 80.0), st.integers(1, 4000), st.floats(0.0, 20.0)),
+                min_size=1, max_size=40),
+       st.floats(0.0, 90.0))
+def test_deadline_first_pops_the_earliest_release_among_heads_that_can_still_make_it(reqs, now):
+    """At every pop (no aging): if some fair class's head can still leave in time, the pop is
+    the head with the earliest release; only when none can does a missed head go."""
+    from tokenyard.services.priority_queue.policies.base import deadline as due
+    from tokenyard.shared.slo import latest_release_s
+
+    def release(r, c):
+        return latest_release_s(due(r, c), r.prefill_s)
+
+    p = hybrid(aging_s=None)
+    for i, (c, arrival, length, prefill) in enumerate(reqs):
+        p.push(req(f"r{i}", arrival_s=arrival, priority=c, prompt_len=length, max_tokens=16, prefill_s=prefill), now)
+    popped = 0
+    while len(p):
+        heads = [(release(h, c), h.request_id) for c in (1, 2) if (h := p.lines[c].peek()) is not None]
+        can = [h for h in heads if h[0] >= now]
+        got = p.pop(now)
+        popped += 1
+        if can:
+            assert got.request_id == min(can)[1] or release(got, got.priority) == min(can)[0]
+        else:
+            assert got.request_id in {rid for _, rid in heads}
+    assert popped == len(reqs)
 
 
 def test_wfq_policy_shares_among_all_four_classes():
@@ -76,7 +145,7 @@ def test_wfq_policy_shares_among_all_four_classes():
 
 
 def test_a_class_back_from_idle_banks_no_credit():
-    p = hybrid()
+    p = hybrid(fair_order="wfq")
     push_all(p, [req(f"a{i}", arrival_s=0.0, priority=1, prompt_len=32, max_tokens=16) for i in range(4)])
     assert drain(p, 0.0) == ["a0", "a1", "a2", "a3"]  # V = 24
     push_all(p, [req("b0", arrival_s=1.0, priority=2, prompt_len=32, max_tokens=16), req("a4", arrival_s=1.0, priority=1, prompt_len=32, max_tokens=16), req("a5", arrival_s=1.0, priority=1, prompt_len=32, max_tokens=16)])
@@ -85,7 +154,7 @@ def test_a_class_back_from_idle_banks_no_credit():
 
 
 def test_aging_moves_a_request_up_one_class_per_threshold():
-    p = hybrid()
+    p = hybrid(fair_order="wfq")
     p.push(req("old", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
     p.push(req("p2", arrival_s=4.0, priority=2, prompt_len=32, max_tokens=16), 4.0)
     assert p.class_of("old") == 3
@@ -103,8 +172,25 @@ def test_aging_moves_a_request_up_one_class_per_threshold():
     assert drain(p, 1000.0) == ["old", "p2"]  # LDF in P0: deadline = arrival + 0.5
 
 
+def test_deadline_first_aging_skips_the_fair_tier_and_keeps_its_thresholds():
+    p = hybrid()
+    p.push(req("old", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
+    p.push(req("p2", arrival_s=4.0, priority=2, prompt_len=32, max_tokens=16), 4.0)
+    p.push(req("p1", arrival_s=4.0, priority=1, prompt_len=32, max_tokens=16), 4.0)
+    p._age_until(5.0)
+    assert p.class_of("old") == 2  # best effort → fair after 5 s in P3
+    p._age_until(48.99)
+    assert [p.class_of(r) for r in ("old", "p2", "p1")] == [2, 2, 0]  # p1: 30 s in P1 at 34
+    p._age_until(49.0)  # p2: 15 + 30 s after its arrival at 4
+    assert [p.class_of(r) for r in ("old", "p2")] == [2, 0]
+    p._age_until(50.0)  # old: 5 + 15 + 30
+    assert p.class_of("old") == 0
+    assert p.promotions == 4  # never into P1: an aged request's P1 target would be long past
+    assert drain(p, 50.0) == ["old", "p1", "p2"]  # LDF in P0: deadlines 0.5, 4.5, 4.5 (arrival order)
+
+
 def test_a_lazily_polled_queue_promotes_as_a_busy_one_would():
-    lazy, busy = hybrid(), hybrid()
+    lazy, busy = hybrid(fair_order="wfq"), hybrid(fair_order="wfq")
     for p in (lazy, busy):
         push_all(p, [req("x", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), req("y", arrival_s=10.0, priority=2, prompt_len=32, max_tokens=16)])
     for t in range(0, 53):

@@ -247,8 +247,13 @@ def sustained(policy: QueuePolicy, victim: AdmittedRequest, load_class: int, loa
 # Exact pop steps (a pop every 0.1 s), derived in each policy's module header:
 #   drr: the victim's class gets its quantum after P1's 1024 (P0's 2048) tokens / 48 per request;
 #   wfq: P3's tag 48/2 = 24 against P1's 48/8 = 6 per request (P0's 48/16 = 3);
-#   hybrid family: P3 best effort ages to P2 at 5 s, then WFQ; under P0 load it climbs to P0
+#   hybrid-wfq: P3 best effort ages to P2 at 5 s, then WFQ; under P0 load it climbs to P0
 #   at 5 + 15 + 30 = 50 s; P2 under P1 load waits two P1 tags (6, 12) against its 12.
+#   hybrid family (deadline-first fair tier): P2 (or P3 aged into P2 at 5 s) waits while P1's
+#   head can still leave in time; the P1 backlog grows by one request per 0.1 s, so at pop s
+#   its head arrived at ≈ 0.05·s and its release (arrival + 5 − 0.25) passes at s = 97: from
+#   then the victim, which can still make its 60 s deadline, goes first. Under P0 load as
+#   hybrid-wfq (P0 is the strict tier).
 #   strict: never (the documented flaw), so its bound is None.
 STARVATION = {
     # name: (P3 under P1 load, P3 under P0 load, P2 under P1 load)
@@ -256,10 +261,11 @@ STARVATION = {
     "strict": (None, None, None),
     "drr": (21, 42, 21),
     "wfq": (4, 8, 2),
-    "hybrid": (52, 500, 2),
-    "bubble": (52, 500, 2),
-    "fixed": (52, 500, 2),
-    "sjf": (52, 500, 2),
+    "hybrid": (97, 500, 97),
+    "hybrid-wfq": (52, 500, 2),
+    "bubble": (97, 500, 97),
+    "fixed": (97, 500, 97),
+    "sjf": (97, 500, 97),
 }
 
 

@@ -16,7 +16,8 @@ def test_measure_splits_short_and_long_by_length():
     rows = [(100, 0.2), (300, 0.4), (400, None), (9000, 30.0), (10_000, 90.0), (20_000, None), (1000, 5.0)]
     m = measure(rows, duration_s=2.0, classes=Classes(short_tokens=512, long_tokens=8192, long_ttft_s=60.0))
     assert m == Measures(throughput=2.5, long_done=1 / 3, short_p50_ttft_s=pytest.approx(0.3),
-                         long_p99_ttft_s=pytest.approx(89.4), completed=5, failed=2)
+                         long_p99_ttft_s=pytest.approx(89.4), completed=5, failed=2,
+                         long_p50_ttft_s=pytest.approx(60.0), long_mean_ttft_s=pytest.approx(60.0))
 
 
 def test_measure_with_no_short_or_long_requests():

@@ -23,8 +23,11 @@ classes, which have the loosest targets):
     fcfs, unknown        Σ_k W_k
     strict               Σ_{k ≤ c} W_k
     wfq, drr             W_c + Σ_{k ≠ c} min(W_k, W_c · w_k / w_c)
-    hybrid family        P0: W_0;  P3: Σ W;  P1, P2: W_0 + W_c + min(W_o, W_c · w_o / w_c),
+    hybrid-wfq           P0: W_0;  P3: Σ W;  P1, P2: W_0 + W_c + min(W_o, W_c · w_o / w_c),
                          o the other of P1 / P2
+    hybrid family        Σ_{k ≤ c} W_k, P3: Σ W (its fair tier serves the earliest release
+                         first: a new P1 request's release, 5 s out, comes before nearly every
+                         waiting P2's, a minute out; the P2 work due sooner is not counted)
 A request's own prefill, once it is tokenized, is predicted on the fastest fresh worker
 (`own_prefill_s`: L·a + L²·b, a and b the worker's reported linear and attention costs;
 admission does not see the prefix cache, so the whole prompt counts) and extends its TTFT
@@ -61,6 +64,8 @@ def work_ahead(policy: str, work: list[float], c: int) -> float:
     if policy in ("wfq", "drr"):
         return work[c] + sum(min(work[k], work[c] * WEIGHTS[k] / WEIGHTS[c]) for k in range(NUM_CLASSES) if k != c)
     if policy in HYBRID_FAMILY:
+        return sum(work) if c == 3 else sum(work[: c + 1])
+    if policy == "hybrid-wfq":
         if c == 0:
             return work[0]
         if c == 3:

@@ -6,7 +6,9 @@ policy does not use are ignored (so one set of options serves every policy).
     strict   class first, no aging                  (baseline: starves under P0 load)
     drr      deficit round robin over classes, in tokens, weights 8/4/2/1
     wfq      weighted fair queueing over all classes, weights 16/8/4/2
-    hybrid   P0 strict · P1-P2 WFQ · P3 best effort · aging        (DESIGN §3.3 default)
+    hybrid   P0 strict · P1-P2 deadline-first, WFQ between heads without one · P3 best
+             effort · aging                                        (default; hybrid.py)
+    hybrid-wfq  P0 strict · P1-P2 WFQ · P3 best effort · aging     (DESIGN §3.3 as written)
     bubble   hybrid, with bubble queues within each class          (seed 004)
     fixed    hybrid, with fixed log-spaced length partitions       (baseline for bubble)
     sjf      hybrid, shortest job first within each class          (baseline for bubble)
@@ -28,7 +30,7 @@ from tokenyard.services.priority_queue.policies.strict import Strict
 
 DEFAULT_POLICY = "hybrid"
 """The queue policy of `tokenyard queue` and `tokenyard sim` when none is named."""
-POLICY_NAMES = ("fcfs", "strict", "drr", "wfq", "hybrid", "bubble", "fixed", "sjf")
+POLICY_NAMES = ("fcfs", "strict", "drr", "wfq", "hybrid", "hybrid-wfq", "bubble", "fixed", "sjf")
 KNOBS = ("aging_s", "bubble_width", "weights", "drr_quantum")
 
 
@@ -52,6 +54,8 @@ def make_policy(
         inner = wfq(weights=weights)
     elif name == "hybrid":
         inner = hybrid(aging_s, weights=weights)
+    elif name == "hybrid-wfq":
+        inner = hybrid(aging_s, name="hybrid-wfq", weights=weights, fair_order="wfq")
     elif name == "bubble":
         inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS), "bubble", weights)
     elif name == "fixed":

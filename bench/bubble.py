@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Any
 
+from bench._out import write_result
+
 POLICIES = ("sjf", "fixed", "bubble", "partitioned", "fcfs", "bubble-count")
 DEFAULT_POLICIES = ("sjf", "fixed", "bubble", "partitioned", "bubble-count")
 
@@ -136,11 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_point(args.instances, args.base_rate, flood, args.duration, policies))
         print(json.dumps(rows[-1]), flush=True)
     print(table(rows, policies))
-    if args.out:
-        command = "python -m bench.bubble " + " ".join(sys.argv[1:] if argv is None else argv)
-        with open(args.out, "w") as f:
-            json.dump({"command": command, "instances": args.instances, "base_rate": args.base_rate,
-                       "duration_s": args.duration, "rows": rows, "wall_s": time.perf_counter() - t0}, f, indent=2)
+    write_result(args.out, {"instances": args.instances, "base_rate": args.base_rate, "duration_s": args.duration,
+                            "rows": rows, "wall_s": time.perf_counter() - t0}, "python -m bench.bubble", argv)
     return 0
 
 

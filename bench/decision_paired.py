@@ -28,22 +28,24 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-FILES = ("index", "pipeline", "filters")
+FILES = ("index", "pipeline", "filters", "policies/latency")
 
 
 def load_ref(ref: str, tmp: Path) -> dict:
-    """REF's router modules, as `ref_index`, `ref_pipeline`, `ref_filters`."""
+    """REF's router modules, as `ref_index`, `ref_pipeline`, `ref_filters`, `ref_latency` (the
+    default policy's scorer and bounded-load guard)."""
     mods = {}
     for name in FILES:
         text = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:services/router/{name}.py"],
                               capture_output=True, text=True, check=True).stdout
-        path = tmp / f"ref_{name}.py"
+        short = name.rsplit("/", 1)[-1]
+        path = tmp / f"ref_{short}.py"
         path.write_text(text)
-        spec = importlib.util.spec_from_file_location(f"ref_{name}", path)
+        spec = importlib.util.spec_from_file_location(f"ref_{short}", path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod  # dataclasses look their module up
         spec.loader.exec_module(mod)
-        mods[name] = mod
+        mods[short] = mod
     return mods
 
 
@@ -96,17 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     ref_index = ref["index"].BlockIndex(core.index.max_blocks)
     ref_index.__dict__.update(core.index.__dict__)
     this_pipe = core.pipeline
-    rf = ref["filters"]
+    rf, rl = ref["filters"], ref["latency"]
     ref_pipe = ref["pipeline"].Pipeline(
         this_pipe.name, [rf.HealthyFilter(core.cfg.stale_after_s), rf.AcceptingFilter(), rf.ModelFilter(),
                          rf.VbsFilter(), *this_pipe.filters[4:]],
-        this_pipe.scorer, ref["pipeline"].ArgminPicker(), [rf.EcoServeGuard(refused={})])
+        rl.MarginalLatencyScorer(), ref["pipeline"].ArgminPicker(), [rf.EcoServeGuard(refused={}), rl.BoundedLoadGuard()])
+    assert [g.name for g in ref_pipe.guards] == [g.name for g in this_pipe.guards], "compare like with like"
+    everyone = np.arange(view.n)
+
     cases = {
         "index match": (lambda r: ref_index.match(r.block_hashes, pad=1),
                         lambda r: core.index.match(r.block_hashes, pad=1),
                         lambda a, b: bool((a == b).all())),
         "pipeline choose": (lambda r: ref_pipe.choose(r, view, now), lambda r: this_pipe.choose(r, view, now),
                             lambda a, b: (a.worker_id, a.score) == (b.worker_id, b.score)),
+        "scorer (all rows)": (lambda r: ref_pipe.scorer.score(r, view, everyone).scores,
+                              lambda r: this_pipe.scorer.score(r, view, everyone).scores,
+                              lambda a, b: bool((a == b).all())),
     }
     gc.collect()
     gc.freeze()

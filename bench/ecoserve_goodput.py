@@ -27,7 +27,6 @@ Trace paths are arguments: nothing here names a file outside the repository.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +37,8 @@ from tokenyard.loadgen.workloads import open_workload  # noqa: E402
 from tokenyard.services.router.core import RouterConfig  # noqa: E402
 from tokenyard.simulator.cluster import ChainCache, SimConfig  # noqa: E402
 from tokenyard.simulator.run import simulate  # noqa: E402
+
+from bench._out import write_result  # noqa: E402
 
 SYSTEMS = {
     "vllm": {"mode": "nodg", "chunked_prefill": False},
@@ -149,8 +150,7 @@ def main() -> int:
     if unknown:
         p.error(f"unknown system {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
     out = run(args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    write_result(args.json, out)
     return 0
 
 

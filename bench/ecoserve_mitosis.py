@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tokenyard.loadgen.workloads import open_workload  # noqa: E402
 from tokenyard.simulator.cluster import ClusterSim, SimConfig, with_slos  # noqa: E402
 from tokenyard.simulator.metrics import result  # noqa: E402
+
+from bench._out import write_result  # noqa: E402
 
 
 def retimed(workload, phases: list[tuple[float, float]], seed: int):
@@ -91,8 +92,7 @@ def main() -> int:
           f"macro-instances up to {max(x[2] for x in sim.fleet_samples)}, decisions {res.get('scaling')}")
     doc = {"config": vars(args), "scaling_log": sim.scaling_log, "fleet_samples": sim.fleet_samples,
            "result": {k: v for k, v in res.items() if k not in ("wall_s", "sim_speed")}}
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1))
+    write_result(args.json, doc)
     if args.plot:
         plot(sim, phases, args.plot)
     return 0

@@ -5,21 +5,30 @@ service exports its spans over OTLP/HTTP to a small receiver in this process. Re
 one at a time at a low rate (max_tokens = 1), each with a `traceparent` of its own, so every
 hop's span lands in that request's trace. Span timestamps are the host's wall clock in every
 process, so they compare across processes. A request's TTFT, t_first − t_send as the client
-sees it, is cut at the spans' edges into contiguous segments that sum to it exactly:
+sees it, is cut at the spans' edges and at the instants the hops note on their spans (when
+spans are recorded) into contiguous segments that sum to it exactly. The cuts follow the
+first token's critical path, not the spans' ends: admission answers `accepted` after
+JetStream's ack, but the queue may have the message before that ack comes back.
 
     client → edge            edge span start − t_send                      (HTTP path only)
     edge → admission         admission span start − edge span start        (HTTP path only)
     client → admission       admission span start − t_send                 (NATS path only)
-    admission                admission span: decode, checks, tokenize, `accepted`, the
-                             JetStream publish and its acknowledgement
-    JetStream → queue        queue's dispatch span start − admission span end (JetStream
-                             stores and delivers; the queue orders. It overlaps the ack, so
-                             it can come out negative: the queue may have the message first)
-    queue → router           router span start − queue dispatch span start
-    router                   router's offer span start − router span start (the decision)
-    router → worker          worker's generation span start − offer span start
-    worker                   its time to first token (the engine takes no time here)
-    worker → client          t_first − (worker span start + its TTFT)
+    admission                decode, checks, tokenize, encode: admission span start →
+                             the JetStream publish (`tokenyard.enqueue_ns`)
+    JetStream → queue        JetStream stores the message and delivers it to the queue's
+                             standing pull: publish → the queue's callback has it
+                             (`tokenyard.received_ns` on the queue's span)
+    queue                    decode, order, release: received → the route request sent
+                             (the queue's `send llm.v1.route` span start)
+    queue → router           route request sent → router span start
+    router                   the decision, the follow subscription: router span start →
+                             its offer to the worker (`send llm.v1.worker.…` span start)
+    router → worker          offer sent → the worker's endpoint has it (`tokenyard.received_ns`
+                             on the worker's span)
+    worker                   decode, accept, answer the router, start the engine, the first
+                             token, encode: received → the first chunk handed to NATS
+                             (`tokenyard.first_event_ns`)
+    worker → client          t_first − the first chunk's publish
 
 Recording spans costs each hop some time of its own (an SDK span is ~0.2 ms of Python), so
 the total here exceeds the TTFT measured without tracing; the split is what it shows.
@@ -39,7 +48,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-NATS_SEGMENTS = ("client → admission", "admission", "JetStream → queue", "queue → router", "router",
+NATS_SEGMENTS = ("client → admission", "admission", "JetStream → queue", "queue", "queue → router", "router",
                  "router → worker", "worker", "worker → client")
 HTTP_SEGMENTS = ("client → edge", "edge → admission", *NATS_SEGMENTS[1:])
 
@@ -118,12 +127,17 @@ def segments(spans: list[Span], sent: Sent, http: bool) -> dict[str, float] | No
 
     edge, adm = one("edge", "publish"), one("admission", "process")
     queue, router = one("queue", "process"), one("router", "process")
-    offer, worker = one("router", "send llm.v1.worker."), one("worker", "process")
-    if None in (adm, queue, router, offer, worker) or (http and edge is None):
+    route, offer = one("queue", "send llm.v1.route"), one("router", "send llm.v1.worker.")
+    worker = one("worker", "process")
+    if None in (adm, queue, route, router, offer, worker) or (http and edge is None):
         return None
-    ttft_ns = int(worker.attributes.get("gen_ai.server.time_to_first_token", 0.0) * 1e9)
-    cuts = [sent.t_send_ns, *([edge.start_ns] if http else []), adm.start_ns, adm.end_ns, queue.start_ns,
-            router.start_ns, offer.start_ns, worker.start_ns, worker.start_ns + ttft_ns, sent.t_first_ns]
+    noted = (adm.attributes.get("tokenyard.enqueue_ns"), queue.attributes.get("tokenyard.received_ns"),
+             worker.attributes.get("tokenyard.received_ns"), worker.attributes.get("tokenyard.first_event_ns"))
+    if not all(noted):
+        return None
+    enqueued, received, offered, first = noted
+    cuts = [sent.t_send_ns, *([edge.start_ns] if http else []), adm.start_ns, enqueued, received, route.start_ns,
+            router.start_ns, offer.start_ns, offered, first, sent.t_first_ns]
     names = HTTP_SEGMENTS if http else NATS_SEGMENTS
     return {n: (b - a) / 1e6 for n, a, b in zip(names, cuts[:-1], cuts[1:], strict=True)}
 
@@ -145,6 +159,65 @@ async def send_nats(client, model: str, prompt: str) -> Sent:
     return Sent(trace_id, t_send, t_first)
 
 
+async def send_engine(nc, worker_id: str, model: str, prompt: str) -> Sent:
+    """The engine alone: the request as admission would have made it, offered straight to a
+    worker's generate endpoint (what the router does), its stream on an inbox of ours. The
+    control plane's added TTFT is the full path's less this one's: both end with the worker's
+    first chunk crossing to the client."""
+    import uuid
+
+    from tokenyard.shared import codec, config, hashing, schemas, subjects
+
+    ids = list(prompt.encode())
+    inbox, events = nc.new_inbox(), asyncio.Queue()
+
+    async def deliver(msg) -> None:
+        events.put_nowait((time.time_ns(), msg))
+
+    sub = await nc.subscribe(inbox, cb=deliver)
+    try:
+        ar = schemas.AdmittedRequest(
+            request_id=uuid.uuid4().hex, reply_to=inbox, model=model, prompt_token_ids=ids, prompt_len=len(ids),
+            block_hashes=hashing.hash_chain(ids, config.BLOCK_SIZE), block_size=config.BLOCK_SIZE, max_tokens=1,
+            priority=int(schemas.PriorityClass.P1), arrival_s=time.time())
+        data = codec.encode(ar)
+        t_send, t_first = time.time_ns(), 0
+        reply = await nc.request(subjects.worker_generate(worker_id), data, timeout=5.0)
+        if not codec.decode(reply.data, schemas.GenerateReply).accepted:
+            return Sent(0, t_send, 0)
+        while True:
+            async with asyncio.timeout(5.0):
+                t, msg = await events.get()
+            event = codec.decode_event(msg.data, msg.headers)
+            if isinstance(event, schemas.Chunk) and not t_first:
+                t_first = t
+            if isinstance(event, schemas.TERMINAL_EVENTS):
+                return Sent(0, t_send, t_first)
+    finally:
+        await sub.unsubscribe()
+
+
+async def worker_ids(nc, timeout_s: float = 3.0) -> list[str]:
+    """The workers heard from on the heartbeat subject within `timeout_s` (at least one)."""
+    from tokenyard.shared import subjects
+
+    seen: set[str] = set()
+    heard = asyncio.Event()
+
+    async def on_hb(msg) -> None:
+        seen.add(subjects.last_token(msg.subject))
+        heard.set()
+
+    sub = await nc.subscribe(subjects.HEARTBEAT_ALL, cb=on_hb)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await heard.wait()
+        await asyncio.sleep(0.5)  # the other workers' heartbeats of the same round
+    finally:
+        await sub.unsubscribe()
+    return sorted(seen)
+
+
 async def send_http(http: aiohttp.ClientSession, url: str, model: str, prompt: str) -> Sent:
     trace_id, header = traceparent()
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True}
@@ -157,6 +230,10 @@ async def send_http(http: aiohttp.ClientSession, url: str, model: str, prompt: s
 
 
 def summarise(rows: list[dict[str, float]], names: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Median and mean of each segment and of the total; empty without rows (a fleet whose
+    code notes no instants, e.g. an older commit's beside this tree's)."""
+    if not rows:
+        return {}
     out = {n: {"p50_ms": statistics.median(r[n] for r in rows),
                "mean_ms": statistics.fmean(r[n] for r in rows)} for n in names}
     totals = [sum(r.values()) for r in rows]
@@ -178,6 +255,7 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
     code), all up at once; the requests go to them in turn (a fresh random order each round),
     so each fleet sees the same machine at the same moments. Per label and path: the client's
     TTFT percentiles and, when `traced`, the per-hop segments."""
+    from tokenyard.shared import natsutil
     from tokenyard.shared.client import TokenyardClient
 
     from tokenyard.launcher import FleetProcesses
@@ -196,37 +274,107 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                     extra_env={**env, **(tracing if traced else {})}))
                 client = await stack.enter_async_context(await TokenyardClient.connect(fleet.nats_url))
                 up[label] = (fleet, client)
+            admin = {}  # label → an operator's connection and the workers (the engine alone)
+            if not traced:
+                for label, (fleet, _) in up.items():
+                    nc = await natsutil.connect(fleet.nats_url, "bench-engine-alone")
+                    stack.push_async_callback(nc.close)
+                    admin[label] = (nc, await worker_ids(nc))
             for path, names in (("nats", NATS_SEGMENTS), ("http", HTTP_SEGMENTS)):
-                async def one(label: str, path=path) -> Sent:
+                async def one(label: str, kind: str, turn: int) -> Sent:
                     fleet, client = up[label]
-                    if path == "nats":
+                    if kind == "engine":
+                        nc, wids = admin[label]
+                        return await send_engine(nc, wids[turn % len(wids)], model, prompt)
+                    if kind == "nats":
                         return await send_nats(client, model, prompt)
                     return await send_http(http, fleet.http_url, model, prompt)
 
-                for _ in range(warmup):
-                    for label in fleets:
-                        await one(label)
-                sent: dict[str, list[Sent]] = {label: [] for label in fleets}
+                # Over NATS (untraced) each round also offers a request to the engine alone,
+                # in the same shuffled order, so both see the same machine.
+                kinds = (path, "engine") if path == "nats" and not traced else (path,)
+                order = [(label, kind) for label in fleets for kind in kinds]
+                for turn in range(warmup):
+                    for label, kind in order:
+                        await one(label, kind, turn)
+                sent: dict[tuple[str, str], list[Sent]] = {target: [] for target in order}
                 cpu0 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
-                order = list(fleets)
-                for _ in range(requests):
+                for turn in range(requests):
                     random.shuffle(order)
-                    for label in order:
-                        sent[label].append(await one(label))
+                    for target in order:
+                        sent[target].append(await one(*target, turn))
                         await asyncio.sleep(1.0 / rate)  # pacing: one request at a time, none queued
                 cpu1 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
-                for label, sents in sent.items():
-                    out[label][path + "_cpu_ms_per_request"] = {
-                        name: (cpu1[label][name] - cpu0[label][name]) * 1e3 / requests for name in cpu0[label]}
+                for (label, kind), sents in sent.items():
                     ttfts = sorted((s.t_first_ns - s.t_send_ns) / 1e6 for s in sents if s.t_first_ns)
-                    out[label][path] = {"ttft": percentiles(ttfts), "completed": len(ttfts), "sent": len(sents)}
+                    out[label][kind] = {"ttft": percentiles(ttfts), "completed": len(ttfts), "sent": len(sents)}
+                    if kind != path:
+                        continue
+                    out[label][path + "_cpu_ms_per_request"] = {
+                        name: (cpu1[label][name] - cpu0[label][name]) * 1e3 / requests / len(kinds)
+                        for name in cpu0[label]}
                     if traced:
                         await receiver.wait_for([s.trace_id for s in sents])
                         rows = [r for s in sents if (r := segments(receiver.traces[s.trace_id], s, path == "http"))]
                         out[label][path].update(traced=len(rows), segments=summarise(rows, names))
+                for label in fleets:
+                    if "engine" in kinds:
+                        out[label]["nats"]["added"] = added(sent[(label, "nats")], sent[(label, "engine")])
     finally:
         await receiver.stop()
     return out
+
+
+async def engine_paired(nats_url: str, model: str, requests: int, rate: float, warmup: int = 20,
+                        prompt: str = "a short prompt of a few words") -> dict[str, Any]:
+    """On a running fleet: requests through the control plane (NATS) and to the engine alone,
+    one at a time, in a fresh random order each round. Their TTFTs, and `added`."""
+    from tokenyard.shared import natsutil
+    from tokenyard.shared.client import TokenyardClient
+
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(await TokenyardClient.connect(nats_url))
+        nc = await natsutil.connect(nats_url, "bench-engine-alone")
+        stack.push_async_callback(nc.close)
+        wids = await worker_ids(nc)
+
+        async def one(kind: str, turn: int) -> Sent:
+            if kind == "engine":
+                return await send_engine(nc, wids[turn % len(wids)], model, prompt)
+            return await send_nats(client, model, prompt)
+
+        order = ["nats", "engine"]
+        for turn in range(warmup):
+            for kind in order:
+                await one(kind, turn)
+        sent: dict[str, list[Sent]] = {kind: [] for kind in order}
+        for turn in range(requests):
+            random.shuffle(order)
+            for kind in order:
+                sent[kind].append(await one(kind, turn))
+                await asyncio.sleep(1.0 / rate)
+    out: dict[str, Any] = {}
+    for kind, sents in sent.items():
+        ttfts = sorted((s.t_first_ns - s.t_send_ns) / 1e6 for s in sents if s.t_first_ns)
+        out[kind] = {"ttft": percentiles(ttfts), "completed": len(ttfts), "sent": len(sents)}
+    out["added"] = added(sent["nats"], sent["engine"])
+    return out
+
+
+def added(full: list[Sent], alone: list[Sent]) -> dict[str, float]:
+    """What the control plane adds to the first token: the full path's TTFT less the engine
+    alone's, p50 of each taken apart (`p50_ms`) and the median of the differences of the
+    requests sent in the same round (`paired_p50_ms`)."""
+    def ms(s: Sent) -> float | None:
+        return (s.t_first_ns - s.t_send_ns) / 1e6 if s.t_first_ns else None
+
+    a = [x for s in full if (x := ms(s)) is not None]
+    b = [x for s in alone if (x := ms(s)) is not None]
+    pairs = [x - y for f, e in zip(full, alone, strict=True) if (x := ms(f)) is not None and (y := ms(e)) is not None]
+    if not a or not b:
+        return {}
+    return {"p50_ms": statistics.median(a) - statistics.median(b), "paired_p50_ms": statistics.median(pairs),
+            "engine_p50_ms": statistics.median(b)}
 
 
 def cpu_seconds(fleet) -> dict[str, float]:

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from bench._out import write_result
+
 
 def capacity(workers: int, input_len: int, output_len: int, profile: str) -> float:
     """Requests per second the fleet completes when offered far more (simulator)."""
@@ -179,9 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_up(up)
         shutil.rmtree(creds_dir, ignore_errors=True)
     print(json.dumps({k: v for k, v in doc.items() if k not in ("out",)}, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_result(args.out, doc)
     return 0
 
 

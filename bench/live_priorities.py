@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 
+from bench._out import write_result
 from bench.live_burst import capacity, start_up, stop_up
 
 TENANTS = '[default]\nceiling = "P0"\n'
@@ -59,9 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"capacity_req_s": cap, "rate_req_s": rate, **vars(args), "by_priority": by,
            "errors": res.get("errors"), "output_throughput": res["output_throughput"]}
     print(json.dumps(doc, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_result(args.out, doc)
     return 0
 
 

@@ -44,6 +44,7 @@ from tokenyard.loadgen.workloads.synthetic import SYNTHETIC
 from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import natsutil
 
+from bench._out import write_result
 from tokenyard.launcher import FleetProcesses
 
 PROFILE = "a100-llama3-8b"
@@ -196,9 +197,7 @@ def main() -> int:
         ap.error(f"unknown router(s) {unknown}; known: tokenyard, {', '.join(PEERS)}")
     doc = asyncio.run(main_async(args))
     print(table(doc))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=1))
+    write_result(args.json, doc)
     return 0
 
 

@@ -25,11 +25,12 @@ live). Deterministic: the same command gives the same numbers on any machine.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from typing import Any
+
+from bench._out import write_result
 
 GOODPUT = {"ttft": 2000.0, "tpot": 100.0}
 P95 = 0.95
@@ -165,11 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         doc = overload(args.workload, _floats(args.loads), args.instances or 16, args.n, args.mix or "0,1,0,0",
                        args.skip_requests)
-    doc["command"] = "python -m bench.overload " + " ".join(sys.argv[1:] if argv is None else argv)
     doc["wall_s"] = time.perf_counter() - t0
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_result(args.out, doc, "python -m bench.overload", argv)
     return 0
 
 

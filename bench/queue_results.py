@@ -29,6 +29,8 @@ import sys
 import time
 from typing import Any
 
+from bench._out import write_result
+
 
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
@@ -119,12 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = bubble(args.n or 2000, _floats(args.rates))
     else:
         rows = scorpio(args.n or 2000, _floats(args.loads))
-    doc = {"study": args.study, "command": "python -m bench.queue_results " + " ".join(sys.argv[1:] if argv is None
-                                                                                       else argv),
-           "rows": rows, "wall_s": time.perf_counter() - t0}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_result(args.out, {"study": args.study, "rows": rows, "wall_s": time.perf_counter() - t0},
+                 "python -m bench.queue_results", argv)
     return 0
 
 

@@ -2,7 +2,7 @@
 its terms switched on and off, on the tuning workloads only (the first 3,000 requests of the
 Mooncake conversation trace; ChatBot), 16 × a100-llama3-8b, in the cluster simulator.
 
-    python -m bench.routing_ablation --traces DIR [--loads 1,2,3] [--only own,h0,default,bl]
+    python -m bench.routing_ablation [--traces DIR] [--loads 1,2,3] [--only own,h0,default,bl]
                                      [--workloads mooncake-tune,chatbot] [--requests N]
 
 Variants (Q queued prefill tokens, N uncached tokens of r, B running + waiting, B̄ the
@@ -16,14 +16,21 @@ candidates' mean of B, all on instance i; lower cost wins):
                C_i = KV blocks used × block size + Q, κ = 1e-3, β = 0.33 (a decode step's cost
                per context token and per sequence in prefill-token times, a100-llama3-8b)
     bl         default behind the bounded-load guard L_i + 1 ≤ ⌈c·(ΣL + 1)/n⌉, L = running +
-               waiting, c = 1.25 — the router's default since this round (`marginal-latency`)
+               waiting, c = 1.25 — last round's default
     bl15       bl with c = 1.5;  h1-bl, own-bl: h1, own behind the same bound
     bls        default behind step_ms_i ≤ 1.25 × the candidates' mean (measured step time)
     blkv       default behind KV blocks in use ≤ max(1.25 × mean, min);  bl-kv: both bounds
     step       default + step × max_tokens × step_ms_i / prefill_ms_per_token_i (r's own
     step01     decode time from the heartbeat's step time, weight 1 and 0.1)
+    bl-kvp     bl + u_i · len(r) · (1 + (B_i + B̄)/2), u_i = KV blocks in use / KV blocks: r's
+               prompt recomputed (preempted) with probability u_i;  bl-kvrel: u_i − ū, ≥ 0
+    bl-sticky  bl, and the bound exempts an instance where r's own TTFT Q + N is no later than
+               anywhere within the bound;  bl-stickyq: and only where hit_i > Q_i;
+    bl-stickyqw  bl-stickyq and only where nothing waits (W_i = 0) — the router's default
+               since this round (`marginal-latency`)
 These are measurements of the default's design, not policies: none of them is offered by the
-router (only `bl` is, as `marginal-latency`; `default` was last round's). The reported
+router (only `bl-stickyqw` is, as `marginal-latency`; `bl` was last round's default,
+`default` the one before). The reported
 workloads (mooncake-report, api) are here only to show what the change did there after it
 was chosen; the choice used mooncake-tune and chatbot.
 """
@@ -60,6 +67,11 @@ class Variant:
     #                  | kv: KV blocks in use ≤ c · mean | seq+kv: both
     c: float = 1.25
     step: float = 0.0  # weight of r's own decode time, O · step_ms_i / ms_per_token_i
+    kvp: str = ""  # "": none | "own": r's prompt recomputed with probability u_i (KV in use / KV)
+    #               | "rel": the same with max(0, u_i − ū), relative to the candidates' mean
+    sticky: str = ""  # the bound exempts an instance where r's own TTFT (Q + N) is lowest ("own"),
+    #                   and, with "q", only where r's cached tokens there exceed i's queued prefill;
+    #                   "qw": "q" and only where no request waits (r is admitted at once)
     inputs: frozenset[str] = frozenset()
 
     def score(self, req, view, cand) -> Scored:
@@ -75,6 +87,13 @@ class Variant:
         if self.decode:
             ctx = view.kv_used[cand] * view.block_size[cand] + q
             cost = cost + out * (KAPPA * (ctx + req.prompt_len * b) + BETA * b)
+        if self.kvp:
+            used = view.kv_used[cand].astype(np.float64)
+            total = used + view.kv_free[cand]
+            u = np.divide(used, total, out=np.zeros(len(cand)), where=total > 0)
+            if self.kvp == "rel":
+                u = np.maximum(u - u.mean(), 0.0)
+            cost = cost + u * float(req.prompt_len) * (1.0 + batch)
         if self.step:
             mpt = np.maximum(view.ms_per_token[cand], 1e-6)
             cost = cost + self.step * out * view.step_ms[cand] / mpt
@@ -89,6 +108,7 @@ class BoundGuard:
 
     how: str
     c: float
+    sticky: str = ""
     name: str = "bound"
     inputs: frozenset[str] = frozenset()
 
@@ -103,6 +123,14 @@ class BoundGuard:
         if "step" in self.how:
             s = view.step_ms[cand]
             keep &= s <= self.c * s.mean()
+        if self.sticky and keep.any() and not keep.all():
+            own = view.queued_prefill[cand] + view.new[cand]
+            exempt = own <= own[keep].min()
+            if self.sticky in ("q", "qw"):
+                exempt &= view.hit[cand] > view.queued_prefill[cand]
+            if self.sticky == "qw":  # and nothing waits there: r is admitted at once
+                exempt &= view.waiting[cand] == 0
+            keep |= exempt
         return Narrowed(keep if keep.any() else np.ones(len(cand), dtype=np.bool_))
 
 
@@ -123,6 +151,13 @@ VARIANTS = {
     "bl-step01": Variant("bl-step01", bound="seq", step=0.1),
     "blkv": Variant("blkv", bound="kv"),
     "bl-kv": Variant("bl-kv", bound="seq+kv"),
+    "bl-sticky": Variant("bl-sticky", bound="seq", sticky="own"),
+    "bl-kvp": Variant("bl-kvp", bound="seq", kvp="own"),
+    "bl-kvrel": Variant("bl-kvrel", bound="seq", kvp="rel"),
+    "bl-sticky-kvp": Variant("bl-sticky-kvp", bound="seq", sticky="own", kvp="own"),
+    "kvp": Variant("kvp", kvp="own"),
+    "bl-stickyq": Variant("bl-stickyq", bound="seq", sticky="q"),
+    "bl-stickyqw": Variant("bl-stickyqw", bound="seq", sticky="qw"),
 }
 MOONCAKE = "mooncake_conversation_trace.jsonl"
 WORKLOADS = {
@@ -157,7 +192,7 @@ def main() -> int:
     for name in args.only.split(","):
         v = VARIANTS[name]
         core.POLICIES[f"ablation-{name}"] = lambda cfg, rng, v=v: core.Policy(
-            v, guards=[BoundGuard(v.bound, v.c)] if v.bound else [])
+            v, guards=[BoundGuard(v.bound, v.c, v.sticky)] if v.bound else [])
     goodput = {"ttft": 2000.0, "tpot": 100.0}
     print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -16,7 +16,7 @@ run() {
   n=$((n + 1))
   if [ "$n" -ge "$from" ] && [ "$n" -le "$to" ]; then "$@"; fi
 }
-bench="nice -n 5 .venv/bin/python bench/ecoserve_goodput.py --num-requests $num"
+bench="nice -n 19 .venv/bin/python bench/ecoserve_goodput.py --num-requests $num"
 # 1-3: the seed's regime, CodeLlama-34B at TP 4 on PCIe L20s, 100 Gbps between instances.
 run $bench --workload coder --rates 0.1,0.2,0.3,0.4 --json "$out/tp4_coder.json"
 run $bench --workload azure-conv --rates 1,2,4,8 --json "$out/tp4_conv.json" \
@@ -29,10 +29,10 @@ run $bench --workload azure-conv --profile a100-llama3-8b --max-model-len 131072
   --rates 8,16,24 --ttft-ms 2000 --tpot-ms 50 --json "$out/a100_conv.json"
 # 6-7: the issue's command, x1 and x2 (600 requests: both loads overrun the fleet).
 for x in 1 2; do
-  run nice -n 5 .venv/bin/tokenyard sim --workload coder --num-requests 600 --rate-scale "$x" --instances 16 \
+  run nice -n 19 .venv/bin/tokenyard sim --workload coder --num-requests 600 --rate-scale "$x" --instances 16 \
     --macro-size 4 --profile l20-codellama34b-tp4 --max-model-len 16384 --goodput ttft:3000 tpot:150 \
     --mode ecoserve,nodg,pd --json "$out/issue_coder_x$x.json" --quiet
 done
 # 8: mitosis acted on, a load that rises and falls, the seed's windows (5 min grow, 10 min shrink).
-run nice -n 10 .venv/bin/python bench/ecoserve_mitosis.py --workload azure-conv --profile l20-codellama34b-tp4 \
+run nice -n 19 .venv/bin/python bench/ecoserve_mitosis.py --workload azure-conv --profile l20-codellama34b-tp4 \
   --phases 0.5:5,4:35,0.3:50 --ttft-ms 3000 --tpot-ms 150 --json "$out/mitosis.json" --plot "$out/mitosis.png"

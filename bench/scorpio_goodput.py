@@ -32,6 +32,8 @@ from tokenyard.services.worker.sim.scheduler import VllmPolicy
 from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
 from tokenyard.shared.schemas import AdmittedRequest
 
+from bench._out import write_result
+
 BASE_RATE = 2.0
 TIGHT_MS, LOOSE_MS, TTFT_S = 50.0, 200.0, 5.0
 
@@ -117,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write the rows and the command as JSON")
     args = p.parse_args(argv)
     rows = run(args.n, [float(x) for x in args.loads.split(",")], args.profile)
-    if args.out:
-        command = "python -m bench.scorpio_goodput " + " ".join(sys.argv[1:] if argv is None else argv)
-        with open(args.out, "w") as f:
-            json.dump({"command": command, "rows": rows}, f, indent=2)
+    write_result(args.out, {"rows": rows}, "python -m bench.scorpio_goodput", argv)
     return 0
 
 

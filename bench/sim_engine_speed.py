@@ -33,6 +33,8 @@ from tokenyard.services.worker.sim.latency import PROFILES  # noqa: E402
 from tokenyard.shared.hashing import ids_chain  # noqa: E402
 from tokenyard.shared.schemas import AdmittedRequest  # noqa: E402
 
+from bench._out import write_result  # noqa: E402
+
 TRACE = TRACES / "mooncake_conversation_trace.jsonl.gz"
 
 
@@ -134,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             results[f"{name}/{mode}"] = r
             print(f"{name:<12} {mode:<8} {r['steps_per_s']:>9} {r['sim_s_per_wall_s']:>13} "
                   f"{r['realtime_multiple_at_instances']:>18}")
-    if args.json:
-        args.json.write_text(json.dumps({"instances": args.instances, "results": results}, indent=1))
+    write_result(args.json, {"instances": args.instances, "results": results})
     return 0
 
 

@@ -42,6 +42,8 @@ from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.simulator.cluster import ChainCache, ClusterSim, SimConfig, with_slos
 from tokenyard.simulator.metrics import WALL_CLOCK_KEYS, result
 
+from bench._out import write_result
+
 GOODPUT_MS = {"ttft": 2000.0, "tpot": 100.0}
 
 CLUSTER_RUNS = {
@@ -139,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         r = out[name]
         print(f"{name:22} {r['fingerprint'][:16]}  sim {r['sim_time_s']:9.1f} s  wall {r['wall_s']:6.1f} s  {verdict}",
               flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.json, out)
     if differ:
         print(f"differs from {args.check}: {', '.join(differ)}", file=sys.stderr)
     return 1 if differ else 0

@@ -34,6 +34,8 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
+from bench._out import write_result
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = """
@@ -135,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                      row["mean_ttft_ms"])
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    write_result(args.json, rows)
     print(f"\n{'instances':>9} {'load':>5} {'requests':>8} {'sim s':>7} {'wall s':>7} {'cpu s':>7} "
           f"{'speed':>6} {'cpu speed':>9}" + (f" {'before':>7} {'cpu before':>10} {'×cpu':>5}" if args.against else ""))
     for r in rows:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -53,6 +52,8 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._out import write_result
 
 KEEP_TARGET = 0.95
 TTFT_ADDED_MS = 2.0
@@ -398,8 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     result = asyncio.run(run(args))
     print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    write_result(args.json, result)
     return 0 if result["meets_targets"] else 1
 
 

@@ -119,7 +119,8 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def write_result_json(result: dict[str, Any], path: str | Path) -> None:
+def write_result_json(result: Any, path: str | Path) -> None:
+    """Strict JSON (see jsonable); an object JSON has no type for is written as its str."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(jsonable(result), indent=2, allow_nan=False, default=str) + "\n")

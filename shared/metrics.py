@@ -216,7 +216,9 @@ class QueueMetrics:
 
 
 class RouterMetrics:
-    def __init__(self, policy: str):
+    def __init__(self, policy: str, fleet: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None):
+        """`fleet`: P and BS of the fresh workers' rows, read when the spread is scraped (so a
+        decision does not pay for a gauge nobody may read)."""
         self.registry = CollectorRegistry()
         self.policy = policy
         self.decisions = Counter("tokenyard:router_decisions", "Routing decisions by policy and outcome.",
@@ -229,6 +231,8 @@ class RouterMetrics:
         self.spread = Gauge("tokenyard:router_pxbs_spread",
                             "max - min over fresh workers of P x BS (queued prefill tokens x batch size).",
                             registry=self.registry)
+        if fleet is not None:
+            self.spread.set_function(lambda: pxbs_spread(*fleet()))
 
     def observe(self, outcome: str, seconds: float, hit_tokens: int | None, prompt_len: int) -> None:
         self.decisions.labels(self.policy, outcome).inc()
@@ -237,12 +241,17 @@ class RouterMetrics:
             self.hit_ratio.observe(min(1.0, hit_tokens / prompt_len))
 
     def observe_fleet(self, p: np.ndarray, bs: np.ndarray) -> None:
-        """P and BS of the fresh workers' rows."""
-        pxbs = p * bs
-        self.spread.set(float(pxbs.max() - pxbs.min()) if len(pxbs) else 0.0)
+        """P and BS of the fresh workers' rows (without a `fleet` to read at scrape time)."""
+        self.spread.set(pxbs_spread(p, bs))
 
     def snapshot(self) -> dict:
         return {"decisions": count_samples(self.decisions), "pxbs_spread": _single(self.spread)}
+
+
+def pxbs_spread(p: np.ndarray, bs: np.ndarray) -> float:
+    """max − min of P × BS over the rows given; 0 without rows."""
+    pxbs = p * bs
+    return float(pxbs.max() - pxbs.min()) if len(pxbs) else 0.0
 
 
 class MacroMetrics:

@@ -30,6 +30,25 @@ MAX_PAYLOAD = 1024 * 1024
 """nats-server's default largest message; a server tokenyard starts sets it explicitly, and the
 HTTP fronts derive their body limits from the value the server announces."""
 
+RECONNECT_WAIT_S = 0.25
+"""Between reconnect attempts to the same server (nats-py waits this long after a failed one)."""
+ATTEMPT_TIMEOUT_S = 5.0
+"""One connect attempt: TCP, the server's INFO, the PONG to CONNECT. An attempt that reached
+a server not answering (still starting, or behind a partition) is given up after this."""
+PING_INTERVAL_S = 2.0
+"""A PING every this often. A connection that went silent without a FIN (a partition, a host
+gone) is known only by what the next write meets: a reset from a server back on that
+address (a reconnect at once), else no PONG, stale after MAX_OUTSTANDING_PINGS. nats-py's
+default (120 s) left an idle service deaf for minutes after the server came back."""
+MAX_OUTSTANDING_PINGS = 3
+"""PINGs without a PONG before the connection counts as stale: 6-8 s of silence, well past
+an event loop held up by a busy 2-core machine."""
+IDLE_RECONNECT_BOUND_S = PING_INTERVAL_S + RECONNECT_WAIT_S + 1.0
+"""The longest an idle connection takes to reconnect once a server answers again on the
+address it was silently cut from: its next PING meets the reset, the next attempt succeeds
+(1 s for the attempt itself on a busy machine). A connection whose attempt is in flight to
+a silent address when the server returns waits up to ATTEMPT_TIMEOUT_S for it instead."""
+
 QUEUE_DUPLICATE_WINDOW_S = 120.0
 """JetStream drops a second publish of the same request id within this window."""
 
@@ -42,7 +61,8 @@ async def connect(
     kind: str | None = None,
     creds: nats_auth.Credentials | None = None,
 ) -> Client:
-    """Reconnect forever once connected, but bound the first connection: with unlimited
+    """Reconnect forever once connected (an idle one within IDLE_RECONNECT_BOUND_S of the
+    server answering again), but bound the first connection: with unlimited
     reconnects nats-py would retry an unreachable server forever, and a service or client
     pointed at the wrong port must fail with a clear error, not hang. `url` may list several
     servers, comma-separated (a cluster's nodes): the client fails over between them.
@@ -66,8 +86,10 @@ async def connect(
         [u.strip() for u in url.split(",") if u.strip()],
         name=name,
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,
-        connect_timeout=min(5.0, first_connect_timeout_s),
+        reconnect_time_wait=RECONNECT_WAIT_S,
+        connect_timeout=min(ATTEMPT_TIMEOUT_S, first_connect_timeout_s),
+        ping_interval=PING_INTERVAL_S,
+        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
         pending_size=64 * 1024 * 1024,
         error_cb=on_error,
         **(creds.connect_options() if creds else {}),

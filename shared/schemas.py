@@ -337,6 +337,10 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     engine: str = "sim"
     draining: bool = False
     macro_id: str = ""
+    mode: str = ""
+    """Its macro-instance's mode as the last WorkerControl said (`ecoserve`, `pd`, …; empty:
+    none): the queue's flow control treats an EcoServe prefill phase apart (shared.ecoserve.
+    prefill_phase_starved)."""
 
 
 class WorkerControl(msgspec.Struct, omit_defaults=True):
@@ -349,7 +353,9 @@ class WorkerControl(msgspec.Struct, omit_defaults=True):
     epoch: int = 0
     mode: str = ""
     """The macro-instance's mode: `pd` makes a prefill-phase worker hand each request off
-    after its first token (spatial P/D); empty or other modes: it keeps it."""
+    after its first token (spatial P/D); `ecoserve` lets a prefill-phase worker with too small a
+    backlog to stay in its phase take more (shared.ecoserve.prefill_phase_starved); empty or
+    other modes: nothing changes."""
 
 
 class MacroState(msgspec.Struct, omit_defaults=True):

@@ -63,6 +63,12 @@ def setup(service: str, level: str | None = None) -> None:
     )
 
 
+def recording() -> bool:
+    """Whether spans are recorded: a hop that notes a timestamp for the profile (bench/hop_profile.py)
+    does so only then."""
+    return _recording
+
+
 def _add_trace_ids(_logger, _method, event: dict) -> dict:
     ctx = trace.get_current_span().get_span_context()
     if ctx.is_valid:

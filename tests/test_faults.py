@@ -1,4 +1,4 @@
-"""The fault suite over a real nats-server, each probe small and fast (bench/faults.py runs
+"""The fault suite over a real nats-server, each probe small and fast (bench/faults/ runs
 the heavy versions with real processes and SIGKILL):
 
 * a worker dies mid-stream: with migration every stream completes with no gap and no

@@ -32,7 +32,7 @@ WORKERS = ("w0", "w1")
 
 
 def queue_state(q: QueueCore, now: float) -> tuple:
-    workers = {w: (s.waiting, s.healthy, s.seen_s, s.sent, s.running, s.queued_prefill, s.kv_free_tokens,
+    workers = {w: (s.waiting, s.takes_new, s.phase, s.mode, s.seen_s, s.sent, s.running, s.queued_prefill, s.kv_free_tokens,
                    s.prefill_s_per_token, s.sent_tokens, s.sent_p0, s.tpot_slack_s) for w, s in q.workers.items()}
     # headroom now, once some heartbeats are stale, and once all are
     return workers, [q.headroom(now + dt) for dt in (0.0, 0.6, 1.2, 5.0)], len(q), len(q.in_flight)
@@ -200,9 +200,10 @@ def test_a_route_since_the_heartbeat_refuses_the_keepalive_until_the_next_heartb
 # ───────────── the queue's running headroom sum ─────────────
 
 def brute_headroom(q: QueueCore, now: float) -> int:
-    """The module's formula, one pass over the fleet: Σ max(0, room_w) over fresh healthy
+    """The module's formula, one pass over the fleet: Σ max(0, room_w) over fresh
     workers, less the prompt tokens in flight."""
-    room = sum(max(0, w.room()) for w in q.workers.values() if w.healthy and now - w.seen_s <= q.cfg.stale_after_s)
+    room = sum(max(0, w.room()) for w in q.workers.values()
+               if w.takes_new and now - w.seen_s <= q.cfg.stale_after_s)
     return room - sum(max(1, r.prompt_len) for r in q.in_flight.values())
 
 

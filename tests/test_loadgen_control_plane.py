@@ -43,20 +43,24 @@ def test_hop_profile_cuts_a_trace_into_segments_that_sum_to_the_ttft():
     ms = 1_000_000
     spans = [  # one request's spans as the receiver keeps them (ns since an arbitrary origin)
         Span("edge", "publish llm.v1.submit", 2 * ms, 30 * ms, {}),
-        Span("admission", "process llm.v1.submit", 3 * ms, 5 * ms, {}),
-        Span("queue", "process llm.v1.queue", 7 * ms, 12 * ms, {}),
+        Span("admission", "process llm.v1.submit", 3 * ms, 9 * ms, {"tokenyard.enqueue_ns": 4 * ms}),
+        Span("queue", "process llm.v1.queue", 7 * ms, 12 * ms, {"tokenyard.received_ns": 6 * ms}),
         Span("queue", "send llm.v1.route", 7 * ms, 12 * ms, {}),
         Span("router", "process llm.v1.route", 8 * ms, 11 * ms, {}),
         Span("router", "send llm.v1.worker.w0.generate", 9 * ms, 11 * ms, {}),
         Span("worker", "process llm.v1.worker.w0.generate", 10 * ms, 14 * ms,
-             {"gen_ai.server.time_to_first_token": 0.0005}),
+             {"tokenyard.received_ns": 9.5 * ms, "tokenyard.first_event_ns": 11 * ms}),
     ]
     http = segments(spans, Sent(1, 0, 13 * ms), http=True)
     assert list(http) == list(HTTP_SEGMENTS)
-    assert http == {"client → edge": 2.0, "edge → admission": 1.0, "admission": 2.0, "JetStream → queue": 2.0,
-                    "queue → router": 1.0, "router": 1.0, "router → worker": 1.0, "worker": 0.5,
-                    "worker → client": 2.5}
+    # admission's span ends (JetStream's ack, then `accepted`) after the queue has the message:
+    # the cut is the publish, not the span's end
+    assert http == {"client → edge": 2.0, "edge → admission": 1.0, "admission": 1.0, "JetStream → queue": 2.0,
+                    "queue": 1.0, "queue → router": 1.0, "router": 1.0, "router → worker": 0.5, "worker": 1.5,
+                    "worker → client": 2.0}
     assert sum(http.values()) == 13.0  # the client's TTFT
     nats = segments(spans[1:], Sent(1, 1 * ms, 13 * ms), http=False)
     assert list(nats) == list(NATS_SEGMENTS) and nats["client → admission"] == 2.0 and sum(nats.values()) == 12.0
     assert segments(spans[:-1], Sent(1, 0, 13 * ms), http=True) is None  # no worker span: not counted
+    unnoted = [*spans[:2], Span("queue", "process llm.v1.queue", 7 * ms, 12 * ms, {}), *spans[3:]]
+    assert segments(unnoted, Sent(1, 0, 13 * ms), http=True) is None  # an older service's spans: not counted

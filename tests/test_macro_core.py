@@ -16,7 +16,7 @@ def state(mid: str, workers: list[str], epoch: int, ts: float) -> MacroState:
 
 
 def ctl(wid: str, mid: str, epoch: int) -> WorkerControl:
-    return WorkerControl(wid, "mixed", mid, epoch=epoch)
+    return WorkerControl(wid, "mixed", mid, epoch=epoch, mode="nodg")
 
 
 def core(size: int = 2, stale: float = 3.0) -> MacroCore:

@@ -132,8 +132,8 @@ def test_prefill_phases_rotate_round_robin_on_an_idle_group():
     p = c.plan(0.0)
     assert p.states == [MacroState("m0", "ecoserve", ["w0", "w1", "w2"],
                                    {"w0": "prefill", "w1": "decode", "w2": "decode"}, ["w0"], 1, 0.0, 1000.0, 50.0)]
-    assert p.controls == [WorkerControl("w0", "prefill", "m0", epoch=1), WorkerControl("w1", "decode", "m0", epoch=1),
-                          WorkerControl("w2", "decode", "m0", epoch=1)]
+    assert p.controls == [WorkerControl("w0", "prefill", "m0", epoch=1, mode="ecoserve"), WorkerControl("w1", "decode", "m0", epoch=1, mode="ecoserve"),
+                          WorkerControl("w2", "decode", "m0", epoch=1, mode="ecoserve")]
     report(c, 0.5)
     assert c.plan(0.5).states == []  # w0 holds its phase for min_phase_s
     seen = []
@@ -142,7 +142,7 @@ def test_prefill_phases_rotate_round_robin_on_an_idle_group():
         p = c.plan(t)
         seen.append((p.states[0].accepting, p.states[0].epoch))
     assert seen == [(["w1"], 2), (["w2"], 3), (["w0"], 4), (["w1"], 5)]
-    assert p.controls == [WorkerControl("w0", "decode", "m0", epoch=5), WorkerControl("w1", "prefill", "m0", epoch=5)]
+    assert p.controls == [WorkerControl("w0", "decode", "m0", epoch=5, mode="ecoserve"), WorkerControl("w1", "prefill", "m0", epoch=5, mode="ecoserve")]
 
 
 def test_a_backlogged_prefill_worker_keeps_its_phase_and_a_second_one_is_staggered_in():

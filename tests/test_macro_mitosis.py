@@ -80,6 +80,18 @@ def test_no_merge_when_the_neighbours_are_busy_or_it_would_exceed_n_upper():
     assert m.decide(groups, 600.0) == [Decision("shrink", "m1", ("e",)), Decision("shrink", "m2", ("h",))]
 
 
+def test_a_cold_group_that_cannot_shrink_merges_into_a_cold_neighbour():
+    m = Mitosis(CFG)
+    for mid in ("m0", "m1", "m2"):
+        feed(m, mid, 0.1, 0.0, 0.0, 600.0)
+    # one worker each: none can shrink; m0 joins m1, m2's only neighbour (m1) acted already
+    assert m.decide({"m0": ["a"], "m1": ["b"], "m2": ["c"]}, 600.0) == [Decision("merge", "m0", ("a",), "m1")]
+    feed(m, "m2", 0.1, 0.0, 600.0, 1200.0)
+    feed(m, "m1", 0.1, 0.0, 600.0, 1200.0)
+    assert m.decide({"m1": ["b", "a"], "m2": ["c"]}, 1200.0) == [
+        Decision("shrink", "m1", ("a",)), Decision("merge", "m1", ("b",), "m2")]
+
+
 def test_the_fleet_bounds_hold():
     m = Mitosis(MitosisConfig(n_lower=1, n_upper=4, max_workers=2, min_workers=2))
     feed(m, "m0", 0.99, 0.0, 0.0, 600.0)
@@ -158,7 +170,7 @@ def test_grow_then_split_through_the_controller():
     p = tick(c, 2.5, {"a": 0.9, "b": 0.9, "n": 0.0})
     assert c.groups == {"m0": ["a", "b"], "m1": ["n"]}
     assert [(s.macro_id, s.workers, s.epoch) for s in p.states] == [("m0", ["a", "b"], 2), ("m1", ["n"], 1)]
-    assert p.controls == [WorkerControl("n", "mixed", "m1", epoch=1)]
+    assert p.controls == [WorkerControl("n", "mixed", "m1", epoch=1, mode="nodg")]
 
 
 def test_shrink_drains_and_removes_the_worker_then_merge():
@@ -171,7 +183,7 @@ def test_shrink_drains_and_removes_the_worker_then_merge():
     assert c.groups == {"m1": ["d", "a", "b"]}
     assert p.provision == [ProvisionOp("remove", "m0", "c")]
     assert [(s.macro_id, s.workers, s.epoch) for s in p.states] == [("m0", [], 2), ("m1", ["d", "a", "b"], 2)]
-    assert p.controls == [WorkerControl("a", "mixed", "m1", epoch=2), WorkerControl("b", "mixed", "m1", epoch=2),
+    assert p.controls == [WorkerControl("a", "mixed", "m1", epoch=2, mode="nodg"), WorkerControl("b", "mixed", "m1", epoch=2, mode="nodg"),
                           WorkerControl("c", "mixed", "", drain=True)]
     # c keeps sending heartbeats while it drains: it does not rejoin
     tick(c, 4.5, {"a": 0.1, "b": 0.1, "c": 0.1, "d": 0.1})

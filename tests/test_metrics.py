@@ -94,6 +94,18 @@ def test_router_decisions_hit_ratio_and_pxbs_spread():
     assert m.snapshot()["pxbs_spread"] == 0.0
 
 
+def test_router_pxbs_spread_is_read_from_the_fleet_when_scraped():
+    """The router's gauge reads the fleet's rows at scrape time: no decision pays for it."""
+    rows = {"p": np.array([100.0, 0.0]), "bs": np.array([2, 5])}
+    m = metrics.RouterMetrics("marginal-latency", fleet=lambda: (rows["p"], rows["bs"]))
+    get = m.registry.get_sample_value
+    assert get("tokenyard:router_pxbs_spread") == 200.0
+    rows.update(p=np.array([10.0, 30.0, 5.0]), bs=np.array([1, 3, 2]))  # a heartbeat later
+    assert get("tokenyard:router_pxbs_spread") == 80.0  # P×BS = 10, 90, 10
+    rows.update(p=np.array([]), bs=np.array([]))
+    assert m.snapshot()["pxbs_spread"] == 0.0
+
+
 def test_admission_counts_refusals_by_reason():
     m = metrics.AdmissionMetrics()
     m.observe(schemas.Outcome.ADMITTED)

@@ -7,6 +7,8 @@ import asyncio
 from nats.aio.client import Client
 from tokenyard.shared import natsutil
 
+from tests.conftest import until
+
 
 async def abandon_a_flush(nc) -> None:
     """A flush whose caller is cancelled after its PING went out, before the PONG is back."""
@@ -44,3 +46,66 @@ async def test_a_bare_nats_py_client_stops_reading_after_one(nats_server):
                 await asyncio.sleep(0.01)
     finally:
         await nc.close()
+
+
+class Partition:
+    """A TCP proxy in front of nats-server that can go silent (forwards nothing and closes
+    nothing: a partition, or a host gone without a FIN) and heal; a connection from before
+    the heal is then reset at the next byte its client sends, as the host of a restarted
+    server answers a connection it no longer knows."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.silent = False
+        self.epoch = 0
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        return f"nats://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def heal(self) -> None:
+        self.silent, self.epoch = False, self.epoch + 1
+
+    async def _connection(self, reader, writer) -> None:
+        epoch = self.epoch
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(src, dst, from_client: bool) -> None:
+            while data := await src.read(65536):
+                if from_client and self.epoch != epoch:
+                    writer.transport.abort()
+                    break
+                if not self.silent and self.epoch == epoch:
+                    dst.write(data)
+            up_writer.close()
+            writer.close()
+
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False), return_exceptions=True)
+
+    async def stop(self) -> None:
+        self.server.close()
+
+
+async def test_an_idle_connection_reconnects_within_the_bound_after_a_silent_outage(nats_server):
+    """The server goes silent for 3 s without closing the connection, then answers again on
+    the same address (resetting the old connection): an idle client, which writes nothing of
+    its own, is reconnected within natsutil.IDLE_RECONNECT_BOUND_S (its next PING meets the reset;
+    with nats-py's default 120 s ping interval it stayed deaf for up to two minutes)."""
+    partition = Partition(int(nats_server.url.rsplit(":", 1)[1]))
+    url = await partition.start()
+    creds = natsutil.nats_auth.resolve(nats_server.url, None)
+    nc = await natsutil.connect(url, "test-partition", creds=creds)
+    try:
+        sub = await nc.subscribe("test.after.partition")
+        partition.silent = True
+        await asyncio.sleep(3.0)  # the outage itself: no event to await, time is what it is
+        partition.heal()
+        healed = asyncio.get_running_loop().time()
+        await until(lambda: nc.stats["reconnects"] == 1 and nc.is_connected, timeout_s=natsutil.IDLE_RECONNECT_BOUND_S)
+        assert asyncio.get_running_loop().time() - healed < natsutil.IDLE_RECONNECT_BOUND_S
+        assert natsutil.IDLE_RECONNECT_BOUND_S < 5.0  # the issue's bound, with margin
+        await nc.publish("test.after.partition", b"heard")
+        assert (await sub.next_msg(timeout=5)).data == b"heard"
+    finally:
+        await nc.close()
+        await partition.stop()

@@ -435,3 +435,52 @@ def test_the_running_decodes_tpot_slack_bounds_the_room():
     assert q.headroom(0.0) == 0 and q.saturated(0.0)
     q.on_heartbeat(fhb("w0"), 0.0)
     assert q.headroom(0.0) == 2500
+
+
+def test_a_worker_in_its_decode_phase_offers_no_room():
+    """EcoServe's decode phase and a P/D decode worker refuse every new request (the worker's
+    offer says "decode phase"): room counted there would go to the router and bounce back."""
+    from tokenyard.services.priority_queue.policies.registry import make_policy
+
+    q = QueueCore(QueueConfig(p0_reserve_per_worker=1), make_policy("hybrid"))
+    q.on_heartbeat(hb("p", queued=1000, prefill_ms_per_token=0.1, phase="prefill"), 0.0)  # 1500 of room
+    q.on_heartbeat(hb("d", prefill_ms_per_token=0.1, phase="decode"), 0.0)  # idle, but takes none
+    q.on_heartbeat(hb("m", queued=2400, prefill_ms_per_token=0.1, phase="mixed"), 0.0)  # 100
+    assert q.headroom(0.0) == 1600
+    for rid, cls in (("a", 1), ("z0", 0), ("z1", 0), ("z2", 0)):
+        q.offer(sized(rid, 2000, cls=cls), 0.0)
+    # z0 takes the room; the P0 reserve is one per worker that takes new requests: p and m
+    assert ids(q.dispatchable(0.0)) == ["z0", "z1", "z2"]
+    for rid, wid in (("z0", "p"), ("z1", "p"), ("z2", "m")):
+        q.on_routed(rid, wid, 0.0)
+    # the phases rotate: p decodes what it prefilled, d takes its turn at prefill
+    q.on_heartbeat(hb("p", running=2, prefill_ms_per_token=0.1, phase="decode"), 0.1)
+    q.on_heartbeat(hb("d", prefill_ms_per_token=0.1, phase="prefill"), 0.1)
+    assert q.headroom(0.1) == 2500  # d's whole H; m, sent z2 since its heartbeat, has none
+
+    off = QueueCore(QueueConfig(flow_control=False, slots_per_worker=3), FCFS())
+    off.on_heartbeat(hb("d", phase="decode"), 0.0)
+    off.on_heartbeat(hb("p", waiting=1, phase="prefill"), 0.0)
+    assert off.headroom(0.0) == 2
+
+
+def test_an_ecoserve_prefill_phase_keeps_a_backlog_its_phase_can_work_through():
+    """Flow control's quarter second of prefill is under one chunk on a slow engine: an EcoServe
+    prefill-phase worker would then never hold more than the 2 waiting requests at which its
+    phase ends, so it has room for one more request while waiting + sent ≤ 2 and its backlog
+    is under its minimum phase length (1 s) of prefill."""
+    q = QueueCore(QueueConfig(), FCFS())
+    q.on_heartbeat(hb("eco", queued=5000, waiting=1, prefill_ms_per_token=0.1, phase="prefill", mode="ecoserve"), 0.0)
+    q.on_heartbeat(hb("pd", queued=5000, prefill_ms_per_token=0.1, phase="prefill", mode="pd"), 0.0)
+    assert q.headroom(0.0) == 1
+    for rid in "abcd":
+        q.offer(sized(rid, 2000), 0.0)
+    assert ids(q.dispatchable(0.0)) == ["a"]
+    q.on_routed("a", "eco", 0.0)
+    assert ids(q.dispatchable(0.0)) == ["b"]  # waiting 1 + sent 1 = 2, 0.7 s: still starved
+    q.on_routed("b", "eco", 0.0)
+    assert q.dispatchable(0.0) == [] and q.headroom(0.0) == 0  # 3 waiting: its phase goes on
+    q.on_heartbeat(hb("eco", queued=9000, waiting=1, prefill_ms_per_token=0.1, phase="prefill", mode="ecoserve"), 0.1)
+    assert ids(q.dispatchable(0.1)) == ["c"]  # 0.9 s
+    q.on_routed("c", "eco", 0.1)
+    assert q.dispatchable(0.1) == []  # 1.1 s: a minimum phase's work is there

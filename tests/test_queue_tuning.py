@@ -76,3 +76,19 @@ def test_a_small_tuning_run_over_the_simulator():
     assert res.default.completed == 60 and res.default.failed == 0
     assert len(res.trials) == 3
     assert res.best_score >= res.default_score
+
+
+def test_the_result_file_records_the_command(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from tokenyard.cli import main
+
+    out = tmp_path / "tune.json"
+    argv = ["tune", "--workload", "heavy-tail", "--rate", "20", "--num-requests", "40", "--instances", "1",
+            "--trials", "1", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["tokenyard", *argv])
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "tokenyard " + " ".join(argv)
+    assert (doc["workload"], doc["trials"], len(doc["history"])) == ("heavy-tail", 1, 2)

@@ -4,7 +4,7 @@ survives overload where the guarded product drops it, and monotonicity as a prop
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from tokenyard.services.router.core import DEFAULT_POLICY, POLICIES, RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
@@ -118,20 +118,73 @@ def test_bounded_load_never_empties_and_keeps_the_least_loaded(loads, c):
 def test_a_hot_prefix_is_replicated_once_its_holder_passes_the_bound():
     """Every request carries one hot system prompt that only w0 holds. Marginal latency alone
     keeps sending them to w0 (a cached token saves its prefill and the stall it would cause);
-    the default sends them there until w0's load reaches c × the mean, then to another instance."""
+    the default sends them there while w0 is within c × the mean or, beyond it, while the
+    prefill queued on w0 is shorter than the 1,024 cached tokens (the sticky exemption), then
+    to another instance, which then holds a copy."""
     prefix = ids_chain(range(64))  # 1,024 tokens
     c = RouterCore(RouterConfig(stale_after_s=1.0))
     for k in range(4):
         c.on_heartbeat(hb(f"w{k}", running=2), 0.0)
     c.on_kv_events("w0", KVEventBatch(0.0, [BlockStored(prefix, None, [], BS)]), 0.0)
-    routes = [c.route(req(prompt_len=1_100, chain=ids_chain(range(68)), max_tokens=8), 0.0) for _ in range(8)]
-    # L = 2+2+2+2 → w0 (cap ⌈1.25·9/4⌉ = 3); 3,2,2,2 → cap ⌈3.125⌉ = 4: w0 again; 4,2,2,2 → cap
-    # ⌈3.4375⌉ = 4, w0 is out: w1 recomputes the prompt (hit 0) and then holds it (hit 1,088)
-    assert [r.worker_id for r in routes] == ["w0", "w0", "w1", "w1", "w0", "w1", "w2", "w2"]
-    assert [r.hit_tokens for r in routes] == [1024, 1024, 0, 1088, 1024, 1088, 0, 1088]
+    routes = [c.route(req(prompt_len=1_100, chain=ids_chain(range(68)), max_tokens=8), 0.0) for _ in range(16)]
+    # each request queues its 76 new tokens on w0 (no heartbeat in between): the first two
+    # are within the bound (L = 2, 3 against caps 3, 4); from the third on w0 is beyond it and
+    # exempt while its queue 76·k < 1,024, i.e. for k ≤ 13; the 15th finds 1,064 queued and
+    # goes to w1, which recomputes the prompt (hit 0) and then holds it (hit 1,088)
+    assert [r.worker_id for r in routes] == ["w0"] * 14 + ["w1", "w1"]
+    assert [r.hit_tokens for r in routes] == [1024] * 14 + [0, 1088]
+    assert [("sticky" in r.notes) for r in routes[:3]] == [False, False, True]
     bare = RouterCore(RouterConfig(stale_after_s=1.0))
     bare.pipeline.guards = [g for g in bare.pipeline.guards if not isinstance(g, BoundedLoadGuard)]
     for k in range(4):
         bare.on_heartbeat(hb(f"w{k}", running=2), 0.0)
     bare.on_kv_events("w0", KVEventBatch(0.0, [BlockStored(prefix, None, [], BS)]), 0.0)
-    assert {bare.route(req(prompt_len=1_100, chain=ids_chain(range(68)), max_tokens=8), 0.0).worker_id for _ in range(8)} == {"w0"}
+    assert {bare.route(req(prompt_len=1_100, chain=ids_chain(range(68)), max_tokens=8), 0.0).worker_id for _ in range(16)} == {"w0"}
+
+
+# ───────────────────────────── the sticky exemption ─────────────────────────────
+
+
+def test_a_conversation_stays_on_its_holder_a_little_over_the_bound():
+    """L = 0, 4, 5, 11 → cap 7, w3 (11 sequences) is beyond it. w3 holds 7,000 of the 8,000
+    tokens of r's conversation, nothing waits there and 500 tokens are queued: r's first token
+    comes sooner there (500 + 1,000) than anywhere within the bound (8,000), and its cache
+    outweighs its queue (7,000 > 500), so w3 is kept."""
+    v = prepared(view((0, 0, 0, 0), (4, 0, 0, 0), (5, 0, 0, 0), (11, 0, 500, 0)), 8_000, [0, 0, 0, 7_000])
+    narrowed = BoundedLoadGuard().narrow(req(prompt_len=8_000), v, np.arange(4))
+    assert narrowed.keep.tolist() == [True, True, True, True] and narrowed.note == "sticky"
+    assert BoundedLoadGuard(sticky=False).narrow(req(prompt_len=8_000), v, np.arange(4)).keep.tolist() == [True, True, True, False]
+
+
+def test_no_exemption_where_r_would_wait():
+    kept = [True, True, True, False]
+    # more prefill queued ahead of r on the holder than r has cached there
+    v = prepared(view((0, 0, 0, 0), (4, 0, 0, 0), (5, 0, 0, 0), (11, 0, 7_000, 0)), 8_000, [0, 0, 0, 7_000])
+    assert BoundedLoadGuard().narrow(req(prompt_len=8_000), v, np.arange(4)).keep.tolist() == kept
+    # r's first token would come sooner within the bound (w0 holds as much, with no queue)
+    v = prepared(view((0, 0, 0, 0), (4, 0, 0, 0), (5, 0, 0, 0), (11, 0, 500, 0)), 8_000, [7_000, 0, 0, 7_000])
+    assert BoundedLoadGuard().narrow(req(prompt_len=8_000), v, np.arange(4)).keep.tolist() == kept
+    # nothing cached beyond the bound: no exemption, however idle its queue
+    v = prepared(view((0, 0, 0, 0), (4, 0, 0, 0), (5, 0, 0, 0), (11, 0, 0, 0)), 8_000, [0, 0, 0, 0])
+    assert BoundedLoadGuard().narrow(req(prompt_len=8_000), v, np.arange(4)).keep.tolist() == kept
+
+
+holders = st.lists(  # (running, waiting, queued, hit): queues of the order of the hits
+    st.tuples(st.integers(0, 64), st.integers(0, 8), st.integers(0, 9_000), st.integers(0, 8_000)),
+    min_size=2,
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleet=holders, prompt=st.integers(1, 8_000))
+def test_an_exempt_instance_gives_r_its_soonest_first_token_and_caches_more_than_it_queues(fleet, prompt):
+    v = prepared(view(*fleet), prompt, [min(h, prompt) for *_, h in fleet])
+    cand = np.arange(v.n)
+    bare = np.asarray(BoundedLoadGuard(sticky=False).narrow(req(prompt_len=prompt), v, cand).keep)
+    keep = np.asarray(BoundedLoadGuard().narrow(req(prompt_len=prompt), v, cand).keep)
+    assert (keep >= bare).all()  # the exemption only adds
+    own = v.queued_prefill[: v.n] + v.new[: v.n]
+    event("exempt" if (keep & ~bare).any() else "none exempt")
+    for i in np.flatnonzero(keep & ~bare):
+        assert v.hit[i] > v.queued_prefill[i] and own[i] <= own[bare].min()

@@ -46,3 +46,28 @@ async def test_one_trace_from_client_to_worker(fleet, spans):
             yield s.attributes["tokenyard.service"]
 
     assert set(ancestors(worker)) >= {"router", "queue", "admission", "edge"}
+
+
+async def test_the_hops_note_the_first_tokens_path_in_causal_order(fleet, spans):
+    """The instants bench/hop_profile.py cuts a TTFT at, one request's, in the order the first
+    token's path passes them: admission's publish to JetStream, the queue's receipt, its route
+    request, the router's decision and offer, the worker's receipt and its first chunk."""
+    spans.clear()
+    client = TokenyardClient(fleet.nats)
+    with telemetry.span("edge", "publish", subjects.SUBMIT, kind=SpanKind.PRODUCER) as root:
+        await client.generate(schemas.GenerateRequest(prompt="profile me", max_tokens=2))
+    trace_id = root.get_span_context().trace_id
+
+    def named(service: str, prefix: str):
+        return next((s for s in spans.get_finished_spans() if s.context.trace_id == trace_id
+                     and s.attributes["tokenyard.service"] == service and s.name.startswith(prefix)), None)
+
+    wanted = [("admission", "process"), ("queue", "process"), ("queue", "send llm.v1.route"),
+              ("router", "process"), ("router", "send llm.v1.worker."), ("worker", "process")]
+    adm, queue, route, router, offer, worker = await until(
+        lambda: (found if None not in (found := [named(*w) for w in wanted]) else None), timeout_s=5)
+    path = [adm.start_time, adm.attributes["tokenyard.enqueue_ns"], queue.attributes["tokenyard.received_ns"],
+            route.start_time, router.start_time, offer.start_time, worker.attributes["tokenyard.received_ns"],
+            worker.attributes["tokenyard.first_event_ns"]]
+    assert path == sorted(path)
+    assert worker.attributes["tokenyard.first_event_ns"] < worker.end_time

@@ -188,3 +188,18 @@ def test_offer_refuses_a_prefill_backlog_its_decodes_tpot_slack_cannot_absorb():
     # a P/D decode leg brings its KV, not a prefill: taken whatever the slack
     leg = msgspec.structs.replace(req("d"), kv_from="w-prefill")
     assert c.offer(leg, stats(prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))[0].accepted
+
+
+def test_an_ecoserve_prefill_phase_starved_of_work_is_not_saturated():
+    """Its phase ends once ≤ 2 wait (shared.ecoserve.leaves_prefill); the quarter second of
+    prefill flow control allows would keep it there on an engine whose chunk takes longer. Up
+    to its minimum phase length (1 s) of prefill it takes more."""
+    eco, pd = core(max_waiting=8), core(max_waiting=8)
+    eco.on_control(WorkerControl("w0", "prefill", "m1", mode="ecoserve"))
+    pd.on_control(WorkerControl("w0", "prefill", "m1", mode="pd"))
+    assert eco.heartbeat(stats(), 1.0).mode == "ecoserve"
+    backlog = {"queued": 9000, "prefill_ms_per_token": 0.1}  # 0.9 s of prefill
+    assert eco.offer(req("a"), stats(waiting=2, **backlog))[0].accepted
+    assert eco.offer(req("b"), stats(waiting=3, **backlog))[0].reason == "saturated"
+    assert eco.offer(req("c"), stats(waiting=1, queued=10_000, prefill_ms_per_token=0.1))[0].reason == "saturated"
+    assert pd.offer(req("d"), stats(waiting=0, **backlog))[0].reason == "saturated"  # P/D has no phase to end

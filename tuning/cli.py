@@ -11,7 +11,6 @@ and the gain over the defaults (objective: tuning/objective.py).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 
@@ -49,6 +48,7 @@ def open_any(args, mix):
 
 def main(args: argparse.Namespace) -> int:
     from tokenyard.loadgen.config import parse_priority_mix
+    from tokenyard.loadgen.report import write_result_json
     from tokenyard.simulator.cluster import SimConfig
     from tokenyard.tuning.evaluate import SimSetup
     from tokenyard.tuning.objective import Weights
@@ -80,6 +80,5 @@ def main(args: argparse.Namespace) -> int:
                "best_params": res.best_params, "best_score": res.best_score, "default_score": res.default_score,
                "gain": res.gain, "default": asdict(res.default), "best": asdict(res.best),
                "history": [{"params": p, "score": v} for p, v in res.trials]}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        write_result_json({"command": " ".join(["tokenyard", *sys.argv[1:]]), **doc}, args.json)
     return 0

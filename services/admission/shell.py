@@ -78,11 +78,12 @@ class AdmissionShell:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _enqueue(self, verdict: schemas.AdmittedRequest):
-        """(the PubAck, whether it took a retry). One plain attempt first, so that its ack's
-        `duplicate` tells a reused request id; then retried through a cluster node's failover
-        (natsutil.publish_durably), where a duplicate may be an earlier attempt that landed."""
-        data, headers = codec.encode(verdict), telemetry.inject()
+    async def _enqueue(self, verdict: schemas.AdmittedRequest, data: bytes):
+        """(the PubAck, whether it took a retry). `data`: `verdict` encoded. One plain attempt
+        first, so that its ack's `duplicate` tells a reused request id; then retried through a
+        cluster node's failover (natsutil.publish_durably), where a duplicate may be an earlier
+        attempt that landed."""
+        headers = telemetry.inject()
         try:
             return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
                                          timeout=2.0), False
@@ -123,8 +124,10 @@ class AdmissionShell:
                     await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))
                 return
             rid = verdict.request_id
+            if telemetry.recording():  # where admission's own work ends and JetStream's begins
+                span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
             try:
-                ack, retried = await self._enqueue(verdict)
+                ack, retried = await self._enqueue(verdict, queued)
             except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
                 log.warning("enqueue_failed", request_id=rid, error=repr(e))
                 refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")

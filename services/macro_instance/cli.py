@@ -11,6 +11,7 @@ from tokenyard.shared import config
 
 def register(sub) -> None:
     from tokenyard.services.macro_instance.core import MODES
+    from tokenyard.shared.ecoserve import MIN_PHASE_S
 
     p = sub.add_parser("macro", help="group workers into macro-instances and set their phases")
     p.add_argument("--nats", default=config.nats_url_from_env(), help="NATS server URL (env TOKENYARD_NATS_URL)")
@@ -22,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--pd-prefill", type=int, default=None, help="pd: prefill workers per macro-instance (default half)")
     p.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="EcoServe constraint check: TTFT SLO")
     p.add_argument("--tpot-slo-ms", type=float, default=100.0, help="EcoServe constraint check: TPOT SLO")
-    p.add_argument("--min-phase-s", type=float, default=1.0, help="EcoServe: shortest prefill or decode phase")
+    p.add_argument("--min-phase-s", type=float, default=MIN_PHASE_S,
+                   help="EcoServe: shortest prefill or decode phase (default: %(default)s)")
     p.add_argument("--stagger-s", type=float, default=1.0, help="EcoServe: interval between two activations")
     p.add_argument("--scale", action="store_true", help="mitosis scaling with local worker processes")
     p.add_argument("--n-lower", type=int, default=None,

@@ -173,8 +173,7 @@ class MacroCore:
             for w in state.workers:
                 hb = self.reported[w].hb
                 if hb.macro_id != mid or hb.phase != state.phases[w]:
-                    mode = "pd" if state.mode == "pd" else ""  # the only mode a worker acts on itself
-                    plan.controls.append(WorkerControl(w, state.phases[w], mid, epoch=state.epoch, mode=mode))
+                    plan.controls.append(WorkerControl(w, state.phases[w], mid, epoch=state.epoch, mode=state.mode))
         for w in sorted(self.retiring):
             if not self.reported[w].hb.draining:
                 plan.controls.append(WorkerControl(w, self.reported[w].hb.phase, "", drain=True))

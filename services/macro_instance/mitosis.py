@@ -21,9 +21,11 @@ Over a window W the history "stays" above a level when it spans W and its mean i
   shrink  mean u < 40% and mean v ≤ 5% over W_shrink (10 min), → its last worker is drained
           |m| > 1                                                and removed (never while
                                                                 the queue holds a late backlog)
-  merge   |m| ≤ N_lower after a shrink, and a neighbour n (the macro-instances in id
-          order, the next one first) with mean u < 40% and |m| + |n| ≤ N_upper
+  merge   |m| ≤ N_lower after a shrink — or cold as for a shrink but unable to (one
+          worker, or the fleet at its minimum) — and a neighbour n (the macro-instances in
+          id order, the next one first) with mean u < 40% and |m| + |n| ≤ N_upper
                                                               → m's workers join n
+          (without the second case two idle one-worker macro-instances never merged)
 After an action on m, its history restarts (a new window must build up before the next).
 """
 
@@ -155,15 +157,18 @@ class Mitosis:
                 acted.add(mid)
                 continue
             cold = self._mean(mid, now, cfg.shrink_window_s)
-            if cold and cold[0] < cfg.shrink_util and cold[1] <= cfg.grow_violation and len(ws) > 1 and total > cfg.min_workers:
-                out.append(Decision("shrink", mid, (ws[-1],)))
-                total -= 1
-                acted.add(mid)
-                if len(ws) - 1 <= cfg.n_lower:
-                    into = self._merge_target(groups, mid, len(ws) - 1, now, acted)
+            if cold and cold[0] < cfg.shrink_util and cold[1] <= cfg.grow_violation:
+                stay = ws
+                if len(ws) > 1 and total > cfg.min_workers:
+                    out.append(Decision("shrink", mid, (ws[-1],)))
+                    total -= 1
+                    acted.add(mid)
+                    stay = ws[:-1]
+                if len(stay) <= cfg.n_lower:
+                    into = self._merge_target(groups, mid, len(stay), now, acted)
                     if into:
-                        out.append(Decision("merge", mid, tuple(ws[:-1]), into))
-                        acted.add(into)
+                        out.append(Decision("merge", mid, tuple(stay), into))
+                        acted |= {mid, into}
         for mid in acted:
             self.forget(mid)
         return out

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenyard.shared.ecoserve import EcoConfig, WorkerLoad, leaves_prefill, ready_for_prefill
+from tokenyard.shared.ecoserve import MIN_PHASE_S, EcoConfig, WorkerLoad, leaves_prefill, ready_for_prefill
 from tokenyard.shared.schemas import Phase
 
 
 @dataclass
 class RollingConfig:
     eco: EcoConfig = field(default_factory=EcoConfig)
-    min_phase_s: float = 1.0
+    min_phase_s: float = MIN_PHASE_S
     """A worker holds a phase at least this long (no flapping between two heartbeats)."""
     stagger_s: float = 1.0
     """The fixed interval between two activations in one group."""

@@ -18,6 +18,12 @@ heartbeat and what was routed to it since, with no per-deployment number:
                  whose decodes are tight takes no prefill until they gain slack or finish.
     headroom   = Σ_w max(0, room_w) − prompt tokens in flight to the router
     A worker that reports no prefill rate (vLLM's) has room while waiting_w + sent_w < 2.
+    A worker in the decode phase (EcoServe's, or a spatial P/D decode worker) has none: it
+    refuses every new request (only P/D decode legs, which never pass the queue, go to it), so
+    room counted there would be released to the router and bounce back. An EcoServe worker in
+    its prefill phase has room for one more request while waiting_w + sent_w ≤ 2 (with which
+    its phase would end) and its backlog is under 1 s of prefill, its minimum phase length
+    (shared.ecoserve.prefill_phase_starved).
 
 The queue releases requests in its policy's order while headroom > 0 (each takes its prompt
 tokens off it; the last one may overshoot). H is half the tightest TTFT target, so a request
@@ -55,7 +61,8 @@ from dataclasses import dataclass, field
 
 from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, deadline, klass
 from tokenyard.shared import config
-from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, QueueStats, Rejected
+from tokenyard.shared.ecoserve import prefill_phase_starved
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, Phase, QueueStats, Rejected
 from tokenyard.shared.slo import (
     ENGINE_BACKLOG_S,
     decode_slack_s,
@@ -96,7 +103,8 @@ class QueueConfig:
 @dataclass(slots=True)
 class _Worker:
     waiting: int
-    healthy: bool
+    takes_new: bool
+    """It would accept a new request: healthy, not draining, not in the decode phase."""
     seen_s: float
     sent: int = 0
     running: int = 0
@@ -110,15 +118,23 @@ class _Worker:
     tpot_slack_s: float | None = None
     """The prefill time its running decodes can still absorb within their TPOT SLO (the
     tightest one's saved slack); None: nothing decodes."""
+    phase: str = Phase.MIXED
+    mode: str = ""
+    """Its macro-instance's mode (Heartbeat.mode)."""
     counted: int = 0
-    """What it adds to QueueCore.room_sum: max(0, room()) while healthy (flow control), else 0."""
+    """What it adds to QueueCore.room_sum: max(0, room()) while it takes new requests (flow
+    control), else 0."""
 
     def room(self) -> int:
         """Flow control: prompt tokens it may still take (≤ 0: saturated)."""
         if self.prefill_s_per_token <= 0.0:
             return 1 if self.waiting + self.sent < UNKNOWN_RATE_WAITING else 0
         backlog = self.queued_prefill + self.sent_tokens
-        return int(min(prefill_budget_s(self.tpot_slack_s) / self.prefill_s_per_token, self.kv_free_tokens)) - backlog
+        room = int(min(prefill_budget_s(self.tpot_slack_s) / self.prefill_s_per_token, self.kv_free_tokens)) - backlog
+        if room <= 0 and prefill_phase_starved(self.phase, self.mode, self.waiting + self.sent,
+                                               backlog * self.prefill_s_per_token):
+            return 1  # one more request, whatever its prompt (the last release may overshoot)
+        return room
 
 
 @dataclass
@@ -144,13 +160,13 @@ class QueueCore:
     """(latest release time, request id) of waiting requests with a deadline; lazily cleaned
     (a heap)."""
     room_sum: int = 0
-    """Flow control: Σ max(0, room_w) over the healthy workers (their `counted`), kept as
-    heartbeats and routes change a worker's room: `headroom` is this sum while every healthy
+    """Flow control: Σ max(0, room_w) over the workers that take new requests (their `counted`), kept as
+    heartbeats and routes change a worker's room: `headroom` is this sum while every
     worker is fresh, with no pass over the fleet (integers: the same sum in any order)."""
     oldest_seen_s: float = math.inf
-    """A lower bound of the healthy workers' latest heartbeat times (a worker's only grows;
+    """A lower bound of the latest heartbeat times of the workers that take new requests (a worker's only grows;
     each heartbeat lowers the bound to its own time): while now − it ≤ stale_after_s, no
-    healthy worker is stale."""
+    such worker is stale."""
 
     def offer(self, req: AdmittedRequest, now: float) -> bool:
         """Queue a request; False if it is already here or on its way (a redelivery)."""
@@ -207,10 +223,11 @@ class QueueCore:
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         s = hb.stats
         w = _Worker(
-            waiting=s.waiting, healthy=hb.healthy and not hb.draining, seen_s=now, running=s.running,
+            waiting=s.waiting, takes_new=hb.healthy and not hb.draining and hb.phase != Phase.DECODE,
+            seen_s=now, running=s.running,
             queued_prefill=s.queued_prefill_tokens, kv_free_tokens=s.kv_blocks_free * s.block_size,
             prefill_s_per_token=s.prefill_ms_per_token / 1000.0,
-            tpot_slack_s=decode_slack_s(hb))
+            tpot_slack_s=decode_slack_s(hb), phase=hb.phase, mode=hb.mode)
         old = self.workers.get(hb.worker_id)
         if old is not None:
             self.room_sum -= old.counted
@@ -234,7 +251,7 @@ class QueueCore:
     def _count(self, w: _Worker) -> None:
         """Recount what `w` adds to room_sum (its heartbeat or a route changed its room)."""
         counted = 0
-        if w.healthy and self.cfg.flow_control:
+        if w.takes_new and self.cfg.flow_control:
             r = w.room()
             if r > 0:
                 counted = r
@@ -242,7 +259,7 @@ class QueueCore:
         w.counted = counted
 
     def _fresh(self, now: float) -> list[_Worker]:
-        return [w for w in self.workers.values() if w.healthy and now - w.seen_s <= self.cfg.stale_after_s]
+        return [w for w in self.workers.values() if w.takes_new and now - w.seen_s <= self.cfg.stale_after_s]
 
     def _size(self, req: AdmittedRequest) -> int:
         """What a request takes off the headroom: its prompt tokens (flow control), else 1."""
@@ -250,14 +267,14 @@ class QueueCore:
 
     def headroom(self, now: float) -> int:
         """Flow control: prompt tokens the fleet may still take; off: requests."""
-        if self.cfg.flow_control:  # no pass over the fleet while every healthy worker is fresh
+        if self.cfg.flow_control:  # no pass over the fleet while every worker that takes new requests is fresh
             stale = self.cfg.stale_after_s
             if now - self.oldest_seen_s > stale:  # some may be stale: the bound, exact again
-                self.oldest_seen_s = min((w.seen_s for w in self.workers.values() if w.healthy), default=math.inf)
+                self.oldest_seen_s = min((w.seen_s for w in self.workers.values() if w.takes_new), default=math.inf)
             if now - self.oldest_seen_s <= stale:
                 room = self.room_sum
             else:
-                room = sum(w.counted for w in self.workers.values() if w.healthy and now - w.seen_s <= stale)
+                room = sum(w.counted for w in self.workers.values() if w.takes_new and now - w.seen_s <= stale)
             return room - sum(self._size(r) for r in self.in_flight.values())
         fresh = self._fresh(now)
         cap = self.cfg.batch_cap_per_worker

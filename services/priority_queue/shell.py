@@ -56,6 +56,8 @@ class QueueShell:
         self.fetch_batch = fetch_batch
         self.stats_interval_s = stats_interval_s
         self.held: dict[str, Msg] = {}
+        self._received_ns: dict[str, int] = {}
+        """request id → when its message came (only while spans are recorded: the hop profile)."""
         self._wake = asyncio.Event()
         self._pull_seq = 0
         """The number of the pull in force; its messages and its end arrive on `<inbox>.<seq>`."""
@@ -155,6 +157,8 @@ class QueueShell:
             await msg.term()
             return
         self.held[req.request_id] = msg  # a redelivery replaces the older delivery
+        if telemetry.recording():
+            self._received_ns[req.request_id] = time.time_ns()
         self.core.offer(req, time.time())
         self._wake.set()
 
@@ -180,6 +184,8 @@ class QueueShell:
             self.kind, "process", subjects.QUEUE, headers, request_id=req.request_id,
             attributes={"tokenyard.priority": req.priority},
         ) as span:
+            if (received_ns := self._received_ns.pop(req.request_id, None)) is not None:
+                span.set_attribute("tokenyard.received_ns", received_ns)
             try:
                 with telemetry.span(self.kind, "send", subjects.ROUTE, kind=SpanKind.PRODUCER, request_id=req.request_id):
                     # The message as JetStream holds it: the queue changes nothing in a request.

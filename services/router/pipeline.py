@@ -165,7 +165,7 @@ class Pipeline:
         mask = arrays[0].copy() if arrays else np.ones(view.n, dtype=np.bool_)
         for m in arrays[1:]:
             mask &= m
-        cand = np.flatnonzero(mask)
+        cand = mask.nonzero()[0]  # the mask is 1-D: flatnonzero less its Python-level ravel
         if len(cand) == 0:  # name the filter that emptied the candidates (the rare path)
             mask[:] = True
             for f, m in zip(self.filters, masks, strict=True):
@@ -177,7 +177,7 @@ class Pipeline:
                 i = view.slot.get(wid)
                 if i is not None:
                     mask[i] = False
-            cand = np.flatnonzero(mask)
+            cand = mask.nonzero()[0]  # the mask is 1-D: flatnonzero less its Python-level ravel
             if len(cand) == 0:
                 return Choice(None, "every candidate refused", policy=self.name)
         notes: list[str] = []
@@ -193,14 +193,15 @@ class Pipeline:
             cand = kept
         scored = self.scorer.score(req, view, cand)
         scores = np.asarray(scored.scores, dtype=np.float64)
-        # One sum catches any nan or ±inf (finite scores here are far from overflowing it).
-        if scores.shape != cand.shape or not math.isfinite(scores.sum()):
+        # One sum catches any nan or ±inf (finite scores here are far from overflowing it);
+        # np.add.reduce is ndarray.sum without its Python-level wrapper (the hot path).
+        if scores.shape != cand.shape or not math.isfinite(np.add.reduce(scores)):
             raise ValueError(f"scorer '{self.scorer.name}' must return one finite score per candidate")
         tiebreak = scored.tiebreak
-        if tiebreak is not None and (tiebreak.shape != cand.shape or not math.isfinite(tiebreak.sum())):
+        if tiebreak is not None and (tiebreak.shape != cand.shape or not math.isfinite(np.add.reduce(tiebreak))):
             raise ValueError(f"scorer '{self.scorer.name}' must give one finite tiebreak per candidate")
         if scored.note:
             notes.append(scored.note)
         k = self.picker.pick(view, cand, scores, tiebreak)
-        score = float(scores[np.searchsorted(cand, k)])
+        score = float(scores[cand.searchsorted(k)])
         return Choice(view.ids[k], candidates=len(cand), row=k, score=score, policy=self.name, notes=tuple(notes))

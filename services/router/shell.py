@@ -48,7 +48,7 @@ class RouterShell:
         self.instance_id = new_instance_id(self.kind)
         self.max_attempts = max_attempts
         self.tick_s = tick_s
-        self.metrics = RouterMetrics(cfg.policy)
+        self.metrics = RouterMetrics(cfg.policy, fleet=self._fresh_rows)
         self._inflight: set[asyncio.Task] = set()
         self._follows: dict[str, Subscription] = {}
         """request id → the subscription to its reply subject (migration follows the stream)."""
@@ -128,13 +128,16 @@ class RouterShell:
             t0 = time.perf_counter()
             decision, hit_tokens = await self._place(ar, span, data=req.data)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
-            view = self.core.view
-            fresh = view.fresh(time.time(), self.core.cfg.stale_after_s)
-            self.metrics.observe_fleet(view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh])
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
                 span.set_attribute("tokenyard.worker_id", decision.worker_id)
         await req.respond(codec.encode(decision))
+
+    def _fresh_rows(self) -> tuple:
+        """P and BS of the fresh workers, for the P × BS spread gauge (read when scraped)."""
+        view = self.core.view
+        fresh = view.fresh(time.time(), self.core.cfg.stale_after_s)
+        return view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh]
 
     async def _place(
         self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import msgspec
 from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
 from tokenyard.shared import schemas
+from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
 from tokenyard.shared.slo import prefill_budget_s, request_deadline_s
 from tokenyard.shared.tokenizer import Tokenizer
@@ -107,7 +108,9 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
-        if self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED):
+        if (self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED)
+                and not prefill_phase_starved(self.phase, self.mode, stats.waiting,
+                                              stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0)):
             return schemas.GenerateReply(rid, False, "saturated"), False
         # A decode leg's first token went out from the prefill worker: number on from it.
         self.streams[rid] = (_Stream(req, 1, 1) if req.kv_from
@@ -202,7 +205,7 @@ class WorkerCore:
         its time and sequence number: the same stats object and the same worker state (the
         simulator then sends a keep-alive, which the receiving cores take as `hb` again)."""
         return (stats is hb.stats and hb.phase == self.phase and hb.healthy == self.healthy
-                and hb.draining == self.draining and hb.macro_id == self.macro_id)
+                and hb.draining == self.draining and hb.macro_id == self.macro_id and hb.mode == self.mode)
 
     def heartbeat(self, stats: EngineStats, now: float) -> schemas.Heartbeat:
         self._hb_seq += 1
@@ -217,4 +220,5 @@ class WorkerCore:
             engine=self.cfg.engine,
             draining=self.draining,
             macro_id=self.macro_id,
+            mode=self.mode,
         )

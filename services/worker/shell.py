@@ -7,12 +7,13 @@
   the router moved it elsewhere; the rest of its outputs go nowhere).
 * A migrated request (the router re-issued it after its worker died) runs as prompt + the
   tokens already sent, its chunks numbered on from where the client is (core.engine_request).
-* A NATS outage: what the worker sends while disconnected (nats-py buffers it) goes out on
-  reconnect, often before the clients have resubscribed their inboxes, and is lost to them.
-  So the stream events sent while disconnected or within REPLAY_AFTER_S of the reconnect,
-  and those of the REPLAY_BEFORE_S before the disconnect was noticed (written to a socket
-  the server no longer read), are sent once more REPLAY_AFTER_S after the reconnect;
-  receivers drop the seqs they already have.
+* A NATS outage (services/worker/outage.py): what the worker sends while disconnected
+  (nats-py buffers it) goes out on reconnect, often before the clients have resubscribed
+  their inboxes, and is lost to them. So the stream events sent while disconnected or until
+  the replay, and those of the REPLAY_BEFORE_S before the disconnect was noticed, are sent
+  once more REPLAY_AFTER_S after the reconnect (receivers drop the seqs they already have),
+  and a stream's terminal event (finished / error) made meanwhile goes out only in the
+  replay, after its chunks: `finished` is always the last thing a stream sends.
 * `llm.v1.worker.<id>.control`: phase and drain from the macro-instance.
 * `llm.v1.worker.<id>.status` (micro endpoint): the ids it runs, for a router's probe.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 
 import msgspec
 from nats.aio.client import Client
@@ -35,6 +35,7 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_request
 from tokenyard.services.worker.engine import Engine
+from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
 from tokenyard.shared import codec, config, schemas, subjects, telemetry
 from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.tokenizer import Tokenizer
@@ -44,11 +45,10 @@ log = telemetry.logger("worker")
 LEG_ROUTE_TIMEOUT_S = 5.0
 """How long a P/D decode leg waits for the router's answer (the queue's route timeout)."""
 
-REPLAY_AFTER_S = 2.0
-"""After a reconnect: how long clients get to resubscribe before the replay."""
-REPLAY_BEFORE_S = 1.0
-"""How far back before a disconnect the replay reaches."""
-REPLAY_MAX_EVENTS = 200_000
+REPLAY_SLICE = 256
+"""Replayed events published between two turns of the event loop."""
+REPLAY_POLL_S = 0.1
+"""While a due replay waits for the connection to come back: how often it looks."""
 
 
 class WorkerShell:
@@ -70,12 +70,8 @@ class WorkerShell:
         self.kv_poll_s = kv_poll_s
         self._streams: dict[str, asyncio.Task] = {}
         self._timers: list[asyncio.Task] = []
-        self._replay: list[tuple[str, bytes, dict[str, str] | None]] = []
-        self._replay_until = 0.0
-        """Monotonic time until which sent events are kept for the replay (after a reconnect)."""
-        self._reconnects = 0
-        self._recent: deque[tuple[float, str, bytes, dict[str, str] | None]] = deque()
-        """The events of the last REPLAY_BEFORE_S while connected (for a replay)."""
+        self.outage = OutageReplay(after_s=REPLAY_AFTER_S, before_s=REPLAY_BEFORE_S)
+        self._replay_task: asyncio.Task | None = None
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
@@ -100,6 +96,7 @@ class WorkerShell:
         await self.engine.stop()
 
     async def _on_generate(self, req: Request) -> None:
+        received_ns = time.time_ns()
         try:
             ar = codec.decode(req.data, schemas.AdmittedRequest)
         except codec.DecodeError as e:
@@ -107,7 +104,7 @@ class WorkerShell:
             return
         reply, start = self.core.offer(ar, self.engine.stats())
         if start:
-            task = asyncio.create_task(self._generate(ar, req.headers))
+            task = asyncio.create_task(self._generate(ar, req.headers, received_ns))
             self._streams[ar.request_id] = task
             task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))
         await req.respond(codec.encode(reply))
@@ -115,7 +112,9 @@ class WorkerShell:
             error = self.core.reused_id_error(ar)
             await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=codec.content_headers(ar.json))
 
-    async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None) -> None:
+    async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None,
+                        received_ns: int = 0) -> None:
+        """`received_ns`: when the offer came (wall clock), for the hop profile."""
         subject = subjects.worker_generate(self.core.cfg.worker_id)
         attrs = {
             "gen_ai.operation.name": "chat" if ar.kind == "chat" else "text_completion",
@@ -124,19 +123,21 @@ class WorkerShell:
             "gen_ai.request.max_tokens": ar.max_tokens,
             "gen_ai.usage.input_tokens": ar.prompt_len,
             "tokenyard.worker_id": self.core.cfg.worker_id,
+            "tokenyard.received_ns": received_ns,
         }
         # MessagePack is the default and is told from JSON by its first byte: a header on every
         # chunk would double the publish cost (8.5 vs 4.2 µs), so only JSON streams carry one.
         hdrs = codec.content_headers(True) if ar.json else None
         with telemetry.span(self.kind, "process", subject, headers, request_id=ar.request_id, attributes=attrs) as span:
             t0 = time.monotonic()
-            ttft_ms = None
+            ttft_ms, first = None, False
             try:
                 async for out in self.engine.generate(engine_request(ar)):
                     for event in self.core.on_output(out):
                         if isinstance(event, schemas.Chunk) and ttft_ms is None:
                             ttft_ms = (time.monotonic() - t0) * 1000.0
                             span.set_attribute("gen_ai.server.time_to_first_token", ttft_ms / 1000.0)
+                            first = True
                         if isinstance(event, schemas.Finished):
                             event.ttft_ms = ttft_ms
                             span.set_attribute("gen_ai.usage.output_tokens", event.usage.completion_tokens)
@@ -144,43 +145,54 @@ class WorkerShell:
                             self.metrics.observe_finished(
                                 None if ttft_ms is None else ttft_ms / 1000.0, time.monotonic() - t0,
                                 event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
-                        await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs)
+                        await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs,
+                                         terminal=isinstance(event, schemas.TERMINAL_EVENTS))
+                        if first:  # handed to NATS: where the hop profile's last segment starts
+                            span.set_attribute("tokenyard.first_event_ns", time.time_ns())
+                            first = False
                 if self._handed_off(ar.request_id):
                     await self._send_decode_leg(ar, hdrs)
             except Exception as e:
                 log.exception("generation_failed", request_id=ar.request_id)
                 self.core.streams.pop(ar.request_id, None)
                 error = schemas.Error(ar.request_id, 500, f"engine failed: {e!r}")
-                await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs)
+                await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs, terminal=True)
 
-    async def _send(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
-        """Publish a stream event, keeping it for the replay while the connection is unsure."""
-        now = time.monotonic()
-        if (not self.nc.is_connected or now < self._replay_until) and len(self._replay) < REPLAY_MAX_EVENTS:
-            self._replay.append((subject, data, headers))
-        else:
-            recent = self._recent
-            recent.append((now, subject, data, headers))
-            while recent[0][0] < now - REPLAY_BEFORE_S:
-                recent.popleft()
-        await self.nc.publish(subject, data, headers=headers)
+    async def _send(self, subject: str, data: bytes, headers: dict[str, str] | None, *, terminal: bool) -> None:
+        """Publish a stream event, or hold it for the replay while the connection is unsure."""
+        self._check_reconnect()
+        if self.outage.send(time.monotonic(), self.nc.is_connected, (subject, data, headers), terminal):
+            await self.nc.publish(subject, data, headers=headers)
 
     def _check_reconnect(self) -> None:
-        reconnects = self.nc.stats["reconnects"]
-        if reconnects != self._reconnects:
-            self._reconnects = reconnects
-            self._replay_until = time.monotonic() + REPLAY_AFTER_S
-            self._replay[:0] = [(subject, data, headers) for _, subject, data, headers in self._recent]
-            self._recent.clear()
-            self._timers.append(asyncio.create_task(self._replay_later()))
+        if self.outage.observe(time.monotonic(), self.nc.stats["reconnects"]) and (
+            self._replay_task is None or self._replay_task.done()
+        ):
+            self._replay_task = asyncio.create_task(self._replay_when_due())
 
-    async def _replay_later(self) -> None:
-        await asyncio.sleep(REPLAY_AFTER_S)
-        events, self._replay = self._replay, []
-        log.warning("replay_after_reconnect", events=len(events), streams=len({e[0] for e in events}))
-        for subject, data, headers in events:
-            with contextlib.suppress(Exception):
-                await self.nc.publish(subject, data, headers=headers)
+    async def _replay_when_due(self) -> None:
+        """One task per outage: wait until the replay is due, then publish it batch by batch
+        until a batch comes back empty (outage.take); while the connection is down again,
+        wait for the next reconnect, which makes the replay due anew."""
+        sent = 0
+        while self.outage.pending:
+            self._check_reconnect()
+            wait = self.outage.due_at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            batch = self.outage.take(time.monotonic(), self.nc.is_connected)
+            if not batch:
+                if self.outage.pending:  # disconnected again
+                    await asyncio.sleep(REPLAY_POLL_S)
+                continue
+            for i, (subject, data, headers) in enumerate(batch, 1):
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(subject, data, headers=headers)
+                if i % REPLAY_SLICE == 0:  # let heartbeats and the engine run: a replay is ~10k events
+                    await asyncio.sleep(0)
+            sent += len(batch)
+        log.warning("replay_after_reconnect", events=sent)
 
     async def _on_status(self, req: Request) -> None:
         """A router's probe: the ids of the requests running here."""
@@ -203,7 +215,7 @@ class WorkerShell:
         if decision.outcome != schemas.Outcome.ROUTED:
             log.warning("decode_leg_unplaced", request_id=ar.request_id, reason=decision.reason)
             error = schemas.Error(ar.request_id, 503, f"no decode worker took the request: {decision.reason}")
-            await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs)
+            await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs, terminal=True)
 
     async def _on_abort(self, msg: Msg) -> None:
         try:

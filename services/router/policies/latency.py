@@ -1,11 +1,13 @@
 """Marginal latency (the router's default): among the instances whose load is within a bound
-relative to the fleet's mean (BoundedLoadGuard, below), place r where it adds the least
+relative to the fleet's mean, or beyond it but holding more of r than they have queued
+(BoundedLoadGuard and its sticky exemption, below), place r where it adds the least
 waiting to the fleet — its own wait for a first token plus the stall its prefill inflicts on
 the sequences decoding there — counted in prefill-token times (one unit = the time an
 instance takes to prefill one token). No rate, weight or per-workload knob: the one
 constant, c = 1.25, is a ratio to the load the fleet itself carries.
 
     keep_i  = L_i + 1 ≤ ⌈1.25 · (Σ L + 1) / n⌉,  L_i = running + waiting on i   (the guard)
+           or (hit_i > Q_i and Q_i + N_i ≤ min over the kept of Q_k + N_k)     (sticky)
     cost_i  = Q_i + N_i · (1 + (B_i + B̄) / 2)                              (the scorer)
 
 For request r and candidate instance i, from i's heartbeat, the router's optimistic additions
@@ -38,15 +40,22 @@ What each term does for the figures (docs/results-routing.md):
 * The bound replicates hot prefixes: the cost alone keeps every request for a hot system
   prompt on its holder until the holder's queue outweighs the whole prompt's stall (API's
   hot spot); the bound sends the next one elsewhere as soon as the holder carries more than
-  1.25 × the fleet's mean, and that instance then holds a copy. Under overload every
-  instance is loaded alike and the bound keeps them all, so affinity is not thrown away.
+  1.25 × the fleet's mean and its queue outgrows the prefix, and that instance then holds a
+  copy. Under overload every instance is loaded alike and the bound keeps them all, so
+  affinity is not thrown away.
+* The sticky exemption keeps a conversation on the instance holding it when that instance
+  is a few sequences over a small mean (the lightly loaded fleet, where ⌈1.25 × mean⌉ is a
+  tight integer bound) and r would still get its first token there soonest.
 Measured and left out (the results document has the numbers): a KV-headroom term pricing
 the preemptions to come (it steers away from the instances that hold r's prefix, whose cache
 is what fills their KV); a decode term pricing r's own decode time from the heartbeat's
 step time (at weight 1 it dwarfs every prompt, and a smaller weight is a knob); the stall at
 B_i alone (no B̄); the bound on the measured step time (one step's time, so a prefill chunk
 makes a holder look loaded) or also on KV blocks in use (it moves long conversations away
-from the instances that hold them); c = 1.5 (worse than 1.25 where measured).
+from the instances that hold them); c = 1.5 (worse than 1.25 where measured); a soft price on
+KV in use (r's prompt recomputed with the probability u_i that i's KV is full: Mooncake's
+TPOT p99 rose 81 → 116 ms at ×1); the sticky exemption also requiring that nothing waits on
+i (half the exemption's gain on Mooncake at ×1).
 """
 
 from __future__ import annotations
@@ -66,11 +75,16 @@ class MarginalLatencyScorer:
     inputs: frozenset[str] = frozenset()
 
     def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
-        q = view.queued_prefill[cand]
         n = view.new[cand].astype(np.float64)
-        b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
-        own = q + n
-        return Scored(own + n * (b + b.mean()) / 2.0, tiebreak=own)
+        own = view.queued_prefill[cand] + n
+        b = view.running[cand] + view.waiting[cand]
+        # own + n · (b + b̄) / 2, in place: the same values, fewer temporaries (the decision's
+        # hot path); b̄ as sum / count, the value ndarray.mean gives without its Python-level steps
+        cost = b + int(np.add.reduce(b)) / len(b)
+        cost *= n
+        cost /= 2.0
+        cost += own
+        return Scored(cost, tiebreak=own)
 
 
 BALANCE_FACTOR = 1.25
@@ -91,9 +105,26 @@ class BoundedLoadGuard:
     another instance, which then holds a copy (a hot prompt is replicated as its load
     demands, instead of queueing behind its first holder). The least loaded candidate always
     passes (its L ≤ ⌊ΣL/n⌋ < (ΣL + 1)/n), so the guard never empties the candidates; when
-    every instance is loaded alike (overload) it keeps them all and affinity decides."""
+    every instance is loaded alike (overload) it keeps them all and affinity decides.
+
+    Sticky exemption (llm-d's "sticky until saturated", with saturation read from the
+    instance instead of a threshold): an instance beyond the bound still keeps r where r's
+    cache there is worth more than the wait,
+
+        hit_i > Q_i   and   Q_i + N_i ≤ min over the kept of (Q_k + N_k)
+
+    — r's cached tokens on i exceed the prefill queued ahead of it there, and r's own first
+    token comes no later on i than anywhere within the bound. The bound exists so that a
+    holder's queue does not make r wait; where it does not (a conversation's holder a few
+    sequences over a small mean, the lightly loaded fleet), sending r away only recomputes
+    its context. A holder whose queue outgrows what r has cached there (a hot prefix's
+    holder once its queue passes the prefix's length; under overload, holders of all but the
+    longest contexts) is not exempt, and the bound replicates and balances as before. Chosen
+    on the tuning workloads, where it helped at every load; on the unseen Mooncake half it
+    helps at ×1 and costs mean TTFT at ×3 (docs/results-routing.md)."""
 
     c: float = BALANCE_FACTOR
+    sticky: bool = True
     name: str = "bounded-load"
     inputs: frozenset[str] = frozenset()
 
@@ -102,4 +133,14 @@ class BoundedLoadGuard:
         cap = math.ceil(self.c * (int(load.sum()) + 1) / len(cand))
         keep = load < cap  # L + 1 ≤ cap, in integers
         assert keep.any(), "the least loaded candidate is always within the bound"
-        return Narrowed(keep)
+        if not self.sticky or keep.all():
+            return Narrowed(keep)
+        queued = view.queued_prefill[cand]
+        exempt = ~keep & (view.hit[cand] > queued)
+        if not exempt.any():  # the common case: nothing beyond the bound holds more than it queues
+            return Narrowed(keep)
+        own = queued + view.new[cand]
+        exempt &= own <= own[keep].min()
+        if not exempt.any():
+            return Narrowed(keep)
+        return Narrowed(keep | exempt, "sticky")

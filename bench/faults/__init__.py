@@ -1,0 +1,16 @@
+"""Fault probes on a fleet of real processes (`tokenyard up`'s FleetProcesses) on a real
+nats-server. Each probe sends streams, breaks something, and tallies every stream (streams.py)
+as sent · completed · failed_clean · hung · duplicated · gaps · silent_short.
+
+Probes (`--probe NAME`, repeatable; default all):
+  worker-kill      SIGKILL one of 2 workers under 100 concurrent streams, migration on   (kills.py)
+  worker-kill-off  the same with `tokenyard router --no-migration`: time to a clean error (kills.py)
+  nats-restart     stop the nats-server for 6 s under load, start it again (same store);
+                   streams read raw, through TokenyardClient and as SSE via the edge;
+                   when each service answers again                                      (nats_restart.py)
+  queue-kill       SIGKILL the queue holding ≥ 1,000 queued requests while a standby runs (kills.py)
+  overload-rss     10× the fleet's measured capacity over HTTP for --overload-s from
+                   several generator processes, bad input mixed in; every process's RSS  (overload.py)
+
+    python -m bench.faults [--probe worker-kill ...] [--json docs/results-faults.json]
+"""

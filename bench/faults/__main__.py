@@ -1,0 +1,67 @@
+"""`python -m bench.faults`: run the probes (see bench/faults/__init__.py), print one row each,
+optionally write them all as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+import bench.faults as package
+from bench._out import write_result
+from bench.faults.kills import probe_queue_kill, probe_worker_kill
+from bench.faults.nats_restart import probe_nats_restart
+from bench.faults.overload import probe_overload_rss
+
+PROBES = {
+    "worker-kill": lambda args: probe_worker_kill(args, True),
+    "worker-kill-off": lambda args: probe_worker_kill(args, False),
+    "nats-restart": probe_nats_restart,
+    "queue-kill": probe_queue_kill,
+    "overload-rss": probe_overload_rss,
+}
+COLUMNS = ("probe", "sent", "completed", "failed_clean", "hung", "duplicated", "gaps", "silent_short")
+
+
+def print_row(row: dict) -> None:
+    if "completed" in row:
+        print("  ".join(f"{c}={row[c]}" for c in COLUMNS))
+    rest = {k: v for k, v in row.items() if k not in COLUMNS}
+    print("    " + json.dumps(rest))
+    sys.stdout.flush()
+
+
+async def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.faults", description=package.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--probe", action="append", choices=list(PROBES))
+    ap.add_argument("--profile", default="a100-llama3-8b")
+    ap.add_argument("--streams", type=int, default=100, help="worker-kill: concurrent streams")
+    ap.add_argument("--tokens", type=int, default=300, help="worker-kill: tokens per stream")
+    ap.add_argument("--restart-streams", type=int, default=60,
+                    help="nats-restart: streams of 400 tokens, a third read each way")
+    ap.add_argument("--queued", type=int, default=1200)
+    ap.add_argument("--overload-s", type=float, default=60.0)
+    ap.add_argument("--overload-workers", type=int, default=2)
+    ap.add_argument("--overload-speed", type=float, default=0.1,
+                    help="overload-rss: the simulated workers' speed (small: a capacity this machine can offer 10× of)")
+    ap.add_argument("--capacity-concurrency", type=int, default=128)
+    ap.add_argument("--deadline-s", type=float, default=90.0, help="after the fault: later = hung")
+    ap.add_argument("--log-dir", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("TOKENYARD_LOG_LEVEL", "WARNING")
+    rows = []
+    for name in args.probe or PROBES:
+        out = await PROBES[name](args)
+        for row in out if isinstance(out, list) else [out]:
+            print_row(row)
+            rows.append(row)
+    write_result(args.json, {"rows": rows}, "python -m bench.faults", argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

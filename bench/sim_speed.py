@@ -1,6 +1,7 @@
 """How fast the cluster simulator runs, and how much memory it needs.
 
-    python -m bench.sim_speed [--policy P] [--requests N] [--skip-full] [--against REV] [--json FILE]
+    python -m bench.sim_speed [--policy P] [--requests N] [--skip-full | --full-only] [--instances N,...]
+                              [--against REV] [--json FILE]
 
 (a) Speed: simulated seconds per wall second (`sim_speed`) replaying the Mooncake
     conversation trace (first --requests requests, default 3,000 ≈ its first 1,030 s) on
@@ -8,7 +9,8 @@
     that gives every instance the same load as 16 instances at ×1 (×8 for 128). Target:
     ≥ 100× at 128 instances.
 (b) Memory: peak resident set size (ru_maxrss) of a process that replays the full trace
-    (12,031 requests, 3,537 s) on 128 instances, and that run's speed.
+    (12,031 requests, 3,583 s) on 128 instances (--instances: on each of these fleet sizes,
+    e.g. 16,64,128), and that run's speed.
 
 Each point runs in its own subprocess, so one's memory does not inflate the next's. Beside
 the wall clock, each reports its CPU time (`cpu_s`, the process's own) and `sim_speed_cpu`
@@ -110,13 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", default="3000", help="requests of the trace for (a) (default 3000)")
     ap.add_argument("--skip-full", action="store_true", help="skip (b), the full-trace memory run")
     ap.add_argument("--full-only", action="store_true", help="only (b), the full trace on 128 instances")
+    ap.add_argument("--instances", default="128", metavar="N,...",
+                    help="fleet sizes for (b), the full trace (default 128)")
     ap.add_argument("--against", default=None, metavar="REV",
                     help="also run each point on REV's code, back to back with this checkout's")
     ap.add_argument("--json", default=None, metavar="FILE", help="write the rows here")
     args = ap.parse_args(argv)
     points = [] if args.full_only else [(args.requests, 16, 1.0), (args.requests, 128, 1.0), (args.requests, 128, 8.0)]
     if not args.skip_full:
-        points.append(("all", 128, 1.0))
+        points += [("all", int(k), 1.0) for k in args.instances.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="sim_speed_") as tmp:
         base = checkout(args.against, Path(tmp)) if args.against else None

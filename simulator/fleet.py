@@ -15,12 +15,13 @@ from array import array
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.sim.core import SimEngineCore, StepResult
 from tokenyard.services.worker.sim.latency import LatencyProfile
+from tokenyard.shared.schemas import Heartbeat
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 class SimInstance:
-    __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "pending", "busy_s", "bs_samples", "steps",
-                 "fold_times")
+    __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "last_hb", "pending", "busy_s", "bs_samples",
+                 "steps", "fold_times")
 
     def __init__(
         self,
@@ -41,6 +42,8 @@ class SimInstance:
         """A step is in flight (its STEP_DONE event is queued)."""
         self.dirty = True
         self.last_hb_s = float("-inf")
+        self.last_hb: Heartbeat | None = None
+        """The latest heartbeat sent; a repeat of it goes out as a keep-alive."""
         self.pending: StepResult | None = None
         self.fold_times: list[float] | None = None
         """With a folded step pending: the virtual time each of its steps ends."""

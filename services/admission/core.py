@@ -90,6 +90,10 @@ class AdmissionCore:
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.fleet.on_heartbeat(hb, now)
 
+    def on_keepalive(self, worker_id: str, now: float) -> bool:
+        """The worker's latest heartbeat again, at `now` (feasibility.FleetView.on_keepalive)."""
+        return self.fleet.on_keepalive(worker_id, now)
+
     def on_queue_stats(self, stats: QueueStats, now: float) -> None:
         self.fleet.on_queue_stats(stats, now)
 

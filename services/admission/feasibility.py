@@ -132,6 +132,15 @@ class FleetView:
             self.prefill_cost[hb.worker_id] = (s.prefill_ms_per_token, s.prefill_ms_per_token2)
         self.tpot_slack_s[hb.worker_id] = decode_slack_s(hb)
 
+    def on_keepalive(self, worker_id: str, now: float) -> bool:
+        """The worker's latest heartbeat again, at `now`: the same as `on_heartbeat` with it
+        (only its time moves); False for a worker never heard from."""
+        seen = self.workers.get(worker_id)
+        if seen is None:
+            return False
+        self.workers[worker_id] = (now, seen[1])
+        return True
+
     def decode_room_s(self, now: float) -> float | None:
         """The longest prefill some fresh, healthy worker can take without pushing its running
         decodes past their TPOT SLO: the largest slack over the workers (∞ where nothing

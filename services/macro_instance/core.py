@@ -103,6 +103,16 @@ class MacroCore:
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.reported[hb.worker_id] = _Reported(hb, now)
 
+    def on_keepalive(self, worker_id: str, now: float) -> bool:
+        """The worker's latest heartbeat again, at `now`: as `on_heartbeat` with it (the
+        controller reads a heartbeat's contents and its arrival time, not its own `ts`/`seq`);
+        False for a worker never heard from."""
+        r = self.reported.get(worker_id)
+        if r is None:
+            return False
+        r.seen_s = now
+        return True
+
     def on_queue_stats(self, stats: QueueStats, now: float) -> None:
         self.queues[stats.instance_id] = (now, stats)
 

@@ -100,7 +100,7 @@ class QueueConfig:
     drain_window_s: float = 2.0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Worker:
     waiting: int
     takes_new: bool
@@ -121,6 +121,9 @@ class _Worker:
     phase: str = Phase.MIXED
     mode: str = ""
     """Its macro-instance's mode (Heartbeat.mode)."""
+    counted: int = 0
+    """What it adds to QueueCore.room_sum: max(0, room()) while it takes new requests (flow
+    control), else 0."""
 
     def room(self) -> int:
         """Flow control: prompt tokens it may still take (≤ 0: saturated)."""
@@ -156,6 +159,14 @@ class QueueCore:
     deadlines: list[tuple[float, str]] = field(default_factory=list)
     """(latest release time, request id) of waiting requests with a deadline; lazily cleaned
     (a heap)."""
+    room_sum: int = 0
+    """Flow control: Σ max(0, room_w) over the workers that take new requests (their `counted`), kept as
+    heartbeats and routes change a worker's room: `headroom` is this sum while every
+    worker is fresh, with no pass over the fleet (integers: the same sum in any order)."""
+    oldest_seen_s: float = math.inf
+    """A lower bound of the latest heartbeat times of the workers that take new requests (a worker's only grows;
+    each heartbeat lowers the bound to its own time): while now − it ≤ stale_after_s, no
+    such worker is stale."""
 
     def offer(self, req: AdmittedRequest, now: float) -> bool:
         """Queue a request; False if it is already here or on its way (a redelivery)."""
@@ -211,12 +222,41 @@ class QueueCore:
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         s = hb.stats
-        self.workers[hb.worker_id] = _Worker(
+        w = _Worker(
             waiting=s.waiting, takes_new=hb.healthy and not hb.draining and hb.phase != Phase.DECODE,
             seen_s=now, running=s.running,
             queued_prefill=s.queued_prefill_tokens, kv_free_tokens=s.kv_blocks_free * s.block_size,
             prefill_s_per_token=s.prefill_ms_per_token / 1000.0,
             tpot_slack_s=decode_slack_s(hb), phase=hb.phase, mode=hb.mode)
+        old = self.workers.get(hb.worker_id)
+        if old is not None:
+            self.room_sum -= old.counted
+        self.workers[hb.worker_id] = w
+        self._count(w)
+        if now < self.oldest_seen_s:
+            self.oldest_seen_s = now
+
+    def on_keepalive(self, worker_id: str, now: float) -> bool:
+        """The worker's latest heartbeat again, at `now`: the same as `on_heartbeat` with it,
+        where nothing was routed to the worker since (else False, and nothing changes: the
+        caller sends the heartbeat itself)."""
+        w = self.workers.get(worker_id)
+        if w is None or w.sent or w.sent_tokens or w.sent_p0:
+            return False
+        w.seen_s = now
+        if now < self.oldest_seen_s:
+            self.oldest_seen_s = now
+        return True
+
+    def _count(self, w: _Worker) -> None:
+        """Recount what `w` adds to room_sum (its heartbeat or a route changed its room)."""
+        counted = 0
+        if w.takes_new and self.cfg.flow_control:
+            r = w.room()
+            if r > 0:
+                counted = r
+        self.room_sum += counted - w.counted
+        w.counted = counted
 
     def _fresh(self, now: float) -> list[_Worker]:
         return [w for w in self.workers.values() if w.takes_new and now - w.seen_s <= self.cfg.stale_after_s]
@@ -227,13 +267,14 @@ class QueueCore:
 
     def headroom(self, now: float) -> int:
         """Flow control: prompt tokens the fleet may still take; off: requests."""
-        if self.cfg.flow_control:  # one pass, no list: the simulator asks this every 100 ms of 128 workers
-            room, stale = 0, self.cfg.stale_after_s
-            for w in self.workers.values():
-                if w.takes_new and now - w.seen_s <= stale:
-                    r = w.room()
-                    if r > 0:
-                        room += r
+        if self.cfg.flow_control:  # no pass over the fleet while every worker that takes new requests is fresh
+            stale = self.cfg.stale_after_s
+            if now - self.oldest_seen_s > stale:  # some may be stale: the bound, exact again
+                self.oldest_seen_s = min((w.seen_s for w in self.workers.values() if w.takes_new), default=math.inf)
+            if now - self.oldest_seen_s <= stale:
+                room = self.room_sum
+            else:
+                room = sum(w.counted for w in self.workers.values() if w.takes_new and now - w.seen_s <= stale)
             return room - sum(self._size(r) for r in self.in_flight.values())
         fresh = self._fresh(now)
         cap = self.cfg.batch_cap_per_worker
@@ -261,7 +302,7 @@ class QueueCore:
             self._send(req, out)
             room -= self._size(req)
         pop_realtime = getattr(self.policy, "pop_realtime", None)
-        if pop_realtime is not None and self.cfg.p0_reserve_per_worker > 0:
+        if pop_realtime is not None and self.cfg.p0_reserve_per_worker > 0 and len(self.policy):
             fresh = self._fresh(now)
             reserve = sum(max(0, self.cfg.p0_reserve_per_worker - w.sent_p0) for w in fresh)
             for _ in range(max(0, reserve - len(self.from_reserve))):
@@ -289,6 +330,7 @@ class QueueCore:
             w.sent += 1
             if req is not None:
                 w.sent_tokens += req.prompt_len
+            self._count(w)
         if request_id in self.from_reserve:
             self.from_reserve.discard(request_id)
             if w is not None:

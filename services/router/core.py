@@ -162,6 +162,11 @@ class RouterCore:
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.view.upsert(hb, now)
 
+    def on_keepalive(self, worker_id: str, now: float) -> bool:
+        """The worker's latest heartbeat again, at `now` (FleetView.keepalive); False where it
+        would change more than the row's time: the caller sends the heartbeat itself."""
+        return self.view.keepalive(worker_id, now)
+
     def on_kv_events(self, worker_id: str, batch: KVEventBatch, now: float) -> None:
         if self.cfg.index_mode == "approximate":
             return

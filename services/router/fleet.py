@@ -13,7 +13,9 @@ uncached tokens there, new = max(len − hit, 1) (an engine always computes at l
 P = queued_prefill + new. `tree_blocks` (blocks the index holds per row) is built only for a
 pipeline that declares it (services/router/pipeline.py, `inputs`).
 Rows of workers silent for `forget_after_s` are dropped (bounded memory); a row is a
-candidate only while fresh (`stale_after_s`).
+candidate only while fresh (`stale_after_s`). `keepalive` repeats a row's latest heartbeat
+(only its time moves) where no decision has corrected the row since: `hb_decision` is the
+decision count at the row's heartbeat, `last_chosen` that of the latest decision for it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class FleetView:
         "new",
         "block_size",
         "tree_blocks",
+        "hb_decision",
     )
     _BOOL = ("healthy", "accepting", "eco", "pd_decode")
     """`eco`, `eco_ttft_ms`, `slack_ms`, `ms_per_token`: EcoServe's constraint check (issue 8):
@@ -110,11 +113,21 @@ class FleetView:
         self.healthy[i] = hb.healthy and not hb.draining
         self.phase[i] = PHASES.get(hb.phase, 0)
         self.seen_s[i] = now
+        self.hb_decision[i] = self.decisions
         self.macro[i] = hb.macro_id
         self.slack_ms[i] = np.nan if s.tpot_slack_ms is None else s.tpot_slack_ms
         self.ms_per_token[i] = s.prefill_ms_per_token
         self.vbs[i], self.min_stp_ms[i], self.vbs_limit[i] = s.vbs, s.min_tpot_slo_ms, s.vbs_limit
         return i
+
+    def keepalive(self, worker_id: str, now: float) -> bool:
+        """The row's latest heartbeat again, at `now`: the same as `upsert` with it, where no
+        decision corrected the row since (else False, and nothing changes)."""
+        i = self.slot.get(worker_id)
+        if i is None or self.last_chosen[i] >= self.hb_decision[i]:
+            return False
+        self.seen_s[i] = now
+        return True
 
     def stats_of(self, worker_id: str) -> EngineStats | None:
         """The engine stats the worker last reported; None: no row for it."""

@@ -200,6 +200,13 @@ class WorkerCore:
             return Phase.PREFILL
         return self.phase
 
+    def repeats(self, hb: schemas.Heartbeat, stats: EngineStats) -> bool:
+        """A heartbeat now, with `stats`, would carry what `hb` (its latest) carried, all but
+        its time and sequence number: the same stats object and the same worker state (the
+        simulator then sends a keep-alive, which the receiving cores take as `hb` again)."""
+        return (stats is hb.stats and hb.phase == self.phase and hb.healthy == self.healthy
+                and hb.draining == self.draining and hb.macro_id == self.macro_id and hb.mode == self.mode)
+
     def heartbeat(self, stats: EngineStats, now: float) -> schemas.Heartbeat:
         self._hb_seq += 1
         return schemas.Heartbeat(

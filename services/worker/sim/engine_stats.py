@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 def engine_stats(core: SimEngineCore) -> EngineStats:
     queued = 0
-    for s in core.waiting:
-        queued += s.target - s.computed
+    if core.waiting:  # (a heap's live entries: not walked when it is empty, as mostly)
+        for s in core.waiting:
+            queued += s.target - s.computed
     decoding = ctx = 0
     for s in core.running:
         if s.computed < s.target:

@@ -95,10 +95,13 @@ class SlackClock:
             return None
         now_ms = (self.clock_s if now_s is None else max(self.clock_s, now_s)) * 1000.0
         after, most = self._after, self._max
-        return min(
-            saved_slack_ms(after[rid], now_ms - t0 * 1000.0, slo, most[rid] - 2 - after[rid], decode_ms)
-            for rid, (t0, slo) in self._first.items()
-        )
+        least = None  # the first smallest, as min() keeps (every heartbeat asks: a loop, no generator)
+        for rid, (t0, slo) in self._first.items():
+            g = after[rid]
+            v = saved_slack_ms(g, now_ms - t0 * 1000.0, slo, most[rid] - 2 - g, decode_ms)
+            if least is None or v < least:
+                least = v
+        return least
 
 
 def prefill_ms_per_token(prof: LatencyProfile) -> float:

@@ -1,0 +1,137 @@
+"""What the fleet does every 100 ms of virtual time (one TICK), in the live services' order:
+
+    heartbeats   each worker that changed since its last heartbeat (a step, a request, a
+                 control) sends one (WorkerCore.heartbeat) to the router, queue, admission
+                 and macro-instance cores; an unchanged one repeats it every keepalive_s as a
+                 keep-alive: each core takes its latest heartbeat again at the new time
+                 (`on_keepalive`, the same state as the heartbeat itself), or asks for the
+                 heartbeat where a route changed its view since (then the heartbeat goes)
+    controller   MacroCore.plan ─> router (MacroState), workers (WorkerControl), mitosis's
+                 provisioning; EcoServe phases ─> engines (as WorkerShell._sync_phase)
+    samples      every sample_s: batch sizes and the spread of P×BS over the fleet
+    retries      an engine whose last step found nothing to schedule steps again; with
+                 SCORPIO's rejection path every engine drops waiting requests past deadline
+    dispatch     P/D legs waiting for a decode worker, then the queue (expire, dispatchable)
+    queue state  QueueCore.stats ─> admission, controller (llm.v1.pq.state live)
+
+A worker's state reaches the cores exactly as with a heartbeat every tick: a worker that
+did not change would publish the same numbers, and the cores read only the numbers and
+when they came (stale_after_s), so only the time is sent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tokenyard.shared.schemas import Phase
+from tokenyard.simulator import scaling
+from tokenyard.simulator.events import TICK
+from tokenyard.simulator.pd import place_leg
+
+if TYPE_CHECKING:
+    from tokenyard.simulator.cluster import ClusterSim
+
+
+def tick(sim: ClusterSim, now: float, more: bool = True) -> None:
+    """One round at `now`; the next is queued while anything is left to do (`more`: arrivals)."""
+    cfg = sim.cfg
+    if sim.retiring:
+        scaling.retire(sim, now)
+    heartbeats(sim, now)
+    if sim.macro is not None:
+        control(sim, now)
+    if not sim.sample_times or now - sim.sample_times[-1] >= cfg.sample_s - 1e-9:
+        sample(sim, now)
+    retry(sim, now)
+    legs, sim.legs = sim.legs, []
+    for leg in legs:
+        place_leg(sim, leg, now)
+    sim.dispatch(now)
+    qstats = sim.queue.stats("sim-queue", now)  # live: on llm.v1.pq.state every 100 ms
+    sim.admission.on_queue_stats(qstats, now)
+    if sim.macro is not None:  # mitosis's backlog signal
+        sim.macro.on_queue_stats(qstats, now)
+    if (more or len(sim.queue) or sim.legs or sim.retiring
+            or any(inst.busy or inst.engine.has_work() for inst in sim.instances)):
+        sim.events.push(now + cfg.heartbeat_s, TICK)
+
+
+def heartbeats(sim: ClusterSim, now: float) -> None:
+    """Each changed worker's heartbeat, each unchanged one's keep-alive when due."""
+    stopped, keepalive = sim.stopped, sim.cfg.keepalive_s
+    receivers, keepers = sim.receivers, sim.keepers
+    for inst in sim.instances:
+        if inst.dirty or now - inst.last_hb_s >= keepalive:
+            if stopped and inst.id in stopped:  # a stopped worker sends nothing: it falls silent
+                continue
+            stats, last = inst.engine.stats(), inst.last_hb
+            same = last is not None and inst.worker.repeats(last, stats)
+            if same:
+                for keep in keepers:  # a core that would see more change asks for the heartbeat
+                    if not keep(inst.id, now):
+                        same = False
+                        break
+            if not same:
+                hb = inst.last_hb = inst.worker.heartbeat(stats, now)
+                for receive in receivers:
+                    receive(hb, now)
+            inst.last_hb_s = now
+            inst.dirty = inst.busy
+
+
+def control(sim: ClusterSim, now: float) -> None:
+    """The macro-instance controller's plan, acted on: states to the router, controls to the
+    workers, mitosis's decisions logged and its workers provisioned, engines' phases set."""
+    plan = sim.macro.plan(now)
+    for state in plan.states:
+        sim.router.on_macro_state(state)
+    for d in plan.scaled:
+        sim.scaling_log.append((now, d.kind, d.macro_id, d.into))
+    if plan.provision:
+        scaling.provision(sim, plan.provision, now)
+    for ctl in plan.controls:
+        target = sim.by_id.get(ctl.worker_id)
+        if target is not None:
+            target.worker.on_control(ctl)
+            target.dirty = True
+    for inst in sim.instances:  # EcoServe: the engine runs the phase its worker says
+        inst.engine.hand_off = inst.worker.hands_off  # spatial P/D's prefill workers
+        if inst.worker.phase != Phase.MIXED:  # (as WorkerShell._sync_phase does live)
+            phase = inst.worker.engine_phase(inst.engine.stats())
+            if phase != inst.engine.phase:
+                inst.engine.set_phase(phase)
+                inst.dirty = True
+
+
+def retry(sim: ClusterSim, now: float) -> None:
+    """An engine that could not schedule anything steps again; with SCORPIO's rejection path
+    every engine first drops its waiting requests past deadline. Instance order, as a pass
+    over the whole fleet would take them."""
+    if sim.expiring:
+        again = sim.instances
+    elif sim.stalled:
+        again = sorted(sim.stalled.values(), key=lambda inst: sim.rank[inst.id])
+    else:
+        return
+    for inst in again:
+        engine = inst.engine
+        if engine.waiting and engine.expire(now):
+            inst.dirty = True
+        if not inst.busy and engine.has_work():
+            sim.step(inst, now)
+
+
+def sample(sim: ClusterSim, now: float) -> None:
+    """Batch size per instance, the fleet's size, and the variance of P×BS over the fleet."""
+    sim.sample_times.append(now)
+    macro = sim.macro
+    groups = len(macro.groups) if macro is not None else 0
+    backlog = macro.backlog_share if macro is not None else 0.0
+    sim.fleet_samples.append((now, len(sim.instances) - len(sim.stopped), groups, backlog))
+    products = []
+    for inst in sim.instances:
+        s = inst.engine.stats()
+        inst.bs_samples.append(min(s.running, 65535))
+        products.append(float(s.queued_prefill_tokens) * s.running)
+    mean = sum(products) / len(products)
+    sim.pbs_var.append(sum((p - mean) ** 2 for p in products) / len(products))

@@ -98,15 +98,19 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-async def test_children_die_with_up_when_it_is_killed_outright():
-    up = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tokenyard.cli", "up", "--workers", "1", "--profile", "zero", "--http-port", "0",
-        "--nats-port", "0", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )
+async def test_children_die_with_up_when_it_is_killed_outright(tmp_path):
+    err = tmp_path / "up.stderr"  # a file, not a pipe: nobody reads it while the fleet runs
+    with err.open("wb") as f:
+        up = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tokenyard.cli", "up", "--workers", "1", "--profile", "zero", "--http-port", "0",
+            "--nats-port", "0", stdout=asyncio.subprocess.PIPE, stderr=f,
+        )
     try:
         async with asyncio.timeout(120):
             while not (line := await up.stdout.readline()).startswith(b"tokenyard is up"):
-                assert line, "up exited before the fleet was up"
+                if not line:
+                    await up.wait()
+                    pytest.fail(f"up exited ({up.returncode}) before the fleet was up:\n{err.read_text()[-3000:]}")
         children = descendants(up.pid)
         assert len(children) >= 7  # nats-server, edge, admission, queue, router, macro, a worker
         up.kill()  # SIGKILL: no handler runs, nothing is stopped by the parent

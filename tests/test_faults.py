@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 
+import pytest
 from tokenyard.services.admission.core import AdmissionConfig
 from tokenyard.services.admission.shell import AdmissionShell
 from tokenyard.services.priority_queue.core import QueueConfig
@@ -303,6 +304,7 @@ async def test_the_queue_backs_off_while_no_router_runs_and_serves_once_one_is_b
         server.stop()
 
 
+@pytest.mark.flaky(reruns=2)  # live processes on a shared host: see docs/HOUSE.md "Flaky live tests"
 async def test_a_router_crash_loses_no_queued_request():
     """The router holds no request: one that dies leaves the queue's unrouted requests to a
     standby replica (the queue retries on no answer), and the streams it placed run on."""
@@ -322,7 +324,7 @@ async def test_a_router_crash_loses_no_queued_request():
             t.cancel()
         await first.nc.close()
         done = await asyncio.wait_for(asyncio.gather(*pending), 30)
-        assert [d.finish_reason for d in done] == ["length"] * 20
+        assert [(d.finish_reason, d.error) for d in done] == [("length", None)] * 20
         assert all(len(d.token_ids) == 20 for d in done)
         await client.close()
         await nc.drain()
@@ -351,6 +353,7 @@ async def test_over_http_a_reused_x_request_id_is_a_409_with_an_openai_body(flee
         await host.stop()
 
 
+@pytest.mark.flaky(reruns=2)  # live processes on a shared host: see docs/HOUSE.md "Flaky live tests"
 async def test_streams_survive_a_nats_server_restart_by_replay_or_end_cleanly(tmp_path):
     """nats-server stops for 2 s mid-stream and comes back on the same port and store: the
     services reconnect, the worker replays what it sent meanwhile, and every stream ends

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from tokenyard.shared import natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.nats_cluster import NatsCluster
@@ -42,6 +43,7 @@ async def test_single_server_keeps_one_replica(nats_server):
         await nc.close()
 
 
+@pytest.mark.flaky(reruns=2)  # live processes on a shared host: see docs/HOUSE.md "Flaky live tests"
 async def test_node_sigkilled_under_30_streams_all_complete(tmp_path):
     fleet = FleetProcesses(workers=2, profile="a100-llama3-8b", http_port=0, nats_cluster=3,
                            log_dir=str(tmp_path), metrics=False)

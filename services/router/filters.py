@@ -77,7 +77,7 @@ class EcoServeGuard:
     request anyway (seed §3.1.2's last resort; issue 13 counts how often)."""
 
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
-        if not view.eco[: view.n].any():  # no EcoServe row in the fleet: a slice, no gather
+        if not view.has_eco:  # no EcoServe row in the fleet: a flag the view keeps, no array call
             return Narrowed(True)
         eco = view.eco[cand]
         if not eco.any():

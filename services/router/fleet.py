@@ -73,6 +73,8 @@ class FleetView:
         self.decisions = 0
         self.layout = 0
         """Bumped whenever rows are added or moved (callers cache row maps on it)."""
+        self._has_eco: bool | None = False
+        """Whether some row is EcoServe's (`has_eco`); None: to be looked up again."""
 
     def _alloc(self, capacity: int) -> None:
         old = {name: getattr(self, name, None) for name in (*self._FLOAT, *self._INT, *self._BOOL, "phase")}
@@ -97,6 +99,7 @@ class FleetView:
             self.stats.append(hb.stats)
             self.slot[hb.worker_id] = i
             self.layout += 1
+            self._has_eco = None  # the new row's eco column is what the slot held
             self.last_chosen[i] = -1
             self.accepting[i] = True
         s = hb.stats
@@ -144,6 +147,16 @@ class FleetView:
         if i is not None:
             self.eco[i] = on
             self.eco_ttft_ms[i] = ttft_slo_ms
+            self._has_eco = None
+
+    @property
+    def has_eco(self) -> bool:
+        """Some row belongs to an EcoServe macro-instance: `eco[:n].any()`, looked up again only
+        after `set_ecoserve` or a row added or forgotten (the EcoServe guard asks on every
+        decision)."""
+        if self._has_eco is None:
+            self._has_eco = bool(self.eco[: self.n].any())
+        return self._has_eco
 
     def set_pd_decode(self, worker_id: str, on: bool) -> None:
         """The worker is a decode instance of a spatial P/D macro-instance."""
@@ -182,4 +195,5 @@ class FleetView:
             self.stats.pop()
             self.n -= 1
             self.layout += 1
+            self._has_eco = None
         return gone

@@ -4,6 +4,12 @@ KV events `llm.v1.kv.<id>`, macro states — and takes a share of the decisions)
 (`llm.v1.worker.<id>.generate`, request/reply); on a refusal or a timeout it asks the core
 again without that worker, up to `max_attempts`, then answers `no_capacity`.
 
+A route request is idempotent per request (its id and reply subject): a queue asks again
+when the answer to its first ask was lost (a timeout; the request may be on a worker), and
+JetStream redelivers what a dead queue held. The same request asked while its placement
+runs gets that placement's decision; asked after it was routed, `routed` to the same worker
+again, with no second offer (another worker would take it: two generations on one stream).
+
 Migration (services/router/migration.py decides; this shell performs): the replica that
 placed a request subscribes to its reply subject and follows its chunks; every `tick_s` it
 asks the migration core what to do — probe a worker (`llm.v1.worker.<id>.status`), re-issue
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 
 import msgspec
 from nats.aio.client import Client
@@ -36,6 +43,9 @@ log = telemetry.logger("router")
 
 OFFER_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 0.5
+PLACED_REMEMBERED = 50_000
+"""Routed requests remembered for a repeated ask (as many as a worker remembers ids): a
+queue's re-ask comes seconds later, a dead queue's redelivery after its ack_wait (30 s)."""
 
 
 class RouterShell:
@@ -52,6 +62,11 @@ class RouterShell:
         self._inflight: set[asyncio.Task] = set()
         self._follows: dict[str, Subscription] = {}
         """request id → the subscription to its reply subject (migration follows the stream)."""
+        self._placing: dict[tuple[str, str, str], asyncio.Task] = {}
+        """(request id, reply subject, kv_from) → its placement under way."""
+        self._placed: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        """(request id, reply subject, kv_from) → the worker it was routed to (the last
+        PLACED_REMEMBERED)."""
         self._housekeeping: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
 
@@ -126,7 +141,7 @@ class RouterShell:
             self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id
         ) as span:
             t0 = time.perf_counter()
-            decision, hit_tokens = await self._place(ar, span, data=req.data)
+            decision, hit_tokens = await self._place_once(ar, span, data=req.data)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
@@ -138,6 +153,30 @@ class RouterShell:
         view = self.core.view
         fresh = view.fresh(time.time(), self.core.cfg.stale_after_s)
         return view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh]
+
+    async def _place_once(
+        self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None
+    ) -> tuple[schemas.RouteDecision, int | None]:
+        """`_place` for a queue's route request, idempotent per request (see the module)."""
+        key = (ar.request_id, ar.reply_to, ar.kv_from)  # a P/D decode leg is placed on its own
+        if (worker := self._placed.get(key)) is not None:
+            tracked = self.migration.tracked.get(ar.request_id)  # it may have moved since
+            worker = tracked.worker_id if tracked is not None and tracked.worker_id else worker
+            return schemas.RouteDecision(ar.request_id, schemas.Outcome.ROUTED, worker, reason=schemas.REOFFERED), None
+        placing = self._placing.get(key)
+        if placing is not None:
+            decision, _ = await asyncio.shield(placing)
+            return decision, None
+        placing = self._placing[key] = asyncio.ensure_future(self._place(ar, span, data=data))
+        try:
+            decision, hit_tokens = await asyncio.shield(placing)
+        finally:
+            self._placing.pop(key, None)
+        if decision.outcome == schemas.Outcome.ROUTED:
+            self._placed[key] = decision.worker_id
+            while len(self._placed) > PLACED_REMEMBERED:
+                self._placed.popitem(last=False)
+        return decision, hit_tokens
 
     async def _place(
         self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None
@@ -151,25 +190,30 @@ class RouterShell:
         placement = Placement(self.core, ar, self.max_attempts)
         placement.excluded |= exclude
         moving = bool(exclude)  # a re-issue: the request stays followed whatever happens here
-        # Follow before any offer: the first chunk may overtake the offer's reply.
-        if not moving:
+        # Follow before any offer: the first chunk may overtake the offer's reply. One this
+        # replica follows already (another request that reused the id) is left as it is.
+        fresh = not moving and rid not in self.migration.tracked
+        if fresh:
             self.migration.track(ar, "", time.time())
-        await self._follow(ar)
+        if fresh or moving:
+            await self._follow(ar)
         while (choice := placement.next(time.time())) is not None:
             if span is not None:
                 span.set_attributes(span_attributes(choice))
             reply = await self._offer(ar, choice.worker_id, data)
             if reply is not None and reply.accepted:
-                if reply.reason in ("duplicate", schemas.Outcome.DUPLICATE):
-                    await self._drop(rid)  # a redelivery (its first router follows it) or a reused id
+                if reply.reason in (schemas.REOFFERED, schemas.Outcome.DUPLICATE):
+                    if fresh:  # a redelivery (its first router follows it) or a reused id
+                        await self._drop(rid)
                 else:
                     self.migration.track(ar, choice.worker_id, time.time())
                 return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, choice.worker_id), choice.hit_tokens
             if reply is not None and reply.reason == schemas.Outcome.ABORTED:
-                await self._drop(rid)
+                if fresh:
+                    await self._drop(rid)
                 return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="aborted"), None
             placement.refused(choice.worker_id, reply.reason if reply else "no answer")
-        if not moving:
+        if fresh:
             await self._drop(rid)
         return schemas.RouteDecision(rid, schemas.Outcome.NO_CAPACITY, reason=placement.reason), None
 

@@ -256,6 +256,10 @@ class RouteDecision(msgspec.Struct, omit_defaults=True):
     """Outcome.ROUTED or Outcome.NO_CAPACITY."""
     worker_id: str = ""
     reason: str = ""
+    unsure: bool = False
+    """With NO_CAPACITY: an offer went unanswered (a timeout), so that worker may hold the
+    request; the queue asks again (the router offers it to that worker first) and does not
+    expire it meanwhile."""
 
 
 class GenerateReply(msgspec.Struct, omit_defaults=True):

@@ -22,7 +22,9 @@ import time
 
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
+from tokenyard.services.router import shell as router_shell
 from tokenyard.services.router.core import RouterConfig
+from tokenyard.services.router.migration import MigrationConfig, MigrationCore
 from tokenyard.services.router.shell import RouterShell
 from tokenyard.services.worker import shell as worker_shell
 from tokenyard.services.worker.core import WorkerConfig
@@ -125,6 +127,82 @@ async def test_the_router_answers_the_same_request_asked_again_from_its_one_plac
     finally:
         await nc.drain()
         await host.stop()
+
+
+async def test_an_unanswered_offer_ends_the_placement_unsure_and_the_next_ask_goes_to_that_worker(
+        nats_server, monkeypatch):
+    """wa takes the request but answers after the router's offer timeout. Before, the router
+    offered it to wb at once, which took it too: two generations on one stream (and with one
+    worker, `no_capacity`, which let the queue expire a request that wa streamed). Now the
+    ask ends `unsure`, and the next ask is offered to wa first, which says it has it."""
+    monkeypatch.setattr(router_shell, "OFFER_TIMEOUT_S", 0.2)
+    shell = RouterShell(RouterConfig(policy="least-loaded"))
+    host = await ServiceHost(shell, nats_server.url).start()
+    nc = await natsutil.connect(nats_server.url, "test-reoffer")
+    offers: list[str] = []
+    late = asyncio.Event()
+
+    def worker(wid: str):
+        async def cb(msg):
+            ar = codec.decode(msg.data, schemas.AdmittedRequest)
+            offers.append(wid)
+            if offers.count(wid) == 1 and wid == "wa":
+                await late.wait()  # taken, answered too late: the router has given up
+            reason = schemas.REOFFERED if offers.count(wid) > 1 else ""
+            await msg.respond(codec.encode(schemas.GenerateReply(ar.request_id, True, reason)))
+
+        return cb
+
+    try:
+        for wid, running in (("wa", 0), ("wb", 3)):  # least-loaded offers wa first
+            await nc.subscribe(subjects.worker_generate(wid), cb=worker(wid))
+            beat = builders.hb(wid, running=running, model=MODEL, ts=time.time())
+            await nc.publish(subjects.heartbeat(wid), codec.encode(beat))
+        await until(lambda: shell.core.view.n == 2)
+        ar = codec.encode(req("rq2", reply_to=nc.new_inbox(), arrival_s=time.time()))
+        first = codec.decode((await nc.request(subjects.ROUTE, ar, timeout=5)).data, schemas.RouteDecision)
+        assert (first.outcome, first.unsure, first.reason) == ("no_capacity", True, "no answer from wa")
+        assert offers == ["wa"]
+        assert shell.migration.tracked["rq2"].worker_id == ""  # still followed, on no worker yet
+        for wid, running in (("wa", 5), ("wb", 0)):  # placement alone would now pick wb
+            beat = builders.hb(wid, running=running, model=MODEL, ts=time.time(), seq=2)
+            await nc.publish(subjects.heartbeat(wid), codec.encode(beat))
+        view = shell.core.view
+        await until(lambda: view.stats[view.slot["wa"]].running == 5 and view.stats[view.slot["wb"]].running == 0)
+        late.set()
+        again = codec.decode((await nc.request(subjects.ROUTE, ar, timeout=5)).data, schemas.RouteDecision)
+        assert (again.outcome, again.worker_id, again.unsure) == ("routed", "wa", False)
+        assert offers == ["wa", "wa"]  # wb never had it
+        assert shell.migration.tracked["rq2"].worker_id == "wa"
+    finally:
+        await nc.drain()
+        await host.stop()
+
+
+# ───────────────────────────── migration ─────────────────────────────
+
+
+def test_a_stream_that_ended_is_not_tracked_again_by_a_late_offer_reply():
+    """The offer's reply and the stream come on different subscriptions: the `finished` may be
+    handled first. Tracking the request after it would follow a finished stream until its
+    worker stops, and then re-issue it (queue-kill's end: 47 × `worker w-late died`)."""
+    m = MigrationCore()
+    r = req("r1")
+    m.track(r, "", 0.0)
+    m.on_event("r1", schemas.Finished("r1", 1, "length", schemas.Usage(20, 1, 21)), 0.1)
+    m.track(r, "w0", 0.2)
+    assert m.tracked == {}
+    m.track(req("r1", reply_to="inbox.other"), "w0", 0.3)  # another request with the id is followed
+    assert list(m.tracked) == ["r1"]
+
+
+def test_a_worker_is_alive_while_heard_from_within_dead_after_s():
+    m = MigrationCore(MigrationConfig(dead_after_s=3.0))
+    assert not m.alive("w0", 0.0)
+    m.on_heartbeat("w0", 1.0)
+    assert m.alive("w0", 3.9) and not m.alive("w0", 4.0)
+    m.on_no_responders("w0", 2.0)
+    assert not m.alive("w0", 2.0)
 
 
 # ───────────────────────────── the worker ─────────────────────────────

@@ -46,7 +46,8 @@ and then needs its prefill; serving it would only delay the requests behind it.
 A request leaves for good only when the router answers `routed` (the shell then acks its
 JetStream message); `no_capacity` or a failed route puts it back with its original key and
 pauses dispatch for `retry_backoff_s`. An ask that got no answer at all (a timeout: the
-router may have placed it, and only its answer was lost) is not a refusal: the request stays
+router may have placed it, and only its answer was lost), or an `unsure` one (the router's
+offer to a worker went unanswered: the worker may hold it), is not a refusal: the request stays
 in flight, past any deadline, and is asked again before anything else is released
 (`on_route_lost`): the router answers a request it placed with `routed` again, so the
 second ask confirms the placement or makes it, and only a definite `no_capacity` puts the

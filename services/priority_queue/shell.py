@@ -2,7 +2,8 @@
 through one standing pull (see `_pull_loop`: each message reaches the core as soon as
 JetStream stores it, not when a batched fetch returns); a dispatch loop sends what the core releases to the router (`llm.v1.route`, request/reply)
 and acks a JetStream message only once the router answered `routed`; an ask the router
-never answered (a timeout) is asked again, and not expired meanwhile (QueueCore.on_route_lost).
+never answered (a timeout), or answered `unsure` (its offer to a worker went unanswered), is
+asked again, and not expired meanwhile (QueueCore.on_route_lost).
 A crash before that loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
 replica runs. Messages held long are kept alive with
 `in_progress`. While no router answers at all (no responders on `llm.v1.route`), dispatch
@@ -217,7 +218,7 @@ class QueueShell:
         elif decision is not None and decision.outcome == schemas.Outcome.ABORTED:
             self.core.on_not_routed(req.request_id, time.time(), aborted=True)
             await self._finish_aborted(req)
-        elif unanswered:
+        elif unanswered or (decision is not None and decision.unsure):  # a worker may hold it
             self.core.on_route_lost(req.request_id, time.time())
         else:
             now = time.time()

@@ -67,6 +67,8 @@ class RouterShell:
         self._placed: OrderedDict[tuple[str, str, str], str] = OrderedDict()
         """(request id, reply subject, kv_from) → the worker it was routed to (the last
         PLACED_REMEMBERED)."""
+        self._unanswered: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        """(request id, reply subject, kv_from) → the worker that left its offer unanswered."""
         self._housekeeping: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
 
@@ -183,39 +185,79 @@ class RouterShell:
     ) -> tuple[schemas.RouteDecision, int | None]:
         """The decision, and the prefix-hit tokens on the worker that took the request. `data`:
         `ar` as it came, MessagePack; offered as it is (an 8k-token prompt costs ~0.3 ms of CPU
-        to encode or decode, and this hop changes nothing in it)."""
+        to encode or decode, and this hop changes nothing in it).
+
+        An offer left unanswered (a timeout, not a refusal) ends a queue's placement `unsure`:
+        the worker may have taken the request, and offering it to another would start a second
+        generation on the same stream. The queue asks again, and the router offers it to that
+        worker first while it is alive (it answers REOFFERED if it took it). A re-issue and a
+        P/D decode leg, which no queue asks again for, move on to the next worker as before."""
         rid = ar.request_id
-        if self.migration.orphan(ar, time.time()):
+        now = time.time()
+        if self.migration.orphan(ar, now):
             return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="client gone"), None
         placement = Placement(self.core, ar, self.max_attempts)
         placement.excluded |= exclude
         moving = bool(exclude)  # a re-issue: the request stays followed whatever happens here
-        # Follow before any offer: the first chunk may overtake the offer's reply. One this
-        # replica follows already (another request that reused the id) is left as it is.
-        fresh = not moving and rid not in self.migration.tracked
+        settle = not moving and not ar.kv_from
+        # Follow before any offer: the first chunk may overtake the offer's reply. A request
+        # this replica follows already is left as it is (another that reused its id too), and
+        # one whose stream has ended is not followed again.
+        tracked = self.migration.tracked.get(rid)
+        fresh = not moving and tracked is None and self.migration.ended.get(rid) != ar.reply_to
+        ours = fresh or moving or (tracked is not None and tracked.req.reply_to == ar.reply_to)
         if fresh:
-            self.migration.track(ar, "", time.time())
+            self.migration.track(ar, "", now)
         if fresh or moving:
             await self._follow(ar)
+        key = (rid, ar.reply_to, ar.kv_from)
+        if settle and (first := self._unanswered.pop(key, None)) is not None and self.migration.alive(first, now):
+            reply = await self._offer(ar, first, data)
+            if reply is None:
+                return self._unsure(key, first), None
+            if (decision := await self._answered(ar, first, reply, fresh, ours)) is not None:
+                return decision, None
+            placement.refused(first, reply.reason)
         while (choice := placement.next(time.time())) is not None:
             if span is not None:
                 span.set_attributes(span_attributes(choice))
             reply = await self._offer(ar, choice.worker_id, data)
-            if reply is not None and reply.accepted:
-                if reply.reason in (schemas.REOFFERED, schemas.Outcome.DUPLICATE):
-                    if fresh:  # a redelivery (its first router follows it) or a reused id
-                        await self._drop(rid)
-                else:
-                    self.migration.track(ar, choice.worker_id, time.time())
-                return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, choice.worker_id), choice.hit_tokens
-            if reply is not None and reply.reason == schemas.Outcome.ABORTED:
-                if fresh:
-                    await self._drop(rid)
-                return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="aborted"), None
+            if reply is None and settle:
+                return self._unsure(key, choice.worker_id), None
+            if reply is not None and (decision := await self._answered(ar, choice.worker_id, reply, fresh, ours)):
+                return decision, choice.hit_tokens
             placement.refused(choice.worker_id, reply.reason if reply else "no answer")
         if fresh:
             await self._drop(rid)
         return schemas.RouteDecision(rid, schemas.Outcome.NO_CAPACITY, reason=placement.reason), None
+
+    async def _answered(self, ar: schemas.AdmittedRequest, worker_id: str, reply: schemas.GenerateReply,
+                        fresh: bool, ours: bool) -> schemas.RouteDecision | None:
+        """The decision a worker's answer makes, or None if it refused (try another)."""
+        rid = ar.request_id
+        if reply.accepted:
+            if reply.reason == schemas.Outcome.DUPLICATE or (reply.reason == schemas.REOFFERED and fresh):
+                # a reused id (the worker sent its client a 409), or a redelivery that another
+                # replica, or a stream that ended, accounts for: not followed here
+                if fresh:
+                    await self._drop(rid)
+            elif ours:  # generating there now, or again known there after an unanswered offer
+                self.migration.track(ar, worker_id, time.time())
+            return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, worker_id)
+        if reply.reason == schemas.Outcome.ABORTED:
+            if fresh:
+                await self._drop(rid)
+            return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="aborted")
+        return None
+
+    def _unsure(self, key: tuple[str, str, str], worker_id: str) -> schemas.RouteDecision:
+        """An offer went unanswered: the request stays followed (on no worker yet), and the
+        queue's next ask offers it to `worker_id` first."""
+        self._unanswered[key] = worker_id
+        while len(self._unanswered) > PLACED_REMEMBERED:
+            self._unanswered.popitem(last=False)
+        return schemas.RouteDecision(key[0], schemas.Outcome.NO_CAPACITY, reason=f"no answer from {worker_id}",
+                                     unsure=True)
 
     async def _drop(self, request_id: str) -> None:
         self.migration.untrack(request_id)
@@ -230,12 +272,12 @@ class RouterShell:
                     subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject()
                 )
                 return codec.decode(msg.data, schemas.GenerateReply)
-            except NoRespondersError:
+            except NoRespondersError:  # nobody listens there: a refusal, not a doubt
                 self.migration.on_no_responders(worker_id, time.time())
                 log.warning("offer_failed", request_id=ar.request_id, worker=worker_id, error="no responders")
-                return None
-            except Exception as e:
-                log.warning("offer_failed", request_id=ar.request_id, worker=worker_id, error=repr(e))
+                return schemas.GenerateReply(ar.request_id, False, "no responders")
+            except Exception as e:  # asked, not answered: it may have taken the request
+                log.warning("offer_unanswered", request_id=ar.request_id, worker=worker_id, error=repr(e))
                 return None
 
     # ── migration ──

@@ -34,6 +34,7 @@ from tokenyard.services.worker.shell import WorkerShell
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.engine import SimEngine
 from tokenyard.services.worker.sim.latency import profile
+from tokenyard.shared import client as client_module
 from tokenyard.shared import codec, config, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.service import ServiceHost
@@ -318,7 +319,8 @@ async def _fake_admission(nc, events) -> None:
     await nc.subscribe(subjects.SUBMIT, queue=subjects.GROUP_ADMISSION, cb=answer)
 
 
-async def test_a_gap_in_the_stream_is_an_error_not_a_short_finish():
+async def test_a_gap_in_the_stream_is_an_error_not_a_short_finish(monkeypatch):
+    monkeypatch.setattr(client_module, "GAP_WAIT_S", 1.0)  # the shipped wait is 15 s
     server = await natsutil.NatsServer().start()
     try:
         nc = await natsutil.connect(server.url, "fake")

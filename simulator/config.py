@@ -72,7 +72,7 @@ class SimConfig:
 
     long_prefill_token_threshold: int | None = None
     """Every engine's vLLM long_prefill_token_threshold (the most prompt tokens one request
-    prefills in a step beside others; 0: no cap). None: the profile's default (LatencyProfile)."""
+    prefills in a step beside others; 0: no cap). None: the profile's (0 unless it sets one)."""
 
     def slos(self) -> tuple[float, float]:
         """(TTFT, TPOT) SLOs in ms, defaults filled in."""

@@ -22,15 +22,15 @@ BS = 4
 req = partial(builders.req, block_size=BS)
 
 
-def prof(budget: int = 64, max_seqs: int = 8, base: str = "zero", cap: int | None = 0) -> LatencyProfile:
-    """`cap`: long_prefill_token_threshold; 0 (no cap) unless a test is about it, so the exact
-    steps below show the budget's chunking alone (tests/test_sim_prefill_cap.py pins the cap)."""
+def prof(budget: int = 64, max_seqs: int = 8, base: str = "zero", cap: int = 0) -> LatencyProfile:
+    """`cap`: long_prefill_token_threshold (0, the default: none; tests/test_sim_prefill_cap.py
+    pins the cap, the properties below draw one)."""
     return dataclasses.replace(PROFILES[base], max_num_batched_tokens=budget, max_num_seqs=max_seqs,
                                long_prefill_token_threshold=cap)
 
 
 def engine(budget: int = 64, max_seqs: int = 8, blocks: int = 64, base: str = "zero",
-           cap: int | None = 0) -> SimEngineCore:
+           cap: int = 0) -> SimEngineCore:
     return SimEngineCore(prof(budget, max_seqs, base, cap), block_size=BS, num_blocks=blocks)
 
 
@@ -344,7 +344,7 @@ mixes = st.lists(
     max_size=10,
 )
 engines = st.tuples(st.integers(4, 24), st.integers(1, 4), st.integers(6, 16),  # budget, max seqs, blocks
-                    st.sampled_from([0, None, 1, 3, 8]))  # chunk cap: none, the default, set
+                    st.sampled_from([0, 1, 3, 8]))  # chunk cap (0: none)
 
 
 def simulate(mix, budget, max_seqs, blocks, cap=0):

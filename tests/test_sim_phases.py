@@ -18,8 +18,7 @@ BS = 4
 
 
 def engine(budget: int = 8, blocks: int = 64, **opts) -> SimEngineCore:
-    prof = dataclasses.replace(PROFILES["zero"], max_num_batched_tokens=budget, max_num_seqs=8,
-                               long_prefill_token_threshold=0)  # the budget's chunking alone
+    prof = dataclasses.replace(PROFILES["zero"], max_num_batched_tokens=budget, max_num_seqs=8)
     return SimEngineCore(prof, block_size=BS, num_blocks=blocks, **opts)
 
 

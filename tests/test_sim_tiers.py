@@ -24,8 +24,7 @@ req = partial(builders.req, block_size=BS)
 
 
 def engine(budget=64, max_seqs=8, blocks=64, host=0, mode="recompute", base="zero", policy=None) -> SimEngineCore:
-    p = dataclasses.replace(PROFILES[base], max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                            long_prefill_token_threshold=0)  # the budget's chunking alone
+    p = dataclasses.replace(PROFILES[base], max_num_batched_tokens=budget, max_num_seqs=max_seqs)
     return SimEngineCore(p, BS, blocks, host_blocks=host, preemption_mode=mode, policy=policy)
 
 

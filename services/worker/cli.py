@@ -57,8 +57,7 @@ def register(sub) -> None:
     v.add_argument("--max-num-batched-tokens", type=int, help="per-step token budget")
     v.add_argument("--long-prefill-token-threshold", type=int, metavar="N",
                    help="most prompt tokens one request prefills in a step while others are in the engine, "
-                        "so short prompts start beside a long one (0: no cap; default: a quarter of the "
-                        "token budget, both engines)")
+                        "so short prompts start beside a long one (default 0: no cap, as vLLM; both engines)")
     v.add_argument("--max-model-len", type=int, help="default: the model's")
     v.add_argument("--kv-cache-memory-gb", type=float, help="KV cache size (default: vLLM's for the platform)")
     v.add_argument("--gpu-memory-utilization", type=float, help="share of GPU memory vLLM may use (default: vLLM's, 0.9)")
@@ -82,7 +81,7 @@ def vllm_settings(args):
         kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization, kv_offload_gb=args.kv_offload_gb,
         preemption_mode=args.preemption_mode, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        long_prefill_token_threshold=args.long_prefill_token_threshold, block_size=args.block_size,
+        long_prefill_token_threshold=args.long_prefill_token_threshold or 0, block_size=args.block_size,
         enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
         kv_cache_memory_gb=args.kv_cache_memory_gb, gpu_memory_utilization=args.gpu_memory_utilization,
         scheduler_cls=args.scheduler_cls, seed=args.seed, stream_interval=args.stream_interval,

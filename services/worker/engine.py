@@ -20,26 +20,20 @@ DEADLINE = "deadline"
 """The finish reason of a request the engine rejected unstarted past its TTFT deadline
 (SCORPIO's rejection path: SimEngineCore.expire)."""
 
-LONG_PREFILL_SHARE = 4
-"""The default per-request chunk cap is this fraction of the step's token budget (below)."""
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 0
+"""Both engines' default for vLLM's `long_prefill_token_threshold`: the most prompt tokens one
+request may prefill in a step while another request runs or waits (vLLM V1:
+`num_new_tokens = min(num_new_tokens, threshold)` for running and waiting requests alike, not
+applied to a request alone in the engine; 0 = no cap, vLLM's own default).
 
-
-def default_long_prefill_token_threshold(max_num_batched_tokens: int) -> int:
-    """Both engines' default for vLLM's `long_prefill_token_threshold`, the most prompt tokens
-    one request may prefill in a step while another request is in the engine (vLLM V1:
-    `num_new_tokens = min(num_new_tokens, threshold)` for running and waiting requests alike,
-    not applied to a request alone in the engine; 0 = no cap):
-
-        threshold = max_num_batched_tokens // LONG_PREFILL_SHARE        (A100: 2048 → 512)
-
-    Without it a long prompt's chunks take the whole budget each step and every request that
-    arrives behind it waits for its whole prefill (a 32k prompt: 16 steps, ~5 s on an A100);
-    with it three quarters of each step stay for the others, and a step carrying a long
-    chunk stays short (512 tokens ≈ 75 ms on an A100, within the fleet's 100 ms TPOT SLO), so
-    the decodes batched with it keep their pace. A prompt alone still prefills at the full
-    budget, and above ~256 tokens a step's cost per token is flat, so the cap costs a long
-    prompt nothing when it is alone and its fair share when it is not."""
-    return max(1, max_num_batched_tokens // LONG_PREFILL_SHARE)
+Off by default, measured (docs/results-bubble.md, "the chunk cap"): a cap of a quarter of the token
+budget (512 on an A100) lets a short prompt start one step into a 32k prefill instead of after
+it (tests/test_sim_prefill_cap.py), but in the fleet it cost more than it gave — in the short
+flood of seed 004 shorts wait in the queue, not in the engines (p50 0.31 s before their engine,
+0.11 s in it), and capped long prefills lowered the fleet's throughput, so the queue wait grew
+(bubble's short p50 0.46 → 0.93 s); on the chatbot priority run a capped P0 prompt needs more
+steps (P0 p95 TTFT 324 → 507 ms; 379 ms at 1,024). `--long-prefill-token-threshold N` sets it
+on either engine."""
 
 
 class EngineOutput(msgspec.Struct):

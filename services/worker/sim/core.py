@@ -8,8 +8,8 @@ One step, as vLLM's scheduler builds it (token budget = max_num_batched_tokens):
   1. running requests first, in order (the policy's `step_batch`): a decoding one takes 1
      token (and a new block when it crosses a block boundary); one still prefilling takes
      its next chunk, at most vLLM's long_prefill_token_threshold tokens while any other
-     request is running or waiting (chunk_cap; the profile's default is a quarter of the
-     budget, so a long prompt leaves room in each step for the requests behind it). If a block cannot be had, the one preemption rule's victim (lowest
+     request is running or waiting (chunk_cap; 0, the default, is no cap; when set, a long
+     prompt leaves room in each step for the requests behind it). If a block cannot be had, the one preemption rule's victim (lowest
      priority class, then latest arrival: scheduler.preemption_victim) is preempted — if it was scheduled this step,
      its tokens go back to the budget — by recompute (its blocks freed, it re-prefills
      prompt + generated tokens) or swap (its KV parked in the host tier), preemption.py.
@@ -109,7 +109,7 @@ class SimEngineCore:
         """True: a spatial P/D prefill instance — a request leaves after its first token, its
         KV sent to a decode instance (`handed_off`)."""
         self.max_model_len = max_model_len
-        self.prefill_cap = prof.prefill_chunk_cap
+        self.prefill_cap = prof.long_prefill_token_threshold
         """vLLM's long_prefill_token_threshold (chunk_cap says when it applies); 0: none."""
         self.handed_off: list[tuple[AdmittedRequest, int]] = []
         """(request, its num_cached_tokens) of each hand-off since the caller last drained it."""
@@ -276,7 +276,7 @@ class SimEngineCore:
 
     def chunk_cap(self, whole: bool) -> int | float:
         """The most prompt tokens one request may prefill this step: vLLM's
-        long_prefill_token_threshold (the profile's `prefill_chunk_cap`) while another request
+        long_prefill_token_threshold (the profile's) while another request
         is running or waiting — vLLM counts both — else no cap; none either where prompts go
         whole (no chunked prefill) or the threshold is 0."""
         t = self.prefill_cap

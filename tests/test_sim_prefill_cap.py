@@ -201,3 +201,13 @@ def test_the_vllm_engine_gets_the_setting_under_vllms_name():
     assert threshold(long_prefill_token_threshold=1000, max_model_len=256) == 256
     with pytest.raises(SettingsError, match="must be ≥ 0"):
         threshold(long_prefill_token_threshold=-5)
+
+
+def test_the_cluster_simulator_refuses_a_negative_threshold():
+    import pytest
+    from tokenyard.simulator.cluster import ClusterSim, SimConfig
+
+    with pytest.raises(ValueError, match="must be ≥ 0"):
+        ClusterSim(SimConfig(instances=1, long_prefill_token_threshold=-1), 16)
+    sim = ClusterSim(SimConfig(instances=2, long_prefill_token_threshold=256), 16)
+    assert [inst.engine.prefill_cap for inst in sim.instances] == [256, 256]

@@ -9,16 +9,17 @@ One step, as vLLM's scheduler builds it (token budget = max_num_batched_tokens):
      token (and a new block when it crosses a block boundary); one still prefilling takes
      its next chunk, at most vLLM's long_prefill_token_threshold tokens while any other
      request is running or waiting (chunk_cap; 0, the default, is no cap; when set, a long
-     prompt leaves room in each step for the requests behind it). If a block cannot be had, the one preemption rule's victim (lowest
-     priority class, then latest arrival: scheduler.preemption_victim) is preempted — if it was scheduled this step,
-     its tokens go back to the budget — by recompute (its blocks freed, it re-prefills
-     prompt + generated tokens) or swap (its KV parked in the host tier), preemption.py.
+     prompt leaves room in each step for the requests behind it). If a block cannot be had,
+     the one preemption rule's victim (lowest priority class, then latest arrival:
+     scheduler.preemption_victim) is preempted — if it was scheduled this step, its tokens
+     go back to the budget — by recompute (its blocks freed, it re-prefills prompt +
+     generated tokens) or swap (its KV parked in the host tier), preemption.py.
   2. then, unless the phase is decode-only, the waiting line's head while budget, max_num_seqs
      and the policy's `admit` allow: it takes a reference on its longest cached prefix — GPU
      blocks, then host-tier blocks promoted back at the host link's cost — (at least one token
      is always computed) and the blocks of its first chunk (capped as in 1), all or nothing
-     (a waiting request holds no blocks, as in vLLM's allocate_slots). A swapped request instead gets its blocks
-     back at the same cost and resumes where it stopped.
+     (a waiting request holds no blocks, as in vLLM's allocate_slots). A swapped request
+     instead gets its blocks back at the same cost and resumes where it stopped.
   After the step: full prompt blocks a chunk completed become cached (BlockStored); a
   request whose prefill completed emits its first token; each decode emits one token; a
   request reaching max_tokens finishes ("length") and releases its blocks. Step time =
@@ -109,6 +110,8 @@ class SimEngineCore:
         """True: a spatial P/D prefill instance — a request leaves after its first token, its
         KV sent to a decode instance (`handed_off`)."""
         self.max_model_len = max_model_len
+        if prof.long_prefill_token_threshold < 0:
+            raise ValueError("--long-prefill-token-threshold must be ≥ 0 (0: no cap)")
         self.prefill_cap = prof.long_prefill_token_threshold
         """vLLM's long_prefill_token_threshold (chunk_cap says when it applies); 0: none."""
         self.handed_off: list[tuple[AdmittedRequest, int]] = []

@@ -39,9 +39,7 @@ def sim_core(prof: LatencyProfile, block_size: int, args) -> SimEngineCore:
                               quantization=quantization(getattr(args, "quantization", None)))
     limits = {k: v for k in ("max_num_seqs", "max_num_batched_tokens") if (v := getattr(args, k, None))}
     threshold = getattr(args, "long_prefill_token_threshold", None)
-    if threshold is not None:  # 0 means no cap, so not `if threshold`
-        if threshold < 0:
-            raise ValueError("--long-prefill-token-threshold must be ≥ 0 (0: no cap)")
+    if threshold is not None:  # 0 means no cap, so not `if threshold` (SimEngineCore refuses < 0)
         limits["long_prefill_token_threshold"] = threshold
     if limits:
         prof = dataclasses.replace(prof, **limits)

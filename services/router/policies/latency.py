@@ -20,7 +20,8 @@ and the block index (view.hit → view.new):
     B̄     the mean of B over the candidates
     S_i   the TPOT slack of i's tightest running decode (heartbeat, ms: how far ahead of its
           TPOT SLO it runs; none: nothing decodes, A_i = ∞)
-    t_i   i's prefill cost per token (heartbeat, ms; 0, not measured yet: A_i = 0)
+    t_i   i's prefill cost per token (heartbeat, ms; 0, not measured yet: A_i = 0);
+          S_i / t_i is kept per row at each heartbeat (FleetView.absorb)
     A_i   prefill tokens i's decodes can still take beside them within their TPOT SLO, once
           i's queue has run
 
@@ -102,8 +103,11 @@ class MarginalLatencyScorer:
         n = view.new[cand].astype(np.float64)
         q = view.queued_prefill[cand]
         own = q + n
-        stalled = n - absorbed(view, cand, q)
+        # tokens stalled = N − A, A = max(0, S/t − Q) (FleetView.absorb = S/t): Q + N − S/t
+        # within [0, N]
+        stalled = own - view.absorb[cand]
         np.maximum(stalled, 0.0, out=stalled)
+        np.minimum(stalled, n, out=stalled)
         b = view.running[cand] + view.waiting[cand]
         # own + (n · b̄ + stalled · b) / 2, in place: fewer temporaries (the decision's hot
         # path); b̄ as sum / count, the value ndarray.mean gives without its Python-level steps
@@ -112,23 +116,6 @@ class MarginalLatencyScorer:
         cost /= 2.0
         cost += own
         return Scored(cost, tiebreak=own)
-
-
-def absorbed(view: FleetView, cand: np.ndarray, queued: np.ndarray) -> np.ndarray:
-    """A_i: prefill tokens i's running decodes can still take beside them within their TPOT
-    SLO, once the prefill queued there has run: max(0, S_i / t_i − Q_i), S_i = the tightest
-    decode's saved TPOT slack (heartbeat, ms), t_i = i's prefill cost per token (ms). ∞ where
-    nothing decodes (the engine reports its prefill cost but no slack: no decode to stall); 0
-    where the engine reports no prefill cost (not yet measured: every token stalls, the cost
-    without the slack)."""
-    slack = view.slack_ms[cand]
-    per_token = view.ms_per_token[cand]
-    known = per_token > 0
-    out = np.zeros(len(cand))
-    np.divide(slack, per_token, out=out, where=known)
-    out[known & np.isnan(slack)] = np.inf
-    out -= queued
-    return np.maximum(out, 0.0, out=out)
 
 
 BALANCE_FACTOR = 1.25

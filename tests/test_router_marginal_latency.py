@@ -3,6 +3,8 @@ survives overload where the guarded product drops it, and monotonicity as a prop
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -77,6 +79,14 @@ def test_exact_costs_with_decode_slack():
     # last round's cost: 1128 + 128·(2 + 1.5)/2 = 1352; 640 + 640·(1 + 1.5)/2 = 1440
     v = prepared(slack_view((2, 0, 1000, 150.0), (0, 1, 0, 5.0), per_token=0.0), 640, [512, 0])
     assert MarginalLatencyScorer().score(req(prompt_len=640), v, np.arange(2)).scores.tolist() == [1352.0, 1440.0]
+
+
+def test_the_rows_absorb_is_the_slack_in_prefill_tokens_kept_at_each_heartbeat():
+    v = slack_view((2, 0, 0, 150.0), (0, 1, 0, None), (3, 0, 0, 0.0))
+    assert v.absorb[: v.n].tolist() == [1500.0, math.inf, 0.0]
+    v.upsert(hb("w0", running=2, tpot_slack_ms=30.0, prefill_ms_per_token=0.1), 1.0)  # the next heartbeat
+    v.upsert(hb("w1", running=1, tpot_slack_ms=5.0), 1.0)  # no prefill cost reported: nothing absorbed
+    assert v.absorb[: v.n].tolist() == [300.0, 0.0, 0.0]
 
 
 slack_fleets = st.lists(

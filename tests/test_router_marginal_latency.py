@@ -87,6 +87,8 @@ def test_the_rows_absorb_is_the_slack_in_prefill_tokens_kept_at_each_heartbeat()
     v.upsert(hb("w0", running=2, tpot_slack_ms=30.0, prefill_ms_per_token=0.1), 1.0)  # the next heartbeat
     v.upsert(hb("w1", running=1, tpot_slack_ms=5.0), 1.0)  # no prefill cost reported: nothing absorbed
     assert v.absorb[: v.n].tolist() == [300.0, 0.0, 0.0]
+    v.upsert(hb("w2", running=3, tpot_slack_ms=math.nan, prefill_ms_per_token=0.1), 1.0)  # broken: nothing absorbed
+    assert v.absorb[2] == 0.0
 
 
 slack_fleets = st.lists(

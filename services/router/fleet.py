@@ -33,9 +33,12 @@ def absorb_tokens(s: EngineStats) -> float:
     their tightest saved slack over its prefill cost per token. ∞ where nothing decodes (an
     engine that reports its prefill cost reports its decodes' slack); 0 where it reports no
     prefill cost (not measured yet: every token counts as a stall)."""
-    if s.prefill_ms_per_token <= 0.0:
+    if not s.prefill_ms_per_token > 0.0:  # 0, or a NaN from a broken estimate
         return 0.0
-    return math.inf if s.tpot_slack_ms is None else s.tpot_slack_ms / s.prefill_ms_per_token
+    if s.tpot_slack_ms is None:
+        return math.inf
+    absorb = s.tpot_slack_ms / s.prefill_ms_per_token
+    return absorb if absorb == absorb else 0.0  # a NaN slack absorbs nothing (the score stays finite)
 
 
 class FleetView:

@@ -320,6 +320,10 @@ class EngineStats(msgspec.Struct, omit_defaults=True):
     prefill_ms_per_token2: float = 0.0
     """Attention's share of a prefill: an uncached prompt of L tokens takes about
     L·prefill_ms_per_token + L²·this ms (admission's per-request TTFT feasibility); 0: unknown."""
+    decode_ms_per_ctx_token: float = 0.0
+    """Decode attention: what one decoding sequence adds to a step per token of its context (ms);
+    a running decode of context K costs each step about prefill_ms_per_token + K·this
+    (admission's sustainable drain: the decodes a burst's requests will run). 0: unknown."""
 
 
 class Heartbeat(msgspec.Struct, omit_defaults=True):

@@ -109,6 +109,9 @@ def report(records) -> dict[str, Any]:
         "sent": len(records),
         "refused": {e: sum(r.error == e for r in refused) for e in sorted({r.error for r in refused})},
         "other_failures": sum(1 for r in records if r.error and not r.error.startswith("status_")),
+        "other_failures_by_kind": {e: {"count": sum(r.error == e for r in records),
+                                       "first_message": next(r.message for r in records if r.error == e)}
+                                   for e in sorted({r.error for r in records if r.error and not r.error.startswith("status_")})},
         "first_refusal_after_s": None if first is None else first - t0,
         "first_refusal_by_code_s": {e: min(r.end_s for r in refused if r.error == e) - t0
                                     for e in sorted({r.error for r in refused})},

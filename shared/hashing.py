@@ -15,7 +15,6 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
-
 from tokenyard.shared.schemas import BlockHash
 
 ROOT = b"tokenyard.v1"

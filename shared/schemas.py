@@ -345,6 +345,11 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     """Its macro-instance's mode as the last WorkerControl said (`ecoserve`, `pd`, …; empty:
     none): the queue's flow control treats an EcoServe prefill phase apart (shared.ecoserve.
     prefill_phase_starved)."""
+    output_share: float = 0.0
+    """Σ completion tokens ÷ Σ max_tokens over the requests this worker finished lately (both
+    sums decayed by 1 − 1/32 per finish): the share of the output a request asks for that it
+    runs (EOS, stop strings and aborts end it sooner). Admission's sustainable drain prices
+    the decodes by it. 0: none finished yet."""
 
 
 class WorkerControl(msgspec.Struct, omit_defaults=True):

@@ -551,3 +551,13 @@ def test_the_sustainable_drain_never_computes_faster_than_the_engines(workers, s
     p, m = c.fleet.shape
     computed = p * (1 - hits / queries) if queries else p
     assert drain * (computed + m) / (p + m) <= sum(1000.0 / a for a, *_ in workers) * (1 + 1e-9)
+
+
+def test_the_decodes_are_priced_at_the_share_of_max_tokens_the_fleet_runs():
+    """Requests that ask for 100 tokens and stop after 25 cost 0.1·1000 + 25·(0.1 + 0.001·1012.5)
+    = 127.8 ms each, while the queue counts 1100 work tokens of each."""
+    c = core()
+    c.on_heartbeat(hb("w0", ts=100.0, prefill_ms_per_token=0.1, decode_ms_per_ctx_token=0.001, output_share=0.25), 100.0)
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    admit(c, GenerateRequest(prompt="a" * 1000, max_tokens=100))
+    assert c.fleet.sustainable_drain(100.0) == pytest.approx(1100 / (0.1 + 0.025 * (0.1 + 1.0125)))

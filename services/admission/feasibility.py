@@ -25,9 +25,13 @@ prefill at a fresh engine's rate (few decodes beside; their TPOT slack spans the
 output) and the measured D is that rate; as the burst's decodes accumulate, every step carries
 them and D falls. What the fleet sustains is what each request costs an engine in all:
 
-    cost_w   = a_w·P' + b_w·P'²  +  M·(a_w + d_w·(P + M/2))        ms per request on worker w
+    cost_w   = a_w·P' + b_w·P'²  +  M'·(a_w + d_w·(P + M'/2))      ms per request on worker w
     D_s      = Σ_w (P + M) / cost_w                               work tokens per second
     P, M     the mean prompt and max_tokens of the requests admitted lately (EWMA);
+    M'       = M·s, s the share of max_tokens the fleet's requests actually run (the mean of the
+               fresh workers' Heartbeat.output_share; 1 before any reports one): a request that
+               stops at EOS long before its max_tokens costs the engines only what it ran, while
+               the queue's work counts its max_tokens;
     P'       = P·(1 − h), h the fleet's prefix-cache hit share (Σ prefix_hits / Σ prefix_queries
                over the fresh workers): cached prompt tokens are not prefilled
     a_w, b_w its reported prefill costs (prefill_ms_per_token, prefill_ms_per_token2): a decode
@@ -135,6 +139,8 @@ class FleetView:
     """worker id → its reported decode attention per context token (ms), workers that report one."""
     prefix: dict[str, tuple[int, int]] = field(default_factory=dict)
     """worker id → its (prefix_hits, prefix_queries), counted since it started."""
+    output_share: dict[str, float] = field(default_factory=dict)
+    """worker id → its Heartbeat.output_share, workers that report one."""
     shape: tuple[float, float] | None = None
     """(mean prompt tokens, mean max_tokens) of the requests admitted lately: an EWMA, weight
     SHAPE_WEIGHT per request; None until one is admitted."""
@@ -162,6 +168,8 @@ class FleetView:
             self.prefill_cost[hb.worker_id] = (s.prefill_ms_per_token, s.prefill_ms_per_token2)
         self.decode_cost[hb.worker_id] = s.decode_ms_per_ctx_token
         self.prefix[hb.worker_id] = (s.prefix_hits, s.prefix_queries)
+        if hb.output_share > 0:
+            self.output_share[hb.worker_id] = hb.output_share
         self.tpot_slack_s[hb.worker_id] = decode_slack_s(hb)
 
     def on_keepalive(self, worker_id: str, now: float) -> bool:
@@ -213,10 +221,12 @@ class FleetView:
         hits = sum(self.prefix.get(w, (0, 0))[0] for w in fresh)
         queries = sum(self.prefix.get(w, (0, 0))[1] for w in fresh)
         computed = p * (1.0 - hits / queries) if queries > 0 else p
+        shares = [self.output_share[w] for w in fresh if w in self.output_share]
+        ran = m * (sum(shares) / len(shares) if shares else 1.0)
         total = 0.0
         for w in fresh:
             a, b = self.prefill_cost[w]
-            cost_ms = a * computed + b * computed * computed + m * (a + self.decode_cost.get(w, 0.0) * (p + m / 2))
+            cost_ms = a * computed + b * computed * computed + ran * (a + self.decode_cost.get(w, 0.0) * (p + ran / 2))
             total += (p + m) * 1000.0 / cost_ms
         return total
 

@@ -8,6 +8,10 @@ queue's intake trailed admission (`queue_intake`, from the queue states seen dur
                                [--output-len 100] [--mix 0,0.6,0.3,0.1] [--out FILE.json]
                                [--log-dir DIR]
 
+With `--log-dir`, `first_refusal_answer` splits the first refusal's answer time: admission's
+part (its `rejected` log line, written just after the answer, on the wall clock) and the load
+generator's reading it after that.
+
 The fleet's capacity C (requests/s) is measured first by the cluster simulator on the same
 fleet and request shape (same cores, same profile), offered far above what it serves; the
 burst then sends factor × C requests/s (Poisson) for `seconds`. Classes are asked for with

@@ -37,7 +37,7 @@ them and D falls. What the fleet sustains is what each request costs an engine i
     a_w, b_w its reported prefill costs (prefill_ms_per_token, prefill_ms_per_token2): a decode
                token rides a mixed step at a prompt token's linear cost
     d_w      its reported decode attention per context token (decode_ms_per_ctx_token; 0:
-               unknown, the linear part alone), at a decode's mean context P + M/2
+               unknown, the linear part alone), at a decode's mean context P + M'/2
 D_s is known only while every fresh, healthy worker reports a prefill cost (a vLLM worker
 reports one once it has measured a prefill); else no cap (None).
 

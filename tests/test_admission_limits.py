@@ -480,6 +480,10 @@ def test_a_fresh_engines_drain_is_capped_at_what_the_fleet_sustains_once_the_dec
     sustained = 2 * 1100 / 0.215
     assert c.fleet.sustainable_drain(100.0) == pytest.approx(sustained)
     c.on_queue_stats(stats(work=(0, 33_000, 0, 0), drain=20_000.0), 100.0)  # the fresh rate measured
+    # by default a measured drain is trusted (the cap over-refuses short overloads) ...
+    assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(33_000 / 20_000)
+    # ... and with the cap on, the fresh rate is capped at what the fleet sustains
+    c.fleet.cap_at_sustainable = True
     assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(33_000 / sustained)  # 3.2 s, not 1.65 s
     # a measured drain below it is what the fleet does: kept
     c.on_queue_stats(stats(work=(0, 33_000, 0, 0), drain=8_000.0), 100.0)

@@ -50,13 +50,7 @@ def test_single_policy_json_has_the_result_at_top_level(tmp_path):
     from tokenyard.services.router.core import RouterConfig
 
     doc = json.loads(out.read_text())
-    assert list(doc["policies"]) == [RouterConfig().policy]
-    # every request is accounted for at the top level: 20 coder prompts of 4k–9k tokens arrive
-    # within a second on 2 instances, and admission refuses some of them (its drain prices the
-    # decodes they would run; results-priorities.md §3); none served misses its deadline
-    o = doc["outcomes"]["all"]
-    assert doc["completed"] + o["refused"] + o["expired"] == 20 and doc["completed"] >= 10
-    assert o["missed_slo"] == 0 and o["met_slo"] == doc["completed"]
+    assert doc["completed"] == 20 and list(doc["policies"]) == [RouterConfig().policy]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,10 @@ queue's intake trailed admission (`queue_intake`, from the queue states seen dur
                                [--output-len 100] [--mix 0,0.6,0.3,0.1] [--out FILE.json]
                                [--log-dir DIR]
 
+With `--log-dir`, `first_refusal_answer` splits the first refusal's answer time: admission's
+part (its `rejected` log line, written just after the answer, on the wall clock) and the load
+generator's reading it after that.
+
 The fleet's capacity C (requests/s) is measured first by the cluster simulator on the same
 fleet and request shape (same cores, same profile), offered far above what it serves; the
 burst then sends factor × C requests/s (Poisson) for `seconds`. Classes are asked for with
@@ -63,6 +67,7 @@ async def burst(url: str, creds_dir: str, rate: float, seconds: float, input_len
 
     cfg = BenchConfig(target=url, num_prompts=int(rate * seconds), input_len=input_len, output_len=output_len,
                       rate=rate, priority_mix=mix, request_timeout_s=120.0, progress=False)
+    clock = time.time() - time.perf_counter()  # perf_counter → wall clock (the services' log timestamps)
     requests = sorted(make_workload(cfg).requests(), key=lambda r: (r.arrival_s, r.index))
     states: list[tuple[float, float, int]] = []
 
@@ -79,7 +84,27 @@ async def burst(url: str, creds_dir: str, rate: float, seconds: float, input_len
     finally:
         await target.close()
         await nc.close()
-    return records, states
+    return records, states, clock
+
+
+def admission_answered(records, log_dir: str, clock: float) -> dict[str, Any]:
+    """Where the first refusal's answer time went, from admission's log (`--log-dir`): when
+    admission answered it (its `rejected` line, written just after the answer; wall clock) after
+    the request was sent, and when the load generator read the answer after that."""
+    import datetime
+
+    refused = [r for r in records if r.error and r.error.startswith("status_")]
+    if not refused:
+        return {}
+    r = min(refused, key=lambda r: r.end_s)
+    suffix = f'-{r.index}"'
+    with open(os.path.join(log_dir, "admission.log")) as f:
+        line = next((x for x in f if '"rejected"' in x and suffix in x), None)
+    if line is None:
+        return {}
+    stamp = json.loads(line)["timestamp"].replace("Z", "+00:00")
+    answered = datetime.datetime.fromisoformat(stamp).timestamp() - clock
+    return {"admission_answered_after_send_s": answered - r.send_s, "client_read_after_answer_s": r.end_s - answered}
 
 
 def intake(records, states) -> dict[str, Any]:
@@ -109,6 +134,9 @@ def report(records) -> dict[str, Any]:
         "sent": len(records),
         "refused": {e: sum(r.error == e for r in refused) for e in sorted({r.error for r in refused})},
         "other_failures": sum(1 for r in records if r.error and not r.error.startswith("status_")),
+        "other_failures_by_kind": {e: {"count": sum(r.error == e for r in records),
+                                       "first_message": next(r.message for r in records if r.error == e)}
+                                   for e in sorted({r.error for r in records if r.error and not r.error.startswith("status_")})},
         "first_refusal_after_s": None if first is None else first - t0,
         "first_refusal_by_code_s": {e: min(r.end_s for r in refused if r.error == e) - t0
                                     for e in sorted({r.error for r in refused})},
@@ -186,12 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     creds_dir = tempfile.mkdtemp(prefix="tokenyard-burst-")
     up, url = start_up(args.workers, args.profile, creds_dir, *(["--log-dir", args.log_dir] if args.log_dir else []))
     try:
-        records, states = asyncio.run(burst(url, creds_dir, rate, args.seconds, args.input_len, args.output_len, mix))
+        records, states, clock = asyncio.run(burst(url, creds_dir, rate, args.seconds, args.input_len,
+                                                   args.output_len, mix))
         doc = {"capacity_req_s": cap, "burst_req_s": rate, **vars(args), **report(records),
                "queue_intake": intake(records, states)}
     finally:
         stop_up(up)
         shutil.rmtree(creds_dir, ignore_errors=True)
+    if args.log_dir:  # the logs are complete once the services stopped
+        doc["first_refusal_answer"] = admission_answered(records, args.log_dir, clock)
     print(json.dumps({k: v for k, v in doc.items() if k not in ("out",)}, indent=2))
     write_result(args.out, doc)
     return 0

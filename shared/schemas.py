@@ -334,6 +334,10 @@ class EngineStats(msgspec.Struct, omit_defaults=True):
     prefill_ms_per_token2: float = 0.0
     """Attention's share of a prefill: an uncached prompt of L tokens takes about
     L·prefill_ms_per_token + L²·this ms (admission's per-request TTFT feasibility); 0: unknown."""
+    decode_ms_per_ctx_token: float = 0.0
+    """Decode attention: what one decoding sequence adds to a step per token of its context (ms);
+    a running decode of context K costs each step about prefill_ms_per_token + K·this
+    (admission's sustainable drain: the decodes a burst's requests will run). 0: unknown."""
 
 
 class Heartbeat(msgspec.Struct, omit_defaults=True):
@@ -355,6 +359,11 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     """Its macro-instance's mode as the last WorkerControl said (`ecoserve`, `pd`, …; empty:
     none): the queue's flow control treats an EcoServe prefill phase apart (shared.ecoserve.
     prefill_phase_starved)."""
+    output_share: float = 0.0
+    """Σ completion tokens ÷ Σ max_tokens over the requests this worker finished lately (both
+    sums decayed by 1 − 1/32 per finish): the share of the output a request asks for that it
+    runs (EOS, stop strings and aborts end it sooner). Admission's sustainable drain prices
+    the decodes by it. 0: none finished yet."""
 
 
 class WorkerControl(msgspec.Struct, omit_defaults=True):

@@ -134,6 +134,14 @@ def test_stats_count_running_waiting_and_blocks():
     assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17, tpot_slack_ms=300.0, compute_util=1.0)
 
 
+def test_stats_report_a_decodes_step_cost_per_token_of_its_context():
+    """What admission's sustainable drain reads: a decode of context K adds K × this to a step."""
+    p = PROFILES["a100-llama3-8b"]
+    stats = SimEngineCore(p, block_size=BS, num_blocks=16).stats()
+    per_ctx = (p.step_s(1, 2000, []) - p.step_s(1, 0, [])) * 1000.0 / 2000
+    assert stats.decode_ms_per_ctx_token == pytest.approx(per_ctx) and per_ctx > 0
+
+
 # ───────────────────────────── prefix cache ─────────────────────────────
 
 

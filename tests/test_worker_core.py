@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared.schemas import (
@@ -206,3 +207,19 @@ def test_an_ecoserve_prefill_phase_starved_of_work_is_not_saturated():
     assert eco.offer(req("b"), stats(waiting=3, **backlog))[0].reason == "saturated"
     assert eco.offer(req("c"), stats(waiting=1, queued=10_000, prefill_ms_per_token=0.1))[0].reason == "saturated"
     assert pd.offer(req("d"), stats(waiting=0, **backlog))[0].reason == "saturated"  # P/D has no phase to end
+
+
+def test_the_heartbeat_reports_the_share_of_max_tokens_the_finished_requests_ran():
+    """Admission prices the decodes a backlog will run by it: a request that stops at EOS costs
+    the engine what it ran, not its max_tokens."""
+    c = core()
+    assert c.heartbeat(stats(), 1.0).output_share == 0.0  # nothing finished: unknown
+    c.offer(req("a", max_tokens=100), stats())
+    c.on_output(EngineOutput("a", [104] * 25, True, "stop"))  # 25 of 100
+    beat = c.heartbeat(stats(), 2.0)
+    assert beat.output_share == 0.25
+    c.offer(req("b", max_tokens=100), stats())
+    c.on_output(EngineOutput("b", [104] * 100, True, "length"))  # then all 100: sums decayed by 31/32
+    assert c.output_share() == pytest.approx((25 * 31 / 32 + 100) / (100 * 31 / 32 + 100))
+    # a changed share is news: the simulator sends a heartbeat, not a keep-alive
+    assert not c.repeats(beat, beat.stats)

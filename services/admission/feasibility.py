@@ -9,13 +9,37 @@
     Retry-After = wait(c) + H − budget   (when, at this drain rate, the backlog would fit)
 
 D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue routed per
-second over its last few seconds, summed over fresh queue replicas: the queue releases work
-only into the headroom its flow control judges from the workers' heartbeats, so D is what the
-fleet absorbs. While the headroom the queues report (their flow control's room, in prompt
-tokens; 0 while a queue pauses after a refused route) exceeds the prompt tokens admitted since,
-the queue is not the bottleneck: what waits is about to leave, wait = 0. Without headroom and
-with no drain measured (a burst after a quiet spell), D is the fresh workers' prefill rate
-Σ 1 / (s per token); with neither, nothing is predicted (wait = 0). With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
+second over its last few seconds, summed over fresh queue replicas (capped at what the fleet
+can sustain, D_s below, only with FleetView.cap_at_sustainable, off by default): the queue releases work only into the headroom its flow control
+judges from the workers' heartbeats, so the measured D is what the fleet absorbs. While the
+headroom the queues report (their flow control's room, in prompt tokens; 0 while a queue
+pauses after a refused route) exceeds the prompt tokens admitted since, the queue is not the
+bottleneck: what waits is about to leave, wait = 0. Without headroom and with no drain
+measured (a burst after a quiet spell), D = D_s; with neither, nothing is predicted (wait =
+0). With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
+
+The sustainable drain D_s foresees the decodes a backlog's requests will run. The queue
+routes a request once its prompt is prefilled at the rate the engines' flow control allows,
+and counts its whole work then; its decode is still to come. Early in a burst the engines
+prefill at a fresh engine's rate (few decodes beside; their TPOT slack spans their whole
+output) and the measured D is that rate; as the burst's decodes accumulate, every step carries
+them and D falls. What the fleet sustains is what each request costs an engine in all:
+
+    cost_w   = a_w·P' + b_w·P'²  +  M'·(a_w + d_w·(P + M'/2))      ms per request on worker w
+    D_s      = Σ_w (P + M) / cost_w                               work tokens per second
+    P, M     the mean prompt and max_tokens of the requests admitted lately (EWMA);
+    M'       = M·s, s the share of max_tokens the fleet's requests actually run (the mean of the
+               fresh workers' Heartbeat.output_share; 1 before any reports one): a request that
+               stops at EOS long before its max_tokens costs the engines only what it ran, while
+               the queue's work counts its max_tokens;
+    P'       = P·(1 − h), h the fleet's prefix-cache hit share (Σ prefix_hits / Σ prefix_queries
+               over the fresh workers): cached prompt tokens are not prefilled
+    a_w, b_w its reported prefill costs (prefill_ms_per_token, prefill_ms_per_token2): a decode
+               token rides a mixed step at a prompt token's linear cost
+    d_w      its reported decode attention per context token (decode_ms_per_ctx_token; 0:
+               unknown, the linear part alone), at a decode's mean context P + M'/2
+D_s is known only while every fresh, healthy worker reports a prefill cost (a vLLM worker
+reports one once it has measured a prefill); else no cap (None).
 
 ahead(c), the work that leaves before a class-c request, follows the queue's policy over the
 waiting work W_k per class (weights w = 16/8/4/2; aging ignored, so it errs against the low
@@ -56,6 +80,9 @@ NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
 TARGET_S = TTFT_TARGET_S
 HYBRID_FAMILY = ("hybrid", "bubble", "fixed", "sjf")
+SHAPE_WEIGHT = 1 / 32
+"""The weight of each admitted request in the mean request shape (P, M) of the sustainable
+drain: the shape of about the last 32 requests, what a queue's backlog is made of."""
 
 
 def work_ahead(policy: str, work: list[float], c: int) -> float:
@@ -93,6 +120,13 @@ class Verdict:
 @dataclass
 class FleetView:
     stale_after_s: float = config.STALE_AFTER_S
+    cap_at_sustainable: bool = False
+    """Cap a measured drain at D_s too (not only use D_s when nothing is measured). Off by
+    default: it moves the simulated burst's first refusal from 1.40 to 1.16 s and expires none
+    of what it admits, but on a short overload it refuses what the fleet would have served in
+    time (ChatBot ×9 on 8 instances: 139 refused, 128 fewer met their deadline; a 20-request
+    coder burst on 2 instances: 6 refused, all 20 served without it), because D_s assumes the
+    overload lasts as long as the wait it predicts (docs/results-priorities.md §3, §5)."""
     queues: dict[str, tuple[float, QueueStats]] = field(default_factory=dict)
     workers: dict[str, tuple[float, bool]] = field(default_factory=dict)
     """worker id → (seen at, healthy and not draining)."""
@@ -108,6 +142,15 @@ class FleetView:
     admitted_depth: int = 0
     admitted_prompt: int = 0
     """Sums over `admitted`; its prompt tokens take the headroom the queues reported."""
+    decode_cost: dict[str, float] = field(default_factory=dict)
+    """worker id → its reported decode attention per context token (ms), workers that report one."""
+    prefix: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """worker id → its (prefix_hits, prefix_queries), counted since it started."""
+    output_share: dict[str, float] = field(default_factory=dict)
+    """worker id → its Heartbeat.output_share, workers that report one."""
+    shape: tuple[float, float] | None = None
+    """(mean prompt tokens, mean max_tokens) of the requests admitted lately: an EWMA, weight
+    SHAPE_WEIGHT per request; None until one is admitted."""
 
     def on_queue_stats(self, s: QueueStats, now: float) -> None:
         """A queue state counts what the queue has taken in: every request admitted up to its
@@ -130,6 +173,10 @@ class FleetView:
         s = hb.stats
         if s.prefill_ms_per_token > 0:
             self.prefill_cost[hb.worker_id] = (s.prefill_ms_per_token, s.prefill_ms_per_token2)
+        self.decode_cost[hb.worker_id] = s.decode_ms_per_ctx_token
+        self.prefix[hb.worker_id] = (s.prefix_hits, s.prefix_queries)
+        if hb.output_share > 0:
+            self.output_share[hb.worker_id] = hb.output_share
         self.tpot_slack_s[hb.worker_id] = decode_slack_s(hb)
 
     def on_keepalive(self, worker_id: str, now: float) -> bool:
@@ -161,11 +208,34 @@ class FleetView:
         self.admitted_work[c] += cost
         self.admitted_depth += 1
         self.admitted_prompt += prompt_len
+        out = cost - prompt_len
+        if self.shape is None:
+            self.shape = (float(prompt_len), out)
+        else:
+            p, m = self.shape
+            self.shape = (p + SHAPE_WEIGHT * (prompt_len - p), m + SHAPE_WEIGHT * (out - m))
 
-    def _prefill_rate(self, now: float) -> float:
-        """The fleet's prompt tokens per second at a full chunk, from the fresh workers' reports."""
-        return sum(1000.0 / a for w, (a, _) in self.prefill_cost.items()
-                   if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s)
+    def sustainable_drain(self, now: float) -> float | None:
+        """D_s (the module's formula): the work per second the fresh, healthy workers sustain
+        once the requests they take run their decodes too; None: unknown (no request admitted
+        yet, no fresh worker, or one that reports no prefill cost)."""
+        if self.shape is None:
+            return None
+        fresh = [w for w, (seen, ok) in self.workers.items() if ok and now - seen <= self.stale_after_s]
+        if not fresh or any(w not in self.prefill_cost for w in fresh):
+            return None
+        p, m = self.shape
+        hits = sum(self.prefix.get(w, (0, 0))[0] for w in fresh)
+        queries = sum(self.prefix.get(w, (0, 0))[1] for w in fresh)
+        computed = p * (1.0 - hits / queries) if queries > 0 else p
+        shares = [self.output_share[w] for w in fresh if w in self.output_share]
+        ran = m * (sum(shares) / len(shares) if shares else 1.0)
+        total = 0.0
+        for w in fresh:
+            a, b = self.prefill_cost[w]
+            cost_ms = a * computed + b * computed * computed + ran * (a + self.decode_cost.get(w, 0.0) * (p + ran / 2))
+            total += (p + m) * 1000.0 / cost_ms
+        return total
 
     def _fresh_queues(self, now: float) -> list[QueueStats]:
         return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
@@ -187,14 +257,23 @@ class FleetView:
         depth = sum(sum(s.depth) for s in qs) + self.admitted_depth
         work = [sum(s.work_tokens[k] for s in qs) + self.admitted_work[k] for k in range(NUM_CLASSES)]
         ahead = work_ahead(qs[0].policy, work, c)
-        drain = sum(s.drain_tokens_per_s for s in qs)
         if self.fleet_down(now):
             wait = float("inf")
         elif ahead <= 0 or sum(s.headroom for s in qs) > self.admitted_prompt:
             wait = 0.0
-        elif drain > 0:
-            wait = ahead / drain
-        else:  # nothing routed lately (a burst after a quiet spell): the workers' prefill rate
-            rate = self._prefill_rate(now)
-            wait = ahead / rate if rate > 0 else 0.0  # no rate known at all: nothing to predict from
+        else:
+            drain = self.drain(qs, now)
+            wait = ahead / drain if drain > 0 else 0.0  # no rate known at all: nothing to predict from
         return Verdict(wait, deadline, depth)
+
+    def drain(self, qs: list[QueueStats], now: float) -> float:
+        """D: the measured drain (capped at the sustainable one with `cap_at_sustainable`);
+        nothing routed lately (a burst after a quiet spell): the sustainable one; 0: neither
+        is known."""
+        measured = sum(s.drain_tokens_per_s for s in qs)
+        sustainable = self.sustainable_drain(now)
+        if sustainable is None:
+            return measured
+        if measured <= 0:
+            return sustainable
+        return min(measured, sustainable) if self.cap_at_sustainable else measured

@@ -103,8 +103,9 @@ class AdmissionShell:
                     request_id="", status=400, code="invalid_request_error", message=f"malformed request: {e}"
                 )
             else:
-                verdict = self.core.admit(
-                    body, reply_to=reply_to or "", json=json, headers=headers, now=time.time(), new_id=uuid.uuid4().hex
+                verdict = self.core.admit(  # an id is drawn only for a request that brings none
+                    body, reply_to=reply_to or "", json=json, headers=headers, now=time.time(),
+                    new_id=body.request_id or uuid.uuid4().hex,
                 )
             span.set_attribute("messaging.message.id", verdict.request_id)
             if isinstance(verdict, schemas.AdmittedRequest):
@@ -115,13 +116,15 @@ class AdmissionShell:
                         message=f"the admitted request is {len(queued)} bytes, more than the bus carries "
                                 f"({self.nc.max_payload})")
             if isinstance(verdict, schemas.Rejected):
+                # The answer first: in an overload most requests end here, and the client (and
+                # every request behind this one) should not wait for its log line and metric.
+                if reply_to:
+                    await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))
                 outcome = {429: schemas.Outcome.REJECTED_RATE, 503: schemas.Outcome.REJECTED_CAPACITY}.get(
                     verdict.status, schemas.Outcome.REJECTED_INVALID)
                 span.set_attribute("tokenyard.outcome", outcome)
                 self.metrics.observe(outcome, verdict.code)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
-                if reply_to:
-                    await req.respond(codec.encode(verdict, json=json), headers=codec.content_headers(json))
                 return
             rid = verdict.request_id
             if telemetry.recording():  # where admission's own work ends and JetStream's begins

@@ -31,6 +31,9 @@ from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
 from tokenyard.shared.slo import prefill_budget_s, request_deadline_s
 from tokenyard.shared.tokenizer import Tokenizer
 
+OUTPUT_SHARE_DECAY = 1 / 32
+"""Heartbeat.output_share: each finished request's weight (about the last 32 requests)."""
+
 
 @dataclass
 class WorkerConfig:
@@ -84,6 +87,10 @@ class WorkerCore:
         """request id → (reply subject, migrations) of the generations started here."""
         self._aborted: OrderedDict[str, None] = OrderedDict()
         self._hb_seq = 0
+        self._ran = 0.0
+        self._asked = 0.0
+        """Decayed sums of the completion tokens and max_tokens of the requests finished here
+        (Heartbeat.output_share)."""
 
     def _remember(self, lru: OrderedDict, rid: str, value=None) -> None:
         lru[rid] = value
@@ -172,6 +179,8 @@ class WorkerCore:
         if out.finished:
             p = st.req.prompt_len
             usage = schemas.Usage(p, st.tokens, p + st.tokens, st.cached_tokens)
+            self._ran = (1.0 - OUTPUT_SHARE_DECAY) * self._ran + st.tokens
+            self._asked = (1.0 - OUTPUT_SHARE_DECAY) * self._asked + max(st.req.max_tokens, st.tokens)
             events.append(
                 schemas.Finished(out.request_id, st.seq, out.finish_reason or "stop", usage, self.cfg.worker_id)
             )
@@ -201,12 +210,18 @@ class WorkerCore:
             return Phase.PREFILL
         return self.phase
 
+    def output_share(self) -> float:
+        """Heartbeat.output_share: completion tokens ÷ max_tokens of the requests finished
+        lately; 0 before the first."""
+        return self._ran / self._asked if self._asked > 0 else 0.0
+
     def repeats(self, hb: schemas.Heartbeat, stats: EngineStats) -> bool:
         """A heartbeat now, with `stats`, would carry what `hb` (its latest) carried, all but
         its time and sequence number: the same stats object and the same worker state (the
         simulator then sends a keep-alive, which the receiving cores take as `hb` again)."""
         return (stats is hb.stats and hb.phase == self.phase and hb.healthy == self.healthy
-                and hb.draining == self.draining and hb.macro_id == self.macro_id and hb.mode == self.mode)
+                and hb.draining == self.draining and hb.macro_id == self.macro_id and hb.mode == self.mode
+                and hb.output_share == self.output_share())
 
     def heartbeat(self, stats: EngineStats, now: float) -> schemas.Heartbeat:
         self._hb_seq += 1
@@ -222,4 +237,5 @@ class WorkerCore:
             draining=self.draining,
             macro_id=self.macro_id,
             mode=self.mode,
+            output_share=self.output_share(),
         )

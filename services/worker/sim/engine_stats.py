@@ -6,6 +6,7 @@
     compute_util           tokens of the last step ÷ the step token budget; 0 when idle
     prefill_ms_per_token   one full-budget fresh chunk's step time ÷ the budget
     prefill_ms_per_token2  p3 / 2 (Σ over a prompt of p3 × context ≈ p3 · L² / 2)
+    decode_ms_per_ctx_token  d2 (a decode's attention per token of its context)
 plus the counters (prefix hits and queries, preemptions), the KV pool's and the host tier's
 used and free blocks, and whatever the scheduling policy adds (`heartbeat_fields`).
 """
@@ -53,5 +54,6 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
         compute_util=core.last_tokens / core.prof.max_num_batched_tokens if core.has_work() else 0.0,
         prefill_ms_per_token=core.prefill_ms_per_token,
         prefill_ms_per_token2=core.prof.p3 / 2,  # Σ over the prompt of p3 × context ≈ p3 · L² / 2
+        decode_ms_per_ctx_token=core.prof.d2,
         **core.policy.heartbeat_fields(core),
     )

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 
 import aiohttp
+from tokenyard.shared import natsutil
 
 from bench.faults.fleet import fleet_for, rss_mb
 from bench.faults.generator import one
@@ -76,6 +77,27 @@ async def closed_loop_capacity(url: str, concurrency: int, seconds: float) -> fl
     return done / (seconds / 2)
 
 
+async def stage_counts(nats_url: str) -> dict[str, float]:
+    """Every service's cumulative counters (`$SRV.STATS`), summed over its instances, flat:
+    `kind:counter:label → n` (admission decisions and refusals, queue dispatches, router
+    decisions, worker finishes by reason, edge requests by outcome): where requests went, stage
+    by stage."""
+    nc = await natsutil.connect(nats_url, "bench-faults-stats")
+    try:
+        replies = await natsutil.gather_replies(nc, "$SRV.STATS", 1.0)
+    finally:
+        await nc.close()
+    out: Counter = Counter()
+    for svc in replies:
+        kind = svc["name"].removeprefix("tokenyard-")
+        data = next((ep["data"] for ep in svc.get("endpoints") or [] if ep.get("data")), {})  # each endpoint repeats it
+        for name, values in data.items():
+            if isinstance(values, dict):
+                for label, n in values.items():
+                    out[f"{kind}:{name}:{label.split(',')[-1]}"] += n
+    return dict(sorted(out.items()))
+
+
 async def probe_overload_rss(args) -> dict:
     fleet = fleet_for(args, workers=args.overload_workers, speed=args.overload_speed)
     await fleet.start()
@@ -98,6 +120,7 @@ async def probe_overload_rss(args) -> dict:
                 peak[n] = max(peak[n], rss_mb(p))
             await asyncio.sleep(0.5)
         results = [json.loads(g.stdout.read()) for g in gens]
+        stages = await stage_counts(fleet.nats_url)
         held, waited = await edge_settles(fleet.http_url, IDLE_WAIT_S)
         note(f"overload-rss: edge holds {held:g} requests {waited:.1f} s after the generators exit")
         await asyncio.sleep(5)  # idle: the edge trims after 1 s
@@ -118,6 +141,7 @@ async def probe_overload_rss(args) -> dict:
                 "offered_rps": round(offered, 1), "offered_over_capacity": ratio, "generators": n_gen,
                 "edge_held_after": held, "edge_settled_s": round(waited, 1),
                 "sent": sent, "statuses": dict(statuses.most_common()),
-                "worst_delta_mb": max(v["delta_mb"] for v in per_process.values()), "rss": per_process}
+                "worst_delta_mb": max(v["delta_mb"] for v in per_process.values()), "rss": per_process,
+                "stages": stages}
     finally:
         await fleet.stop()

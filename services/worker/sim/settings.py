@@ -40,6 +40,7 @@ def sim_core(prof: LatencyProfile, block_size: int, args) -> SimEngineCore:
     limits = {k: v for k in ("max_num_seqs", "max_num_batched_tokens") if (v := getattr(args, k, None))}
     if limits:
         prof = dataclasses.replace(prof, **limits)
+    prof = prof.at_speed(getattr(args, "speed", None) or 1.0)
     return SimEngineCore(
         prof, block_size, getattr(args, "num_blocks", None),
         host_blocks=host_blocks(prof, block_size, getattr(args, "kv_offload_gb", 0.0) or 0.0),

@@ -257,3 +257,30 @@ def test_resume_tokens_are_the_in_order_prefix_of_the_chunks_seen(arrivals):
         want_tokens += payload[want_seq]
         want_seq += 1
     assert effect.req.resume_seq == want_seq and effect.req.resume_token_ids == want_tokens
+
+
+@given(st.lists(st.tuples(st.sampled_from(["lease", "gone", "tick"]), st.floats(0.0, 2.0)), max_size=40))
+def test_a_request_is_orphaned_only_on_proof_or_past_stalled_client_s(events):
+    """Whatever the order of leases, no-responders answers and ticks: a request is orphaned
+    only when its client was proven gone after orphan_after_s of silence, or its lease was
+    silent for stalled_client_s; and then it is, at the next tick."""
+    m = MigrationCore(CFG)
+    lease = "1ea5e00000000001"
+    m.on_lease(lease, 0.0)
+    m.track(req("r1"), "", 0.0)
+    now, heard, proven = 0.0, 0.0, False
+    for kind, dt in events:
+        now += dt
+        if kind == "lease":
+            m.on_lease(lease, now)
+            heard, proven = now, False
+        elif kind == "gone":
+            m.on_lease_gone(lease, now)
+            proven = proven or now - heard >= CFG.orphan_after_s
+        else:
+            orphaned = Orphaned("r1") in m.tick(now)
+            due = proven or now - heard >= CFG.stalled_client_s
+            assert orphaned == due
+            if due:
+                assert "r1" not in m.tracked and m.orphan(req("r2"), now)
+                return

@@ -41,7 +41,7 @@ from nats.aio.client import Client
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 
 LEASE_INTERVAL_S = 1.0
-"""How often a client says it is alive (the router's orphan detection waits 3 of these)."""
+"""How often a client says it is alive (a router probes a lease silent for 3 of these)."""
 
 GAP_WAIT_S = 15.0
 """How long chunks after a gap wait for the missing ones before the stream fails. A worker

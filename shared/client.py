@@ -12,8 +12,9 @@ header `Content-Type: application/json`), then read events tagged by `type` unti
 `rejected`, `finished`, `error`. Chunks carry `seq` 0, 1, 2 …; drop a seq seen before (a
 migrated request may repeat one); a seq skipped, or a `finished` whose seq is not the next
 one, means tokens were lost: treat the stream as failed. Optionally hold a lease: publish
-`llm.v1.lease.<lease>` every second and use inboxes `_INBOX.<lease>.<n>`; if you vanish, the
-routers abort your requests.
+`llm.v1.lease.<lease>` every second, use inboxes `_INBOX.<lease>.<n>` and stay subscribed to
+`_INBOX.<lease>.alive`; if you vanish (that subscription with you), the routers abort your
+requests; a lease that is only late (30 s at most) costs nothing.
 
 What this client guarantees on top: every stream ends with exactly one terminal event.
   * A gap in the seqs (or a `finished` that skips some) is repaired when the missing chunks
@@ -40,7 +41,7 @@ from nats.aio.client import Client
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 
 LEASE_INTERVAL_S = 1.0
-"""How often a client says it is alive (the router's orphan detection waits 3 of these)."""
+"""How often a client says it is alive (a router probes a lease silent for 3 of these)."""
 
 GAP_WAIT_S = 15.0
 """How long chunks after a gap wait for the missing ones before the stream fails. A worker
@@ -164,6 +165,10 @@ class StreamCheck:
         return schemas.Error(self.request_id, 502, f"stream lost chunks: expected seq {want}, got {got}", seq=want)
 
 
+async def _ignore(_msg) -> None:
+    """The lease's `alive` subscription answers nothing: being subscribed is the answer."""
+
+
 class TokenyardClient:
     def __init__(self, nc: Client, owns_connection: bool = False, lease: bool = True):
         self.nc = nc
@@ -200,11 +205,24 @@ class TokenyardClient:
         return f"{prefix}.{self.lease_id}.{uuid.uuid4().hex}"
 
     async def _renew_lease(self) -> None:
+        """Publish the lease every LEASE_INTERVAL_S, and hold `<inbox prefix>.<lease>.alive`
+        while it runs: a router that stops hearing the lease probes that subject, and only
+        "no responders" (this client gone) makes it abort our requests — a client that is
+        merely late (its event loop stalled) keeps them."""
         subject = subjects.lease(self.lease_id)
-        while True:
-            with contextlib.suppress(Exception):
-                await self.nc.publish(subject, b"")
-            await asyncio.sleep(LEASE_INTERVAL_S)
+        prefix = self.nc.new_inbox().rsplit(".", 1)[0]
+        alive = None
+        with contextlib.suppress(Exception):
+            alive = await self.nc.subscribe(f"{prefix}.{self.lease_id}.alive", cb=_ignore)
+        try:
+            while True:
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(subject, b"")
+                await asyncio.sleep(LEASE_INTERVAL_S)
+        finally:
+            if alive is not None:
+                with contextlib.suppress(Exception):
+                    await alive.unsubscribe()
 
     async def stream(
         self,

@@ -87,6 +87,11 @@ class _SnapshotCollector(Collector):
         yield from self.build()
 
 
+ABORT_REASONS = frozenset({"client", "orphaned", schemas.MIGRATED, "client_gap", "client_idle_timeout",
+                           "client_cancelled"})
+EDGE_OUTCOMES = frozenset(o.value for o in schemas.Outcome)
+
+
 class WorkerMetrics:
     def __init__(self, worker_id: str, model: str):
         self.registry = CollectorRegistry()
@@ -106,7 +111,16 @@ class WorkerMetrics:
                                          registry=self.registry)
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                [*names, "finished_reason"], registry=self.registry)
+        self.aborts = Counter("tokenyard:worker_aborts", "Requests aborted while running here, by who asked "
+                              "(Abort.reason: client, edge_*, orphaned, migrated, …).", [*names, "reason"],
+                              registry=self.registry)
         self.registry.register(_SnapshotCollector(self._from_heartbeat))
+
+    def observe_abort(self, reason: str) -> None:
+        """A request aborted while running here; `reason` comes from whoever sent the abort,
+        so an unknown one is counted as `other` (a label per client string would grow without bound)."""
+        known = reason in ABORT_REASONS or reason.removeprefix("edge_") in EDGE_OUTCOMES
+        self.aborts.labels(*self.labels.values(), reason if known else "other").inc()
 
     def observe_finished(self, ttft_s: float | None, e2e_s: float, prompt_tokens: int, output_tokens: int,
                          finish_reason: str) -> None:
@@ -160,7 +174,7 @@ class WorkerMetrics:
 
     def snapshot(self) -> dict:
         hb = self.heartbeat
-        return {"finished": count_samples(self.success),
+        return {"finished": count_samples(self.success), "aborts": count_samples(self.aborts),
                 "running": hb.stats.running if hb else 0, "waiting": hb.stats.waiting if hb else 0}
 
 

@@ -381,6 +381,44 @@ async def test_a_vanished_clients_generation_is_aborted():
         server.stop()
 
 
+async def test_a_late_but_connected_clients_generation_lives_on():
+    """A client whose lease falls silent while its connection stays (a stalled event loop: the
+    overload probe's edge, 3.7 s late) is probed, not aborted; once it is really gone, it is."""
+    server = await natsutil.NatsServer().start()
+    hosts = await start_fleet(server.url, workers=1)
+    try:
+        nc = await natsutil.connect(server.url, "stalled-client")
+        client = TokenyardClient(nc)
+        rec = Recorder()
+        task = asyncio.create_task(rec.run(client, schemas.GenerateRequest(prompt="long", max_tokens=5000)))
+        await asyncio.wait_for(rec.first_chunk.wait(), 20)
+        w = hosts[0].shell
+        running = w.core.running_ids()
+        assert len(running) == 1
+        client._lease_task.cancel()  # the lease stops: what a stalled loop looks like from outside
+        with contextlib.suppress(asyncio.CancelledError):
+            await client._lease_task
+        probes: list[str] = []
+
+        async def probed(msg) -> None:
+            probes.append(msg.subject)
+
+        prefix = nc.new_inbox().rsplit(".", 1)[0]
+        await nc.subscribe(f"{prefix}.{client.lease_id}.alive", cb=probed)  # …while its connection stays
+        await until(lambda: len(probes) >= 3, timeout_s=15)  # 3 s of silence, then a probe every 0.5 s
+        assert w.core.running_ids() == running
+        await nc.close()  # now it is gone: the next probe finds no responders
+        t0 = time.monotonic()
+        await until(lambda: not w.core.streams, timeout_s=10)
+        assert time.monotonic() - t0 < 2.0  # a probe interval and a tick, not stalled_client_s
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+    finally:
+        await stop_fleet(hosts)
+        server.stop()
+
+
 async def test_the_queue_backs_off_while_no_router_runs_and_serves_once_one_is_back():
     server = await natsutil.NatsServer().start()
     hosts = await start_fleet(server.url, workers=1, router=False)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
-from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.schemas import AdmittedRequest, Heartbeat
 
 from tests.builders import hb, req
 
@@ -496,3 +496,22 @@ def test_an_ecoserve_prefill_phase_keeps_a_backlog_its_phase_can_work_through():
     assert ids(q.dispatchable(0.1)) == ["c"]  # 0.9 s
     q.on_routed("c", "eco", 0.1)
     assert q.dispatchable(0.1) == []  # 1.1 s: a minimum phase's work is there
+
+
+def test_workers_whose_prefill_takes_no_time_take_everything_their_kv_holds():
+    """The control-plane benchmark's zero-latency workers reported a prefill cost of 0, which
+    flow control read as "not measured yet" and met with 2 waiting requests a worker per
+    heartbeat: a fleet of 2 took 37 req/s of 250 and admission refused the rest (487 × 503).
+    Their heartbeat, from the real engine's stats, now lets the queue release the whole
+    backlog in one dispatch."""
+    from tokenyard.services.worker.sim.core import SimEngineCore
+    from tokenyard.services.worker.sim.latency import profile
+
+    engine_stats = SimEngineCore(profile("zero"), num_blocks=4096, block_size=16).stats()
+    assert engine_stats.prefill_ms_per_token > 0
+    q = QueueCore(QueueConfig(), FCFS())
+    for w in ("w0", "w1"):
+        q.on_heartbeat(Heartbeat(worker_id=w, model="m", seq=1, ts=0.0, stats=engine_stats), 0.0)
+    for i in range(100):
+        q.offer(req(f"r{i}", prompt_len=32), 0.0)
+    assert len(q.dispatchable(0.01)) == 100

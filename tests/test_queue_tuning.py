@@ -92,3 +92,27 @@ def test_the_result_file_records_the_command(tmp_path, monkeypatch):
     doc = json.loads(out.read_text())
     assert doc["command"] == "tokenyard " + " ".join(argv)
     assert (doc["workload"], doc["trials"], len(doc["history"])) == ("heavy-tail", 1, 2)
+
+
+def test_tune_refuses_a_slot_count_that_flow_control_would_ignore(capsys):
+    """With flow control on (the default) the queue releases by the workers' prefill room: a
+    slot count would be silently ignored, so asking for one is an error that says how."""
+    from tokenyard.cli import main
+
+    assert main(["tune", "--workload", "chatbot", "--trials", "1", "--num-requests", "20",
+                 "--slots-per-worker", "2"]) == 2
+    assert "--slots-per-worker acts only with --flow-control off" in capsys.readouterr().err
+
+
+def test_with_flow_control_off_the_slot_count_shapes_the_run():
+    """`--flow-control off --slots-per-worker N` is what the knob means: it changes where the
+    backlog waits, and so the short requests' TTFT."""
+    from tokenyard.simulator.cluster import SimConfig
+
+    def run(slots: int):
+        cfg = SimConfig(instances=1, flow_control=False, slots_per_worker=slots)
+        return SimSetup(HeavyTailWorkload(80, rate=40.0, seed=2), cfg).run({})
+
+    one, many = run(1), run(64)
+    assert one.completed == many.completed == 80
+    assert one.short_p50_ttft_s != many.short_p50_ttft_s

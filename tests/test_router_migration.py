@@ -13,7 +13,9 @@ from tokenyard.services.router.migration import (
     MigrationCore,
     Orphaned,
     Probe,
+    ProbeLease,
     Reissue,
+    alive_subject,
     lease_of,
 )
 from tokenyard.shared.schemas import AdmittedRequest, Chunk, Error, Finished, Usage
@@ -149,7 +151,7 @@ def test_a_restarted_worker_is_alive_again_once_it_heartbeats():
     assert not m.workers["w0"].dead
 
 
-def test_an_orphan_whose_lease_lapsed_is_aborted_and_one_without_a_lease_is_not():
+def test_a_silent_lease_is_probed_and_its_requests_aborted_once_no_one_listens():
     m = MigrationCore(CFG)
     m.on_lease("1ea5e00000000001", 0.0)
     m.track(req("r1"), "w0", 0.0)
@@ -158,9 +160,45 @@ def test_an_orphan_whose_lease_lapsed_is_aborted_and_one_without_a_lease_is_not(
         m.on_heartbeat("w0", t)
     assert m.tick(2.0) == []
     m.on_heartbeat("w0", 3.0)
-    assert m.tick(3.0) == [Orphaned("r1")]
+    assert m.tick(3.0) == [ProbeLease("1ea5e00000000001", "_INBOX.1ea5e00000000001.alive")]
+    assert m.tick(3.1) == []  # one probe per lease and probe_every_s
+    assert not m.orphan(req("r3"), 3.1)
+    m.on_lease_gone("1ea5e00000000001", 3.2)  # no responders: the client's connection is gone
+    assert m.tick(3.2) == [Orphaned("r1")]
     assert list(m.tracked) == ["r2"]
-    assert m.orphan(req("r3"), 3.0) and not m.orphan(req("r4", reply_to="_INBOX.x"), 3.0)
+    assert m.orphan(req("r3"), 3.2) and not m.orphan(req("r4", reply_to="_INBOX.x"), 3.2)
+
+
+def test_a_late_lease_holder_that_is_still_connected_keeps_its_requests():
+    """The overload probe's collapse: a CPU-starved edge published its lease 3.7 s late, and
+    every request it held (308) was aborted as an orphan at once. A probe that is not refused
+    (the holder is subscribed, only slow) orphans nothing; the lease coming back clears it."""
+    m = MigrationCore(CFG)
+    lease = "1ea5e00000000001"
+    m.on_lease(lease, 0.0)
+    m.track(req("r1"), "w0", 0.0)
+    for t in (3.0, 3.5, 4.0):
+        m.on_heartbeat("w0", t)
+        assert all(isinstance(e, ProbeLease) for e in m.tick(t))
+    m.on_lease(lease, 4.2)  # late, but here
+    m.on_heartbeat("w0", 5.0)
+    assert m.tick(5.0) == [] and list(m.tracked) == ["r1"]
+    m.on_lease_gone(lease, 5.1)  # an answer to a probe sent before the lease came back
+    assert m.tick(5.1) == [] and not m.orphan(req("r3"), 5.1)
+
+
+def test_a_lease_silent_past_stalled_client_s_is_given_up_on_all_the_same():
+    m = MigrationCore(CFG)
+    m.on_lease("1ea5e00000000001", 0.0)
+    m.track(req("r1"), "w0", 0.0)
+    m.on_heartbeat("w0", CFG.stalled_client_s - 0.1)
+    assert Orphaned("r1") not in m.tick(CFG.stalled_client_s - 0.1)
+    m.on_heartbeat("w0", CFG.stalled_client_s)
+    assert m.tick(CFG.stalled_client_s) == [Orphaned("r1")]
+
+
+def test_alive_subject_is_beside_the_leases_inboxes():
+    assert alive_subject("_INBOX.client.0123456789abcdef.f00") == "_INBOX.client.0123456789abcdef.alive"
 
 
 def test_after_the_routers_own_outage_nothing_is_declared_dead_or_orphaned():
@@ -219,3 +257,30 @@ def test_resume_tokens_are_the_in_order_prefix_of_the_chunks_seen(arrivals):
         want_tokens += payload[want_seq]
         want_seq += 1
     assert effect.req.resume_seq == want_seq and effect.req.resume_token_ids == want_tokens
+
+
+@given(st.lists(st.tuples(st.sampled_from(["lease", "gone", "tick"]), st.floats(0.0, 2.0)), max_size=40))
+def test_a_request_is_orphaned_only_on_proof_or_past_stalled_client_s(events):
+    """Whatever the order of leases, no-responders answers and ticks: a request is orphaned
+    only when its client was proven gone after orphan_after_s of silence, or its lease was
+    silent for stalled_client_s; and then it is, at the next tick."""
+    m = MigrationCore(CFG)
+    lease = "1ea5e00000000001"
+    m.on_lease(lease, 0.0)
+    m.track(req("r1"), "", 0.0)
+    now, heard, proven = 0.0, 0.0, False
+    for kind, dt in events:
+        now += dt
+        if kind == "lease":
+            m.on_lease(lease, now)
+            heard, proven = now, False
+        elif kind == "gone":
+            m.on_lease_gone(lease, now)
+            proven = proven or now - heard >= CFG.orphan_after_s
+        else:
+            orphaned = Orphaned("r1") in m.tick(now)
+            due = proven or now - heard >= CFG.stalled_client_s
+            assert orphaned == due
+            if due:
+                assert "r1" not in m.tracked and m.orphan(req("r2"), now)
+                return

@@ -13,6 +13,7 @@ from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.services.worker.sim import latency
 from tokenyard.services.worker.sim.core import _FILLER, SimEngineCore
 from tokenyard.services.worker.sim.latency import PROFILES, LatencyProfile
+from tokenyard.services.worker.sim.slack import FREE_PREFILL_MS_PER_TOKEN
 from tokenyard.shared import hashing
 from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored
 
@@ -126,12 +127,15 @@ def test_stats_count_running_waiting_and_blocks():
     core = engine(budget=8, blocks=16)
     core.add(req("a", tokens=list(range(12)), max_tokens=4))
     core.add(req("b", tokens=list(range(50, 55)), max_tokens=4))
-    assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS)
+    free = FREE_PREFILL_MS_PER_TOKEN  # profile zero: a prefill that takes no time, measured
+    assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS, prefill_ms_per_token=free)
     core.step()  # a: 8 of 12
-    assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12, compute_util=1.0)
+    assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12, compute_util=1.0,
+                                       prefill_ms_per_token=free)
     core.step()  # a: last 4 (first token); b: 4 of 5
     # a's slack: its 3 tokens after the first, 100 ms each, decode steps of 0 ms (profile zero)
-    assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17, tpot_slack_ms=300.0, compute_util=1.0)
+    assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17, tpot_slack_ms=300.0, compute_util=1.0,
+                                       prefill_ms_per_token=free)
 
 
 def test_stats_report_a_decodes_step_cost_per_token_of_its_context():

@@ -379,3 +379,22 @@ def test_reset_prefix_cache_forgets_both_tiers():
     # y's blocks were the GPU's last: all cleared there; x's were demoted to the host tier
     assert core.pool.drain_events() == [AllBlocksCleared(), BlockRemoved([cx[1], cx[0]], medium="CPU")]
     assert not core.pool.ref and not core.host.lru
+
+
+def test_a_worker_at_speed_reports_the_costs_it_runs_at():
+    """`tokenyard worker --speed 0.1` is a GPU ten times slower: its steps take 10 × the
+    profile's time, and its heartbeat says so, so the queue's flow control and admission judge
+    it in the wall-clock terms its clients see (reported in simulated time, a speed-0.1 fleet
+    let its batch grow to 165 sequences a worker at 10 × its TPOT SLO under overload)."""
+    from types import SimpleNamespace
+
+    import pytest
+    from tokenyard.services.worker.sim.settings import sim_core
+
+    h100 = PROFILES["h100-llama3-8b"]
+    base, slow = sim_core(h100, 16, SimpleNamespace()), sim_core(h100, 16, SimpleNamespace(speed=0.1))
+    assert slow.stats().prefill_ms_per_token == pytest.approx(10 * base.stats().prefill_ms_per_token)
+    assert slow.prof.step_s(8, 8000, [(512, 0)]) == pytest.approx(10 * base.prof.step_s(8, 8000, [(512, 0)]))
+    assert slow.prof.transfer_s(1000) == pytest.approx(10 * base.prof.transfer_s(1000))
+    moe = PROFILES["h100-qwen3-30b-a3b"]
+    assert moe.at_speed(0.5).step_s(4, 400, []) == pytest.approx(2 * moe.step_s(4, 400, []))

@@ -290,7 +290,8 @@ def register(sub) -> None:
     p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b",
                    help="GPU and model the simulated engine behaves like")
     p.add_argument("--speed", type=float, default=1.0,
-                   help="simulated seconds per wall second (2 = twice as fast as the real GPU)")
+                   help="the simulated GPUs run this many times as fast as the profile (2 = twice as fast as the real "
+                        "GPU, 0.1 = ten times slower) and report the costs they run at")
     p.add_argument("--scheduling", choices=ENGINE_POLICIES, default="vllm",
                    help="the simulated workers' scheduling policy (default vllm: vLLM V1's priority order; "
                    "scorpio: SCORPIO's TPOT-aware batching and deadline rejection)")

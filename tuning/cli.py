@@ -4,7 +4,7 @@ and the gain over the defaults (objective: tuning/objective.py).
 
     tokenyard tune --workload NAME (loadgen.workloads.WORKLOADS) [--trials 20]
                    [--instances 4] [--profile a100-llama3-8b] [--queue-policy bubble]
-                   [--slots-per-worker 2] [--num-requests 1000] [--rate R] [--rate-scale X]
+                   [--flow-control on|off [--slots-per-worker N]] [--num-requests 1000] [--rate R] [--rate-scale X]
                    [--priority-mix a,b,c,d] [--alpha 1 --beta 1 --gamma 1] [--seed 0] [--json FILE]
 """
 
@@ -24,9 +24,13 @@ def register(sub) -> None:
     p.add_argument("--instances", type=int, default=4, help="simulated engine instances")
     p.add_argument("--profile", default="a100-llama3-8b", help="latency profile of the simulated engines")
     p.add_argument("--queue-policy", default="bubble", help="the policy whose knobs are tuned")
-    p.add_argument("--slots-per-worker", type=int, default=2,
-                   help="waiting requests a worker may hold: small keeps the backlog in the queue, where "
-                        "its order is decided")
+    p.add_argument("--flow-control", choices=("on", "off"), default="on",
+                   help="the queue holds the backlog while the fleet is saturated, so the tuned policy orders "
+                        "it (default: on, as live)")
+    p.add_argument("--slots-per-worker", type=int, default=None,
+                   help="with --flow-control off only: waiting requests the queue lets a worker hold "
+                        "(default: 64, as `tokenyard queue`); with flow control on the queue releases by the "
+                        "workers' prefill room and no slot count applies")
     p.add_argument("--num-requests", type=int, default=1000, help="requests per simulated run")
     p.add_argument("--rate", type=float, default=None, help="arrival rate, requests/s (synthetic workloads)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
@@ -59,8 +63,15 @@ def main(args: argparse.Namespace) -> int:
         workload = open_any(args, mix)
         if args.trials < 1:
             raise ValueError("--trials must be >= 1")
-        cfg = SimConfig(instances=args.instances, profile=args.profile, slots_per_worker=args.slots_per_worker,
-                        seed=args.seed)
+        cfg = SimConfig(instances=args.instances, profile=args.profile, seed=args.seed,
+                        flow_control=args.flow_control == "on")
+        if args.slots_per_worker is not None:
+            if cfg.flow_control:
+                raise ValueError("--slots-per-worker acts only with --flow-control off (flow control releases by "
+                                 "the workers' prefill room, not by a slot count)")
+            if args.slots_per_worker < 1:
+                raise ValueError("--slots-per-worker must be >= 1")
+            cfg.slots_per_worker = args.slots_per_worker
         setup = SimSetup(workload, cfg, args.queue_policy)
     except (ValueError, KeyError) as e:
         print(f"tokenyard tune: error: {e}", file=sys.stderr)

@@ -1,12 +1,13 @@
 """One open-loop HTTP load generator process for the overload probe (several run side by side,
 so the offered rate is not capped by one Python process):
 
-    python -m bench.faults.generator URL RATE SECONDS DRAIN_S SEED
+    python -m bench.faults.generator URL RATE SECONDS DRAIN_S SEED [TPOT_SLO_MS]
 
 sends RATE requests/s for SECONDS (10 % bad bodies), waits up to DRAIN_S for the answers,
 gives up on the rest (disconnects: the edge aborts them) and prints one JSON line: sent,
-offered_rps, statuses (HTTP status or the client's own failure), ok_second_half (200s that
-completed in the second half of the load: the fleet's throughput once saturated)."""
+offered_rps, statuses (HTTP status, `200+error` for a stream that ended in an error frame, or
+the client's own failure), ok_second_half (200s that completed in the second half of the
+load: the fleet's throughput once saturated)."""
 
 from __future__ import annotations
 
@@ -25,26 +26,30 @@ TOKENS = 64
 """Output length of every good request (the probe's capacity is measured with the same)."""
 
 
-def body(i: int) -> dict:
+def body(i: int, tpot_slo_ms: float | None = None) -> dict:
     return {"model": "tokenyard-sim", "prompt": f"load {i} " * 32, "max_tokens": TOKENS, "ignore_eos": True,
-            "stream": i % 2 == 0}
+            "stream": i % 2 == 0, **({"tpot_slo_ms": tpot_slo_ms} if tpot_slo_ms else {})}
 
 
-async def one(http: aiohttp.ClientSession, url: str, i: int, bad: bool = False) -> int | str:
+async def one(http: aiohttp.ClientSession, url: str, i: int, bad: bool = False,
+              tpot_slo_ms: float | None = None) -> int | str:
     try:
         if bad:
             data = BAD_BODIES[i % len(BAD_BODIES)]
             async with http.post(url, data=data, headers={"content-type": "application/json"}) as r:
                 await r.read()
                 return r.status
-        async with http.post(url, json=body(i)) as r:
-            await r.read()
+        async with http.post(url, json=body(i, tpot_slo_ms)) as r:
+            data = await r.read()
+            if r.status == 200 and b'"error"' in data:  # an SSE stream that ended in an error frame
+                return "200+error"
             return r.status
     except Exception as e:  # the load generator's own failure, by kind
         return type(e).__name__
 
 
-async def open_loop(url: str, rate: float, seconds: float, drain_s: float, seed: int) -> dict:
+async def open_loop(url: str, rate: float, seconds: float, drain_s: float, seed: int,
+                    tpot_slo_ms: float | None = None) -> dict:
     statuses: Counter = Counter()
     ok_second_half = 0
     tasks: set[asyncio.Task] = set()
@@ -63,7 +68,8 @@ async def open_loop(url: str, rate: float, seconds: float, drain_s: float, seed:
         i = 0
         while (now := time.monotonic()) - start < seconds:
             while i < int((now - start) * rate):
-                t = asyncio.create_task(one(http, url, seed * 10_000_000 + i, bad=rng.random() < 0.1))
+                t = asyncio.create_task(one(http, url, seed * 10_000_000 + i, bad=rng.random() < 0.1,
+                                             tpot_slo_ms=tpot_slo_ms))
                 t.add_done_callback(done)
                 tasks.add(t)
                 i += 1
@@ -80,7 +86,8 @@ async def open_loop(url: str, rate: float, seconds: float, drain_s: float, seed:
 
 def main() -> None:
     url, rate, seconds, drain_s, seed = sys.argv[1], *map(float, sys.argv[2:5]), int(sys.argv[5])
-    print(json.dumps(asyncio.run(open_loop(url, rate, seconds, drain_s, seed))), flush=True)
+    tpot_slo_ms = float(sys.argv[6]) if len(sys.argv) > 6 else None
+    print(json.dumps(asyncio.run(open_loop(url, rate, seconds, drain_s, seed, tpot_slo_ms))), flush=True)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--max-workers", type=int, default=16, help="with --scale: most worker processes started")
     p.add_argument("--worker-engine", default="sim", help="with --scale: engine of the workers it starts")
     p.add_argument("--worker-profile", default="a100-llama3-8b", help="with --scale: their latency profile")
-    p.add_argument("--worker-speed", type=float, default=1.0, help="with --scale: their simulated seconds per wall second")
+    p.add_argument("--worker-speed", type=float, default=1.0, help="with --scale: their speed against the profile (tokenyard worker --speed)")
     p.add_argument("--worker-model", default=config.DEFAULT_MODEL, help="with --scale: the model they serve")
     p.add_argument("--worker-scheduling", default="vllm",
                    help="with --scale: the simulated workers' scheduling policy (tokenyard worker --scheduling)")

@@ -8,7 +8,8 @@ sent (Dynamo's request migration), or ends it with a clean error.
     on_no_responders(worker, now)      nobody listens on the worker's subjects: it is gone
     on_probe(worker, running | None)   the worker's answer to a probe (None: no answer)
     on_lease(lease, now)               a client (an edge) is alive
-    tick(now) → [Probe | Reissue | Fail | Orphaned]   what the shell should do now
+    on_lease_gone(lease, now)          a lease probe found no responders: that client is gone
+    tick(now) → [Probe | Reissue | Fail | Orphaned | ProbeLease]   what the shell should do now
 
 Death is detected three ways. (1) Heartbeat loss: a worker silent for `suspect_after_s` is
 probed; one that answers no probe and stays silent for `dead_after_s` is dead. (2) No
@@ -29,12 +30,18 @@ with no gap and no duplicate. If no worker takes it, the re-issue is retried eac
 the death ends each of its requests with a 503 error at once (within the detection time).
 
 An orphan is a request whose client is gone: clients that hold a lease (an edge, a
-TokenyardClient) publish it every `lease_interval_s` and use inboxes `_INBOX.<lease>.<n>`; a
-request whose lease was seen and then fell silent for `orphan_after_s` is aborted.
+TokenyardClient) publish it every `lease_interval_s`, use inboxes `_INBOX.<lease>.<n>` and
+hold a subscription on `_INBOX.<lease>.alive` for as long as they live. A lease silent for
+`orphan_after_s` is probed on that subject (ProbeLease): "no responders" proves the client's
+connection gone, and its requests are aborted at once; any other answer, or none, means it
+is still connected, only late (a CPU-starved edge's event loop can stall for seconds under
+overload: aborting every request it holds then threw away all the fleet's work), and its
+requests live on until the lease is silent for `stalled_client_s`.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -64,6 +71,10 @@ class MigrationConfig:
     reissue_deadline_s: float = 10.0
     """How long after the death a re-issue that found no worker is retried."""
     orphan_after_s: float = 3 * LEASE_INTERVAL_S
+    """Lease silence after which the client is probed (`ProbeLease`); no responders: orphaned."""
+    stalled_client_s: float = 30.0
+    """Lease silence after which a client that is still connected (its probe not refused) is
+    given up on all the same."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,16 @@ class Orphaned:
     request_id: str
 
 
-Effect = Probe | Reissue | Fail | Orphaned
+@dataclass(frozen=True)
+class ProbeLease:
+    """Ask `subject` (the lease holder's `…<lease>.alive`, from a request's inbox) whether
+    anyone listens; the shell answers with `on_lease_gone` on no responders."""
+
+    lease: str
+    subject: str
+
+
+Effect = Probe | Reissue | Fail | Orphaned | ProbeLease
 
 
 @dataclass
@@ -132,6 +152,12 @@ def lease_of(reply_to: str) -> str:
     return lease if _LEASE.fullmatch(lease) else ""
 
 
+def alive_subject(reply_to: str) -> str:
+    """`_INBOX[.<user>].<lease>.<n>` → `_INBOX[.<user>].<lease>.alive`: what the lease holder
+    keeps a subscription on (shared/client.py)."""
+    return reply_to.rsplit(".", 1)[0] + ".alive"
+
+
 ENDED_REMEMBERED = 50_000
 """Streams whose end was seen, remembered so that a late `track` does not follow them again."""
 
@@ -146,6 +172,11 @@ class MigrationCore:
         would follow a finished request forever (and re-issue it when its worker stops)."""
         self.workers: dict[str, _Worker] = {}
         self.leases: dict[str, float] = {}
+        """lease → when it was last heard."""
+        self.lease_probed: dict[str, float] = {}
+        """lease → when it was last probed (silent leases only)."""
+        self.leases_gone: set[str] = set()
+        """Leases whose holder's connection is proven gone (a probe found no responders)."""
         self.migrated = 0
         """Re-issues made (a metric)."""
         self.failed = 0
@@ -218,6 +249,14 @@ class MigrationCore:
 
     def on_lease(self, lease: str, now: float) -> None:
         self.leases[lease] = now
+        self.lease_probed.pop(lease, None)
+        self.leases_gone.discard(lease)
+
+    def on_lease_gone(self, lease: str, now: float) -> None:
+        """A lease probe found no responders: the client's connection is gone — unless the
+        lease was heard since the probe went out (`orphan_after_s` ago at most)."""
+        if lease in self.leases and now - self.leases[lease] >= self.cfg.orphan_after_s:
+            self.leases_gone.add(lease)
 
     def on_reconnected(self, now: float) -> None:
         """The router's own connection was down: what it did not hear says nothing about the
@@ -245,14 +284,23 @@ class MigrationCore:
                     w.probed_s = now
                     out.append(Probe(wid))
         dead = frozenset(wid for wid, w in self.workers.items() if w.dead)
+        probes: dict[str, ProbeLease] = {}
         for rid in sorted(self.tracked):
             t = self.tracked[rid]
             lease = lease_of(t.req.reply_to)
-            if lease and lease in self.leases and now - self.leases[lease] >= cfg.orphan_after_s:
+            if lease and self._client_gone(lease, now):
                 del self.tracked[rid]
                 out.append(Orphaned(rid))
-            elif t.lost_s is not None and not t.reissuing:
+                continue
+            if (lease and lease not in probes and lease in self.leases
+                    and now - self.leases[lease] >= cfg.orphan_after_s
+                    and now - self.lease_probed.get(lease, -math.inf) >= cfg.probe_every_s):
+                probes[lease] = ProbeLease(lease, alive_subject(t.req.reply_to))
+            if t.lost_s is not None and not t.reissuing:
                 out.append(self._after_loss(t, dead, now))
+        for lease, probe in probes.items():
+            self.lease_probed[lease] = now
+            out.append(probe)
         return out
 
     def reissue_failed(self, request_id: str, now: float) -> Fail | None:
@@ -266,15 +314,22 @@ class MigrationCore:
         return self._fail(t, f"worker {t.worker_id} died and no other worker took the request")
 
     def orphan(self, req: AdmittedRequest, now: float) -> bool:
-        """A request about to be placed whose client's lease expired (it waited in the queue)."""
+        """A request about to be placed whose client is gone (it waited in the queue)."""
         lease = lease_of(req.reply_to)
-        return bool(lease) and lease in self.leases and now - self.leases[lease] >= self.cfg.orphan_after_s
+        return bool(lease) and self._client_gone(lease, now)
 
     def forget_leases(self, now: float, after_s: float = 600.0) -> None:
         self.leases = {k: v for k, v in self.leases.items() if now - v < after_s}
+        self.lease_probed = {k: v for k, v in self.lease_probed.items() if k in self.leases}
+        self.leases_gone &= self.leases.keys()
         self.workers = {k: w for k, w in self.workers.items() if now - w.seen_s < after_s or not w.dead}
 
     # ── internals ──
+
+    def _client_gone(self, lease: str, now: float) -> bool:
+        """Its connection proven gone, or its lease silent past `stalled_client_s`."""
+        heard = self.leases.get(lease)
+        return heard is not None and (lease in self.leases_gone or now - heard >= self.cfg.stalled_client_s)
 
     def _silent(self, worker_id: str, now: float) -> bool:
         return any(

@@ -33,7 +33,15 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
-from tokenyard.services.router.migration import Fail, MigrationConfig, MigrationCore, Orphaned, Probe, Reissue
+from tokenyard.services.router.migration import (
+    Fail,
+    MigrationConfig,
+    MigrationCore,
+    Orphaned,
+    Probe,
+    ProbeLease,
+    Reissue,
+)
 from tokenyard.shared import codec, schemas, subjects, telemetry
 from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
@@ -332,6 +340,8 @@ class RouterShell:
                 await self._unfollow(req.request_id)
                 await self.nc.publish(req.reply_to, codec.encode(event, json=req.json),
                                       headers=codec.content_headers(req.json))
+            case ProbeLease():
+                self._spawn(self._probe_lease(effect))
             case Orphaned(request_id=rid):
                 log.info("orphan_aborted", request_id=rid)
                 await self._unfollow(rid)
@@ -353,6 +363,17 @@ class RouterShell:
         except Exception:
             running = None
         self.migration.on_probe(worker_id, running, time.time())
+
+    async def _probe_lease(self, effect: ProbeLease) -> None:
+        """Is the silent lease's holder still connected? Only "no responders" says no (it
+        holds no reply rights: a stalled holder and a live one both time out)."""
+        try:
+            await self.nc.request(effect.subject, b"", timeout=PROBE_TIMEOUT_S)
+        except NoRespondersError:
+            log.info("client_gone", lease=effect.lease)
+            self.migration.on_lease_gone(effect.lease, time.time())
+        except Exception:
+            pass
 
     async def _reissue(self, effect: Reissue) -> None:
         ar = effect.req

@@ -23,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim", help="sim: the simulated engine; vllm: vLLM in-process")
     p.add_argument("--profile", choices=sorted(PROFILES), default="a100-llama3-8b",
                    help="sim: the GPU and model it behaves like")
-    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    p.add_argument("--speed", type=float, default=1.0, help="the simulated GPU runs X times as fast as its profile (0.1: ten times slower); "
+                        "its heartbeats report the costs it runs at, so the control plane judges it as it is")
     p.add_argument("--http", type=int, metavar="PORT",
                    help="also serve OpenAI /v1/completions, /v1/chat/completions, /v1/models, /health and "
                         "/metrics from this engine, like `vllm serve` (0: any free port)")
@@ -120,7 +121,8 @@ def build(args):
     from tokenyard.services.worker.sim.settings import sim_core
 
     block_size = args.block_size or config.BLOCK_SIZE
-    engine = SimEngine(sim_core(profile(args.profile), block_size, args), speed=args.speed)
+    # --speed is in the profile (LatencyProfile.at_speed): the engine steps in wall time
+    engine = SimEngine(sim_core(profile(args.profile), block_size, args))
     cfg = WorkerConfig(worker_id=worker_id, model=args.model or config.DEFAULT_MODEL, engine="sim",
                        flow_control=args.flow_control == "on")
     return _with_http(args, WorkerShell(cfg, engine, load_tokenizer(args.tokenizer)), block_size)

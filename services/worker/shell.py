@@ -224,6 +224,7 @@ class WorkerShell:
         except codec.DecodeError:
             return
         if self.core.on_abort(abort.request_id, abort.reason):
+            self.metrics.observe_abort(abort.reason)
             await self.engine.abort(abort.request_id)
 
     async def _on_control(self, msg: Msg) -> None:

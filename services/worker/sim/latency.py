@@ -145,6 +145,24 @@ class LatencyProfile:
             done += n
         return total
 
+    def at_speed(self, speed: float) -> LatencyProfile:
+        """The same GPU `speed` times as fast (0.1: ten times slower): every time cost ÷ speed,
+        every transfer rate × speed. A worker run at `--speed` steps on this profile in wall
+        time, so what it reports (prefill cost per token, step time, its decodes' TPOT slack)
+        is what its clients see: the control plane's wall-clock targets judge it as it is."""
+        if speed == 1.0:
+            return self
+        k = 1.0 / speed
+        return dataclasses.replace(
+            self,
+            linear_ms=self.linear_ms if self.moe is not None else tuple(x * k for x in self.linear_ms),
+            linear_factor=self.linear_factor * k if self.moe is not None else self.linear_factor,
+            p0=self.p0 * k, p1=self.p1 * k, p2=self.p2 * k, p3=self.p3 * k, d0=self.d0 * k, d2=self.d2 * k,
+            overhead_ms=self.overhead_ms * k,
+            host_link_bytes_per_s=self.host_link_bytes_per_s * speed,
+            network_bytes_per_s=self.network_bytes_per_s * speed,
+        )
+
     def transfer_s(self, kv_tokens: int) -> float:
         """Moving kv_tokens of KV between GPU and host memory."""
         return kv_tokens * self.kv_bytes_per_token / self.host_link_bytes_per_s

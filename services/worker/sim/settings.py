@@ -43,6 +43,7 @@ def sim_core(prof: LatencyProfile, block_size: int, args) -> SimEngineCore:
         limits["long_prefill_token_threshold"] = threshold
     if limits:
         prof = dataclasses.replace(prof, **limits)
+    prof = prof.at_speed(getattr(args, "speed", None) or 1.0)
     return SimEngineCore(
         prof, block_size, getattr(args, "num_blocks", None),
         host_blocks=host_blocks(prof, block_size, getattr(args, "kv_offload_gb", 0.0) or 0.0),

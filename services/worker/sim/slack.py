@@ -104,7 +104,16 @@ class SlackClock:
         return least
 
 
+FREE_PREFILL_MS_PER_TOKEN = 1e-6
+"""What an engine whose prefill takes no time (the `zero` profile) reports: EngineStats reads 0
+as "not measured yet", which flow control meets with 2 waiting requests a worker per
+heartbeat (a fleet of 2 then refused 487 of 500 requests at 250 req/s). 1 ns a token is no
+time on any scale the control plane judges in, and the queue's room formula goes to its limit:
+the worker's free KV alone bounds what it is sent."""
+
+
 def prefill_ms_per_token(prof: LatencyProfile) -> float:
-    """Cost per token of a full-budget chunk of a fresh prompt, from the profile's step model."""
+    """Cost per token of a full-budget chunk of a fresh prompt, from the profile's step model
+    (FREE_PREFILL_MS_PER_TOKEN at least: this is a measurement, never "unknown")."""
     n = prof.max_num_batched_tokens
-    return prof.step_s(0, 0, [(n, 0)]) * 1000.0 / n
+    return max(prof.step_s(0, 0, [(n, 0)]) * 1000.0 / n, FREE_PREFILL_MS_PER_TOKEN)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
-         max_steps: int = 1 << 30, straddle: bool = False) -> StepResult | None:
+         max_steps: int = 1 << 30, straddle: bool = False, late_before: float = float("-inf")) -> StepResult | None:
     """The next steps of `core` computed as one, if they are pure decode steps; None if not
     (the caller runs `core.step()`). Step k ends at t_k = now + d_1 + … + d_k (summed left to
     right, as a caller stepping one by one adds them); the fold takes every step with
@@ -42,6 +42,12 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
     the fold delivers nothing before `until` that a caller stepping one by one would have seen
     by then: no request finishes before it and no block is evicted (no KV event). At `until`
     the engine is then as one by one (that step has started), and its result comes once.
+
+    With `late_before`, the step across `until` is taken too wherever it ends before
+    `late_before`, whatever the fold delivered before `until`: for a caller whose look at
+    `until` reads only the engine itself (its stats), not what the steps delivered, and who
+    delivers it all before `late_before` (the simulator's fold across ticks). Without
+    `straddle`, that holds for the first step too: None where it would end at or after both.
 
     Pure decode steps: everyone running has computed its prompt, nobody waits, no abort is
     pending, the policy runs the whole batch every step (`folds`) within its token budget,
@@ -74,7 +80,8 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
     durations: list[float] = []
     t = now
     first = j = last_batch = 0
-    crossed = False
+    crossed = late = False
+    one = straddle or late_before == float("-inf")  # the first step is taken, wherever it ends
     while first < len(active) and j < max_steps:
         batch = len(active) - first
         seg_end = min(active[first].max_tokens - active[first].generated, max_steps)
@@ -85,8 +92,9 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
         d0, d2 = prof.d0, prof.d2
         while j < seg_end:
             d = (fixed + (d0 + d2 * (ctx + j * batch))) / 1000.0
-            if j and t + d >= until:
-                crossed = straddle and first == 0 and t < until  # none finished or crossed before it
+            if (j or not one) and t + d >= until:
+                late = t + d < late_before  # delivered before late_before, whatever came before until
+                crossed = t < until and (late or (straddle and first == 0))  # (none finished before it)
                 if crossed:
                     t += d
                     durations.append(d)
@@ -97,7 +105,7 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
             j += 1
         if j == j0:
             break
-        if crossed:  # the straddling step only where nothing is evicted: its events would come late
+        if crossed and not late:  # the straddling step only where nothing is evicted: its events would come late
             need = 0
             for q in active:
                 need += cdiv(q.computed + j, bs) - len(q.cached) - q.private

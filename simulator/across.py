@@ -49,7 +49,7 @@ def fold_across(inst: SimInstance, now: float, tick_t: float, horizon: float, ti
         if res is None:
             break
         pieces.append(res)
-        for d in res.step_durations or (res.duration_s,):  # the times as the loop adds them
+        for d in res.step_durations:  # the times as the loop adds them (a fold lists every step)
             t += d
         if t < tick or t >= horizon:  # stopped before the tick; or crossed it as a plain fold
             break
@@ -67,20 +67,16 @@ def fold_across(inst: SimInstance, now: float, tick_t: float, horizon: float, ti
 def merged(pieces: list[StepResult]) -> StepResult:
     """Consecutive folds as one: each request's tokens joined (it decoded in every piece up to
     its finish), the steps' durations in order."""
-    outs: dict[str, EngineOutput] = {}
-    durations: list[float] = []
+    outs: dict[str, EngineOutput] = {out.request_id: out for out in pieces[0].outputs}  # (the folds' own: fresh)
+    durations: list[float] = list(pieces[0].step_durations)
     total = 0.0
-    tokens = steps = 0
-    for res in pieces:
+    tokens, steps = pieces[0].scheduled_tokens, pieces[0].num_steps
+    for res in pieces[1:]:
         for out in res.outputs:
-            prev = outs.get(out.request_id)
-            if prev is None:
-                outs[out.request_id] = EngineOutput(out.request_id, list(out.new_token_ids), out.finished,
-                                                    out.finish_reason, out.num_cached_tokens)
-            else:
-                prev.new_token_ids.extend(out.new_token_ids)
-                prev.finished, prev.finish_reason = out.finished, out.finish_reason
-        durations.extend(res.step_durations or (res.duration_s,))
+            prev = outs[out.request_id]  # it ran in every piece before
+            prev.new_token_ids.extend(out.new_token_ids)
+            prev.finished, prev.finish_reason = out.finished, out.finish_reason
+        durations.extend(res.step_durations)
         tokens += res.scheduled_tokens
         steps += res.num_steps
     for d in durations:

@@ -64,7 +64,7 @@ def heartbeats(sim: ClusterSim, now: float) -> None:
         if inst.dirty or now - inst.last_hb_s >= keepalive:
             if stopped and inst.id in stopped:  # a stopped worker sends nothing: it falls silent
                 continue
-            stats, last = inst.stats_at(now), inst.last_hb
+            stats, last = inst.stats_at(now) if inst.ahead else inst.engine.stats(), inst.last_hb
             same = last is not None and inst.worker.repeats(last, stats)
             if same:
                 for keep in keepers:  # a core that would see more change asks for the heartbeat

@@ -76,14 +76,15 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
     prof, bs, pool = core.prof, core.block_size, core.pool
     order = list(running)
     active = sorted(order, key=lambda q: q.max_tokens - q.generated)  # stable: running order on ties
+    n = len(active)
     made: dict[Seq, EngineOutput] = {}
     durations: list[float] = []
     t = now
     first = j = last_batch = 0
     crossed = late = False
     one = straddle or late_before == float("-inf")  # the first step is taken, wherever it ends
-    while first < len(active) and j < max_steps:
-        batch = len(active) - first
+    while first < n and j < max_steps:
+        batch = n - first
         seg_end = min(active[first].max_tokens - active[first].generated, max_steps)
         j0, n0 = j, len(durations)
         # prof.step_ms(batch, batch, ctx + j·batch, 0.0) / 1000, its float operations in its
@@ -115,9 +116,9 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
                 durations.pop()  # (t is not used again: this segment is the fold's last)
         while True:  # blocks for this segment, without preemption
             need = 0
-            for k in range(first, len(active)):
+            for k in range(first, n):
                 q = active[k]
-                need += cdiv(q.computed + j, bs) - len(q.cached) - q.private
+                need += -(-(q.computed + j) // bs) - len(q.cached) - q.private  # cdiv, inlined
             if need <= pool.available:
                 break
             j = j0 + (j - j0) // 2
@@ -127,10 +128,12 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
         if j == j0:
             break
         last_batch = batch
-        for k in range(first, len(active)):
-            core.grow(active[k], active[k].computed + j)
+        for k in range(first, n):
+            q = active[k]
+            if -(-(q.computed + j) // bs) > len(q.cached) + q.private:  # (grow takes nothing otherwise)
+                core.grow(q, q.computed + j)
         # requests finishing at the segment's end: out, and their blocks back
-        while first < len(active) and active[first].max_tokens - active[first].generated == j:
+        while first < n and active[first].max_tokens - active[first].generated == j:
             q = active[first]
             made[q] = fold_output(q, j)
             ctx -= q.plen + q.generated - j
@@ -140,7 +143,7 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
             break
     if j == 0:  # not even one step fits its blocks: the ordinary step preempts
         return None
-    for k in range(first, len(active)):
+    for k in range(first, n):
         made[active[k]] = fold_output(active[k], j)
     outputs = [made[q] for q in order]
     core.last_step_s = durations[-1]

@@ -40,7 +40,7 @@ def drive(mix, budget, blocks, across: bool, host: int = 0, mode: str = "recompu
     finished: dict[str, float] = {}
     index: set[tuple[int, str]] = set()
     looks: list[tuple[float, object]] = []
-    steps = crossed = 0
+    steps = 0
     while i < len(arrivals) or core.has_work():
         while i < len(arrivals) and arrivals[i][0] <= now:
             core.add(arrivals[i][2])
@@ -63,7 +63,6 @@ def drive(mix, budget, blocks, across: bool, host: int = 0, mode: str = "recompu
             t += d
             times.append(t)
         kept = dict(inst.ahead)
-        crossed += len(kept)
         inst.ahead.clear()
         while tick <= t:  # the ticks this result's steps crossed
             looks.append((tick, kept.get(tick) or core.stats()))
@@ -81,7 +80,7 @@ def drive(mix, budget, blocks, across: bool, host: int = 0, mode: str = "recompu
             elif isinstance(e, BlockRemoved):
                 index.difference_update((h, e.medium) for h in e.block_hashes)
         assert steps < 5000
-    return sorted(tokens), finished, index, steps, now, looks, crossed
+    return sorted(tokens), finished, index, steps, now, looks
 
 
 @settings(max_examples=40, deadline=None)

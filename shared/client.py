@@ -42,9 +42,13 @@ from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, tele
 LEASE_INTERVAL_S = 1.0
 """How often a client says it is alive (the router's orphan detection waits 3 of these)."""
 
-GAP_WAIT_S = 6.0
-"""How long chunks after a gap wait for the missing ones (a worker replays 2 s after it
-reconnects) before the stream fails."""
+GAP_WAIT_S = 15.0
+"""How long chunks after a gap wait for the missing ones before the stream fails. A worker
+replays 2 s after it reconnects, but a replay of ~12k events per worker on a loaded 2-core
+machine ended 4.3 s after the restart and its reader lagged further (bench.faults
+nats-restart: 12 of 20 streams failed a 6 s wait though the fill was on its way), so the
+wait is generous: a gap that will never fill costs a quarter of the idle watchdog, a gap
+that would have filled costs the whole request."""
 
 RECONNECT_GRACE_S = 8.0
 """After a reconnect, the silence that says the stream's end was lost in the outage."""

@@ -256,6 +256,10 @@ class RouteDecision(msgspec.Struct, omit_defaults=True):
     """Outcome.ROUTED or Outcome.NO_CAPACITY."""
     worker_id: str = ""
     reason: str = ""
+    unsure: bool = False
+    """With NO_CAPACITY: an offer went unanswered (a timeout), so that worker may hold the
+    request; the queue asks again (the router offers it to that worker first) and does not
+    expire it meanwhile."""
 
 
 class GenerateReply(msgspec.Struct, omit_defaults=True):
@@ -264,6 +268,16 @@ class GenerateReply(msgspec.Struct, omit_defaults=True):
     request_id: str
     accepted: bool
     reason: str = ""
+    """Why it was refused; with `accepted`: '' (generating now), REOFFERED (the same request
+    again) or Outcome.DUPLICATE (a reused id: its client gets a 409)."""
+
+
+REOFFERED = "reoffered"
+"""A worker's accepting reply to a request it already took (the same id and reply subject: a
+queue's JetStream redelivery, its re-ask after a lost answer, a router's retry after a slow
+reply): nothing is generated twice and nothing goes to the client. Not "duplicate": that
+is Outcome.DUPLICATE, the other request that reused an id, which gets a 409 — and a
+StrEnum member equals its string, so the two must not share a value."""
 
 
 class Abort(msgspec.Struct, omit_defaults=True):

@@ -4,7 +4,8 @@ the heavy versions with real processes and SIGKILL):
 * a worker dies mid-stream: with migration every stream completes with no gap and no
   repeat; with migration off each of its streams ends with a clean 503 within 5 s;
 * a reused request id gets 409 (from admission inside JetStream's dedup window, from the
-  worker after it), the first request runs on;
+  worker after it), the first request runs on; the same request asked for again (an offer's
+  answer or a route's answer lost) is served once, with no 409 and no deadline rejection;
 * a gap in a stream, or a silent stream, ends with an error, never a short `finished`;
 * a client that vanishes (no abort, its lease lapses) has its generation aborted;
 * while no router runs, the queue backs off instead of spinning, and serves once one is back;
@@ -20,9 +21,11 @@ import time
 import pytest
 from tokenyard.services.admission.core import AdmissionConfig
 from tokenyard.services.admission.shell import AdmissionShell
+from tokenyard.services.priority_queue import shell as queue_shell
 from tokenyard.services.priority_queue.core import QueueConfig
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
 from tokenyard.services.priority_queue.shell import QueueShell
+from tokenyard.services.router import shell as router_shell
 from tokenyard.services.router.core import RouterConfig
 from tokenyard.services.router.migration import MigrationConfig
 from tokenyard.services.router.shell import RouterShell
@@ -31,6 +34,7 @@ from tokenyard.services.worker.shell import WorkerShell
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.engine import SimEngine
 from tokenyard.services.worker.sim.latency import profile
+from tokenyard.shared import client as client_module
 from tokenyard.shared import codec, config, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.service import ServiceHost
@@ -172,6 +176,105 @@ async def test_with_migration_off_a_dead_workers_streams_end_with_a_503_within_5
         server.stop()
 
 
+async def test_a_request_whose_offer_answer_came_late_is_served_once_without_a_409(monkeypatch):
+    """The worker takes the request, but its answer reaches the router after the offer
+    timeout (a worker cold-starting under load: bench/faults' queue-kill). The router's
+    placement ends `unsure`, the queue asks again, the worker says it has it: one complete
+    stream. Before: `no_capacity`, the queue routed it again, and the worker answered the
+    same request with the reused-id 409 (63 of 1,200 in queue-kill)."""
+    monkeypatch.setattr(router_shell, "OFFER_TIMEOUT_S", 0.3)
+    server = await natsutil.NatsServer().start()
+    hosts = await start_fleet(server.url, workers=0, router=False)
+    try:
+        slow = worker("fw-slow")
+        answer, generate, late, offers, generations = slow._on_generate, slow._generate, [], [], []
+
+        async def counted(ar, *args) -> None:
+            generations.append(ar.request_id)
+            await generate(ar, *args)
+
+        async def answer_the_first_offer_late(req) -> None:
+            offers.append(req)
+            if late:
+                return await answer(req)
+
+            class Late:  # the fault: this answer takes longer than the router waits
+                data, headers = req.data, req.headers
+
+                async def respond(self, data: bytes, headers=None) -> None:
+                    await asyncio.sleep(0.6)
+                    await req.respond(data, headers=headers)
+
+            late.append(req)
+            await answer(Late())
+
+        slow._on_generate, slow._generate = answer_the_first_offer_late, counted
+        hosts.insert(0, await ServiceHost(slow, server.url).start())
+        hosts.append(await ServiceHost(RouterShell(RouterConfig(policy="least-loaded")), server.url).start())
+        await until(lambda: hosts[-1].shell.core.view.n == 1)
+        nc, client, recs, tasks = await start_streams(server.url, 1, 200)
+        async with asyncio.timeout(30):
+            await asyncio.gather(*tasks)
+        rec = recs[0]
+        assert isinstance(rec.last, schemas.Finished) and rec.tokens() == 200, rec.last
+        assert rec.seqs() == list(range(len(rec.seqs())))
+        assert not any(isinstance(e, schemas.Error) for e in rec.events)
+        assert len(offers) >= 2 and len(generations) == 1  # asked again; generated once
+        await client.close()
+        await nc.drain()
+    finally:
+        await stop_fleet(hosts)
+        server.stop()
+
+
+async def test_a_placed_request_whose_route_answer_was_lost_is_not_expired_by_the_queue(monkeypatch):
+    """The router places the request (its worker streams it) but its `routed` reaches the
+    queue after the route timeout (lost in a NATS outage: bench/faults' nats-restart), past
+    the request's TTFT deadline. The queue asks again instead of putting it back, the router
+    answers `routed` from its placement, and the stream completes. Before: back in line,
+    and `expire` ended a stream that a worker was sending with a 429 deadline_exceeded."""
+    monkeypatch.setattr(queue_shell, "ROUTE_TIMEOUT_S", 0.3)
+    server = await natsutil.NatsServer().start()
+    hosts = await start_fleet(server.url, workers=1, router=False)
+    try:
+        router = RouterShell(RouterConfig(policy="least-loaded"))
+        route, asks = router._route, []
+
+        async def answer_the_first_ask_late(req) -> None:
+            asks.append(req)
+            if len(asks) > 1:
+                return await route(req)
+
+            class Late:  # the fault: the answer comes after the queue stopped waiting
+                data, headers = req.data, req.headers
+
+                async def respond(self, data: bytes, headers=None) -> None:
+                    await asyncio.sleep(1.0)
+                    await req.respond(data, headers=headers)
+
+                async def respond_error(self, *args, **kwargs) -> None:
+                    await req.respond_error(*args, **kwargs)
+
+            await route(Late())
+
+        router._route = answer_the_first_ask_late
+        hosts.append(await ServiceHost(router, server.url).start())
+        await until(lambda: router.core.view.n == 1)
+        nc = await natsutil.connect(server.url, "fault-client")
+        client = TokenyardClient(nc)
+        rec = Recorder()
+        # a 0.4 s TTFT target: its deadline passes while the queue waits for the lost answer
+        await asyncio.wait_for(rec.run(client, schemas.GenerateRequest(
+            prompt="placed " * 8, max_tokens=100, ttft_slo_ms=400.0)), 30)
+        assert isinstance(rec.last, schemas.Finished) and rec.tokens() == 100, rec.last
+        assert len(asks) >= 2  # asked again, answered from the placement
+        await client.close()
+        await nc.drain()
+    finally:
+        await stop_fleet(hosts)
+        server.stop()
+
+
 async def test_a_reused_request_id_gets_409_and_the_first_request_runs_on(fleet):
     client = TokenyardClient(fleet.nats)
     both = await asyncio.gather(*(
@@ -216,7 +319,8 @@ async def _fake_admission(nc, events) -> None:
     await nc.subscribe(subjects.SUBMIT, queue=subjects.GROUP_ADMISSION, cb=answer)
 
 
-async def test_a_gap_in_the_stream_is_an_error_not_a_short_finish():
+async def test_a_gap_in_the_stream_is_an_error_not_a_short_finish(monkeypatch):
+    monkeypatch.setattr(client_module, "GAP_WAIT_S", 1.0)  # the shipped wait is 15 s
     server = await natsutil.NatsServer().start()
     try:
         nc = await natsutil.connect(server.url, "fake")

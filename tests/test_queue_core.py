@@ -149,6 +149,7 @@ events = st.lists(
         st.tuples(st.just("dispatch")),
         st.tuples(st.just("routed"), st.integers(0, 2)),
         st.tuples(st.just("not_routed"), st.booleans()),
+        st.tuples(st.just("lost"), st.integers(0, 9)),
         st.tuples(st.just("abort"), st.integers(0, 9)),
     ),
     max_size=60,
@@ -159,9 +160,11 @@ events = st.lists(
 @given(script=events)
 def test_every_offered_request_is_in_exactly_one_place(script):
     """Against a model: each request is waiting, in flight or done (routed / aborted), never
-    lost or duplicated; dispatch never overspends the headroom and follows the policy order."""
+    lost or duplicated; dispatch never overspends the headroom and follows the policy order,
+    after asking again about the requests whose route answer was lost (in the order lost)."""
     q = make(slots=3, stale=100.0, backoff=0.0)
     state: dict[str, str] = {}
+    unsure: list[str] = []
     arrival = {f"r{k}": float(k) for k in range(10)}
     for step, ev in enumerate(script):
         now = float(step)
@@ -177,8 +180,9 @@ def test_every_offered_request_is_in_exactly_one_place(script):
             room = q.headroom(now)
             waiting = sorted((r for r, s in state.items() if s == "waiting"), key=arrival.__getitem__)
             out = ids(q.dispatchable(now))
-            assert out == waiting[: max(0, room)]
+            assert out == unsure + waiting[: max(0, room)]
             state.update({r: "flying" for r in out})
+            unsure.clear()
         elif ev[0] == "routed" and q.in_flight:
             rid = min(q.in_flight)
             assert q.on_routed(rid, f"w{ev[1]}").request_id == rid
@@ -187,6 +191,12 @@ def test_every_offered_request_is_in_exactly_one_place(script):
             rid = min(q.in_flight)
             q.on_not_routed(rid, now, aborted=ev[1])
             state[rid] = "done" if ev[1] else "waiting"
+        elif ev[0] == "lost":  # of a request in flight, or of one that is not (nothing changes)
+            flying = sorted(q.in_flight)
+            rid = flying[ev[1] % len(flying)] if flying and ev[1] < 7 else f"r{ev[1]}"
+            q.on_route_lost(rid, now)
+            if state.get(rid) == "flying" and rid not in unsure:
+                unsure.append(rid)
         elif ev[0] == "abort":
             rid = f"r{ev[1]}"
             assert (q.abort(rid) is not None) == (state.get(rid) == "waiting")
@@ -194,7 +204,9 @@ def test_every_offered_request_is_in_exactly_one_place(script):
                 state[rid] = "done"
         assert len(q) == sum(s == "waiting" for s in state.values())
         assert sum(q.depth) == len(q) and sum(q.work) == WORK * len(q)
+        unsure[:] = [r for r in unsure if state[r] == "flying"]
         assert set(q.in_flight) == {r for r, s in state.items() if s == "flying"}
+        assert list(q.unsure) == unsure
 
 
 # ───────────────────────────── P0 reserve, stats, drain rate ─────────────────────────────

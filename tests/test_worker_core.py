@@ -6,6 +6,7 @@ import msgspec
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared.schemas import (
+    REOFFERED,
     Chunk,
     Finished,
     GenerateReply,
@@ -32,13 +33,15 @@ def test_offer_accepts_and_starts():
     assert list(c.streams) == ["r1"]
 
 
-def test_a_second_offer_of_the_same_id_is_a_duplicate_without_a_second_generation():
+def test_a_second_offer_of_the_same_request_is_accepted_without_a_second_generation():
     c = core()
     c.offer(req(), stats())
-    assert c.offer(req(), stats()) == (GenerateReply("r1", True, "duplicate"), False)
-    # still a duplicate after it finished (a redelivery after a queue crash)
+    assert c.offer(req(), stats()) == (GenerateReply("r1", True, REOFFERED), False)
+    # the same after it finished (a redelivery after a queue crash)
     c.on_output(EngineOutput("r1", [104], True, "length"))
-    assert c.offer(req(), stats()) == (GenerateReply("r1", True, "duplicate"), False)
+    assert c.offer(req(), stats()) == (GenerateReply("r1", True, REOFFERED), False)
+    # not the reused-id answer, whose client gets a 409 (a StrEnum equals its string)
+    assert REOFFERED != Outcome.DUPLICATE
 
 
 def test_offer_refuses_while_draining_or_unhealthy():
@@ -87,7 +90,7 @@ def test_checks_run_in_order_aborted_duplicate_draining_model_full():
     c.on_control(WorkerControl("w0"))
     c.offer(req("d"), stats())
     c.on_control(WorkerControl("w0", drain=True))
-    assert c.offer(req("d", model="other"), stats(waiting=9))[0].reason == "duplicate"
+    assert c.offer(req("d", model="other"), stats(waiting=9))[0].reason == REOFFERED
     assert c.offer(req("n", model="other"), stats(waiting=9))[0].reason == "draining"
     c.on_control(WorkerControl("w0"))
     assert c.offer(req("n", model="other"), stats(waiting=9))[0].reason == "serves 'm', not 'other'"
@@ -99,7 +102,7 @@ def test_remembered_ids_are_bounded():
     for rid in ("a", "b", "c"):
         c.offer(req(rid), stats())
         c.on_output(EngineOutput(rid, [], True, "length"))
-    assert c.offer(req("c"), stats()) == (GenerateReply("c", True, "duplicate"), False)  # remembered
+    assert c.offer(req("c"), stats()) == (GenerateReply("c", True, REOFFERED), False)  # remembered
     assert c.offer(req("a"), stats())[1] is True  # forgotten: generated again
     for rid in ("x", "y", "z"):
         c.on_abort(rid)

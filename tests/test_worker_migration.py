@@ -10,6 +10,7 @@ from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_requ
 from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.shared.schemas import (
     MIGRATED,
+    REOFFERED,
     AdmittedRequest,
     Chunk,
     Error,
@@ -72,8 +73,11 @@ def test_a_client_abort_still_refuses_the_id():
 def test_a_reused_id_gets_409_and_a_redelivery_stays_a_silent_duplicate():
     c = core()
     c.offer(req(), STATS)
-    assert c.offer(req(), STATS) == (GenerateReply("r1", True, "duplicate"), False)
+    reply, start = c.offer(req(), STATS)
+    assert (reply, start) == (GenerateReply("r1", True, REOFFERED), False)
+    assert reply.reason != Outcome.DUPLICATE  # the shell sends a 409 on DUPLICATE only
     reply, start = c.offer(req(reply_to="inbox.b"), STATS)
     assert (reply, start) == (GenerateReply("r1", True, Outcome.DUPLICATE), False)
+    assert reply.reason != REOFFERED
     assert c.reused_id_error(req(reply_to="inbox.b")) == Error("r1", 409, "request id 'r1' is already in use")
     assert c.running_ids() == ["r1"]

@@ -45,7 +45,13 @@ and then needs its prefill; serving it would only delay the requests behind it.
 
 A request leaves for good only when the router answers `routed` (the shell then acks its
 JetStream message); `no_capacity` or a failed route puts it back with its original key and
-pauses dispatch for `retry_backoff_s`. The core also keeps what admission needs for SLO
+pauses dispatch for `retry_backoff_s`. An ask that got no answer at all (a timeout: the
+router may have placed it, and only its answer was lost), or an `unsure` one (the router's
+offer to a worker went unanswered: the worker may hold it), is not a refusal: the request stays
+in flight, past any deadline, and is asked again before anything else is released
+(`on_route_lost`): the router answers a request it placed with `routed` again, so the
+second ask confirms the placement or makes it, and only a definite `no_capacity` puts the
+request back in line, where `expire` may reject it. The core also keeps what admission needs for SLO
 feasibility (`stats`): requests and work (prompt + max_tokens) waiting per admitted class,
 and the drain rate D: the work routed out of a backlog per second the queue held one, over the
 last `drain_window_s` (what the fleet absorbs while saturated; while the queue is not the
@@ -163,6 +169,9 @@ class QueueCore:
     """Flow control: Σ max(0, room_w) over the workers that take new requests (their `counted`), kept as
     heartbeats and routes change a worker's room: `headroom` is this sum while every
     worker is fresh, with no pass over the fleet (integers: the same sum in any order)."""
+    unsure: dict[str, None] = field(default_factory=dict)
+    """Ids in flight whose route ask got no answer (on_route_lost), in the order lost: the
+    next dispatch asks the router again about each."""
     oldest_seen_s: float = math.inf
     """A lower bound of the latest heartbeat times of the workers that take new requests (a worker's only grows;
     each heartbeat lowers the bound to its own time): while now − it ≤ stale_after_s, no
@@ -293,7 +302,9 @@ class QueueCore:
         """Pop what may go to the router now; each is in flight until routed / not routed."""
         if now < self.paused_until:
             return []
-        out: list[AdmittedRequest] = []
+        # asked again first: they hold their place in flight (and their share of the headroom)
+        out = [self.in_flight[rid] for rid in self.unsure if rid in self.in_flight]
+        self.unsure.clear()
         room = self.headroom(now) if len(self.policy) else 0  # nothing waits: no sum over the fleet
         while room > 0:
             req = self.policy.pop(now)
@@ -326,6 +337,7 @@ class QueueCore:
     def on_routed(self, request_id: str, worker_id: str, now: float | None = None) -> AdmittedRequest | None:
         w = self.workers.get(worker_id)
         req = self.in_flight.pop(request_id, None)
+        self.unsure.pop(request_id, None)
         if w is not None:
             w.sent += 1
             if req is not None:
@@ -339,9 +351,18 @@ class QueueCore:
             self.routed.append((now, cost(req), self.backlog_since is not None))
         return req
 
+    def on_route_lost(self, request_id: str, now: float) -> None:
+        """The router's answer never came (a timeout): the request may be on a worker, so it
+        neither goes back in line nor expires; it stays in flight and the next dispatch (after
+        `retry_backoff_s`) returns it again, to ask the router once more."""
+        if request_id in self.in_flight:
+            self.unsure[request_id] = None
+            self.paused_until = now + self.cfg.retry_backoff_s
+
     def on_not_routed(self, request_id: str, now: float, aborted: bool = False) -> None:
         self.from_reserve.discard(request_id)
         req = self.in_flight.pop(request_id, None)
+        self.unsure.pop(request_id, None)
         if req is not None and not aborted:
             self._push(req, now)
             self.paused_until = now + self.cfg.retry_backoff_s

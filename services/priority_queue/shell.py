@@ -1,8 +1,10 @@
 """The priority queue's shell: a durable JetStream pull consumer on LLM_QUEUE feeds the core
 through one standing pull (see `_pull_loop`: each message reaches the core as soon as
 JetStream stores it, not when a batched fetch returns); a dispatch loop sends what the core releases to the router (`llm.v1.route`, request/reply)
-and acks a JetStream message only once the router answered `routed`. A crash before that
-loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
+and acks a JetStream message only once the router answered `routed`; an ask the router
+never answered (a timeout), or answered `unsure` (its offer to a worker went unanswered), is
+asked again, and not expired meanwhile (QueueCore.on_route_lost).
+A crash before that loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
 replica runs. Messages held long are kept alive with
 `in_progress`. While no router answers at all (no responders on `llm.v1.route`), dispatch
 pauses for a backoff that doubles with each failed attempt, from the core's retry_backoff_s up
@@ -173,13 +175,14 @@ class QueueShell:
                 task = asyncio.create_task(self._route(req))
                 self._routes.add(task)
                 task.add_done_callback(self._routes.discard)
-            if len(self.core) and self.core.paused_until > now:
+            if (len(self.core) or self.core.unsure) and self.core.paused_until > now:
                 asyncio.get_running_loop().call_later(self.core.paused_until - now, self._wake.set)
 
     async def _route(self, req: schemas.AdmittedRequest) -> None:
         msg = self.held.get(req.request_id)
         headers = msg.headers if msg else None
         decision: schemas.RouteDecision | None = None
+        unanswered = False
         with telemetry.span(
             self.kind, "process", subjects.QUEUE, headers, request_id=req.request_id,
             attributes={"tokenyard.priority": req.priority},
@@ -195,7 +198,11 @@ class QueueShell:
                 decision = codec.decode(reply.data, schemas.RouteDecision)
             except NoRespondersError:
                 self._router_down()
-            except (TimeoutError, NatsTimeout, msgspec.DecodeError, Exception) as e:
+            except (TimeoutError, NatsTimeout) as e:  # asked, not answered: it may be placed
+                unanswered = True
+                self.route_failures += 1
+                log.warning("route_unanswered", request_id=req.request_id, error=repr(e))
+            except (msgspec.DecodeError, Exception) as e:
                 self.route_failures += 1
                 log.warning("route_failed", request_id=req.request_id, error=repr(e))
             outcome = decision.outcome if decision else schemas.Outcome.FAILED
@@ -211,6 +218,8 @@ class QueueShell:
         elif decision is not None and decision.outcome == schemas.Outcome.ABORTED:
             self.core.on_not_routed(req.request_id, time.time(), aborted=True)
             await self._finish_aborted(req)
+        elif unanswered or (decision is not None and decision.unsure):  # a worker may hold it
+            self.core.on_route_lost(req.request_id, time.time())
         else:
             now = time.time()
             self.core.on_not_routed(req.request_id, now)

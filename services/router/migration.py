@@ -36,6 +36,7 @@ request whose lease was seen and then fell silent for `orphan_after_s` is aborte
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import msgspec
@@ -131,10 +132,18 @@ def lease_of(reply_to: str) -> str:
     return lease if _LEASE.fullmatch(lease) else ""
 
 
+ENDED_REMEMBERED = 50_000
+"""Streams whose end was seen, remembered so that a late `track` does not follow them again."""
+
+
 class MigrationCore:
     def __init__(self, cfg: MigrationConfig | None = None):
         self.cfg = cfg or MigrationConfig()
         self.tracked: dict[str, _Tracked] = {}
+        self.ended: OrderedDict[str, str] = OrderedDict()
+        """request id → reply subject of the streams whose terminal event was seen: an offer's
+        reply may come after its stream's end (another subscription), and tracking it then
+        would follow a finished request forever (and re-issue it when its worker stops)."""
         self.workers: dict[str, _Worker] = {}
         self.leases: dict[str, float] = {}
         self.migrated = 0
@@ -145,7 +154,10 @@ class MigrationCore:
     # ── inputs ──
 
     def track(self, req: AdmittedRequest, worker_id: str, now: float) -> None:
-        """Follow `req`, placed on `worker_id` ('' while it is being placed)."""
+        """Follow `req`, placed on `worker_id` ('' while it is being placed); not once its
+        stream has ended."""
+        if self.ended.get(req.request_id) == req.reply_to:
+            return
         t = self.tracked.get(req.request_id)
         if t is None:
             t = self.tracked[req.request_id] = _Tracked(req, worker_id, now)
@@ -164,6 +176,10 @@ class MigrationCore:
             return
         if isinstance(event, schemas.TERMINAL_EVENTS):
             del self.tracked[request_id]
+            self.ended[request_id] = t.req.reply_to
+            self.ended.move_to_end(request_id)
+            while len(self.ended) > ENDED_REMEMBERED:
+                self.ended.popitem(last=False)
             return
         t.last_event_s = now
         if isinstance(event, schemas.Chunk) and event.seq == t.next_seq:
@@ -193,6 +209,12 @@ class MigrationCore:
                     t.last_event_s = max(t.last_event_s, now)
                 elif now - t.last_event_s >= self.cfg.silence_s:
                     t.lost_s = now  # the worker lives but lost it (it restarted, or crashed inside)
+
+    def alive(self, worker_id: str, now: float) -> bool:
+        """Heard from within dead_after_s and not found dead: an offer it left unanswered may
+        still be taken (it is slow, not gone)."""
+        w = self.workers.get(worker_id)
+        return w is not None and not w.dead and now - w.seen_s < self.cfg.dead_after_s
 
     def on_lease(self, lease: str, now: float) -> None:
         self.leases[lease] = now

@@ -4,6 +4,12 @@ KV events `llm.v1.kv.<id>`, macro states — and takes a share of the decisions)
 (`llm.v1.worker.<id>.generate`, request/reply); on a refusal or a timeout it asks the core
 again without that worker, up to `max_attempts`, then answers `no_capacity`.
 
+A route request is idempotent per request (its id and reply subject): a queue asks again
+when the answer to its first ask was lost (a timeout; the request may be on a worker), and
+JetStream redelivers what a dead queue held. The same request asked while its placement
+runs gets that placement's decision; asked after it was routed, `routed` to the same worker
+again, with no second offer (another worker would take it: two generations on one stream).
+
 Migration (services/router/migration.py decides; this shell performs): the replica that
 placed a request subscribes to its reply subject and follows its chunks; every `tick_s` it
 asks the migration core what to do — probe a worker (`llm.v1.worker.<id>.status`), re-issue
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 
 import msgspec
 from nats.aio.client import Client
@@ -36,6 +43,9 @@ log = telemetry.logger("router")
 
 OFFER_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 0.5
+PLACED_REMEMBERED = 50_000
+"""Routed requests remembered for a repeated ask (as many as a worker remembers ids): a
+queue's re-ask comes seconds later, a dead queue's redelivery after its ack_wait (30 s)."""
 
 
 class RouterShell:
@@ -52,6 +62,13 @@ class RouterShell:
         self._inflight: set[asyncio.Task] = set()
         self._follows: dict[str, Subscription] = {}
         """request id → the subscription to its reply subject (migration follows the stream)."""
+        self._placing: dict[tuple[str, str, str], asyncio.Task] = {}
+        """(request id, reply subject, kv_from) → its placement under way."""
+        self._placed: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        """(request id, reply subject, kv_from) → the worker it was routed to (the last
+        PLACED_REMEMBERED)."""
+        self._unanswered: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        """(request id, reply subject, kv_from) → the worker that left its offer unanswered."""
         self._housekeeping: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
 
@@ -126,7 +143,7 @@ class RouterShell:
             self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id
         ) as span:
             t0 = time.perf_counter()
-            decision, hit_tokens = await self._place(ar, span, data=req.data)
+            decision, hit_tokens = await self._place_once(ar, span, data=req.data)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
@@ -139,39 +156,108 @@ class RouterShell:
         fresh = view.fresh(time.time(), self.core.cfg.stale_after_s)
         return view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh]
 
+    async def _place_once(
+        self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None
+    ) -> tuple[schemas.RouteDecision, int | None]:
+        """`_place` for a queue's route request, idempotent per request (see the module)."""
+        key = (ar.request_id, ar.reply_to, ar.kv_from)  # a P/D decode leg is placed on its own
+        if (worker := self._placed.get(key)) is not None:
+            tracked = self.migration.tracked.get(ar.request_id)  # it may have moved since
+            worker = tracked.worker_id if tracked is not None and tracked.worker_id else worker
+            return schemas.RouteDecision(ar.request_id, schemas.Outcome.ROUTED, worker, reason=schemas.REOFFERED), None
+        placing = self._placing.get(key)
+        if placing is not None:
+            decision, _ = await asyncio.shield(placing)
+            return decision, None
+        placing = self._placing[key] = asyncio.ensure_future(self._place(ar, span, data=data))
+        try:
+            decision, hit_tokens = await asyncio.shield(placing)
+        finally:
+            self._placing.pop(key, None)
+        if decision.outcome == schemas.Outcome.ROUTED:
+            self._placed[key] = decision.worker_id
+            while len(self._placed) > PLACED_REMEMBERED:
+                self._placed.popitem(last=False)
+        return decision, hit_tokens
+
     async def _place(
         self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None
     ) -> tuple[schemas.RouteDecision, int | None]:
         """The decision, and the prefix-hit tokens on the worker that took the request. `data`:
         `ar` as it came, MessagePack; offered as it is (an 8k-token prompt costs ~0.3 ms of CPU
-        to encode or decode, and this hop changes nothing in it)."""
+        to encode or decode, and this hop changes nothing in it).
+
+        An offer left unanswered (a timeout, not a refusal) ends a queue's placement `unsure`:
+        the worker may have taken the request, and offering it to another would start a second
+        generation on the same stream. The queue asks again, and the router offers it to that
+        worker first while it is alive (it answers REOFFERED if it took it). A re-issue and a
+        P/D decode leg, which no queue asks again for, move on to the next worker as before."""
         rid = ar.request_id
-        if self.migration.orphan(ar, time.time()):
+        now = time.time()
+        if self.migration.orphan(ar, now):
             return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="client gone"), None
         placement = Placement(self.core, ar, self.max_attempts)
         placement.excluded |= exclude
         moving = bool(exclude)  # a re-issue: the request stays followed whatever happens here
-        # Follow before any offer: the first chunk may overtake the offer's reply.
-        if not moving:
-            self.migration.track(ar, "", time.time())
-        await self._follow(ar)
+        settle = not moving and not ar.kv_from
+        # Follow before any offer: the first chunk may overtake the offer's reply. A request
+        # this replica follows already is left as it is (another that reused its id too), and
+        # one whose stream has ended is not followed again.
+        tracked = self.migration.tracked.get(rid)
+        fresh = not moving and tracked is None and self.migration.ended.get(rid) != ar.reply_to
+        ours = fresh or moving or (tracked is not None and tracked.req.reply_to == ar.reply_to)
+        if fresh:
+            self.migration.track(ar, "", now)
+        if fresh or moving:
+            await self._follow(ar)
+        key = (rid, ar.reply_to, ar.kv_from)
+        if settle and (first := self._unanswered.pop(key, None)) is not None and self.migration.alive(first, now):
+            reply = await self._offer(ar, first, data)
+            if reply is None:
+                return self._unsure(key, first), None
+            if (decision := await self._answered(ar, first, reply, fresh, ours)) is not None:
+                return decision, None
+            placement.refused(first, reply.reason)
         while (choice := placement.next(time.time())) is not None:
             if span is not None:
                 span.set_attributes(span_attributes(choice))
             reply = await self._offer(ar, choice.worker_id, data)
-            if reply is not None and reply.accepted:
-                if reply.reason in ("duplicate", schemas.Outcome.DUPLICATE):
-                    await self._drop(rid)  # a redelivery (its first router follows it) or a reused id
-                else:
-                    self.migration.track(ar, choice.worker_id, time.time())
-                return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, choice.worker_id), choice.hit_tokens
-            if reply is not None and reply.reason == schemas.Outcome.ABORTED:
-                await self._drop(rid)
-                return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="aborted"), None
+            if reply is None and settle:
+                return self._unsure(key, choice.worker_id), None
+            if reply is not None and (decision := await self._answered(ar, choice.worker_id, reply, fresh, ours)):
+                return decision, choice.hit_tokens
             placement.refused(choice.worker_id, reply.reason if reply else "no answer")
-        if not moving:
+        if fresh:
             await self._drop(rid)
         return schemas.RouteDecision(rid, schemas.Outcome.NO_CAPACITY, reason=placement.reason), None
+
+    async def _answered(self, ar: schemas.AdmittedRequest, worker_id: str, reply: schemas.GenerateReply,
+                        fresh: bool, ours: bool) -> schemas.RouteDecision | None:
+        """The decision a worker's answer makes, or None if it refused (try another)."""
+        rid = ar.request_id
+        if reply.accepted:
+            if reply.reason == schemas.Outcome.DUPLICATE or (reply.reason == schemas.REOFFERED and fresh):
+                # a reused id (the worker sent its client a 409), or a redelivery that another
+                # replica, or a stream that ended, accounts for: not followed here
+                if fresh:
+                    await self._drop(rid)
+            elif ours:  # generating there now, or again known there after an unanswered offer
+                self.migration.track(ar, worker_id, time.time())
+            return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, worker_id)
+        if reply.reason == schemas.Outcome.ABORTED:
+            if fresh:
+                await self._drop(rid)
+            return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="aborted")
+        return None
+
+    def _unsure(self, key: tuple[str, str, str], worker_id: str) -> schemas.RouteDecision:
+        """An offer went unanswered: the request stays followed (on no worker yet), and the
+        queue's next ask offers it to `worker_id` first."""
+        self._unanswered[key] = worker_id
+        while len(self._unanswered) > PLACED_REMEMBERED:
+            self._unanswered.popitem(last=False)
+        return schemas.RouteDecision(key[0], schemas.Outcome.NO_CAPACITY, reason=f"no answer from {worker_id}",
+                                     unsure=True)
 
     async def _drop(self, request_id: str) -> None:
         self.migration.untrack(request_id)
@@ -186,12 +272,12 @@ class RouterShell:
                     subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject()
                 )
                 return codec.decode(msg.data, schemas.GenerateReply)
-            except NoRespondersError:
+            except NoRespondersError:  # nobody listens there: a refusal, not a doubt
                 self.migration.on_no_responders(worker_id, time.time())
                 log.warning("offer_failed", request_id=ar.request_id, worker=worker_id, error="no responders")
-                return None
-            except Exception as e:
-                log.warning("offer_failed", request_id=ar.request_id, worker=worker_id, error=repr(e))
+                return schemas.GenerateReply(ar.request_id, False, "no responders")
+            except Exception as e:  # asked, not answered: it may have taken the request
+                log.warning("offer_unanswered", request_id=ar.request_id, worker=worker_id, error=repr(e))
                 return None
 
     # ── migration ──

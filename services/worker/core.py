@@ -5,8 +5,9 @@
   phase — a spatial P/D decode leg, `kv_from` set, is what a decode worker does take); wrong model; full (more than `max_waiting` requests waiting in the engine); already aborted (the abort overtook the
   request: answered `aborted` so the router stops trying). A request id seen before is
   accepted again without a second generation when it comes with the same reply subject (a
-  queue redelivery after a crash); with another reply subject the id was reused by another
-  request, which gets an `error` 409 instead of silence.
+  queue redelivery after a crash, a re-ask after a lost answer: REOFFERED, nothing is sent);
+  with another reply subject the id was reused by another request (Outcome.DUPLICATE),
+  which gets an `error` 409 instead of silence.
 * Migration (the router re-issues a dead worker's request): the engine prefills prompt +
   `resume_token_ids` and generates max_tokens − len(resume) more; chunks continue at
   `resume_seq`, and usage counts the resumed tokens as completion tokens, so the client's
@@ -99,7 +100,7 @@ class WorkerCore:
         if seen is not None and seen[0] != req.reply_to:
             return schemas.GenerateReply(rid, True, Outcome.DUPLICATE), False
         if seen is not None and (req.migrations <= seen[1] or rid in self.streams):
-            return schemas.GenerateReply(rid, True, "duplicate"), False
+            return schemas.GenerateReply(rid, True, schemas.REOFFERED), False
         if self.draining or not self.healthy:
             return schemas.GenerateReply(rid, False, "draining"), False
         if self.phase == Phase.DECODE and not req.kv_from:  # a P/D decode leg is what it waits for

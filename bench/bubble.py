@@ -3,13 +3,15 @@ both fixed-partition baselines (docs/results-bubble.md). Deterministic: the same
 gives the same numbers on any machine (only wall time differs).
 
     python -m bench.bubble [--instances 8] [--base-rate 16] [--floods 0,40,80,120]
-                           [--duration 60] [--out docs/results/bubble.json]
+                           [--duration 60] [--long-prefill-token-threshold N]
+                           [--out docs/results/bubble.json]
 
 Workload: the heavy-tailed length mix (loadgen/workloads/heavy_tail.py: 45 % < 512 prompt
 tokens, 30 % 512–2k, 15 % 2k–8k, 10 % 8k–32k) at `base-rate` req/s, plus `flood` req/s more
 of the shortest bucket: the longer requests keep arriving at the same rate while short ones
 flood in. `duration` seconds of arrivals, one class (P1), `instances` × a100-llama3-8b.
-Short = L < 512, long = L ≥ 8192 (L = prompt + max_tokens).
+Short = L < 512, long = L ≥ 8192 (L = prompt + max_tokens). `--long-prefill-token-threshold N`
+caps one request's prefill chunk per step in every engine (vLLM's setting; default none).
 
 Policies, all with the fleet's defaults (flow control on, router `marginal-latency`):
   sjf          one queue, shortest first                                   (starves long requests)
@@ -69,14 +71,14 @@ def flood_workload(base_rate: float, flood: float, duration_s: float, seed: int 
 
 
 def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
-              policies: tuple[str, ...] = DEFAULT_POLICIES) -> dict[str, Any]:
+              policies: tuple[str, ...] = DEFAULT_POLICIES, chunk_cap: int | None = None) -> dict[str, Any]:
     from tokenyard.simulator.cluster import SimConfig
     from tokenyard.tuning.evaluate import PartitionedSetup, SimSetup
 
     w = flood_workload(base_rate, flood, duration_s)
     row: dict[str, Any] = {"flood": flood, "rate": w.rate, "requests": len(w.items())}
     for pol in policies:
-        cfg = SimConfig(instances=instances)
+        cfg = SimConfig(instances=instances, long_prefill_token_threshold=chunk_cap)
         t0 = time.perf_counter()
         if pol == "partitioned":
             setup = PartitionedSetup(w, cfg)
@@ -97,6 +99,37 @@ def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
         if "sjf" in row and row["sjf"]["short_p50_ttft_s"] > 0:
             row["short_p50_bubble_over_sjf"] = b["short_p50_ttft_s"] / row["sjf"]["short_p50_ttft_s"]
     return row
+
+
+def where_shorts_wait(instances: int, base_rate: float, flood: float, duration_s: float, policy: str,
+                      chunk_cap: int | None = None) -> dict[str, float]:
+    """One shared-fleet run (as SimSetup.run, `policy` ordering the queue) that splits the
+    short requests' TTFT at the moment their engine takes them: p50 of the wait before it
+    (admission → queue → router) and after it (inside the engine, to the first token)."""
+    import numpy as np
+    from tokenyard.simulator.cluster import ClusterSim, SimConfig
+    from tokenyard.tuning.evaluate import policy_knobs
+
+    class Timed(ClusterSim):
+        started: dict[str, float]
+
+        def start(self, inst, req, now):
+            self.started[req.request_id] = now
+            super().start(inst, req, now)
+
+    w = flood_workload(base_rate, flood, duration_s)
+    cfg = SimConfig(instances=instances, long_prefill_token_threshold=chunk_cap, slo_check=False, deadline_reject=False)
+    sim = Timed(cfg, w.block_tokens)
+    sim.started = {}
+    sim.queue.policy = make_variant(policy, **policy_knobs({}))
+    sim.run(w.items())
+    before, inside = [], []
+    for rid, st in sim.reqs.items():
+        if st.item.prompt_len + st.item.max_tokens < 512 and len(st.tokens) and rid in sim.started:
+            before.append(sim.started[rid] - st.item.arrival_s)
+            inside.append(st.tokens[0] - sim.started[rid])
+    return {"short_p50_before_engine_s": float(np.median(before)), "short_p50_in_engine_s": float(np.median(inside)),
+            "short_p90_in_engine_s": float(np.percentile(inside, 90))}
 
 
 def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = DEFAULT_POLICIES) -> str:
@@ -126,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floods", default="0,40,80,120")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help=f"of {', '.join(POLICIES)}")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
+                   help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
+    p.add_argument("--where", default="", metavar="POLICIES",
+                   help="also split the short requests' TTFT before / inside the engine for these shared-fleet policies")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     policies = tuple(x for x in args.policies.split(",") if x)
@@ -135,11 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = []
     for flood in _floats(args.floods):
-        rows.append(run_point(args.instances, args.base_rate, flood, args.duration, policies))
+        rows.append(run_point(args.instances, args.base_rate, flood, args.duration, policies,
+                              args.long_prefill_token_threshold))
+        for pol in (x for x in args.where.split(",") if x):
+            rows[-1].setdefault("where", {})[pol] = where_shorts_wait(
+                args.instances, args.base_rate, flood, args.duration, pol, args.long_prefill_token_threshold)
         print(json.dumps(rows[-1]), flush=True)
     print(table(rows, policies))
     write_result(args.out, {"instances": args.instances, "base_rate": args.base_rate, "duration_s": args.duration,
-                            "rows": rows, "wall_s": time.perf_counter() - t0}, "python -m bench.bubble", argv)
+                            "long_prefill_token_threshold": args.long_prefill_token_threshold, "rows": rows, "wall_s": time.perf_counter() - t0}, "python -m bench.bubble", argv)
     return 0
 
 

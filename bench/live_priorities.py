@@ -44,13 +44,15 @@ def main(argv: list[str] | None = None) -> int:
         tenants = os.path.join(tmp, "tenants.toml")
         with open(tenants, "w") as f:
             f.write(TENANTS)
-        up, url = start_up(args.workers, args.profile, "--tenants", tenants)
+        creds = os.path.join(tmp, "creds")
+        up, url = start_up(args.workers, args.profile, creds, "--tenants", tenants)
         try:
             result = os.path.join(tmp, "result.json")
             subprocess.run([os.path.join(os.path.dirname(sys.executable), "tokenyard"), "bench", "serve",
                             "--target", url, "--num-prompts", str(args.num_prompts), "--input-len",
                             str(args.input_len), "--output-len", str(args.output_len), "--rate", f"{rate:.3f}",
-                            "--priority-mix", args.mix, "--no-progress", "--result-json", result], check=True)
+                            "--priority-mix", args.mix, "--no-progress", "--result-json", result], check=True,
+                           env={**os.environ, "TOKENYARD_NATS_CREDS": os.path.join(creds, "client.creds")})
             with open(result) as f:
                 res = json.load(f)
         finally:

@@ -5,6 +5,10 @@ Mooncake conversation trace; ChatBot), 16 × a100-llama3-8b, in the cluster simu
     python -m bench.routing_ablation [--traces DIR] [--loads 1,2,3] [--only own,h0,default,bl]
                                      [--workloads mooncake-tune,chatbot] [--requests N]
 
+Workloads: mooncake-tune (requests 0–2,999 of the Mooncake conversation trace), its three
+1,000-request windows mooncake-tune-a/-b/-c (0–999, 1,000–1,999, 2,000–2,999: the reported
+points' size), chatbot; the reported ones only to show a change afterwards.
+
 Variants (Q queued prefill tokens, N uncached tokens of r, B running + waiting, B̄ the
 candidates' mean of B, all on instance i; lower cost wins):
     own        Q + N                             least work left, cache-aware
@@ -26,11 +30,24 @@ candidates' mean of B, all on instance i; lower cost wins):
                prompt recomputed (preempted) with probability u_i;  bl-kvrel: u_i − ū, ≥ 0
     bl-sticky  bl, and the bound exempts an instance where r's own TTFT Q + N is no later than
                anywhere within the bound;  bl-stickyq: and only where hit_i > Q_i;
-    bl-stickyqw  bl-stickyq and only where nothing waits (W_i = 0) — the router's default
-               since this round (`marginal-latency`)
+    bl-stickyqw  bl-stickyq and only where nothing waits (W_i = 0)
+  round 4 (A_i = max(0, S_i / t_i − Q_i): prefill tokens i's decodes absorb within their TPOT
+  slack S_i, t_i = prefill ms per token; ∞ where nothing decodes):
+    slack-bl-stickyq      bl-stickyq, the stall N·(B_i + B̄)/2 only for max(0, N − A_i) tokens
+    slackcap-bl-stickyq   the same with S_i capped at ENGINE_BACKLOG_S (the queue's budget)
+    slackhalf-bl-stickyq  Q + N + (N·B̄ + max(0, N − A_i)·B_i)/2 behind bl-stickyq's guard —
+                          the router's default since round 4 (`marginal-latency`)
+    own-bl-stickyq        Q + N behind bl-stickyq's guard
+    room, own-room, bl-room, bl-stickyq-room   only candidates where Q + N fits the flow
+                          control's room min(S_i capped at ENGINE_BACKLOG_S / t_i, free KV)
+                          (none fits: the room says nothing)
+    kv-stickyq, bl-kv-stickyq, tok-stickyq, bl-tok-stickyq   the bound on KV blocks in use, or
+                          on tokens T_i = KV in use + Q (T_i + N ≤ 1.25 × the mean), with the
+                          exemption
+  --only also takes a router policy by name (a peer, or `marginal-latency` itself), run as is.
 These are measurements of the default's design, not policies: none of them is offered by the
-router (only `bl-stickyqw` is, as `marginal-latency`; `bl` was last round's default,
-`default` the one before). The reported
+router (only `slackhalf-bl-stickyq` is, as `marginal-latency`; `bl-stickyq` was round 3's
+default, `bl` round 2's, `default` the one before). The reported
 workloads (mooncake-report, api) are here only to show what the change did there after it
 was chosen; the choice used mooncake-tune and chatbot.
 """
@@ -51,6 +68,7 @@ from tokenyard.data import TRACES
 from tokenyard.loadgen.workloads import open_workload
 from tokenyard.services.router import core
 from tokenyard.services.router.pipeline import Narrowed, Scored
+from tokenyard.shared.slo import ENGINE_BACKLOG_S
 from tokenyard.simulator.cluster import SimConfig
 from tokenyard.simulator.run import simulate
 
@@ -72,6 +90,8 @@ class Variant:
     sticky: str = ""  # the bound exempts an instance where r's own TTFT (Q + N) is lowest ("own"),
     #                   and, with "q", only where r's cached tokens there exceed i's queued prefill;
     #                   "qw": "q" and only where no request waits (r is admitted at once)
+    slack: str = ""  # "": r's prefill stalls i's decodes whole | "raw": only beyond their TPOT slack
+    #                  (tokens: slack_ms / ms_per_token, less Q) | "cap": that slack capped at ENGINE_BACKLOG_S
     inputs: frozenset[str] = frozenset()
 
     def score(self, req, view, cand) -> Scored:
@@ -80,7 +100,19 @@ class Variant:
         b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
         batch = {"none": 0.0, "fleet": b.mean(), "instance": b, "mid": (b + b.mean()) / 2.0}[self.stall]
         own = q + n
-        cost = own + n * batch
+        if self.slack:  # only the part of r's prefill beyond what i's decodes can absorb stalls them
+            slack = view.slack_ms[cand]
+            mpt = np.maximum(view.ms_per_token[cand], 1e-9)
+            room = np.where(np.isnan(slack), np.inf, slack / mpt)
+            if self.slack == "cap":
+                room = np.minimum(room, ENGINE_BACKLOG_S * 1000.0 / mpt)
+            stalled = np.maximum(n - np.maximum(room - q, 0.0), 0.0)
+            if self.slack == "half":  # the fleet's half of the stall whole, i's half beyond i's slack
+                cost = own + n * b.mean() / 2.0 + stalled * b / 2.0
+            else:
+                cost = own + batch * stalled
+        else:
+            cost = own + n * batch
         out = float(max(req.max_tokens, 1))
         if self.kv:
             cost = cost + (b + 1.0) * np.maximum(q + n + out - view.kv_free[cand] * view.block_size[cand], 0.0)
@@ -120,9 +152,16 @@ class BoundGuard:
         if "kv" in self.how:
             kv = view.kv_used[cand].astype(np.float64)
             keep &= kv <= max(self.c * kv.mean(), kv.min())
+        if "tok" in self.how:  # tokens on i: the context its sequences hold + the prefill queued there
+            t = (view.kv_used[cand] * view.block_size[cand] + view.queued_prefill[cand]).astype(np.float64)
+            keep &= t + view.new[cand] <= self.c * (t.sum() + view.new[cand].mean()) / len(cand)
         if "step" in self.how:
             s = view.step_ms[cand]
             keep &= s <= self.c * s.mean()
+        if "room" in self.how:  # r's prefill fits i's room as the queue's flow control counts it
+            fit = keep & fits_room(view, cand)  # (none fits: the room says nothing)
+            if fit.any():
+                keep = fit
         if self.sticky and keep.any() and not keep.all():
             own = view.queued_prefill[cand] + view.new[cand]
             exempt = own <= own[keep].min()
@@ -132,6 +171,17 @@ class BoundGuard:
                 exempt &= view.waiting[cand] == 0
             keep |= exempt
         return Narrowed(keep if keep.any() else np.ones(len(cand), dtype=np.bool_))
+
+
+def fits_room(view, cand) -> np.ndarray:
+    """Q_i + N_i within the prefill i may hold (services/priority_queue/core.py's room_w: its
+    decodes' TPOT slack, capped at ENGINE_BACKLOG_S, in prefill tokens; and its free KV)."""
+    slack = view.slack_ms[cand]
+    budget_ms = np.where(np.isnan(slack), ENGINE_BACKLOG_S * 1000.0, np.minimum(slack, ENGINE_BACKLOG_S * 1000.0))
+    mpt = view.ms_per_token[cand]
+    tokens = np.where(mpt > 0, budget_ms / np.maximum(mpt, 1e-9), np.inf)
+    tokens = np.minimum(tokens, view.kv_free[cand] * view.block_size[cand])
+    return view.queued_prefill[cand] + view.new[cand] <= tokens
 
 
 VARIANTS = {
@@ -158,11 +208,28 @@ VARIANTS = {
     "kvp": Variant("kvp", kvp="own"),
     "bl-stickyq": Variant("bl-stickyq", bound="seq", sticky="q"),
     "bl-stickyqw": Variant("bl-stickyqw", bound="seq", sticky="qw"),
+    "room": Variant("room", bound="room"),
+    "slackhalf-bl-stickyq": Variant("slackhalf-bl-stickyq", bound="seq", sticky="q", slack="half"),
+    "own-bl-stickyq": Variant("own-bl-stickyq", stall="none", bound="seq", sticky="q"),
+    "slack-bl-stickyq": Variant("slack-bl-stickyq", bound="seq", sticky="q", slack="raw"),
+    "slackcap-bl-stickyq": Variant("slackcap-bl-stickyq", bound="seq", sticky="q", slack="cap"),
+    "kv-stickyq": Variant("kv-stickyq", bound="kv", sticky="q"),
+    "bl-kv-stickyq": Variant("bl-kv-stickyq", bound="seq+kv", sticky="q"),
+    "tok-stickyq": Variant("tok-stickyq", bound="tok", sticky="q"),
+    "bl-tok-stickyq": Variant("bl-tok-stickyq", bound="seq+tok", sticky="q"),
+    "own-room": Variant("own-room", stall="none", bound="room"),
+    "bl-room": Variant("bl-room", bound="seq+room"),
+    "bl-stickyq-room": Variant("bl-stickyq-room", bound="seq+room", sticky="q"),
 }
 MOONCAKE = "mooncake_conversation_trace.jsonl"
 WORKLOADS = {
     "mooncake-tune": ("trace:{traces}/" + MOONCAKE, 3000, 0),
     "chatbot": ("chatbot", 3000, 0),
+    # the tuning half in three windows of the reported points' size (1,000 requests): a short
+    # run's start-up and its deadlines weigh as they do on the reported points
+    "mooncake-tune-a": ("trace:{traces}/" + MOONCAKE, 1000, 0),
+    "mooncake-tune-b": ("trace:{traces}/" + MOONCAKE, 1000, 1000),
+    "mooncake-tune-c": ("trace:{traces}/" + MOONCAKE, 1000, 2000),
     # reported workloads (routing_sweep.py's), never used to choose: here only to show what a
     # change of the default did there, after it was chosen
     "mooncake-report": ("trace:{traces}/" + MOONCAKE, 3000, 6016),
@@ -185,17 +252,25 @@ def main() -> int:
     ap.add_argument("--traces", default=str(TRACES),
                     help="folder holding mooncake_conversation_trace.jsonl[.gz] (default: the bundled traces)")
     ap.add_argument("--loads", default="1,2,3")
-    ap.add_argument("--only", default=",".join(VARIANTS), help=f"variants (default all: {','.join(VARIANTS)})")
+    ap.add_argument("--only", default=",".join(VARIANTS),
+                    help=f"variants, or router policies run as they are (default all variants: {','.join(VARIANTS)})")
     ap.add_argument("--workloads", default="mooncake-tune,chatbot")
     ap.add_argument("--requests", type=int, default=None, help="requests per point (default: the workload's)")
     args = ap.parse_args()
+    policy = {}  # --only name → the router policy it runs: a variant, or a router policy as-is (a peer)
     for name in args.only.split(","):
+        if name not in VARIANTS:
+            if name not in core.POLICIES:
+                ap.error(f"{name}: neither a variant nor a router policy")
+            policy[name] = name
+            continue
         v = VARIANTS[name]
-        core.POLICIES[f"ablation-{name}"] = lambda cfg, rng, v=v: core.Policy(
+        policy[name] = f"ablation-{name}"
+        core.POLICIES[policy[name]] = lambda cfg, rng, v=v: core.Policy(
             v, guards=[BoundGuard(v.bound, v.c, v.sticky)] if v.bound else [])
     goodput = {"ttft": 2000.0, "tpot": 100.0}
-    print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions | failed |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for wname in args.workloads.split(","):
         spec, n, skip = WORKLOADS[wname]
         n = args.requests or n
@@ -205,10 +280,10 @@ def main() -> int:
             w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load, skip_requests=skip)
             for name in args.only.split(","):
                 t = time.perf_counter()
-                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=f"ablation-{name}"), goodput)
+                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy[name]), goodput)
                 print(f"| {wname} | ×{load:g} | {name} | {r['mean_ttft_ms']:.0f} | {r['median_ttft_ms']:.0f} | "
                       f"{r['p99_ttft_ms']:.0f} | {r['p99_tpot_ms']:.1f} | {r['prefix_hit_ratio']:.3f} | "
-                      f"{r['request_goodput']:.2f} | {r.get('preemptions', 0)} |", flush=True)
+                      f"{r['request_goodput']:.2f} | {r.get('preemptions', 0)} | {r['failed']} |", flush=True)
                 print(f"  ({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
     return 0
 

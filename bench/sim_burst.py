@@ -4,6 +4,7 @@ fleet's messaging and a loaded machine add.
 
     python -m bench.sim_burst [--workers 2] [--rate 115] [--seconds 4] [--input-len 2000]
                               [--output-len 100] [--mix 0,0.6,0.3,0.1] [--seed 0]
+                              [--long-prefill-token-threshold N]
 
 Prints when admission first refused (after the first arrival), how many it refused and the
 queue expired, and the served requests' TTFT per class against their targets.
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, default=100)
     p.add_argument("--mix", default="0,0.6,0.3,0.1")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
+                   help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
     args = p.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     n = int(args.rate * args.seconds)
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     classes = rng.choice(4, size=n, p=parse_priority_mix(args.mix))
     items = [TraceRequest(i, float(arrivals[i]), args.input_len, args.output_len, int(classes[i]),
                           tuple(int(x) for x in rng.integers(1 << 40, size=args.input_len // 16))) for i in range(n)]
-    sim = ClusterSim(SimConfig(instances=args.workers), 16)
+    sim = ClusterSim(SimConfig(instances=args.workers, long_prefill_token_threshold=args.long_prefill_token_threshold), 16)
     sim.run(items)
     states = list(sim.reqs.values())
     refused = sorted(st.item.arrival_s for st in states if st.error and not st.expired)

@@ -48,6 +48,9 @@ def register(sub) -> None:
     )
     p.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false",
                    help="engines prefill whole prompts in steps of their own (vLLM without chunked prefill)")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
+                   help="vLLM's setting: the most prompt tokens one request prefills in a step while others "
+                        "are in the engine (default 0: no cap, as vLLM)")
     p.add_argument("--prefill-only-phases", action="store_true",
                    help="ecoserve: a prefill phase prefills only, its decodes wait (seed 002 §2.2.1)")
     p.add_argument("--pd-prefill", type=int, default=None, metavar="K",
@@ -103,6 +106,7 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
         "macro_size": args.macro_size,
         "mode": args.mode,
         "chunked_prefill": args.chunked_prefill,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "prefill_only_phases": args.prefill_only_phases,
         "pd_prefill": args.pd_prefill,
         "max_model_len": args.max_model_len,
@@ -161,6 +165,7 @@ def main(args: argparse.Namespace) -> int:
             mode=modes[0],
             seed=args.seed,
             chunked_prefill=args.chunked_prefill,
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
             prefill_only_phases=args.prefill_only_phases,
             pd_prefill=args.pd_prefill,
             max_model_len=args.max_model_len,

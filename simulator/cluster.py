@@ -78,6 +78,8 @@ class ClusterSim:
         self.cfg = cfg
         self.block_size = block_size
         self.prof = latency_profile(cfg.profile)
+        if cfg.long_prefill_token_threshold is not None:
+            self.prof = replace(self.prof, long_prefill_token_threshold=cfg.long_prefill_token_threshold)
         num_blocks = self.prof.num_gpu_blocks * 16 // block_size  # the profile counts 16-token blocks
         self.admission = AdmissionCore(
             AdmissionConfig(

@@ -73,6 +73,10 @@ class SimConfig:
     engine's saved-slack clock. None: EcoConfig's defaults. `simulate` fills them from the
     goodput SLOs, so a run is held to the SLOs it is scored against (issue 13, fixes 1–2)."""
 
+    long_prefill_token_threshold: int | None = None
+    """Every engine's vLLM long_prefill_token_threshold (the most prompt tokens one request
+    prefills in a step beside others; 0: no cap). None: the profile's (0 unless it sets one)."""
+
     def slos(self) -> tuple[float, float]:
         """(TTFT, TPOT) SLOs in ms, defaults filled in."""
         eco = EcoConfig()

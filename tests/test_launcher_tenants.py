@@ -51,3 +51,14 @@ def test_up_passes_the_simulated_workers_scheduling_policy():
         assert cmds[name][i + 1] == "scorpio"
     vllm = dict(FleetProcesses(nats_url="nats://x:1", workers=1, engine="vllm", metrics=False)._commands())
     assert "--scheduling" not in vllm["worker-0"]  # a vLLM worker schedules as vLLM does
+
+
+def test_up_with_macro_scale_passes_the_scheduling_policy_to_the_workers_the_macro_starts():
+    from tokenyard.launcher import _macro_args
+
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers())
+    args = p.parse_args(["up", "--macro-scale", "--scheduling", "scorpio"])
+    macro = _macro_args(args)
+    assert macro[macro.index("--worker-scheduling") + 1] == "scorpio"
+    assert "--worker-scheduling" not in _macro_args(p.parse_args(["up", "--scheduling", "scorpio"]))

@@ -200,6 +200,9 @@ def test_local_provisioner_command_line():
     assert p.command("ws0") == [sys.executable, "-m", "tokenyard.cli", "worker", "--nats", "nats://h:1", "--engine",
                                 "sim", "--profile", "h100-llama3-8b", "--speed", "2.0", "--id", "ws0", "--model", "x"]
     p.remove("w9")  # not started by it: nothing to stop
+    scorpio = LocalProcessProvisioner("nats://h:1", scheduling="scorpio").command("ws1")
+    assert scorpio[-2:] == ["--scheduling", "scorpio"]  # the workers `up --scheduling` asked for
+    assert "--scheduling" not in LocalProcessProvisioner("nats://h:1", engine="vllm", scheduling="scorpio").command("w")
 
 
 @settings(max_examples=40, deadline=None)

@@ -4,7 +4,8 @@ same choices, with the same hit lengths, as recorded in tests/data/router_decisi
 
 The file was written by the code before the hot path was optimised (commit 1c0980c). A
 policy changed on purpose changes its decisions: regenerate then, after checking that only
-that policy's rows moved:
+that policy's rows moved (last: the default's stall beyond the decodes' TPOT slack, with
+the heartbeats' prefill cost and slack added, round 4):
 
     .venv/bin/python tests/test_router_decisions.py --write
 """
@@ -40,15 +41,18 @@ def decisions(policy: str) -> list[list]:
     decisions."""
     chains = trace_chains()
     rng = np.random.default_rng(7)
+    decode_rng = np.random.default_rng(8)  # its own stream: the other fields stay as first recorded
     core = RouterCore(RouterConfig(policy=policy, stale_after_s=1e9, forget_after_s=1e9, seed=0))
     wids = [f"w{i:03d}" for i in range(INSTANCES)]
 
     def heartbeats(now: float) -> None:
         running, queued = rng.integers(0, 65, INSTANCES), rng.integers(0, 16_001, INSTANCES)
         used = rng.integers(0, 20_000, INSTANCES)
+        slack = decode_rng.uniform(0.0, 1_500.0, INSTANCES)  # the running decodes' TPOT slack, ms
         for i, w in enumerate(wids):
             stats = EngineStats(int(running[i]), int(running[i] // 8), int(queued[i]), int(used[i]),
-                                27_343 - int(used[i]), BLOCK_TOKENS)
+                                27_343 - int(used[i]), BLOCK_TOKENS, prefill_ms_per_token=0.07,
+                                tpot_slack_ms=float(slack[i]) if running[i] else None)
             core.on_heartbeat(Heartbeat(w, MODEL, 0, now, stats), now)
 
     out, now = [], 0.0

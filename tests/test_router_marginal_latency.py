@@ -3,6 +3,8 @@ survives overload where the guarded product drops it, and monotonicity as a prop
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -47,6 +49,74 @@ def test_exact_costs():
     assert scored.tiebreak.tolist() == [1128.0, 640.0, 840.0]  # own TTFT: queue + own prefill
     # on a subset the fleet mean is the candidates': w1, w2 → B̄ = 3.5
     assert MarginalLatencyScorer().score(req(prompt_len=640), v, np.array([1, 2])).scores.tolist() == [2080.0, 3880.0]
+
+
+def slack_view(*rows, per_token: float = 0.1) -> FleetView:
+    """rows: (running, waiting, queued, TPOT slack ms or None: nothing decodes)."""
+    v = FleetView()
+    for k, (running, waiting, queued, slack) in enumerate(rows):
+        v.upsert(hb(f"w{k}", running=running, waiting=waiting, queued=queued, tpot_slack_ms=slack,
+                    prefill_ms_per_token=per_token), 0.0)
+    return v
+
+
+def test_exact_costs_with_decode_slack():
+    """The stall's fleet half, n · B̄ / 2, counts whole; its instance half only for the tokens
+    i's decodes cannot absorb within their TPOT slack once i's queue has run:
+    A_i = max(0, S_i / t_i − Q_i), t_i = 0.1 ms a token."""
+    # B = 2, 1, 6 → B̄ = 3; new = 128, 640, 640 (as in test_exact_costs)
+    v = prepared(slack_view((2, 0, 1000, 150.0), (0, 1, 0, None), (4, 2, 200, 20.0)), 640, [512, 0, 0])
+    scored = MarginalLatencyScorer().score(req(prompt_len=640), v, np.arange(3))
+    # w0: A = 1500 − 1000 = 500 ≥ 128: 1128 + 128·3/2 = 1320;  w1: nothing decodes (A = ∞):
+    # 640 + 640·3/2 = 1600;  w2: A = max(0, 200 − 200) = 0: 840 + 640·(3 + 6)/2 = 3720
+    assert scored.scores.tolist() == [1320.0, 1600.0, 3720.0]
+    assert scored.tiebreak.tolist() == [1128.0, 640.0, 840.0]
+    # part absorbed: B = 2, 1 → B̄ = 1.5; w0 with 60 ms of slack, A = 600 − 500 = 100 → 28 of
+    # its 128 tokens stall its 2 sequences: 628 + (128·1.5 + 28·2)/2 = 752; w1: 640 + 640·0.75
+    v = prepared(slack_view((2, 0, 500, 60.0), (0, 1, 0, None)), 640, [512, 0])
+    assert MarginalLatencyScorer().score(req(prompt_len=640), v, np.arange(2)).scores.tolist() == [752.0, 1120.0]
+    # an engine that reports no prefill cost (not measured yet): its decodes absorb nothing,
+    # last round's cost: 1128 + 128·(2 + 1.5)/2 = 1352; 640 + 640·(1 + 1.5)/2 = 1440
+    v = prepared(slack_view((2, 0, 1000, 150.0), (0, 1, 0, 5.0), per_token=0.0), 640, [512, 0])
+    assert MarginalLatencyScorer().score(req(prompt_len=640), v, np.arange(2)).scores.tolist() == [1352.0, 1440.0]
+
+
+def test_the_rows_absorb_is_the_slack_in_prefill_tokens_kept_at_each_heartbeat():
+    v = slack_view((2, 0, 0, 150.0), (0, 1, 0, None), (3, 0, 0, 0.0))
+    assert v.absorb[: v.n].tolist() == [1500.0, math.inf, 0.0]
+    v.upsert(hb("w0", running=2, tpot_slack_ms=30.0, prefill_ms_per_token=0.1), 1.0)  # the next heartbeat
+    v.upsert(hb("w1", running=1, tpot_slack_ms=5.0), 1.0)  # no prefill cost reported: nothing absorbed
+    assert v.absorb[: v.n].tolist() == [300.0, 0.0, 0.0]
+    v.upsert(hb("w2", running=3, tpot_slack_ms=math.nan, prefill_ms_per_token=0.1), 1.0)  # broken: nothing absorbed
+    assert v.absorb[2] == 0.0
+
+
+slack_fleets = st.lists(
+    st.tuples(st.integers(0, 64), st.integers(0, 64), st.integers(0, 300_000), st.integers(0, 8_000),
+              st.none() | st.floats(0.0, 5_000.0)),
+    min_size=2,
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleet=slack_fleets, prompt=st.integers(1, 8_000))
+def test_the_slack_only_lowers_the_stall_and_more_slack_never_costs_more(fleet, prompt):
+    """own TTFT + the fleet's half of the stall ≤ cost ≤ the cost with no slack; and an
+    instance with no more queued tokens, uncached tokens and sequences and no less slack than
+    another never scores worse."""
+    v = prepared(slack_view(*[(r, w, q, s) for r, w, q, _, s in fleet]), prompt, [min(h, prompt) for *_, h, _ in fleet])
+    cand = np.arange(v.n)
+    cost = MarginalLatencyScorer().score(req(prompt_len=prompt), v, cand).scores
+    q, n, b = v.queued_prefill[: v.n], v.new[: v.n], v.running[: v.n] + v.waiting[: v.n]
+    fleet_half = q + n + n * b.mean() / 2
+    assert np.allclose(np.minimum(cost, fleet_half), fleet_half)
+    assert np.allclose(np.maximum(cost, q + n + n * (b + b.mean()) / 2), q + n + n * (b + b.mean()) / 2)
+    slack = np.array([np.inf if s is None else s for *_, s in fleet])
+    for i in range(v.n):
+        for j in range(v.n):
+            if q[i] <= q[j] and n[i] <= n[j] and b[i] <= b[j] and slack[i] >= slack[j]:
+                assert cost[i] <= cost[j]
 
 
 def test_affinity_survives_overload_where_the_guarded_product_drops_it():

@@ -10,6 +10,7 @@ import asyncio
 import datetime
 import ipaddress
 import ssl
+import uuid
 
 import nats
 import pytest
@@ -221,9 +222,10 @@ async def test_the_whole_fleet_serves_with_zero_permission_violations(nats_serve
         rejected = await client.generate(schemas.GenerateRequest(prompt="x", max_tokens=10**9))
         assert rejected.rejected is not None and rejected.rejected.status == 400
         # last: a long request aborted (what it leaves queued would make admission refuse more)
-        stream = client.stream(schemas.GenerateRequest(prompt="long", max_tokens=20000, request_id="sec-abort"))
+        rid = f"sec-abort-{uuid.uuid4().hex[:8]}"  # a rerun on the same server must not reuse the id (409)
+        stream = client.stream(schemas.GenerateRequest(prompt="long", max_tokens=20000, request_id=rid))
         assert isinstance(await anext(stream), schemas.Accepted)
-        await client.abort("sec-abort")
+        await client.abort(rid)
         events = [e async for e in stream]  # the stream still ends, with a terminal event
         assert isinstance(events[-1], schemas.TERMINAL_EVENTS) and len(events) < 20000
     # Anything the fleet's connections were refused shows in the server's log by name.

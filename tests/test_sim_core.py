@@ -22,12 +22,16 @@ BS = 4
 req = partial(builders.req, block_size=BS)
 
 
-def prof(budget: int = 64, max_seqs: int = 8, base: str = "zero") -> LatencyProfile:
-    return dataclasses.replace(PROFILES[base], max_num_batched_tokens=budget, max_num_seqs=max_seqs)
+def prof(budget: int = 64, max_seqs: int = 8, base: str = "zero", cap: int = 0) -> LatencyProfile:
+    """`cap`: long_prefill_token_threshold (0, the default: none; tests/test_sim_prefill_cap.py
+    pins the cap, the properties below draw one)."""
+    return dataclasses.replace(PROFILES[base], max_num_batched_tokens=budget, max_num_seqs=max_seqs,
+                               long_prefill_token_threshold=cap)
 
 
-def engine(budget: int = 64, max_seqs: int = 8, blocks: int = 64, base: str = "zero") -> SimEngineCore:
-    return SimEngineCore(prof(budget, max_seqs, base), block_size=BS, num_blocks=blocks)
+def engine(budget: int = 64, max_seqs: int = 8, blocks: int = 64, base: str = "zero",
+           cap: int = 0) -> SimEngineCore:
+    return SimEngineCore(prof(budget, max_seqs, base, cap), block_size=BS, num_blocks=blocks)
 
 
 def token(rid: str, pos: int) -> int:
@@ -339,11 +343,12 @@ mixes = st.lists(
     min_size=1,
     max_size=10,
 )
-engines = st.tuples(st.integers(4, 24), st.integers(1, 4), st.integers(6, 16))  # budget, max seqs, blocks
+engines = st.tuples(st.integers(4, 24), st.integers(1, 4), st.integers(6, 16),  # budget, max seqs, blocks
+                    st.sampled_from([0, 1, 3, 8]))  # chunk cap (0: none)
 
 
-def simulate(mix, budget, max_seqs, blocks):
-    core = engine(budget=budget, max_seqs=max_seqs, blocks=blocks)
+def simulate(mix, budget, max_seqs, blocks, cap=0):
+    core = engine(budget=budget, max_seqs=max_seqs, blocks=blocks, cap=cap)
     outputs: list[tuple[int, EngineOutput]] = []
     events = []
     reqs = {}

@@ -333,7 +333,8 @@ def _macro_args(args) -> list[str]:
     out = ["--mode", args.macro_mode]
     if args.macro_scale:
         out += ["--scale", "--worker-engine", args.engine, "--worker-profile", args.profile,
-                "--worker-speed", str(args.speed), "--worker-model", args.model]
+                "--worker-speed", str(args.speed), "--worker-model", args.model,
+                "--worker-scheduling", args.scheduling]
     return out
 
 

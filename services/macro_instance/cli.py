@@ -37,6 +37,8 @@ def register(sub) -> None:
     p.add_argument("--worker-profile", default="a100-llama3-8b", help="with --scale: their latency profile")
     p.add_argument("--worker-speed", type=float, default=1.0, help="with --scale: their simulated seconds per wall second")
     p.add_argument("--worker-model", default=config.DEFAULT_MODEL, help="with --scale: the model they serve")
+    p.add_argument("--worker-scheduling", default="vllm",
+                   help="with --scale: the simulated workers' scheduling policy (tokenyard worker --scheduling)")
     p.set_defaults(func=main)
 
 
@@ -57,6 +59,6 @@ def main(args) -> int:
         bounds = {k: v for k, v in (("n_lower", args.n_lower), ("n_upper", args.n_upper)) if v is not None}
         cfg.scaling = mitosis_config(args.macro_size, max_workers=args.max_workers, **bounds)
         provisioner = LocalProcessProvisioner(args.nats, args.worker_engine, args.worker_profile, args.worker_speed,
-                                              args.worker_model)
+                                              args.worker_model, args.worker_scheduling)
     run(MacroShell(cfg, provisioner=provisioner), args.nats, args.metrics_port)
     return 0

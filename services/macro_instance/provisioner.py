@@ -52,13 +52,16 @@ class LocalProcessProvisioner:
     profile: str = "a100-llama3-8b"
     speed: float = 1.0
     model: str = config.DEFAULT_MODEL
+    scheduling: str = "vllm"
+    """A simulated worker's engine policy (`tokenyard worker --scheduling`), as `up` gave its own."""
     id_prefix: str = "ws"
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     _next: int = 0
 
     def command(self, worker_id: str) -> list[str]:
         return [sys.executable, "-m", "tokenyard.cli", "worker", "--nats", self.nats_url, "--engine", self.engine,
-                "--profile", self.profile, "--speed", str(self.speed), "--id", worker_id, "--model", self.model]
+                "--profile", self.profile, "--speed", str(self.speed), "--id", worker_id, "--model", self.model,
+                *(["--scheduling", self.scheduling] if self.engine == "sim" and self.scheduling != "vllm" else [])]
 
     def add(self, macro_id: str) -> None:
         wid = f"{self.id_prefix}{self._next}"

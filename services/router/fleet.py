@@ -20,10 +20,25 @@ decision count at the row's heartbeat, `last_chosen` that of the latest decision
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from tokenyard.shared.schemas import EngineStats, Heartbeat, Phase
 
 PHASES = {Phase.MIXED: 0, Phase.PREFILL: 1, Phase.DECODE: 2}
+
+
+def absorb_tokens(s: EngineStats) -> float:
+    """Prefill tokens an engine's running decodes can take beside them within their TPOT SLO:
+    their tightest saved slack over its prefill cost per token. ∞ where nothing decodes (an
+    engine that reports its prefill cost reports its decodes' slack); 0 where it reports no
+    prefill cost (not measured yet: every token counts as a stall)."""
+    if not s.prefill_ms_per_token > 0.0:  # 0, or a NaN from a broken estimate
+        return 0.0
+    if s.tpot_slack_ms is None:
+        return math.inf
+    absorb = s.tpot_slack_ms / s.prefill_ms_per_token
+    return absorb if absorb == absorb else 0.0  # a NaN slack absorbs nothing (the score stays finite)
 
 
 class FleetView:
@@ -38,6 +53,7 @@ class FleetView:
         "vbs",
         "min_stp_ms",
         "vbs_limit",
+        "absorb",
     )
     _INT = (
         "running",
@@ -56,7 +72,9 @@ class FleetView:
     _BOOL = ("healthy", "accepting", "eco", "pd_decode")
     """`eco`, `eco_ttft_ms`, `slack_ms`, `ms_per_token`: EcoServe's constraint check (issue 8):
     the row's macro-instance runs EcoServe with this TTFT SLO; its decodes' saved TPOT slack
-    (NaN: none decodes) and its prefill cost per token, from heartbeats."""
+    (NaN: none decodes) and its prefill cost per token, from heartbeats. `absorb`: that slack
+    in prefill tokens, slack_ms / ms_per_token (∞: none decodes; 0: no prefill cost reported),
+    the decode term of the default's stall (services/router/policies/latency.py)."""
 
     def __init__(self, capacity: int = 16):
         self.n = 0
@@ -117,6 +135,7 @@ class FleetView:
         self.macro[i] = hb.macro_id
         self.slack_ms[i] = np.nan if s.tpot_slack_ms is None else s.tpot_slack_ms
         self.ms_per_token[i] = s.prefill_ms_per_token
+        self.absorb[i] = absorb_tokens(s)
         self.vbs[i], self.min_stp_ms[i], self.vbs_limit[i] = s.vbs, s.min_tpot_slo_ms, s.vbs_limit
         return i
 

@@ -55,6 +55,9 @@ def register(sub) -> None:
                         "auto (sim only) = swap when it costs under 0.3 x the recompute")
     v.add_argument("--max-num-seqs", type=int, help="running batch cap")
     v.add_argument("--max-num-batched-tokens", type=int, help="per-step token budget")
+    v.add_argument("--long-prefill-token-threshold", type=int, metavar="N",
+                   help="most prompt tokens one request prefills in a step while others are in the engine, "
+                        "so short prompts start beside a long one (default 0: no cap, as vLLM; both engines)")
     v.add_argument("--max-model-len", type=int, help="default: the model's")
     v.add_argument("--kv-cache-memory-gb", type=float, help="KV cache size (default: vLLM's for the platform)")
     v.add_argument("--gpu-memory-utilization", type=float, help="share of GPU memory vLLM may use (default: vLLM's, 0.9)")
@@ -77,7 +80,8 @@ def vllm_settings(args):
         model=args.model, served_model_name=args.served_model_name, dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization, kv_offload_gb=args.kv_offload_gb,
         preemption_mode=args.preemption_mode, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold or 0, block_size=args.block_size,
         enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
         kv_cache_memory_gb=args.kv_cache_memory_gb, gpu_memory_utilization=args.gpu_memory_utilization,
         scheduler_cls=args.scheduler_cls, seed=args.seed, stream_interval=args.stream_interval,
@@ -135,15 +139,13 @@ def _with_http(args, shell, block_size: int):
 def main(args) -> int:
     from tokenyard.shared.service import run
 
-    if args.engine != "vllm":
-        run(build(args), args.nats, args.metrics_port)
-        return 0
-    from tokenyard.services.worker.vllm.settings import SettingsError
-
     try:
         shell = build(args)
-    except SettingsError as e:
+    except ValueError as e:  # a setting the engine cannot honour (vLLM's SettingsError is one)
         raise SystemExit(f"tokenyard worker: {e}") from None
+    if args.engine != "vllm":
+        run(shell, args.nats, args.metrics_port)
+        return 0
     _serve_vllm(shell, args.nats)
     return 0
 

@@ -20,6 +20,21 @@ DEADLINE = "deadline"
 """The finish reason of a request the engine rejected unstarted past its TTFT deadline
 (SCORPIO's rejection path: SimEngineCore.expire)."""
 
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 0
+"""Both engines' default for vLLM's `long_prefill_token_threshold`: the most prompt tokens one
+request may prefill in a step while another request runs or waits (vLLM V1:
+`num_new_tokens = min(num_new_tokens, threshold)` for running and waiting requests alike, not
+applied to a request alone in the engine; 0 = no cap, vLLM's own default).
+
+Off by default, measured (docs/results-bubble.md, "the cap in the bubble sweep"): a cap of a
+quarter of the token budget (512 on an A100) lets a short prompt start one step into a 32k prefill instead of after
+it (tests/test_sim_prefill_cap.py), but in the fleet it cost more than it gave — in the short
+flood of seed 004 shorts wait in the queue, not in the engines (p50 0.31 s before their engine,
+0.11 s in it), and capped long prefills lowered the fleet's throughput, so the queue wait grew
+(bubble's short p50 0.46 → 0.93 s); on the chatbot priority run a capped P0 prompt needs more
+steps (P0 p95 TTFT 324 → 507 ms; 379 ms at 1,024). `--long-prefill-token-threshold N` sets it
+on either engine."""
+
 
 class EngineOutput(msgspec.Struct):
     request_id: str

@@ -8,7 +8,8 @@ constant, c = 1.25, is a ratio to the load the fleet itself carries.
 
     keep_i  = L_i + 1 ≤ ⌈1.25 · (Σ L + 1) / n⌉,  L_i = running + waiting on i   (the guard)
            or (hit_i > Q_i and Q_i + N_i ≤ min over the kept of Q_k + N_k)     (sticky)
-    cost_i  = Q_i + N_i · (1 + (B_i + B̄) / 2)                              (the scorer)
+    cost_i  = Q_i + N_i + (N_i · B̄ + max(0, N_i − A_i) · B_i) / 2           (the scorer)
+    A_i     = max(0, S_i / t_i − Q_i)                                        (decode slack)
 
 For request r and candidate instance i, from i's heartbeat, the router's optimistic additions
 and the block index (view.hit → view.new):
@@ -17,14 +18,27 @@ and the block index (view.hit → view.new):
     N_i   r's uncached tokens on i = max(len(r) − hit(r, i), 1)
     B_i   sequences on i: running + waiting (+ routed there since its heartbeat)
     B̄     the mean of B over the candidates
+    S_i   the TPOT slack of i's tightest running decode (heartbeat, ms: how far ahead of its
+          TPOT SLO it runs; none: nothing decodes, A_i = ∞)
+    t_i   i's prefill cost per token (heartbeat, ms; 0, not measured yet: A_i = 0);
+          S_i / t_i is kept per row at each heartbeat (FleetView.absorb)
+    A_i   prefill tokens i's decodes can still take beside them within their TPOT SLO, once
+          i's queue has run
 
     own TTFT      Q_i + N_i                  r waits for i's queue, then its own prefill
-    prefill stall N_i · (B_i + B̄) / 2        while r's N_i tokens go through (chunked
-                                             prefill), every sequence decoding on i waits;
-                                             that batch is B_i now and, by the time r's
-                                             prefill runs (after Q_i), regresses toward the
-                                             fleet's mean B̄ (sequences finish, new ones are
-                                             routed where batches are small): the midpoint
+    prefill stall (N_i · B̄ + max(0, N_i − A_i) · B_i) / 2
+                                             while r's N_i tokens go through (chunked
+                                             prefill), every sequence decoding beside them
+                                             waits: B_i sequences now, regressing toward the
+                                             fleet's mean B̄ by the time r's prefill runs
+                                             (after Q_i). The fleet's half, N_i · B̄ / 2, is
+                                             what a recomputed token costs wherever r goes
+                                             (it keeps affinity under load); i's own half
+                                             counts only the tokens i's decodes cannot
+                                             absorb within their TPOT SLO (new in round 4):
+                                             ahead of their SLO, a chunk beside them costs
+                                             them no SLO, while the queue's flow control
+                                             holds i's backlog to the same slack
     cost_i        own TTFT + prefill stall; lower is better; ties → lower own TTFT, then
                   least recently chosen
 
@@ -46,6 +60,13 @@ What each term does for the figures (docs/results-routing.md):
 * The sticky exemption keeps a conversation on the instance holding it when that instance
   is a few sequences over a small mean (the lightly loaded fleet, where ⌈1.25 × mean⌉ is a
   tight integer bound) and r would still get its first token there soonest.
+* The decode slack prices i's decode load as i's own decodes feel it: a batch whose decodes
+  run far ahead of their TPOT SLO takes a long prefill at the price of r's own wait; a
+  batch of tight decodes (new ones, or a long context's slow steps) charges r's tokens the
+  full stall. Under overload this sends long prompts where their first token comes soonest
+  instead of where the batch is smallest (Mooncake's tuning half at ×3: mean TTFT −7 %,
+  failed requests 265 → 193, docs/results-routing.md round 4). S_i and t_i are the
+  heartbeat's, the figures the queue's flow control and the worker's refusal already use.
 Measured and left out (the results document has the numbers): a KV-headroom term pricing
 the preemptions to come (it steers away from the instances that hold r's prefix, whose cache
 is what fills their KV); a decode term pricing r's own decode time from the heartbeat's
@@ -55,7 +76,11 @@ makes a holder look loaded) or also on KV blocks in use (it moves long conversat
 from the instances that hold them); c = 1.5 (worse than 1.25 where measured); a soft price on
 KV in use (r's prompt recomputed with the probability u_i that i's KV is full: Mooncake's
 TPOT p99 rose 81 → 116 ms at ×1); the sticky exemption also requiring that nothing waits on
-i (half the exemption's gain on Mooncake at ×1).
+i (half the exemption's gain on Mooncake at ×1). Round 4: the whole stall only beyond the
+slack (the fleet's half too: hit ratio −0.04 and TPOT p99 +6 ms on ChatBot at ×3); the slack
+capped at the queue's ENGINE_BACKLOG_S (worse TTFT at ×3); r's prefill kept off instances
+where Q_i + N_i exceeds the flow-control room (worse TTFT at ×3); the bound on KV blocks or
+on tokens (context in use + queued) with the exemption; Q_i + N_i alone behind the guard.
 """
 
 from __future__ import annotations
@@ -76,12 +101,18 @@ class MarginalLatencyScorer:
 
     def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
         n = view.new[cand].astype(np.float64)
-        own = view.queued_prefill[cand] + n
+        q = view.queued_prefill[cand]
+        own = q + n
+        # tokens stalled = N − A, A = max(0, S/t − Q) (FleetView.absorb = S/t): Q + N − S/t
+        # within [0, N]
+        stalled = own - view.absorb[cand]
+        np.maximum(stalled, 0.0, out=stalled)
+        np.minimum(stalled, n, out=stalled)
         b = view.running[cand] + view.waiting[cand]
-        # own + n · (b + b̄) / 2, in place: the same values, fewer temporaries (the decision's
-        # hot path); b̄ as sum / count, the value ndarray.mean gives without its Python-level steps
-        cost = b + int(np.add.reduce(b)) / len(b)
-        cost *= n
+        # own + (n · b̄ + stalled · b) / 2, in place: fewer temporaries (the decision's hot
+        # path); b̄ as sum / count, the value ndarray.mean gives without its Python-level steps
+        cost = stalled * b
+        cost += n * (int(np.add.reduce(b)) / len(b))
         cost /= 2.0
         cost += own
         return Scored(cost, tiebreak=own)

@@ -4,8 +4,8 @@ nothing (a waiting request holds no blocks, as in vLLM's allocate_slots):
 
     fresh      prefix hit = its longest cached prefix, GPU blocks (a reference taken), then
                host-tier blocks promoted back at the host link's cost; capped so that at least
-               one token is computed; first chunk n = min(target − hit, budget) (whole prompts
-               only when `whole`), blocks needed = ⌈(hit + n) / B⌉ − gpu hit
+               one token is computed; first chunk n = min(target − hit, cap, budget) (whole
+               prompts only when `whole`), blocks needed = ⌈(hit + n) / B⌉ − gpu hit
     swapped    its blocks back (its GPU-cached prefix re-referenced, the rest copied in at the
                host link's cost); a decode resumes with 1 token, a prefill with its next chunk
     remote     spatial P/D's decode leg: fresh blocks for prompt + first token, then it decodes
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 
 def admit_waiting(core: SimEngineCore, decodes: list[Seq], chunks: dict[Seq, int], budget: int,
-                  whole: bool = False) -> None:
+                  whole: bool = False, cap: int | float = float("inf")) -> None:
+    """`cap`: the most prompt tokens one request may prefill this step (SimEngineCore.chunk_cap)."""
     bs = core.block_size
     pool = core.pool
     waiting = core.waiting
@@ -42,7 +43,7 @@ def admit_waiting(core: SimEngineCore, decodes: list[Seq], chunks: dict[Seq, int
             seq.private = need
             seq.remote = False
         elif seq.swapped:
-            n = 1 if seq.computed >= seq.target else min(seq.target - seq.computed, budget)
+            n = 1 if seq.computed >= seq.target else min(seq.target - seq.computed, cap, budget)
             gpu = pool.match_prefix(chain[: seq.computed // bs])
             need = cdiv(seq.computed + n, bs) - gpu
             if need > pool.available - pinned(core, chain, gpu):
@@ -57,7 +58,7 @@ def admit_waiting(core: SimEngineCore, decodes: list[Seq], chunks: dict[Seq, int
         else:
             gpu, host = prefix_hit(core, seq)
             hit = gpu + host
-            n = min(seq.target - hit * bs, budget)
+            n = min(seq.target - hit * bs, cap, budget)
             if whole and n < seq.target - hit * bs:
                 break  # no chunking: the whole prompt in this step, or wait for the next
             need = cdiv(hit * bs + n, bs) - gpu

@@ -7,16 +7,19 @@ One step, as vLLM's scheduler builds it (token budget = max_num_batched_tokens):
   0. the victims a policy's earlier claim marked (`due_victims`) are preempted.
   1. running requests first, in order (the policy's `step_batch`): a decoding one takes 1
      token (and a new block when it crosses a block boundary); one still prefilling takes
-     its next chunk. If a block cannot be had, the one preemption rule's victim (lowest
-     priority class, then latest arrival: scheduler.preemption_victim) is preempted — if it was scheduled this step,
-     its tokens go back to the budget — by recompute (its blocks freed, it re-prefills
-     prompt + generated tokens) or swap (its KV parked in the host tier), preemption.py.
+     its next chunk, at most vLLM's long_prefill_token_threshold tokens while any other
+     request is running or waiting (chunk_cap; 0, the default, is no cap; when set, a long
+     prompt leaves room in each step for the requests behind it). If a block cannot be had,
+     the one preemption rule's victim (lowest priority class, then latest arrival:
+     scheduler.preemption_victim) is preempted — if it was scheduled this step, its tokens
+     go back to the budget — by recompute (its blocks freed, it re-prefills prompt +
+     generated tokens) or swap (its KV parked in the host tier), preemption.py.
   2. then, unless the phase is decode-only, the waiting line's head while budget, max_num_seqs
      and the policy's `admit` allow: it takes a reference on its longest cached prefix — GPU
      blocks, then host-tier blocks promoted back at the host link's cost — (at least one token
-     is always computed) and the blocks of its first chunk, all or nothing (a waiting request
-     holds no blocks, as in vLLM's allocate_slots). A swapped request instead gets its blocks
-     back at the same cost and resumes where it stopped.
+     is always computed) and the blocks of its first chunk (capped as in 1), all or nothing
+     (a waiting request holds no blocks, as in vLLM's allocate_slots). A swapped request
+     instead gets its blocks back at the same cost and resumes where it stopped.
   After the step: full prompt blocks a chunk completed become cached (BlockStored); a
   request whose prefill completed emits its first token; each decode emits one token; a
   request reaching max_tokens finishes ("length") and releases its blocks. Step time =
@@ -47,6 +50,7 @@ from tokenyard.shared.schemas import AdmittedRequest, EngineStats, Phase
 from tokenyard.shared.slo import DEFAULT_TPOT_SLO_MS, request_deadline_s
 
 _FILLER = FILLER  # the name tests read the filler text by
+INF = float("inf")
 __all__ = ["FILLER", "Seq", "SimEngineCore", "StepResult"]
 
 
@@ -106,6 +110,10 @@ class SimEngineCore:
         """True: a spatial P/D prefill instance — a request leaves after its first token, its
         KV sent to a decode instance (`handed_off`)."""
         self.max_model_len = max_model_len
+        if prof.long_prefill_token_threshold < 0:
+            raise ValueError("--long-prefill-token-threshold must be ≥ 0 (0: no cap)")
+        self.prefill_cap = prof.long_prefill_token_threshold
+        """vLLM's long_prefill_token_threshold (chunk_cap says when it applies); 0: none."""
         self.handed_off: list[tuple[AdmittedRequest, int]] = []
         """(request, its num_cached_tokens) of each hand-off since the caller last drained it."""
         self._stats: EngineStats | None = None
@@ -203,6 +211,7 @@ class SimEngineCore:
         append_decode = decodes.append
         chunks: dict[Seq, int] = {}
         prefill_ok, decode_ok, whole, budget = step_shape(self, allows_prefill(self.phase), budget)
+        cap = self.chunk_cap(whole)
         preempted = self.preemptions
         decode_ctx = 0
 
@@ -224,7 +233,7 @@ class SimEngineCore:
                 decode_ctx += seq.plen + seq.generated
                 budget -= 1
             elif prefill_ok:
-                n = min(seq.target - c, budget)
+                n = min(seq.target - c, cap, budget)
                 if (len(seq.cached) + seq.private) * bs < c + n and not self.grow(seq, c + n):
                     budget = preempt_for(self, seq, c + n, budget, decodes, chunks)
                     if not seq.running:
@@ -234,7 +243,7 @@ class SimEngineCore:
 
         scheduled_decodes = len(decodes)
         if prefill_ok:
-            admit_waiting(self, decodes, chunks, budget, whole)
+            admit_waiting(self, decodes, chunks, budget, whole, cap)
 
         # Timing and outputs.
         tokens = len(decodes)
@@ -267,6 +276,16 @@ class SimEngineCore:
         self.last_tokens = tokens
         self.slack.on_step(dur, outputs, self.tpot_slo_ms_of, self.max_tokens_of)
         return StepResult(dur, outputs, tokens)
+
+    def chunk_cap(self, whole: bool) -> int | float:
+        """The most prompt tokens one request may prefill this step: vLLM's
+        long_prefill_token_threshold (the profile's) while another request
+        is running or waiting — vLLM counts both — else no cap; none either where prompts go
+        whole (no chunked prefill) or the threshold is 0."""
+        t = self.prefill_cap
+        if whole or not t or len(self.running) + len(self.waiting) <= 1:
+            return INF
+        return t
 
     def max_tokens_of(self, request_id: str) -> int:
         seq = self.seqs.get(request_id)

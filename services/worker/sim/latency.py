@@ -33,6 +33,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+from tokenyard.services.worker.engine import DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
 
 DATA = Path(__file__).with_name("data")
 _ATTN_LAYERS = 32
@@ -93,6 +94,9 @@ class LatencyProfile:
     """GPUs per instance (tensor parallelism); linear(T) includes their all-reduces."""
     network_bytes_per_s: float = 12.5e9
     """Instance↔instance link (another node): spatial P/D moves a prompt's KV over it."""
+    long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
+    """vLLM's setting of that name: the most prompt tokens one request prefills in a step
+    while others are in the engine (0: no cap, the default; services/worker/engine.py says why)."""
 
     @property
     def num_gpu_blocks(self) -> int:

@@ -1,7 +1,7 @@
 """The simulated engine built from the worker's command line, which names vLLM's settings
 (`--kv-cache-dtype`, `--quantization`, `--kv-offload-gb`, `--preemption-mode`,
-`--max-num-seqs`, `--max-num-batched-tokens`, `--num-blocks`), so the same flags configure
-either engine:
+`--max-num-seqs`, `--max-num-batched-tokens`, `--long-prefill-token-threshold`, `--num-blocks`),
+so the same flags configure either engine:
 
     kv-cache-dtype  auto | fp16 | bf16 | fp8, fp8_e4m3, fp8_e5m2 (→ fp8: half the bytes per token)
     quantization    none | fp8, fp8_per_block, fp8_per_channel (→ fp8: data/profiles.json's factor)
@@ -38,6 +38,9 @@ def sim_core(prof: LatencyProfile, block_size: int, args) -> SimEngineCore:
     prof = prof.with_settings(kv_cache_dtype=kv_dtype(getattr(args, "kv_cache_dtype", None)),
                               quantization=quantization(getattr(args, "quantization", None)))
     limits = {k: v for k in ("max_num_seqs", "max_num_batched_tokens") if (v := getattr(args, k, None))}
+    threshold = getattr(args, "long_prefill_token_threshold", None)
+    if threshold is not None:  # 0 means no cap, so not `if threshold` (SimEngineCore refuses < 0)
+        limits["long_prefill_token_threshold"] = threshold
     if limits:
         prof = dataclasses.replace(prof, **limits)
     return SimEngineCore(

@@ -13,6 +13,8 @@
 | scheduler_cls       | `scheduler_cls` ("module.Class", a subclass of vLLM's V1 Scheduler |
 |                     | importable in the engine-core process): where the SCORPIO /        |
 |                     | priority-partition scheduling of issue 7 plugs in. None here yet.  |
+| long_prefill_token_threshold | the same name, set explicitly; default 0 (no cap), as vLLM's   |
+|                     | and the simulated engine's (services/worker/engine.py says why)    |
 | priority class 0..3 | `scheduling_policy="priority"`, `priority=class` (lower runs first) |
 | stream_interval     | `stream_interval`: tokens per chunk after the first (default 1)    |
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from tokenyard.services.worker.engine import DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
 
 KV_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 PREEMPTION_MODES = ("recompute", "swap")
@@ -55,6 +59,9 @@ class VllmSettings:
     preemption_mode: str = "recompute"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
+    """vLLM's setting (the most prompt tokens one request prefills in a step while others are in
+    the engine; 0: no cap), the simulated engine's default (services/worker/engine.py)."""
     block_size: int | None = None
     """vLLM's KV block size (None: the platform's default, 128 on CPU, 16 on CUDA). The
     fleet's block size is separate (`fleet_block_size`); the KV relay maps between them."""
@@ -73,6 +80,13 @@ class VllmSettings:
     @property
     def name(self) -> str:
         return self.served_model_name or self.model
+
+
+def chunk_threshold(s: VllmSettings) -> int:
+    """The long_prefill_token_threshold the engine gets: never above max_model_len (vLLM
+    refuses that; a cap that long caps nothing)."""
+    t = s.long_prefill_token_threshold
+    return min(t, s.max_model_len) if s.max_model_len else t
 
 
 def vllm_priority(priority_class: int) -> int:
@@ -110,6 +124,8 @@ def engine_kwargs(s: VllmSettings, platform: str, kv_events_endpoint: str) -> di
         raise SettingsError("stream interval must be ≥ 1 token")
     if s.fleet_block_size <= 0:
         raise SettingsError("fleet block size must be positive")
+    if s.long_prefill_token_threshold < 0:
+        raise SettingsError("--long-prefill-token-threshold must be ≥ 0 (0: no cap)")
 
     kw: dict[str, Any] = {
         "model": s.model,
@@ -119,6 +135,7 @@ def engine_kwargs(s: VllmSettings, platform: str, kv_events_endpoint: str) -> di
         "quantization": s.quantization,
         "enable_prefix_caching": True,
         "scheduling_policy": "priority",
+        "long_prefill_token_threshold": chunk_threshold(s),
         "enforce_eager": s.enforce_eager,
         "seed": s.seed,
         "disable_log_stats": True,  # vLLM's own log lines; the worker's stat logger still runs

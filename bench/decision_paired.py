@@ -16,6 +16,7 @@ choose: the worker and its score).
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import importlib.util
 import os
@@ -49,7 +50,9 @@ def load_ref(ref: str, tmp: Path) -> dict:
     return mods
 
 
-def paired(f_ref, f_this, reqs, repeats: int) -> tuple[np.ndarray, np.ndarray]:
+def paired(f_ref, f_this, reqs, repeats: int, after=None) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's least thread CPU time by either side; `after()` (untimed) runs after
+    each call: it undoes what a call changed, so both sides see the same state."""
     ref, this = np.full(len(reqs), np.inf), np.full(len(reqs), np.inf)
     clock = time.thread_time_ns
     for rep in range(repeats):
@@ -59,6 +62,8 @@ def paired(f_ref, f_this, reqs, repeats: int) -> tuple[np.ndarray, np.ndarray]:
                 t0 = clock()
                 f(req)
                 floor[j] = min(floor[j], clock() - t0)
+                if after is not None:
+                    after()
     return ref / 1e3, this / 1e3
 
 
@@ -93,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     now = 1e6
     view = core.view
     view.seen_s[: view.n] = now  # every row fresh
+    view.rows_written()
     with tempfile.TemporaryDirectory() as tmp:
         ref = load_ref(args.baseline, Path(tmp))
     ref_index = ref["index"].BlockIndex(core.index.max_blocks)
@@ -106,7 +112,23 @@ def main(argv: list[str] | None = None) -> int:
     assert [g.name for g in ref_pipe.guards] == [g.name for g in this_pipe.guards], "compare like with like"
     everyone = np.arange(view.n)
 
+    # A whole decision (RouterCore.route: index match, the vector steps, the pipeline, the
+    # optimistic update), REF's index and pipeline in this tree's core; what a decision writes
+    # into the fleet view is put back after each, so every decision sees the same fleet.
+    ref_core = copy.copy(core)
+    ref_core.index, ref_core.pipeline = ref_index, ref_pipe
+    routed_cols = ("waiting", "bs", "queued_prefill", "kv_used", "last_chosen")
+    saved = {c: getattr(view, c).copy() for c in routed_cols}
+    decisions = view.decisions
+
+    def put_back() -> None:
+        for c in routed_cols:
+            getattr(view, c)[:] = saved[c]
+        view.decisions = decisions
+
     cases = {
+        "route (whole)": (lambda r: ref_core.route(r, now), lambda r: core.route(r, now),
+                          lambda a, b: (a.worker_id, a.score, a.hit_tokens) == (b.worker_id, b.score, b.hit_tokens)),
         "index match": (lambda r: ref_index.match(r.block_hashes, pad=1),
                         lambda r: core.index.match(r.block_hashes, pad=1),
                         lambda a, b: bool((a == b).all())),
@@ -121,10 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.instances} instances, {len(core.index):,} blocks, {len(reqs)} requests × {args.repeats} "
           f"(floor µs; {args.baseline} | this tree); load average {os.getloadavg()[0]:.1f}")
     for name, (f_ref, f_this, same) in cases.items():
-        if not all(same(f_ref(r), f_this(r)) for r in reqs):
-            print(f"{name}: the answers differ")
-            return 1
-        a, b = paired(f_ref, f_this, reqs, args.repeats)
+        after = put_back if name == "route (whole)" else (lambda: None)
+        for r in reqs:
+            a = f_ref(r)
+            after()
+            b = f_this(r)
+            after()
+            if not same(a, b):
+                print(f"{name}: the answers differ")
+                return 1
+        a, b = paired(f_ref, f_this, reqs, args.repeats, after)
         cells = " | ".join(f"p{q} {np.percentile(a, q):6.1f} {np.percentile(b, q):6.1f}" for q in (50, 90, 99))
         print(f"  {name:16s} {cells}")
     return 0

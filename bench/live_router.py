@@ -3,7 +3,7 @@ the same kind of simulated workers, the same seeded workload from `tokenyard ben
 
     python -m bench.live_router [--workers 4] [--speed 0.25] [--workload chatbot]
                                 [--base-rate R] [--loads 1,3] [--num-prompts N]
-                                [--routers tokenyard,sglang,vllm] [--json FILE]
+                                [--routers tokenyard,sglang,vllm] [--rounds 1] [--json FILE]
 
 * tokenyard: `tokenyard up`'s processes (edge, admission, queue, router with its default
   policy, macro-instance, N `tokenyard worker --engine sim` workers), the client on the edge's
@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -122,16 +123,49 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
         server.stop()
 
 
+FLEET_SERIES = ("tokenyard:queue_wait_seconds_sum", "tokenyard:queue_wait_seconds_count", "tokenyard:queue_dispatches_total",
+                "tokenyard:router_decisions_total", "tokenyard:router_decision_seconds_sum",
+                "tokenyard:router_decision_seconds_count")
+"""What the fleet's own metrics say about a run (where a request waited): the queue's wait from
+arrival to routed and its dispatches by outcome (a `no_capacity` is a request put back), the
+router's decisions by outcome and its time from request in to worker accepted."""
+
+
+def fleet_series(text: str, out: dict[str, float]) -> dict[str, float]:
+    """Add the FLEET_SERIES samples of one Prometheus text page to `out` (summed by the
+    sample's name and labels over the pages)."""
+    for line in text.splitlines():
+        if line.startswith(FLEET_SERIES):
+            name, _, value = line.rpartition(" ")
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def _scrape(fleet: FleetProcesses) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for url in fleet.scrape_targets().values():
+        try:
+            with urllib.request.urlopen(url, timeout=5.0) as r:
+                fleet_series(r.read().decode(), out)
+        except OSError:
+            continue
+    return out
+
+
 async def _tokenyard(args, bench: BenchConfig, logs: Path) -> dict[str, Any]:
     fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
                            router_policy=args.policy, log_dir=str(logs / "tokenyard"))
     async with fleet:
         bench.target = fleet.http_url
-        return await run_bench(bench)
+        res = await run_bench(bench)
+        res["fleet_metrics"] = await asyncio.to_thread(_scrape, fleet)
+        return res
 
 
 def _row(res: dict[str, Any], speed: float) -> dict[str, Any]:
     row = {k: res.get(k) for k in KEYS}
+    if "fleet_metrics" in res:
+        row["fleet_metrics"] = res["fleet_metrics"]
     for k in TIME_KEYS:  # wall ms → simulated ms
         if row[k] is not None:
             row[k] = row[k] * speed
@@ -143,34 +177,40 @@ async def main_async(args) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     base = args.base_rate or SYNTHETIC[args.workload].DEFAULT_RATE
     rows: list[dict[str, Any]] = []
-    for load in args.loads:
-        rate = base * load * args.speed * args.workers / 16
-        for router in args.routers:
-            bench = BenchConfig(workload=args.workload, num_prompts=args.num_prompts, rate=rate, seed=args.seed,
-                                progress=False, request_timeout_s=args.timeout)
-            t = time.monotonic()
-            try:
-                res = await (_tokenyard(args, bench, logs) if router == "tokenyard" else _peer(router, args, bench, logs))
-            except (FileNotFoundError, RuntimeError, TimeoutError) as e:
-                print(f"{router} ×{load}: skipped: {e}", file=sys.stderr)
-                rows.append({"router": router, "load": load, "rate": rate, "error": str(e)})
-                continue
-            row = {"router": router, "load": load, "rate": rate, "wall_s": round(time.monotonic() - t, 1),
-                   **_row(res, args.speed)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for rnd in range(1, args.rounds + 1):
+        for load in args.loads:
+            rate = base * load * args.speed * args.workers / 16
+            for router in args.routers:
+                bench = BenchConfig(workload=args.workload, num_prompts=args.num_prompts, rate=rate, seed=args.seed,
+                                    progress=False, request_timeout_s=args.timeout)
+                t, load_avg = time.monotonic(), os.getloadavg()[0]
+                head = {"round": rnd, "router": router, "load": load, "rate": rate}
+                try:
+                    res = await (_tokenyard(args, bench, logs) if router == "tokenyard"
+                                 else _peer(router, args, bench, logs))
+                except (FileNotFoundError, RuntimeError, TimeoutError) as e:
+                    print(f"{router} ×{load}: skipped: {e}", file=sys.stderr)
+                    rows.append({**head, "error": str(e)})
+                    continue
+                row = {**head, "wall_s": round(time.monotonic() - t, 1),
+                       "load_avg": [round(load_avg, 1), round(os.getloadavg()[0], 1)], **_row(res, args.speed)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     return {"config": {k: v for k, v in vars(args).items() if k != "func"}, "runs": rows}
 
 
 def table(doc: dict[str, Any]) -> str:
-    out = ["| load | router | completed | failed | TTFT p50 (ms) | TTFT p99 (ms) | TTFT mean (ms) | TPOT p99 (ms) | req/s |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| round | load | router | load average (start → end) | completed | failed | TTFT p50 (ms) | TTFT p99 (ms) "
+           "| TTFT mean (ms) | TPOT p99 (ms) | req/s |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["runs"]:
+        head = f"| {r.get('round', 1)} | ×{r['load']:g} | {r['router']}"
         if "error" in r:
-            out.append(f"| ×{r['load']:g} | {r['router']} | — | — | skipped: {r['error']} | | | | |")
+            out.append(f"{head} | | — | — | skipped: {r['error']} | | | | |")
             continue
-        out.append(f"| ×{r['load']:g} | {r['router']} | {r['completed']} | {r['failed']} | {r['median_ttft_ms']:.0f} | "
-                   f"{r['p99_ttft_ms']:.0f} | {r['mean_ttft_ms']:.0f} | {r['p99_tpot_ms']:.1f} | {r['request_throughput']:.2f} |")
+        start, end = r.get("load_avg", ("?", "?"))
+        out.append(f"{head} | {start} → {end} | {r['completed']} | {r['failed']} | {r['median_ttft_ms']:.1f} | "
+                   f"{r['p99_ttft_ms']:.1f} | {r['mean_ttft_ms']:.1f} | {r['p99_tpot_ms']:.1f} | {r['request_throughput']:.2f} |")
     return "\n".join(out)
 
 
@@ -186,6 +226,8 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=300, help="requests per run (default 300)")
     ap.add_argument("--routers", type=lambda s: s.split(","), default=["tokenyard", "sglang", "vllm"],
                     help="default tokenyard,sglang,vllm")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat every (load, router) run this many times, interleaved: round 1's runs, then round 2's …")
     ap.add_argument("--policy", default=DEFAULT_POLICY, help=f"tokenyard's router policy (default {DEFAULT_POLICY})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
@@ -197,7 +239,7 @@ def main() -> int:
         ap.error(f"unknown router(s) {unknown}; known: tokenyard, {', '.join(PEERS)}")
     doc = asyncio.run(main_async(args))
     print(table(doc))
-    write_result(args.json, doc)
+    write_result(args.json, doc, prog="python -m bench.live_router")
     return 0
 
 

@@ -30,7 +30,9 @@ class HealthyFilter:
     stale_after_s: float = config.STALE_AFTER_S
     name: str = "healthy"
 
-    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray:
+    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray | bool:
+        if view.all_healthy() and view.all_fresh(now, self.stale_after_s):
+            return True  # the usual fleet: two facts the view keeps, no array operation
         return view.healthy[: view.n] & view.fresh(now, self.stale_after_s)
 
 
@@ -39,7 +41,7 @@ class AcceptingFilter:
     name: str = "accepting"
 
     def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray | bool:
-        if req.kv_from:  # a P/D decode leg: services.router.pd decides where it may go
+        if req.kv_from or view.all_accepting():  # a P/D decode leg: services.router.pd decides
             return True
         return view.accepting[: view.n].copy()
 
@@ -50,8 +52,11 @@ class ModelFilter:
 
     name: str = "model"
 
-    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray:
-        return view.model[: view.n] == view.model_codes.get(req.model, -1)
+    def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray | bool:
+        codes = view.model_codes
+        if len(codes) == 1 and req.model in codes:  # one model ever seen: every row serves it
+            return True
+        return view.model[: view.n] == codes.get(req.model, -1)
 
 
 @dataclass
@@ -77,7 +82,7 @@ class EcoServeGuard:
     request anyway (seed §3.1.2's last resort; issue 13 counts how often)."""
 
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
-        if not view.eco[: view.n].any():  # no EcoServe row in the fleet: a slice, no gather
+        if not view.has_eco:  # no EcoServe row in the fleet: a flag the view keeps, no array call
             return Narrowed(True)
         eco = view.eco[cand]
         if not eco.any():

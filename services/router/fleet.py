@@ -91,6 +91,13 @@ class FleetView:
         self.decisions = 0
         self.layout = 0
         """Bumped whenever rows are added or moved (callers cache row maps on it)."""
+        self._has_eco: bool | None = False
+        self._all_healthy: bool | None = True
+        self._all_accepting: bool | None = True
+        self._min_seen: float | None = None
+        """Facts about rows 0…n−1 the filters ask on every decision (`has_eco`, `all_healthy`,
+        `all_accepting`, `all_fresh`), kept by the writers below; None: to be looked up again.
+        Whoever writes those columns directly calls `rows_written()`."""
 
     def _alloc(self, capacity: int) -> None:
         old = {name: getattr(self, name, None) for name in (*self._FLOAT, *self._INT, *self._BOOL, "phase")}
@@ -115,6 +122,7 @@ class FleetView:
             self.stats.append(hb.stats)
             self.slot[hb.worker_id] = i
             self.layout += 1
+            self.rows_written()  # the new row's columns are what the slot held
             self.last_chosen[i] = -1
             self.accepting[i] = True
         s = hb.stats
@@ -128,9 +136,12 @@ class FleetView:
         self.block_size[i] = s.block_size
         self.bs[i] = s.running
         self.step_ms[i] = s.step_time_ms
-        self.healthy[i] = hb.healthy and not hb.draining
+        healthy = hb.healthy and not hb.draining
+        if self.healthy[i] != healthy:
+            self.healthy[i] = healthy
+            self._all_healthy = None
         self.phase[i] = PHASES.get(hb.phase, 0)
-        self.seen_s[i] = now
+        self._seen(i, now)
         self.hb_decision[i] = self.decisions
         self.macro[i] = hb.macro_id
         self.slack_ms[i] = np.nan if s.tpot_slack_ms is None else s.tpot_slack_ms
@@ -145,8 +156,44 @@ class FleetView:
         i = self.slot.get(worker_id)
         if i is None or self.last_chosen[i] >= self.hb_decision[i]:
             return False
-        self.seen_s[i] = now
+        self._seen(i, now)
         return True
+
+    def _seen(self, i: int, now: float) -> None:
+        """Row i heard from at `now`, the fleet's oldest time kept: it moves only when the row
+        that held it is refreshed (then looked up again) or a time older than it comes."""
+        low = self._min_seen
+        if low is not None:
+            if now < low:
+                self._min_seen = now
+            elif self.seen_s[i] == low:
+                self._min_seen = None
+        self.seen_s[i] = now
+
+    def rows_written(self) -> None:
+        """Forget the facts kept about the rows (after a direct write to their columns)."""
+        self._has_eco = self._all_healthy = self._all_accepting = self._min_seen = None
+
+    def all_healthy(self) -> bool:
+        """`healthy[:n].all()`, kept between decisions."""
+        if self._all_healthy is None:
+            self._all_healthy = bool(self.healthy[: self.n].all())
+        return self._all_healthy
+
+    def all_accepting(self) -> bool:
+        """`accepting[:n].all()`, kept between decisions."""
+        if self._all_accepting is None:
+            self._all_accepting = bool(self.accepting[: self.n].all())
+        return self._all_accepting
+
+    def all_fresh(self, now: float, stale_after_s: float) -> bool:
+        """`fresh(now, stale_after_s).all()` from the oldest row's time alone: now − s is
+        monotone in s (IEEE rounding is), so every row is fresh exactly when the oldest is."""
+        if self.n == 0:
+            return True
+        if self._min_seen is None:
+            self._min_seen = float(self.seen_s[: self.n].min())
+        return (now - self._min_seen) <= stale_after_s
 
     def stats_of(self, worker_id: str) -> EngineStats | None:
         """The engine stats the worker last reported; None: no row for it."""
@@ -155,14 +202,25 @@ class FleetView:
 
     def set_accepting(self, worker_id: str, accepting: bool) -> None:
         i = self.slot.get(worker_id)
-        if i is not None:
+        if i is not None and self.accepting[i] != accepting:
             self.accepting[i] = accepting
+            self._all_accepting = None
 
     def set_ecoserve(self, worker_id: str, on: bool, ttft_slo_ms: float) -> None:
         i = self.slot.get(worker_id)
         if i is not None:
             self.eco[i] = on
             self.eco_ttft_ms[i] = ttft_slo_ms
+            self._has_eco = None
+
+    @property
+    def has_eco(self) -> bool:
+        """Some row belongs to an EcoServe macro-instance: `eco[:n].any()`, looked up again only
+        after `set_ecoserve` or a row added or forgotten (the EcoServe guard asks on every
+        decision)."""
+        if self._has_eco is None:
+            self._has_eco = bool(self.eco[: self.n].any())
+        return self._has_eco
 
     def set_pd_decode(self, worker_id: str, on: bool) -> None:
         """The worker is a decode instance of a spatial P/D macro-instance."""
@@ -201,4 +259,5 @@ class FleetView:
             self.stats.pop()
             self.n -= 1
             self.layout += 1
+            self.rows_written()
         return gone

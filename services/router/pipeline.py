@@ -162,10 +162,13 @@ class Pipeline:
         # answers a scalar True and costs no array operation here.
         masks = [f.keep(req, view, now) for f in self.filters]
         arrays = [m for m in masks if m is not True and m is not np.True_]
-        mask = arrays[0].copy() if arrays else np.ones(view.n, dtype=np.bool_)
-        for m in arrays[1:]:
-            mask &= m
-        cand = mask.nonzero()[0]  # the mask is 1-D: flatnonzero less its Python-level ravel
+        if not arrays:  # every filter kept every row (the usual fleet)
+            mask, cand = None, np.arange(view.n)
+        else:
+            mask = arrays[0].copy()
+            for m in arrays[1:]:
+                mask &= m
+            cand = mask.nonzero()[0]  # the mask is 1-D: flatnonzero less its Python-level ravel
         if len(cand) == 0:  # name the filter that emptied the candidates (the rare path)
             mask[:] = True
             for f, m in zip(self.filters, masks, strict=True):
@@ -173,6 +176,8 @@ class Pipeline:
                 if not mask.any():
                     return Choice(None, f"no candidate passed filter '{f.name}'", policy=self.name)
         if exclude:
+            if mask is None:
+                mask = np.ones(view.n, dtype=np.bool_)
             for wid in exclude:
                 i = view.slot.get(wid)
                 if i is not None:

@@ -7,7 +7,8 @@ clock, in one process, with no NATS (Dynamo's offline replay, not Vidur's re-imp
     instance: step() at t ─> outputs at t + duration ─> next step at once
               KV events of the step ─> RouterCore.on_kv_events (the live worker polls every 20 ms)
               between two events that look at an engine (arrival, dispatch, tick), its pure
-              decode steps run as one fold (fold.py): the same times, fewer events
+              decode steps run as one fold (fold.py): the same times, fewer events; across
+              the ticks that read only its stats (across.py)
     every 100 ms (tick.py): heartbeats (WorkerCore.heartbeat) ─> router, queue, admission,
               macro controller, an unchanged worker's as a keep-alive; QueueCore.stats ─>
               admission, macro controller (as llm.v1.pq.state live); MacroCore.plan ─>
@@ -30,6 +31,9 @@ and the router's index as step by step; the step that straddles it ends the fold
 fold delivers nothing before it (no finish, no evicted block), else it runs alone.
 Other engines' steps in between touch only the router's index, per worker (order-free).
 Spatial P/D is not folded: a prefill worker's step can queue a KV_ARRIVE inside a fold.
+Where the queue is empty and only a TICK is queued (no macro-instance controller), a tick
+reads an engine only through its stats, so the fold goes on across the ticks before the
+next arrival, keeping the stats each tick sees (across.py).
 
 What the shells do around the cores is repeated here and nothing else: the router shell's
 retry with the refusing worker excluded (services.router.core.Placement, as the shell), the
@@ -54,6 +58,7 @@ from tokenyard.shared import schemas
 from tokenyard.shared.schemas import GenerateRequest, KVEventBatch, PriorityClass, Rejected
 from tokenyard.shared.tokenizer import ByteTokenizer
 from tokenyard.simulator import scaling
+from tokenyard.simulator.across import fold_across
 from tokenyard.simulator.config import MODEL, SimConfig, with_slos
 from tokenyard.simulator.events import DISPATCH, KV_ARRIVE, PROVISION, STEP_DONE, TICK, EventQueue
 from tokenyard.simulator.fleet import SimInstance
@@ -138,6 +143,10 @@ class ClusterSim:
         self._fold = cfg.fold_decodes and cfg.mode != "pd"
         """Fold engines' decode steps (fold.py) between the events that look at them. Not in
         spatial P/D, where any prefill worker's step may send a KV_ARRIVE sooner than that."""
+        self._across = self._fold and cfg.fold_ticks and self.macro is None
+        """Fold across ticks (across.py) where the queue is empty and only a TICK is queued:
+        without a macro-instance controller, such a tick reads an engine only through its
+        stats. (Mitosis, phases and controls come from the controller.)"""
         self._next_arrival = float("inf")
         """The next arrival's time (the loop keeps it: a fold ends before it)."""
         self.engine_options = dict(
@@ -243,6 +252,8 @@ class ClusterSim:
             self.events.push(self._dispatch_at, DISPATCH)
 
     def start(self, inst: SimInstance, req: schemas.AdmittedRequest, now: float) -> None:
+        # a fold across ticks ends before anything is placed: no tick ahead sees this request
+        assert not inst.ahead or inst.ahead[-1][0] < now, "a request placed inside a fold across ticks"
         st = self.reqs[req.request_id]
         st.worker = inst.id
         try:
@@ -264,8 +275,12 @@ class ClusterSim:
         steps up to that event as one (fold.py), with the same times, tokens and blocks."""
         res = None
         if fold and self._fold:
-            until = min(self._next_arrival, self.events.next_look_t())
-            res = inst.engine.fold(now, until, straddle=True)
+            ev, arrival = self.events, self._next_arrival
+            until = min(arrival, ev.next_look_t())
+            if until < arrival and self._across and ev.only_tick() and not len(self.queue):
+                res = fold_across(inst, now, until, arrival, self.cfg.heartbeat_s)
+            else:
+                res = inst.engine.fold(now, until, straddle=True)
         if res is None:
             res = inst.engine.step()
             if res.duration_s <= 0.0 and not res.outputs:

@@ -64,6 +64,9 @@ class SimConfig:
     fold_decodes: bool = True
     """Fold each engine's pure decode steps between the events that look at it (fold.py): the
     same results, fewer events. False: every step one by one (the reference it is tested against)."""
+    fold_ticks: bool = True
+    """With fold_decodes: fold across the 100 ms ticks where a tick reads an engine only
+    through its stats (across.py). False: every fold ends at the next tick (the reference)."""
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     """The SLOs the fleet runs to: EcoServe's constraint check and phase rules, and every

@@ -51,5 +51,10 @@ class EventQueue:
         """When the next event other than a STEP_DONE happens (inf: none is queued)."""
         return self._other[0][0] if self._other else _INF
 
+    def only_tick(self) -> bool:
+        """The one event queued other than STEP_DONEs is a TICK (no DISPATCH, KV_ARRIVE, PROVISION)."""
+        other = self._other
+        return len(other) == 1 and other[0][2] == TICK
+
     def __len__(self) -> int:
         return len(self._steps) + len(self._other)

@@ -11,17 +11,18 @@ staleness limits); `dirty` marks a change (a request added, a step run, a phase 
 from __future__ import annotations
 
 from array import array
+from collections import deque
 
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.sim.core import SimEngineCore, StepResult
 from tokenyard.services.worker.sim.latency import LatencyProfile
-from tokenyard.shared.schemas import Heartbeat
+from tokenyard.shared.schemas import EngineStats, Heartbeat
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 
 class SimInstance:
     __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "last_hb", "pending", "busy_s", "bs_samples",
-                 "steps", "fold_times")
+                 "steps", "fold_times", "ahead")
 
     def __init__(
         self,
@@ -51,3 +52,17 @@ class SimInstance:
         self.steps = 0
         self.bs_samples = array("H")
         """Running batch size at every sample tick."""
+        self.ahead: deque[tuple[float, EngineStats]] = deque()
+        """(tick time, the engine's stats then) for the ticks a fold across ticks crossed
+        (across.py): by the tick, the engine itself is further on."""
+
+    def stats_at(self, now: float) -> EngineStats:
+        """The engine's stats as a tick at `now` sees them: kept by a fold across that tick,
+        else the engine's own."""
+        ahead = self.ahead
+        if ahead:
+            while ahead and ahead[0][0] < now:
+                ahead.popleft()
+            if ahead and ahead[0][0] == now:
+                return ahead[0][1]
+        return self.engine.stats()

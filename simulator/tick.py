@@ -64,7 +64,7 @@ def heartbeats(sim: ClusterSim, now: float) -> None:
         if inst.dirty or now - inst.last_hb_s >= keepalive:
             if stopped and inst.id in stopped:  # a stopped worker sends nothing: it falls silent
                 continue
-            stats, last = inst.engine.stats(), inst.last_hb
+            stats, last = inst.stats_at(now) if inst.ahead else inst.engine.stats(), inst.last_hb
             same = last is not None and inst.worker.repeats(last, stats)
             if same:
                 for keep in keepers:  # a core that would see more change asks for the heartbeat
@@ -97,7 +97,7 @@ def control(sim: ClusterSim, now: float) -> None:
     for inst in sim.instances:  # EcoServe: the engine runs the phase its worker says
         inst.engine.hand_off = inst.worker.hands_off  # spatial P/D's prefill workers
         if inst.worker.phase != Phase.MIXED:  # (as WorkerShell._sync_phase does live)
-            phase = inst.worker.engine_phase(inst.engine.stats())
+            phase = inst.worker.engine_phase(inst.stats_at(now))
             if phase != inst.engine.phase:
                 inst.engine.set_phase(phase)
                 inst.dirty = True
@@ -130,7 +130,7 @@ def sample(sim: ClusterSim, now: float) -> None:
     sim.fleet_samples.append((now, len(sim.instances) - len(sim.stopped), groups, backlog))
     products = []
     for inst in sim.instances:
-        s = inst.engine.stats()
+        s = inst.stats_at(now)
         inst.bs_samples.append(min(s.running, 65535))
         products.append(float(s.queued_prefill_tokens) * s.running)
     mean = sum(products) / len(products)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import io
+from array import array
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console
-from tokenyard.loadgen.metrics import compute_metrics, summarise
+from tokenyard.loadgen.metrics import compute_metrics, pooled_itl, summarise
 from tokenyard.loadgen.records import NO_OUTPUT, RequestRecord
 from tokenyard.loadgen.report import print_result
 
@@ -144,3 +147,16 @@ def test_print_result_renders_every_block():
     for needle in ("Serving Benchmark Result", "Successful requests", "Request goodput", "P99 TTFT (ms)",
                    "Inter-token Latency", "By priority class", "status_429"):  # fmt: skip
         assert needle in text
+
+
+@given(st.lists(st.lists(st.floats(0.0, 1e4, allow_nan=False), max_size=30).map(sorted), max_size=8),
+       st.booleans())
+def test_the_pooled_itl_is_every_records_gaps_bit_for_bit(chunks, as_array):
+    # the simulator's records hold array('d'), the live bench's lists: either, each gap as
+    # RequestRecord.itl computes it, in record order
+    recs = [RequestRecord(index=i, priority=0, prompt_len=1, chunk_s=array("d", c) if as_array else list(c))
+            for i, c in enumerate(chunks)]
+    pooled = pooled_itl(recs)
+    expected = [gap for r in recs for gap in r.itl]
+    assert pooled.tolist() == expected
+    assert summarise("itl", pooled) == summarise("itl", expected)

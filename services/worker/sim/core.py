@@ -296,12 +296,15 @@ class SimEngineCore:
         return seq.req.tpot_slo_ms if seq is not None else 0.0
 
     def fold(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30,
-             straddle: bool = False) -> StepResult | None:
+             straddle: bool = False, late_before: float = float("-inf")) -> StepResult | None:
         """The next pure decode steps that end before `until` (with `straddle`, and the one
-        across it where nothing is delivered before `until`), computed as one (fold.py);
-        None where the next step is not one."""
-        self._stats = None
-        return fold.fold(self, now, until, max_steps, straddle)
+        across it where nothing is delivered before `until`; with `late_before`, the one
+        across it where it ends before that), computed as one (fold.py); None where the next
+        step is not one, the engine unchanged (its stats object too: a repeat heartbeat stays one)."""
+        res = fold.fold(self, now, until, max_steps, straddle, late_before)
+        if res is not None:
+            self._stats = None
+        return res
 
     def advance(self, now: float = 0.0, until: float = float("inf"), max_steps: int = 1 << 30,
                 straddle: bool = False) -> StepResult:

@@ -35,7 +35,7 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
             ctx += s.plen + s.generated
     # the pace of the decodes' tokens still to come: a decode step of the batch now
     decode_ms = core.prof.step_ms(decoding, decoding, ctx, 0.0)
-    host = core.host
+    host_free = core.host.free
     return EngineStats(
         running=len(core.running),
         waiting=len(core.waiting),
@@ -47,8 +47,8 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
         prefix_hits=core.prefix_hits,
         prefix_queries=core.prefix_queries,
         preemptions=core.preemptions,
-        kv_host_blocks_used=host.capacity - host.free,
-        kv_host_blocks_free=host.free,
+        kv_host_blocks_used=core.host.capacity - host_free,
+        kv_host_blocks_free=host_free,
         tpot_slack_ms=core.slack.min_slack_ms(decode_ms),
         # an idle engine computes nothing, whatever its last step was
         compute_util=core.last_tokens / core.prof.max_num_batched_tokens if core.has_work() else 0.0,

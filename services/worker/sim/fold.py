@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
-         max_steps: int = 1 << 30, straddle: bool = False) -> StepResult | None:
+         max_steps: int = 1 << 30, straddle: bool = False, late_before: float = float("-inf")) -> StepResult | None:
     """The next steps of `core` computed as one, if they are pure decode steps; None if not
     (the caller runs `core.step()`). Step k ends at t_k = now + d_1 + … + d_k (summed left to
     right, as a caller stepping one by one adds them); the fold takes every step with
@@ -42,6 +42,12 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
     the fold delivers nothing before `until` that a caller stepping one by one would have seen
     by then: no request finishes before it and no block is evicted (no KV event). At `until`
     the engine is then as one by one (that step has started), and its result comes once.
+
+    With `late_before`, the step across `until` is taken too wherever it ends before
+    `late_before`, whatever the fold delivered before `until`: for a caller whose look at
+    `until` reads only the engine itself (its stats), not what the steps delivered, and who
+    delivers it all before `late_before` (the simulator's fold across ticks). Without
+    `straddle`, that holds for the first step too: None where it would end at or after both.
 
     Pure decode steps: everyone running has computed its prompt, nobody waits, no abort is
     pending, the policy runs the whole batch every step (`folds`) within its token budget,
@@ -70,13 +76,15 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
     prof, bs, pool = core.prof, core.block_size, core.pool
     order = list(running)
     active = sorted(order, key=lambda q: q.max_tokens - q.generated)  # stable: running order on ties
+    n = len(active)
     made: dict[Seq, EngineOutput] = {}
     durations: list[float] = []
     t = now
     first = j = last_batch = 0
-    crossed = False
-    while first < len(active) and j < max_steps:
-        batch = len(active) - first
+    crossed = late = False
+    one = straddle or late_before == float("-inf")  # the first step is taken, wherever it ends
+    while first < n and j < max_steps:
+        batch = n - first
         seg_end = min(active[first].max_tokens - active[first].generated, max_steps)
         j0, n0 = j, len(durations)
         # prof.step_ms(batch, batch, ctx + j·batch, 0.0) / 1000, its float operations in its
@@ -85,8 +93,9 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
         d0, d2 = prof.d0, prof.d2
         while j < seg_end:
             d = (fixed + (d0 + d2 * (ctx + j * batch))) / 1000.0
-            if j and t + d >= until:
-                crossed = straddle and first == 0 and t < until  # none finished or crossed before it
+            if (j or not one) and t + d >= until:
+                late = t + d < late_before  # delivered before late_before, whatever came before until
+                crossed = t < until and (late or (straddle and first == 0))  # (none finished before it)
                 if crossed:
                     t += d
                     durations.append(d)
@@ -97,7 +106,7 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
             j += 1
         if j == j0:
             break
-        if crossed:  # the straddling step only where nothing is evicted: its events would come late
+        if crossed and not late:  # the straddling step only where nothing is evicted: its events would come late
             need = 0
             for q in active:
                 need += cdiv(q.computed + j, bs) - len(q.cached) - q.private
@@ -107,9 +116,9 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
                 durations.pop()  # (t is not used again: this segment is the fold's last)
         while True:  # blocks for this segment, without preemption
             need = 0
-            for k in range(first, len(active)):
+            for k in range(first, n):
                 q = active[k]
-                need += cdiv(q.computed + j, bs) - len(q.cached) - q.private
+                need += -(-(q.computed + j) // bs) - len(q.cached) - q.private  # cdiv, inlined
             if need <= pool.available:
                 break
             j = j0 + (j - j0) // 2
@@ -119,10 +128,12 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
         if j == j0:
             break
         last_batch = batch
-        for k in range(first, len(active)):
-            core.grow(active[k], active[k].computed + j)
+        for k in range(first, n):
+            q = active[k]
+            if -(-(q.computed + j) // bs) > len(q.cached) + q.private:  # (grow takes nothing otherwise)
+                core.grow(q, q.computed + j)
         # requests finishing at the segment's end: out, and their blocks back
-        while first < len(active) and active[first].max_tokens - active[first].generated == j:
+        while first < n and active[first].max_tokens - active[first].generated == j:
             q = active[first]
             made[q] = fold_output(q, j)
             ctx -= q.plen + q.generated - j
@@ -132,7 +143,7 @@ def fold(core: SimEngineCore, now: float = 0.0, until: float = float("inf"),
             break
     if j == 0:  # not even one step fits its blocks: the ordinary step preempts
         return None
-    for k in range(first, len(active)):
+    for k in range(first, n):
         made[active[k]] = fold_output(active[k], j)
     outputs = [made[q] for q in order]
     core.last_step_s = durations[-1]

@@ -56,6 +56,13 @@ PLACED_REMEMBERED = 50_000
 queue's re-ask comes seconds later, a dead queue's redelivery after its ack_wait (30 s)."""
 
 
+def _remember(memory: OrderedDict, key, value) -> None:
+    """Put `key` in a bounded memory, forgetting the oldest beyond PLACED_REMEMBERED."""
+    memory[key] = value
+    while len(memory) > PLACED_REMEMBERED:
+        memory.popitem(last=False)
+
+
 class RouterShell:
     kind = "router"
 
@@ -183,9 +190,7 @@ class RouterShell:
         finally:
             self._placing.pop(key, None)
         if decision.outcome == schemas.Outcome.ROUTED:
-            self._placed[key] = decision.worker_id
-            while len(self._placed) > PLACED_REMEMBERED:
-                self._placed.popitem(last=False)
+            _remember(self._placed, key, decision.worker_id)
         return decision, hit_tokens
 
     async def _place(
@@ -261,9 +266,7 @@ class RouterShell:
     def _unsure(self, key: tuple[str, str, str], worker_id: str) -> schemas.RouteDecision:
         """An offer went unanswered: the request stays followed (on no worker yet), and the
         queue's next ask offers it to `worker_id` first."""
-        self._unanswered[key] = worker_id
-        while len(self._unanswered) > PLACED_REMEMBERED:
-            self._unanswered.popitem(last=False)
+        _remember(self._unanswered, key, worker_id)
         return schemas.RouteDecision(key[0], schemas.Outcome.NO_CAPACITY, reason=f"no answer from {worker_id}",
                                      unsure=True)
 

@@ -5,17 +5,20 @@ A tick looks at every engine, but while the queue is empty and no arrival, DISPA
 KV_ARRIVE or PROVISION is due before the horizon H (the next arrival), a tick reads an
 engine only through its stats (the heartbeat, the batch-size sample) and places nothing on
 it: dispatch finds nothing to route (only an arrival fills the queue), and without a
-macro-instance controller no phase or control changes the engine. So the fold goes on past
-each tick T_i (T_(i+1) = T_i + heartbeat_s, the tick's own sum), in pieces:
+macro-instance controller no phase or control changes the engine. Of those ticks, only
+the ones that read the stats need them (`Ticks`): with silent ticks (tick.py) the
+last before H and the sampling ones; every tick without. So the fold goes on past each
+tick (T_(i+1) = T_i + heartbeat_s, the tick's own sum), in pieces, one per tick L_i that
+reads the stats:
 
-    piece i = SimEngineCore.fold(t, until=T_i, late_before=H)
-        its steps up to the one across T_i, taken whatever finished or was evicted before
-        T_i, where that step ends before H; the engine is then as one by one at T_i (the step
-        across T_i has started): its stats there are `engine.stats()`, kept as the instance's
-        stats at T_i (SimInstance.stats_at), which the tick at T_i reads instead of the
-        engine's own, further on by then
+    piece i = SimEngineCore.fold(t, until=L_i, late_before=H)
+        its steps up to the one across L_i, taken whatever finished or was evicted before
+        L_i, where that step ends before H; the engine is then as one by one at L_i (the step
+        across L_i has started): its stats there are `engine.stats()`, kept as the instance's
+        stats at L_i (SimInstance.stats_at), which the tick at L_i reads instead of the
+        engine's own, further on by then (a silent tick crossed keeps None: it reads nothing)
     the fold ends where a piece stops before its tick (the batch emptied, blocks ran short,
-    or the step across would end at or after H), where the next tick is not before H, or
+    or the step across would end at or after H), where no tick is left before H, or
     where the engine is no longer purely decoding
 
 and its one STEP_DONE, before H, delivers every piece's tokens (token j of a request at the
@@ -23,11 +26,12 @@ end of the fold's step j: nobody joins a fold, so each request decodes from its 
 to its finish), finishes and KV events, later than one by one but before anything reads them:
 the worker's streams and the router's index are read only by a placement, and none happens
 before H. The first piece may instead cross its tick as an ordinary fold does (straddle:
-nothing delivered before T_1), and then ends the fold, even past H.
+nothing delivered before L_1), and then ends the fold, even past H.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from tokenyard.services.worker.engine import EngineOutput
@@ -37,28 +41,65 @@ if TYPE_CHECKING:
     from tokenyard.simulator.fleet import SimInstance
 
 
-def fold_across(inst: SimInstance, now: float, tick_t: float, horizon: float, tick_s: float) -> StepResult | None:
-    """Inst's engine's pure decode steps from `now`, across the ticks tick_t, tick_t + tick_s, …
-    before `horizon`, as one result (None: the next step is not a pure decode step); the stats
-    at each tick crossed are kept on `inst` (SimInstance.ahead)."""
+class Ticks:
+    """The ticks from `first` before `horizon` (each tick_s after the last, summed as the loop
+    sums them), each with whether it reads an engine's stats: with silent ticks (`quiet`,
+    tick.py), only the last before the horizon and those that sample the batch sizes (each
+    sample_s after the last sample, as tick.sample goes); every tick otherwise. Listed as far
+    as asked (the horizon may be infinite: no arrival is left, and no tick is silent)."""
+
+    __slots__ = ("horizon", "tick_s", "quiet", "last_sample", "sample_s", "listed", "next_t")
+
+    def __init__(self, first: float, horizon: float, tick_s: float, quiet: bool, last_sample: float | None,
+                 sample_s: float):
+        self.horizon, self.tick_s, self.sample_s = horizon, tick_s, sample_s
+        self.quiet = quiet and horizon < math.inf  # (no arrival left: no tick is silent)
+        self.last_sample = last_sample
+        self.listed: list[tuple[float, bool]] = []
+        self.next_t = first
+
+    def get(self, i: int) -> tuple[float, bool] | None:
+        """The i-th tick (time, reads its stats); None: it is not before the horizon."""
+        listed = self.listed
+        while len(listed) <= i:
+            t = self.next_t
+            if t >= self.horizon:
+                return None
+            after = self.next_t = t + self.tick_s
+            reads = not self.quiet or after >= self.horizon  # (tick.silent: `now + heartbeat_s < next arrival`)
+            last = self.last_sample
+            if last is None or t - last >= self.sample_s - 1e-9:
+                reads, self.last_sample = True, t
+            listed.append((t, reads))
+        return listed[i]
+
+
+def fold_across(inst: SimInstance, now: float, ticks: Ticks, horizon: float) -> StepResult | None:
+    """Inst's engine's pure decode steps from `now`, across `ticks` (the ticks before
+    `horizon`, each with whether it reads the stats), as one result (None: the next step is
+    not a pure decode step). A piece ends only at a tick that reads the stats; those are kept
+    on `inst` (SimInstance.ahead), None for the ticks crossed that read nothing."""
     engine, ahead = inst.engine, inst.ahead
     pieces: list[StepResult] = []
-    t, tick = now, tick_t
-    while True:
-        res = engine.fold(t, tick, straddle=not pieces, late_before=horizon)
+    t, i = now, 0
+    while (tick := ticks.get(i)) is not None:
+        k = i
+        while not tick[1]:  # (the last tick before the horizon reads)
+            k += 1
+            tick = ticks.get(k)
+        look = tick[0]
+        res = engine.fold(t, look, straddle=not pieces, late_before=horizon)
         if res is None:
             break
         pieces.append(res)
         for d in res.step_durations:  # the times as the loop adds them (a fold lists every step)
             t += d
-        if t < tick or t >= horizon:  # stopped before the tick; or crossed it as a plain fold
+        if t < look or t >= horizon:  # stopped before its look; or crossed it as a plain fold
             break
         stats = engine.stats()  # at each tick the last step started before: the step across it
-        while tick <= t:
-            ahead.append((tick, stats))
-            tick += tick_s
-        if tick >= horizon:
-            break
+        while (tick := ticks.get(i)) is not None and tick[0] <= t:
+            ahead.append((tick[0], stats if i >= k else None))
+            i += 1
     if len(pieces) <= 1:
         return pieces[0] if pieces else None
     return merged(pieces)

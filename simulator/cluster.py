@@ -58,7 +58,7 @@ from tokenyard.shared import schemas
 from tokenyard.shared.schemas import GenerateRequest, KVEventBatch, PriorityClass, Rejected
 from tokenyard.shared.tokenizer import ByteTokenizer
 from tokenyard.simulator import scaling
-from tokenyard.simulator.across import fold_across
+from tokenyard.simulator.across import Ticks, fold_across
 from tokenyard.simulator.config import MODEL, SimConfig, with_slos
 from tokenyard.simulator.events import DISPATCH, KV_ARRIVE, PROVISION, STEP_DONE, TICK, EventQueue
 from tokenyard.simulator.fleet import SimInstance
@@ -147,8 +147,15 @@ class ClusterSim:
         """Fold across ticks (across.py) where the queue is empty and only a TICK is queued:
         without a macro-instance controller, such a tick reads an engine only through its
         stats. (Mitosis, phases and controls come from the controller.)"""
-        self._next_arrival = float("inf")
-        """The next arrival's time (the loop keeps it: a fold ends before it)."""
+        self.next_arrival = float("inf")
+        """The next arrival's time (the loop keeps it: a fold ends before it; inf: none is left)."""
+        self.quiet_ticks = cfg.quiet_ticks and self.macro is None
+        """Silent ticks (tick.py): a tick that another follows before the next arrival, with
+        the queue empty and nothing else queued, holds changed workers' heartbeats back."""
+        self._ticks_key: tuple[float, float] | None = None
+        self._ticks: Ticks | None = None
+        """across.Ticks for the latest (first tick, horizon): the engines folding across the
+        same ticks share it."""
         self.engine_options = dict(
             chunked_prefill=cfg.chunked_prefill, prefill_only_phase=cfg.prefill_only_phases,
             max_model_len=cfg.max_model_len,
@@ -182,6 +189,7 @@ class ClusterSim:
         wall0 = time.perf_counter()
         ev = self.events
         k, n = 0, len(items)
+        self.next_arrival = items[0].arrival_s if n else float("inf")
         tick(self, 0.0)
         while k < n or len(ev):
             if k < n and items[k].arrival_s <= ev.peek_t():
@@ -190,7 +198,7 @@ class ClusterSim:
                 self._arrive(items[k], t)
                 k += 1
                 continue
-            self._next_arrival = items[k].arrival_s if k < n else float("inf")
+            self.next_arrival = items[k].arrival_s if k < n else float("inf")
             t, kind, data = ev.pop()
             self.now = t
             if kind == STEP_DONE:
@@ -275,10 +283,14 @@ class ClusterSim:
         steps up to that event as one (fold.py), with the same times, tokens and blocks."""
         res = None
         if fold and self._fold:
-            ev, arrival = self.events, self._next_arrival
+            ev, arrival = self.events, self.next_arrival
             until = min(arrival, ev.next_look_t())
             if until < arrival and self._across and ev.only_tick() and not len(self.queue):
-                res = fold_across(inst, now, until, arrival, self.cfg.heartbeat_s)
+                if self._ticks is None or self._ticks_key != (until, arrival):
+                    self._ticks_key = (until, arrival)
+                    self._ticks = Ticks(until, arrival, self.cfg.heartbeat_s, self.quiet_ticks,
+                                        self.sample_times[-1] if self.sample_times else None, self.cfg.sample_s)
+                res = fold_across(inst, now, self._ticks, arrival)
             else:
                 res = inst.engine.fold(now, until, straddle=True)
         if res is None:

@@ -67,6 +67,11 @@ class SimConfig:
     fold_ticks: bool = True
     """With fold_decodes: fold across the 100 ms ticks where a tick reads an engine only
     through its stats (across.py). False: every fold ends at the next tick (the reference)."""
+    quiet_ticks: bool = True
+    """A tick that another follows before the next arrival, with the queue empty, nothing
+    else queued and no macro-instance controller, sends no busy worker's heartbeat (tick.py,
+    `silent`): the next tick's supersedes it before any core reads one. Folds across ticks
+    then stop only at the ticks that read an engine's stats. False: every tick sends them."""
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     """The SLOs the fleet runs to: EcoServe's constraint check and phase rules, and every

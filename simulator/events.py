@@ -56,5 +56,9 @@ class EventQueue:
         other = self._other
         return len(other) == 1 and other[0][2] == TICK
 
+    def only_steps(self) -> bool:
+        """No event is queued but STEP_DONEs."""
+        return not self._other
+
     def __len__(self) -> int:
         return len(self._steps) + len(self._other)

@@ -22,7 +22,7 @@ from tokenyard.shared.tokenizer import ByteTokenizer
 
 class SimInstance:
     __slots__ = ("id", "worker", "engine", "busy", "dirty", "last_hb_s", "last_hb", "pending", "busy_s", "bs_samples",
-                 "steps", "fold_times", "ahead")
+                 "steps", "fold_times", "ahead", "owed", "owed_stats")
 
     def __init__(
         self,
@@ -54,7 +54,13 @@ class SimInstance:
         """Running batch size at every sample tick."""
         self.ahead: deque[tuple[float, EngineStats]] = deque()
         """(tick time, the engine's stats then) for the ticks a fold across ticks crossed
-        (across.py): by the tick, the engine itself is further on."""
+        (across.py): by the tick, the engine itself is further on. None for a silent tick
+        (tick.py), which reads no stats."""
+        self.owed: float | None = None
+        """A silent tick's time, where this worker's heartbeat was held back (tick.py)."""
+        self.owed_stats: EngineStats | None = None
+        """The stats of the heartbeat held back, where the worker was not busy then (a busy
+        one's is superseded by the next tick's, which it sends for sure)."""
 
     def stats_at(self, now: float) -> EngineStats:
         """The engine's stats as a tick at `now` sees them: kept by a fold across that tick,
@@ -64,5 +70,7 @@ class SimInstance:
             while ahead and ahead[0][0] < now:
                 ahead.popleft()
             if ahead and ahead[0][0] == now:
-                return ahead[0][1]
+                stats = ahead[0][1]
+                assert stats is not None, "a tick read the stats that a fold across ticks kept for no one"
+                return stats
         return self.engine.stats()

@@ -17,19 +17,41 @@
 A worker's state reaches the cores exactly as with a heartbeat every tick: a worker that
 did not change would publish the same numbers, and the cores read only the numbers and
 when they came (stale_after_s), so only the time is sent.
+
+Silent ticks (SimConfig.quiet_ticks). A tick T with another tick before the next arrival
+(T + heartbeat_s < H), the queue empty, no other event queued (no DISPATCH, KV_ARRIVE,
+PROVISION) and no macro-instance controller is followed by nothing but engine steps and
+that next tick before H: its dispatch routes nothing, and until H no core is read (a step's
+KV events go to the router's block index, not its fleet view). Its queue state to
+admission is superseded by the next tick's, and so is each changed worker's heartbeat:
+
+    every core's on_heartbeat overwrites what the worker's previous one wrote (the fields
+    admission keeps only when positive, prefill cost and output share, are constant and 0
+    for a simulated worker), and a keep-alive is the latest heartbeat again at a new time
+
+so the core's state at the next read is that of the worker's last send alone. A silent
+tick therefore holds a changed worker's heartbeat back (`owed`): a busy worker is changed
+again at the next tick, which sends its stats then (or, held back again, the one after);
+a worker that went idle has its stats kept (`owed_stats`) and sent at their own time by the
+next tick that is not silent, or before a keep-alive of it — each worker's sends reach the
+cores in its own order, and the cores keep workers apart (sums of integers, per-row
+columns, a lower bound that only speeds a look-up). Nothing else a silent tick does reads
+a heartbeat. A fold across ticks (across.py) keeps stats only for the ticks that read them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
-from tokenyard.shared.schemas import Phase
+from tokenyard.shared.schemas import EngineStats, Phase
 from tokenyard.simulator import scaling
 from tokenyard.simulator.events import TICK
 from tokenyard.simulator.pd import place_leg
 
 if TYPE_CHECKING:
     from tokenyard.simulator.cluster import ClusterSim
+    from tokenyard.simulator.fleet import SimInstance
 
 
 def tick(sim: ClusterSim, now: float, more: bool = True) -> None:
@@ -37,7 +59,8 @@ def tick(sim: ClusterSim, now: float, more: bool = True) -> None:
     cfg = sim.cfg
     if sim.retiring:
         scaling.retire(sim, now)
-    heartbeats(sim, now)
+    quiet = silent(sim, now)
+    heartbeats(sim, now, quiet)
     if sim.macro is not None:
         control(sim, now)
     if not sim.sample_times or now - sim.sample_times[-1] >= cfg.sample_s - 1e-9:
@@ -47,36 +70,73 @@ def tick(sim: ClusterSim, now: float, more: bool = True) -> None:
     for leg in legs:
         place_leg(sim, leg, now)
     sim.dispatch(now)
-    qstats = sim.queue.stats("sim-queue", now)  # live: on llm.v1.pq.state every 100 ms
-    sim.admission.on_queue_stats(qstats, now)
-    if sim.macro is not None:  # mitosis's backlog signal
-        sim.macro.on_queue_stats(qstats, now)
+    if not quiet:  # (a silent tick's is superseded by the next tick's before admission reads it)
+        qstats = sim.queue.stats("sim-queue", now)  # live: on llm.v1.pq.state every 100 ms
+        sim.admission.on_queue_stats(qstats, now)
+        if sim.macro is not None:  # mitosis's backlog signal
+            sim.macro.on_queue_stats(qstats, now)
     if (more or len(sim.queue) or sim.legs or sim.retiring
             or any(inst.busy or inst.engine.has_work() for inst in sim.instances)):
         sim.events.push(now + cfg.heartbeat_s, TICK)
 
 
-def heartbeats(sim: ClusterSim, now: float) -> None:
-    """Each changed worker's heartbeat, each unchanged one's keep-alive when due."""
+def silent(sim: ClusterSim, now: float) -> bool:
+    """The tick at `now` is followed by nothing that reads a core before the next tick (the
+    module's "silent ticks"); across.ticks_before predicts the same from a fold's start."""
+    return (sim.quiet_ticks and now + sim.cfg.heartbeat_s < sim.next_arrival < math.inf and not len(sim.queue)
+            and sim.events.only_steps() and not sim.legs)
+
+
+def heartbeats(sim: ClusterSim, now: float, quiet: bool = False) -> None:
+    """Each changed worker's heartbeat, each unchanged one's keep-alive when due; at a silent
+    tick (`quiet`) a changed worker's is held back, to be superseded or sent later."""
     stopped, keepalive = sim.stopped, sim.cfg.keepalive_s
-    receivers, keepers = sim.receivers, sim.keepers
     for inst in sim.instances:
-        if inst.dirty or now - inst.last_hb_s >= keepalive:
+        if inst.dirty:
             if stopped and inst.id in stopped:  # a stopped worker sends nothing: it falls silent
                 continue
-            stats, last = inst.stats_at(now) if inst.ahead else inst.engine.stats(), inst.last_hb
-            same = last is not None and inst.worker.repeats(last, stats)
-            if same:
-                for keep in keepers:  # a core that would see more change asks for the heartbeat
-                    if not keep(inst.id, now):
-                        same = False
-                        break
-            if not same:
-                hb = inst.last_hb = inst.worker.heartbeat(stats, now)
-                for receive in receivers:
-                    receive(hb, now)
-            inst.last_hb_s = now
+            if quiet and inst.last_hb is not None:
+                inst.owed = inst.last_hb_s = now
+                inst.owed_stats = None if inst.busy else inst.stats_at(now)  # busy: changed at the next tick
+            else:
+                inst.owed = inst.owed_stats = None  # superseded: this heartbeat carries the worker as of now
+                send(sim, inst, inst.stats_at(now) if inst.ahead else inst.engine.stats(), now)
             inst.dirty = inst.busy
+        elif inst.owed is not None and not (quiet and now - inst.last_hb_s < keepalive):
+            if stopped and inst.id in stopped:
+                continue
+            pay(sim, inst)
+            if now - inst.last_hb_s >= keepalive:
+                send(sim, inst, inst.stats_at(now) if inst.ahead else inst.engine.stats(), now)
+        elif now - inst.last_hb_s >= keepalive:
+            if stopped and inst.id in stopped:
+                continue
+            send(sim, inst, inst.stats_at(now) if inst.ahead else inst.engine.stats(), now)
+
+
+def send(sim: ClusterSim, inst: SimInstance, stats: EngineStats, now: float) -> None:
+    """The worker's heartbeat with `stats` at `now` to every core, or a keep-alive where it
+    repeats the latest and every core takes it as that."""
+    last = inst.last_hb
+    same = last is not None and inst.worker.repeats(last, stats)
+    if same:
+        for keep in sim.keepers:  # a core that would see more change asks for the heartbeat
+            if not keep(inst.id, now):
+                same = False
+                break
+    if not same:
+        hb = inst.last_hb = inst.worker.heartbeat(stats, now)
+        for receive in sim.receivers:
+            receive(hb, now)
+    inst.last_hb_s = now
+
+
+def pay(sim: ClusterSim, inst: SimInstance) -> None:
+    """The heartbeat a silent tick held back for a worker that was not busy, sent as then."""
+    assert inst.owed_stats is not None, "a busy worker's held-back heartbeat was not superseded"
+    owed, inst.owed = inst.owed, None
+    send(sim, inst, inst.owed_stats, owed)
+    inst.owed_stats = None
 
 
 def control(sim: ClusterSim, now: float) -> None:

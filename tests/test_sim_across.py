@@ -13,7 +13,7 @@ from tokenyard.loadgen.workloads import open_workload
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import PROFILES
 from tokenyard.shared.schemas import BlockRemoved, BlockStored
-from tokenyard.simulator.across import fold_across
+from tokenyard.simulator.across import Ticks, fold_across
 from tokenyard.simulator.cluster import ChainCache, ClusterSim, SimConfig
 from tokenyard.simulator.fleet import SimInstance
 from tokenyard.simulator.metrics import WALL_CLOCK_KEYS, result
@@ -25,10 +25,17 @@ TICK_S = 0.0137
 TICK0 = 0.00071
 
 
-def drive(mix, budget, blocks, across: bool, host: int = 0, mode: str = "recompute"):
+def reads(t: float, horizon: float) -> bool:
+    """With silent ticks and no sampling: a tick reads the stats only where the next tick is
+    not before the next arrival (tick.silent)."""
+    return t + TICK_S >= horizon
+
+
+def drive(mix, budget, blocks, across: bool, host: int = 0, mode: str = "recompute", quiet: bool = False):
     """One engine on a virtual clock with arrivals and ticks. Each tick records the engine's
     stats as it sees them: one by one, those after the step across it started; `across`,
-    the kept ones (SimInstance.ahead) where a fold crossed it."""
+    the kept ones (SimInstance.ahead) where a fold crossed it. `quiet`: the fold keeps stats
+    only for the ticks that read them (silent ticks, no sampling); only those are recorded."""
     prof = dataclasses.replace(PROFILES["h100-llama3-8b"], max_num_batched_tokens=budget)
     core = SimEngineCore(prof, BS, blocks, host_blocks=host, preemption_mode=mode)
     inst = SimInstance("w0", "m", prof, BS, blocks, 50.0)
@@ -53,7 +60,8 @@ def drive(mix, budget, blocks, across: bool, host: int = 0, mode: str = "recompu
         horizon = arrivals[i][0] if i < len(arrivals) else float("inf")
         r = None
         if across:
-            r = fold_across(inst, now, tick, horizon, TICK_S) if tick < horizon else core.fold(now, horizon, straddle=True)
+            ticks = Ticks(tick, horizon, TICK_S, quiet, 0.0, 1e9)  # (sampling: never)
+            r = fold_across(inst, now, ticks, horizon) if tick < horizon else core.fold(now, horizon, straddle=True)
         if r is None:
             r = core.step()
         durations = r.step_durations or [r.duration_s]
@@ -65,7 +73,8 @@ def drive(mix, budget, blocks, across: bool, host: int = 0, mode: str = "recompu
         kept = dict(inst.ahead)
         inst.ahead.clear()
         while tick <= t:  # the ticks this result's steps crossed
-            looks.append((tick, kept.get(tick) or core.stats()))
+            if not quiet or reads(tick, horizon):
+                looks.append((tick, kept.get(tick) or core.stats()))
             tick += TICK_S
         for o in r.outputs:
             for j, tok in enumerate(o.new_token_ids):
@@ -93,6 +102,41 @@ def test_folding_across_ticks_is_step_by_step(mix, budget, blocks, host, mode):
     assert a[5] == b[5]  # at every tick, the same stats
 
 
+@settings(max_examples=40, deadline=None)
+@given(mix=mixes, budget=st.integers(4, 32), blocks=st.integers(24, 80), host=st.integers(0, 8),
+       mode=st.sampled_from(["recompute", "swap"]))
+def test_folding_across_silent_ticks_keeps_the_stats_of_the_ticks_that_read_them(mix, budget, blocks, host, mode):
+    a = drive(mix, budget, blocks, False, host, mode, quiet=True)
+    b = drive(mix, budget, blocks, True, host, mode, quiet=True)
+    assert a[:5] == b[:5]
+    assert a[5] == b[5]  # at every tick that reads the stats (the last before each arrival), the same
+
+
+def test_a_fold_across_silent_ticks_stops_only_at_the_ticks_that_read():
+    core = SimEngineCore(PROFILES["a100-llama3-8b"], BS, 64)
+    core.add(req(0, 0, 6, 60))
+    core.step()
+    inst = SimInstance("w0", "m", core.prof, BS, 64, 50.0)
+    inst.engine = core
+    horizon = 0.43  # ticks at 0.05 … 0.35: 0.35 is the last before it; 0.25 samples (a second after 0.25 − 1)
+    ticks = Ticks(0.05, horizon, 0.1, True, 0.25 - 1.0, 1.0)
+    res = fold_across(inst, 0.0, ticks, horizon)
+    assert [(round(t, 9), r) for t, r in ticks.listed] == [(0.05, False), (0.15, False), (0.25, True), (0.35, True)]
+    assert [(round(t, 9), s is None) for t, s in inst.ahead] == [(0.05, True), (0.15, True), (0.25, False),
+                                                                  (0.35, False)]
+    one = SimEngineCore(PROFILES["a100-llama3-8b"], BS, 64)  # the same engine, one piece per tick
+    one.add(req(0, 0, 6, 60))
+    one.step()
+    each = SimInstance("w1", "m", one.prof, BS, 64, 50.0)
+    each.engine = one
+    again = fold_across(each, 0.0, Ticks(0.05, horizon, 0.1, False, None, 1.0), horizon)
+    assert again.step_durations == res.step_durations and again.outputs == res.outputs
+    assert [s for t, s in each.ahead if t > 0.2] == [s for t, s in inst.ahead if s is not None]
+    inst.ahead.popleft()
+    with pytest.raises(AssertionError, match="kept for no one"):  # a silent tick reads nothing
+        inst.stats_at(inst.ahead[0][0])
+
+
 def test_a_fold_crosses_ticks_and_keeps_the_stats_of_each():
     core = SimEngineCore(PROFILES["a100-llama3-8b"], BS, 64)
     core.add(req(0, 0, 6, 60))
@@ -100,7 +144,7 @@ def test_a_fold_crosses_ticks_and_keeps_the_stats_of_each():
     core.step()
     inst = SimInstance("w0", "m", core.prof, BS, 64, 50.0)
     inst.engine = core
-    res = fold_across(inst, 0.0, 0.05, float("inf"), 0.1)
+    res = fold_across(inst, 0.0, Ticks(0.05, float("inf"), 0.1, True, None, 1.0), float("inf"))
     # r1 finishes after 7 more steps, r0 runs to its 60th token: every step of both in one result
     assert res.num_steps == 59 and [len(o.new_token_ids) for o in res.outputs] == [59, 7]
     assert all(o.finished for o in res.outputs) and not core.has_work()
@@ -126,11 +170,22 @@ def test_a_fold_across_ticks_stops_before_the_horizon():
     inst = SimInstance("w0", "m", core.prof, BS, 64, 50.0)
     inst.engine = core
     horizon = 0.33
-    res = fold_across(inst, 0.0, 0.05, horizon, 0.1)
+    res = fold_across(inst, 0.0, Ticks(0.05, horizon, 0.1, False, None, 1.0), horizon)
     end = sum(res.step_durations)
     assert end < horizon  # its STEP_DONE comes before the horizon's look
     assert [round(t, 9) for t, _ in inst.ahead] == [0.05, 0.15, 0.25]
     assert res.outputs[0].new_token_ids and not res.outputs[0].finished
+
+
+def _cores(sim: ClusterSim) -> tuple:
+    """What the router, queue and admission cores hold from heartbeats, exactly: the router's
+    rows (every column's bytes), the queue's per-worker records and headroom sum, admission's
+    fleet view (its queue state too). Not the queue's `oldest_seen_s`, a lower bound that only
+    spares a pass over the fleet."""
+    v = sim.router.view
+    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in (*v._FLOAT, *v._INT, *v._BOOL, "phase"))
+    queue = tuple((w, repr(rec)) for w, rec in sim.queue.workers.items())
+    return (tuple(v.ids), tuple(v.stats[: v.n]), cols, v.decisions), (queue, sim.queue.room_sum), repr(sim.admission.fleet)
 
 
 def _replay(spec: dict, cfg):
@@ -143,27 +198,37 @@ def _replay(spec: dict, cfg):
         (lambda hb, now, k=k, f=f: (seen.append((k, now, hb.worker_id, hb.stats)), f(hb, now))[1])
         for k, f in enumerate(sim.receivers)
     ]
+    reads: list[tuple] = []  # what the cores hold at every arrival, when admission and the router read them
+    arrive = sim._arrive
+    sim._arrive = lambda item, now: (reads.append((now, _cores(sim))), arrive(item, now))[1]
     sim.run(items)
     res = {k: v for k, v in result(sim, items, {"ttft": 2000.0, "tpot": 100.0}).items() if k not in WALL_CLOCK_KEYS}
     per_req = [(rid, list(s.tokens), s.finished, s.error, s.cached_tokens, s.worker) for rid, s in sorted(sim.reqs.items())]
     insts = [(i.id, i.steps, i.busy_s, list(i.bs_samples)) for i in sim.instances]
-    return per_req, res, insts, seen, sim.step_events
+    return per_req, res, insts, reads, seen, sim.step_events
 
 
 @pytest.mark.parametrize(
-    ("spec", "cfg"),
+    ("spec", "cfg", "gaps"),
     [
-        (dict(name="mooncake", num_requests=150), SimConfig(instances=16)),
-        (dict(name="chatbot", num_requests=150, priority_mix=(0.1, 0.4, 0.3, 0.2)), SimConfig(instances=4)),
-        (dict(name="mooncake", num_requests=120), SimConfig(instances=64)),
+        (dict(name="mooncake", num_requests=150), SimConfig(instances=16), True),
+        # 150 arrivals in 2.7 s (none 100 ms after the last): no tick is silent before the last one
+        (dict(name="chatbot", num_requests=150, priority_mix=(0.1, 0.4, 0.3, 0.2)), SimConfig(instances=4), False),
+        (dict(name="mooncake", num_requests=120), SimConfig(instances=64), True),
     ],
     ids=["mooncake", "chatbot-classes", "mooncake-64"],
 )
-def test_the_cluster_simulator_folds_across_ticks_without_changing_a_result(spec, cfg):
-    one_by_one = _replay(spec, dataclasses.replace(cfg, fold_decodes=False))
-    per_tick = _replay(spec, dataclasses.replace(cfg, fold_ticks=False))
+def test_the_cluster_simulator_folds_across_ticks_without_changing_a_result(spec, cfg, gaps):
+    one_by_one = _replay(spec, dataclasses.replace(cfg, fold_decodes=False, quiet_ticks=False))
+    per_tick = _replay(spec, dataclasses.replace(cfg, fold_ticks=False, quiet_ticks=False))
+    loud = _replay(spec, dataclasses.replace(cfg, quiet_ticks=False))
     across = _replay(spec, cfg)
-    # every token at the same time, every result, busy time and batch-size sample; every
-    # heartbeat each core took, at the same time with the same stats
-    assert across[:4] == one_by_one[:4] == per_tick[:4]
-    assert across[4] < per_tick[4]  # in fewer events: folds went across ticks
+    # every token at the same time, every result, busy time and batch-size sample, and what
+    # every core holds whenever a request arrives
+    assert across[:4] == loud[:4] == one_by_one[:4] == per_tick[:4]
+    # every heartbeat each core took, at the same time with the same stats, where every tick sends them
+    assert loud[4] == one_by_one[4] == per_tick[4]
+    if gaps:  # silent ticks held heartbeats back; folds went across ticks, and further
+        assert len(across[4]) < len(loud[4]) and across[5] < loud[5] < per_tick[5]
+    else:
+        assert len(across[4]) <= len(loud[4]) and across[5] <= loud[5] <= per_tick[5]

@@ -12,7 +12,9 @@ clock, in one process, with no NATS (Dynamo's offline replay, not Vidur's re-imp
     every 100 ms (tick.py): heartbeats (WorkerCore.heartbeat) ─> router, queue, admission,
               macro controller, an unchanged worker's as a keep-alive; QueueCore.stats ─>
               admission, macro controller (as llm.v1.pq.state live); MacroCore.plan ─>
-              router (MacroState), workers (WorkerControl); dispatch again
+              router (MacroState), workers (WorkerControl); dispatch again. A silent
+              tick (another follows before the next arrival, nothing to route) holds
+              busy workers' heartbeats back: the next one's supersede them (tick.py)
     spatial P/D (mode pd, pd.py): a prefill worker's engine hands a request off after its
               first token ─> KV_ARRIVE at + prompt KV bytes / inter-node bandwidth ─>
               RouterCore (decode leg, services.router.pd) ─> decode worker

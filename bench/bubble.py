@@ -16,7 +16,10 @@ caps one request's prefill chunk per step in every engine (vLLM's setting; defau
 Policies, all with the fleet's defaults (flow control on, router `marginal-latency`):
   sjf          one queue, shortest first                                   (starves long requests)
   fixed        one queue, round robin over fixed length partitions, work-conserving (registry.py)
-  bubble       one queue, bubble queues                                    (bubble.py)
+  bubble       bubble queues whose length ranges own instances, split by demand, idle ones
+               lent to shorter ranges (`--queue-policy bubble`; bubble_placement.py)
+  bubble-shared  the same bubble queues over the whole fleet (no placement: the earlier rounds'
+               `bubble`)
   partitioned  the seed's fixed partitions: the instances split by length range, each range's
                requests only to its own instances (bubble_partitions.py; tuning/evaluate.py)
   fcfs         one queue, arrival order
@@ -36,8 +39,8 @@ from typing import Any
 
 from bench._out import write_result
 
-POLICIES = ("sjf", "fixed", "bubble", "partitioned", "fcfs", "bubble-count")
-DEFAULT_POLICIES = ("sjf", "fixed", "bubble", "partitioned", "bubble-count")
+POLICIES = ("sjf", "fixed", "bubble", "bubble-shared", "partitioned", "fcfs", "bubble-count")
+DEFAULT_POLICIES = ("sjf", "fixed", "bubble", "bubble-shared", "partitioned")
 
 
 def make_variant(name: str, **knobs):

@@ -43,7 +43,7 @@ def rooms(*wids: str, room: int = 4000, backlog: int = 0) -> dict[str, WorkerRoo
 
 
 def bubble() -> BubblePlacement:
-    p = make_policy("bubble", aging_s=None)
+    p = make_policy("bubble-placed", aging_s=None)
     assert isinstance(p, BubblePlacement)
     return p
 
@@ -252,7 +252,7 @@ def test_every_request_leaves_once_within_its_own_or_a_longer_group(ops):
 # ── the queue core and the router ──
 
 def test_the_queue_core_names_where_each_release_may_go():
-    q = QueueCore(QueueConfig(), make_policy("bubble"))
+    q = QueueCore(QueueConfig(), make_policy("bubble-placed"))
     for w in ("w0", "w1", "w2", "w3"):
         q.on_heartbeat(hb(w, prefill_ms_per_token=0.1), 0.0)  # room: 0.25 s / 0.1 ms = 2,500 tokens
     for i in range(40):
@@ -268,7 +268,7 @@ def test_the_queue_core_names_where_each_release_may_go():
 
 
 def test_flow_control_off_places_nothing():
-    q = QueueCore(QueueConfig(flow_control=False), make_policy("bubble"))
+    q = QueueCore(QueueConfig(flow_control=False), make_policy("bubble-placed"))
     q.on_heartbeat(hb("w0"), 0.0)
     q.offer(short("s0"), 0.0)
     assert [r.request_id for r in q.dispatchable(0.0)] == ["s0"] and q.placed_on == {}
@@ -301,7 +301,7 @@ def test_in_the_simulator_every_request_runs_where_it_was_placed():
             self.where[r.request_id] = (inst.id, self.allowed[r.request_id])
             super().start(inst, r, now)
 
-    sim = Checked(SimConfig(instances=4, queue_policy="bubble", slo_check=False, deadline_reject=False),
+    sim = Checked(SimConfig(instances=4, queue_policy="bubble-placed", slo_check=False, deadline_reject=False),
                   w.block_tokens)
     sim.where, sim.allowed = {}, {}
     sim.run(w.items())

@@ -9,10 +9,11 @@ policy does not use are ignored (so one set of options serves every policy).
     hybrid   P0 strict · P1-P2 deadline-first, WFQ between heads without one · P3 best
              effort · aging                                        (default; hybrid.py)
     hybrid-wfq  P0 strict · P1-P2 WFQ · P3 best effort · aging     (DESIGN §3.3 as written)
-    bubble   hybrid, with bubble queues within each class, each length range released
-             onto instances of its own, split by demand (seed 004; bubble_placement.py)
-    bubble-shared  the same bubble queues over the whole fleet, no placement (the previous
-             `bubble`, for the comparison)
+    bubble   hybrid, with bubble queues within each class          (seed 004)
+    bubble-placed  the same, each length range released onto instances of its own, split by
+             demand, idle longer ranges lent to shorter ones (seed 004's queues with capacity
+             of their own; bubble_placement.py; docs/results-bubble.md: better short p50 in
+             a short flood, worse long p99 without one, so not the default bubble)
     fixed    hybrid, with fixed log-spaced length partitions       (baseline for bubble)
     sjf      hybrid, shortest job first within each class          (baseline for bubble)
 """
@@ -34,7 +35,7 @@ from tokenyard.services.priority_queue.policies.strict import Strict
 
 DEFAULT_POLICY = "hybrid"
 """The queue policy of `tokenyard queue` and `tokenyard sim` when none is named."""
-POLICY_NAMES = ("fcfs", "strict", "drr", "wfq", "hybrid", "hybrid-wfq", "bubble", "bubble-shared", "fixed", "sjf")
+POLICY_NAMES = ("fcfs", "strict", "drr", "wfq", "hybrid", "hybrid-wfq", "bubble", "bubble-placed", "fixed", "sjf")
 KNOBS = ("aging_s", "bubble_width", "weights", "drr_quantum")
 
 
@@ -60,9 +61,9 @@ def make_policy(
         inner = hybrid(aging_s, weights=weights)
     elif name == "hybrid-wfq":
         inner = hybrid(aging_s, name="hybrid-wfq", weights=weights, fair_order="wfq")
-    elif name in ("bubble", "bubble-shared"):
+    elif name in ("bubble", "bubble-placed"):
         inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS), name, weights)
-        if name == "bubble":
+        if name == "bubble-placed":
             return BubblePlacement(KeepsTurn(inner))
     elif name == "fixed":
         inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS, False), "fixed", weights)

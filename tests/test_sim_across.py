@@ -19,6 +19,7 @@ from tokenyard.simulator.fleet import SimInstance
 from tokenyard.simulator.metrics import WALL_CLOCK_KEYS, result
 
 from tests.test_sim_advance import BS, mixes, req
+from tests.test_sim_silent_ticks import admission_held
 
 TICK_S = 0.0137
 """Ticks at k · TICK_S + TICK0, a few decode steps apart (no step ends exactly on one)."""
@@ -177,15 +178,16 @@ def test_a_fold_across_ticks_stops_before_the_horizon():
     assert res.outputs[0].new_token_ids and not res.outputs[0].finished
 
 
-def _cores(sim: ClusterSim) -> tuple:
+def _cores(sim: ClusterSim, now: float) -> tuple:
     """What the router, queue and admission cores hold from heartbeats, exactly: the router's
     rows (every column's bytes), the queue's per-worker records and headroom sum, admission's
-    fleet view (its queue state too). Not the queue's `oldest_seen_s`, a lower bound that only
-    spares a pass over the fleet."""
+    fleet view (its queue state too) and which workers it counts up. Not the queue's
+    `oldest_seen_s`, a lower bound that only spares a pass over the fleet, nor admission's
+    liveness gaps (test_sim_silent_ticks: `held`)."""
     v = sim.router.view
     cols = tuple(getattr(v, c)[: v.n].tobytes() for c in (*v._FLOAT, *v._INT, *v._BOOL, "phase"))
     queue = tuple((w, repr(rec)) for w, rec in sim.queue.workers.items())
-    return (tuple(v.ids), tuple(v.stats[: v.n]), cols, v.decisions), (queue, sim.queue.room_sum), repr(sim.admission.fleet)
+    return (tuple(v.ids), tuple(v.stats[: v.n]), cols, v.decisions), (queue, sim.queue.room_sum), admission_held(sim.admission, now)
 
 
 def _replay(spec: dict, cfg):
@@ -200,7 +202,7 @@ def _replay(spec: dict, cfg):
     ]
     reads: list[tuple] = []  # what the cores hold at every arrival, when admission and the router read them
     arrive = sim._arrive
-    sim._arrive = lambda item, now: (reads.append((now, _cores(sim))), arrive(item, now))[1]
+    sim._arrive = lambda item, now: (reads.append((now, _cores(sim, now))), arrive(item, now))[1]
     sim.run(items)
     res = {k: v for k, v in result(sim, items, {"ttft": 2000.0, "tpot": 100.0}).items() if k not in WALL_CLOCK_KEYS}
     per_req = [(rid, list(s.tokens), s.finished, s.error, s.cached_tokens, s.worker) for rid, s in sorted(sim.reqs.items())]

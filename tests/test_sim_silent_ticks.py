@@ -6,6 +6,8 @@ argument assumes (a constant prefill cost, no output share)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -43,13 +45,26 @@ def cores():
             AdmissionCore(AdmissionConfig(models=["m"], block_size=16), ByteTokenizer()))
 
 
-def held(router, queue, admission) -> tuple:
+def admission_held(admission, now: float) -> tuple:
+    """Admission's fleet view but its liveness gaps, and which workers it counts up at `now`.
+    The gap (liveness.py: a decayed maximum over a worker's heartbeats) is the one thing a
+    held-back heartbeat changes: fewer beats, a different gap. It decides only whether a
+    worker is up, silence ≤ max(10 × interval, 3 × gap), and a simulated worker's silence at
+    any read is at most a keep-alive interval and a tick (0.6 s), below the 1 s floor either
+    way: every verdict is the same, as compared here."""
+    fleet = admission.fleet
+    beats = tuple((w, b.seen_s, b.blind_s, b.interval_s) for w, b in fleet.live.beats.items())
+    rest = repr(dataclasses.replace(fleet, live=None))
+    return rest, beats, fleet.live.blind_s, tuple(fleet.up(w, now) for w in fleet.workers)
+
+
+def held(router, queue, admission, now: float) -> tuple:
     """Everything the three cores keep from heartbeats (the queue's `oldest_seen_s` aside: a
-    lower bound that only spares a pass over the fleet)."""
+    lower bound that only spares a pass over the fleet; admission's liveness gaps aside)."""
     v = router.view
     cols = tuple(getattr(v, c)[: v.n].tobytes() for c in (*v._FLOAT, *v._INT, *v._BOOL, "phase"))
     return ((tuple(v.ids), tuple(v.stats[: v.n]), cols), tuple((w, repr(r)) for w, r in queue.workers.items()),
-            queue.room_sum, repr(admission.fleet))
+            queue.room_sum, admission_held(admission, now))
 
 
 @settings(max_examples=200, deadline=None)
@@ -70,7 +85,7 @@ def test_a_later_heartbeat_supersedes_an_earlier_one_in_every_core(first, h1, h2
         c.on_heartbeat(h2, t2)
     for c in alone:
         c.on_heartbeat(h2, t2)
-    assert held(*both) == held(*alone)
+    assert held(*both, t2) == held(*alone, t2)
 
 
 def test_a_simulated_worker_sends_heartbeats_of_that_shape():

@@ -126,7 +126,10 @@ class ScorpioPolicy:
         ctx = sum(self.context(r) for r in decodes)
         bound = min(self.stp(r) - gaps.get(r.rid, 0.0) for r in decodes)
         prefilling = [r for r in running if r.computed < r.target]
-        todo = [(ttft_guard.uncached(core, w), w.target) for w in core.waiting]
+        # a step admits from the line's first `lookahead` (its gate's window, which moves on by
+        # one per admission): twice that covers every request it can start
+        window = core.waiting.ordered()[: 2 * core.waiting.lookahead] if core.waiting else []
+        todo = [(ttft_guard.uncached(core, w), w.target) for w in window]
         waiting = sorted(u for u, _ in todo)
         # the longest context a chunk may sit on: a prefilling request's, or a waiting one's cached prefix
         k = max([r.computed for r in prefilling] + [t - u for u, t in todo], default=0)

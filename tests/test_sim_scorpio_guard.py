@@ -90,3 +90,25 @@ def test_scorpio_beats_fcfs_with_the_same_rejection_where_fcfs_breaks_the_tight_
     assert fcfs["tight_tpot_met"] < 0.5 and same["tight_tpot_met"] < 0.5
     assert scorpio["good"] > same["good"] >= fcfs["good"]
     assert {TIGHT_MS, LOOSE_MS} == {r.tpot_slo_ms for r in reqs}
+
+
+def test_a_live_engines_step_overhead_comes_off_the_tpot_bound():
+    """Live, a step costs more wall time than its model (the loop, the publishing): the budget
+    leaves that time out of the SLO, and the guard's prefill rate counts it."""
+    budgets = {}
+    for over_s in (0.0, 0.010):
+        pol = ScorpioPolicy(PROF)
+        core = SimEngineCore(PROF, 16, policy=pol)
+        for i in range(8):
+            core.add(areq(f"d{i}", 32, deadline=99.0, stp=30.0, out=500))
+        core.step()
+        core.add(areq("big", 4000, deadline=99.0, stp=30.0))
+        core.step_overhead_s = over_s
+        budget = pol.token_budget(core)
+        d, n = 8, budget - 8
+        ctx = sum(s.req.prompt_len + s.generated for s in core.running)
+        model_ms = PROF.step_ms(d + n, d, ctx, PROF.chunk_attn_ms(n, 0))
+        assert model_ms + over_s * 1000 <= 30.0 < PROF.step_ms(d + n + 1, d, ctx, PROF.chunk_attn_ms(n + 1, 0)) + over_s * 1000
+        assert pol.prefill_rate(core) == pytest.approx(n / (model_ms + over_s * 1000) * 1000)
+        budgets[over_s] = budget
+    assert budgets[0.010] < budgets[0.0]

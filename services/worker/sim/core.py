@@ -85,6 +85,10 @@ class SimEngineCore:
         self.running: list[Seq] = []
         self.seqs: dict[str, Seq] = {}
         self.last_step_s = 0.0
+        self.step_overhead_s = 0.0
+        """Wall-clock time a step costs beyond its modelled duration, as the live engine's loop
+        measures it between two deliveries (an EWMA; the simulator's virtual clock has none):
+        SCORPIO's TPOT guard keeps it out of its SLO bound."""
         self.prefix_hits = 0
         self.prefix_queries = 0
         self.host_hits = 0

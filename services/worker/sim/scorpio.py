@@ -110,9 +110,12 @@ class ScorpioPolicy:
         last token) — priced as an upper bound: the attention of one chunk of all the prompt
         tokens on the longest cached context a chunk may sit on, plus p0 for each further chunk
         the tokens can make (the running prefills', and the waiting requests' smallest whole
-        prompts that fit, and one more). A step with no decode takes the full budget.
-        Also the prefill rate the TTFT guard predicts with (`prefill_rate`)."""
-        self._last_step_ms = core.last_step_s * 1000.0
+        prompts that fit, and one more). A live engine's measured per-step overhead
+        (`SimEngineCore.step_overhead_s`) comes off the bound and onto each step's time. A step
+        with no decode takes the full budget. Also the prefill rate the TTFT guard predicts with
+        (`prefill_rate`)."""
+        over = core.step_overhead_s * 1000.0  # live: what a step costs beyond its modelled time
+        self._last_step_ms = core.last_step_s * 1000.0 + over
         self._core = core
         prof = self.prof
         full = prof.max_num_batched_tokens
@@ -124,7 +127,7 @@ class ScorpioPolicy:
             return full
         d = len(decodes)
         ctx = sum(self.context(r) for r in decodes)
-        bound = min(self.stp(r) - gaps.get(r.rid, 0.0) for r in decodes)
+        bound = min(self.stp(r) - gaps.get(r.rid, 0.0) for r in decodes) - over
         prefilling = [r for r in running if r.computed < r.target]
         # a step admits from the line's first `lookahead` (its gate's window, which moves on by
         # one per admission): twice that covers every request it can start
@@ -170,7 +173,7 @@ class ScorpioPolicy:
         while (need := chunks_for(lo)) > chunks:  # more chunks, fewer tokens: it settles
             chunks = need
             lo = largest(chunks)
-        self._rate = lo / cost(lo, chunks) * 1000.0 if lo else 0.0
+        self._rate = lo / (cost(lo, chunks) + over) * 1000.0 if lo else 0.0
         return d + lo
 
     def prefill_rate(self, core: SimEngineCore) -> float:

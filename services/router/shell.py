@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import OrderedDict
 
 import msgspec
 from nats.aio.client import Client
@@ -42,6 +41,7 @@ from tokenyard.services.router.migration import (
     ProbeLease,
     Reissue,
 )
+from tokenyard.services.router.reask import Answer, ReaskMemory, Wait, key_of
 from tokenyard.shared import codec, schemas, subjects, telemetry
 from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
@@ -51,16 +51,6 @@ log = telemetry.logger("router")
 
 OFFER_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 0.5
-PLACED_REMEMBERED = 50_000
-"""Routed requests remembered for a repeated ask (as many as a worker remembers ids): a
-queue's re-ask comes seconds later, a dead queue's redelivery after its ack_wait (30 s)."""
-
-
-def _remember(memory: OrderedDict, key, value) -> None:
-    """Put `key` in a bounded memory, forgetting the oldest beyond PLACED_REMEMBERED."""
-    memory[key] = value
-    while len(memory) > PLACED_REMEMBERED:
-        memory.popitem(last=False)
 
 
 class RouterShell:
@@ -77,13 +67,8 @@ class RouterShell:
         self._inflight: set[asyncio.Task] = set()
         self._follows: dict[str, Subscription] = {}
         """request id → the subscription to its reply subject (migration follows the stream)."""
-        self._placing: dict[tuple[str, str, str], asyncio.Task] = {}
-        """(request id, reply subject, kv_from) → its placement under way."""
-        self._placed: OrderedDict[tuple[str, str, str], str] = OrderedDict()
-        """(request id, reply subject, kv_from) → the worker it was routed to (the last
-        PLACED_REMEMBERED)."""
-        self._unanswered: OrderedDict[tuple[str, str, str], str] = OrderedDict()
-        """(request id, reply subject, kv_from) → the worker that left its offer unanswered."""
+        self.reask: ReaskMemory[asyncio.Future] = ReaskMemory()
+        """Placed, placing and unanswered requests: a route request asked again (services/router/reask.py)."""
         self._housekeeping: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
 
@@ -174,23 +159,25 @@ class RouterShell:
     async def _place_once(
         self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None
     ) -> tuple[schemas.RouteDecision, int | None]:
-        """`_place` for a queue's route request, idempotent per request (see the module)."""
-        key = (ar.request_id, ar.reply_to, ar.kv_from)  # a P/D decode leg is placed on its own
-        if (worker := self._placed.get(key)) is not None:
-            tracked = self.migration.tracked.get(ar.request_id)  # it may have moved since
-            worker = tracked.worker_id if tracked is not None and tracked.worker_id else worker
-            return schemas.RouteDecision(ar.request_id, schemas.Outcome.ROUTED, worker, reason=schemas.REOFFERED), None
-        placing = self._placing.get(key)
-        if placing is not None:
-            decision, _ = await asyncio.shield(placing)
-            return decision, None
-        placing = self._placing[key] = asyncio.ensure_future(self._place(ar, span, data=data))
+        """`_place` for a queue's route request, idempotent per request (see the module and
+        services/router/reask.py)."""
+        key = key_of(ar)  # a P/D decode leg is placed on its own
+        tracked = self.migration.tracked.get(ar.request_id)  # a placed request may have moved since
+        waiter = asyncio.get_running_loop().create_future()
+        match self.reask.ask(key, waiter, moved_to=tracked.worker_id if tracked is not None else None):
+            case Answer(decision=decision):
+                return decision, None
+            case Wait():
+                return await waiter, None
+        decision = None
         try:
-            decision, hit_tokens = await asyncio.shield(placing)
+            decision, hit_tokens = await self._place(ar, span, data=data)
         finally:
-            self._placing.pop(key, None)
-        if decision.outcome == schemas.Outcome.ROUTED:
-            _remember(self._placed, key, decision.worker_id)
+            for w in self.reask.settle(key, decision):  # the asks that came meanwhile: the same answer
+                if decision is not None:
+                    w.set_result(decision)
+                else:  # the placement failed (the router stops): they are not answered either
+                    w.cancel()
         return decision, hit_tokens
 
     async def _place(
@@ -223,8 +210,8 @@ class RouterShell:
             self.migration.track(ar, "", now)
         if fresh or moving:
             await self._follow(ar)
-        key = (rid, ar.reply_to, ar.kv_from)
-        if settle and (first := self._unanswered.pop(key, None)) is not None and self.migration.alive(first, now):
+        key = key_of(ar)
+        if settle and (first := self.reask.first_offer(key)) is not None and self.migration.alive(first, now):
             reply = await self._offer(ar, first, data)
             if reply is None:
                 return self._unsure(key, first), None
@@ -266,9 +253,7 @@ class RouterShell:
     def _unsure(self, key: tuple[str, str, str], worker_id: str) -> schemas.RouteDecision:
         """An offer went unanswered: the request stays followed (on no worker yet), and the
         queue's next ask offers it to `worker_id` first."""
-        _remember(self._unanswered, key, worker_id)
-        return schemas.RouteDecision(key[0], schemas.Outcome.NO_CAPACITY, reason=f"no answer from {worker_id}",
-                                     unsure=True)
+        return self.reask.unsure(key, worker_id)
 
     async def _drop(self, request_id: str) -> None:
         self.migration.untrack(request_id)

@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +219,8 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     if result.get("cpu_ms_per_request"):
         cpu = result["cpu_ms_per_request"]
         t = Table(title="CPU ms per request by process (user + system over the TTFT runs, warm-up included; "
-                        "idle loops included)", box=box.SIMPLE_HEAD)
+                        "then less what each process spends idle, sampled for a few seconds before)",
+                  box=box.SIMPLE_HEAD)
         for col in ("process", *(p.upper() for p in cpu)):
             t.add_column(col, justify="left" if col == "process" else "right")
         for name in cpu["nats"]:
@@ -314,11 +316,15 @@ def print_side_by_side(result: dict[str, Any], console: Console) -> None:
     console.print(t)
     print_added({label: {"nats": ttft[label]["nats"], "added": ttft[label]["nats"].get("added")}
                  for label in labels}, console)
-    for path in ("nats", "http"):
-        cpu = {label: ttft[label].get(f"{path}_cpu_ms_per_request", {}) for label in labels}
-        names = list(cpu[labels[-1]])
-        t = Table(title=f"CPU ms per request by process, {path.upper()} path (user + system, over the run: "
-                        "idle loops included)", box=box.SIMPLE_HEAD)
+    for path, key, what in (("nats", "cpu", "idle loops included"), ("http", "cpu", "idle loops included"),
+                            ("nats", "busy_cpu", "less each process's idle rate"),
+                            ("http", "busy_cpu", "less each process's idle rate")):
+        cpu = {label: ttft[label].get(f"{path}_{key}_ms_per_request", {}) for label in labels}
+        names = list(dict.fromkeys(name for label in labels for name in cpu[label]))  # each fleet's processes
+        if not names:
+            continue
+        t = Table(title=f"CPU ms per request by process, {path.upper()} path (user + system over the run, "
+                        f"{what})", box=box.SIMPLE_HEAD)
         t.add_column("process")
         for label in labels:
             t.add_column(label, justify="right")
@@ -415,14 +421,17 @@ async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace,
     from bench import hop_profile
 
     result: dict[str, Any] = {"workers": args.workers, "nats_url": nats_url, "http_url": http_url, "ttft": {}}
-    cpu = {}
+    cpu: dict[str, dict[str, float]] = {}
+    idle_rate = (await hop_profile.idle_cpu_rates({"": fleet}, hop_profile.IDLE_WINDOW_S))[""] if fleet else {}
 
     async def timed(path: str, target: str) -> dict[str, Any]:
-        before = hop_profile.cpu_seconds(fleet) if fleet is not None else None
+        before, t0 = (hop_profile.cpu_seconds(fleet), time.monotonic()) if fleet is not None else (None, 0.0)
         r = await ttft_overhead(target, args)
         if before is not None:
-            after, n = hop_profile.cpu_seconds(fleet), args.ttft_prompts + args.warmup
+            after, wall, n = hop_profile.cpu_seconds(fleet), time.monotonic() - t0, args.ttft_prompts + args.warmup
             cpu[path] = {name: (after[name] - before[name]) * 1e3 / n for name in before}
+            cpu[path + ", idle subtracted"] = {
+                name: (after[name] - before[name] - idle_rate.get(name, 0.0) * wall) * 1e3 / n for name in before}
         return r
 
     result["ttft"]["nats"] = await timed("nats", nats_url)

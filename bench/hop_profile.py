@@ -302,13 +302,14 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                     for label, kind in order:
                         await one(label, kind, turn)
                 sent: dict[tuple[str, str], list[Sent]] = {target: [] for target in order}
-                cpu0 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
+                idle = await idle_cpu_rates({label: fleet for label, (fleet, _) in up.items()}, IDLE_WINDOW_S)
+                cpu0, t0 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}, time.monotonic()
                 for turn in range(requests):
                     random.shuffle(order)
                     for target in order:
                         sent[target].append(await one(*target, turn))
                         await asyncio.sleep(1.0 / rate)  # pacing: one request at a time, none queued
-                cpu1 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
+                cpu1, wall = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}, time.monotonic() - t0
                 for (label, kind), sents in sent.items():
                     ttfts = sorted((s.t_first_ns - s.t_send_ns) / 1e6 for s in sents if s.t_first_ns)
                     out[label][kind] = {"ttft": percentiles(ttfts), "completed": len(ttfts), "sent": len(sents)}
@@ -317,6 +318,9 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                     out[label][path + "_cpu_ms_per_request"] = {
                         name: (cpu1[label][name] - cpu0[label][name]) * 1e3 / requests / len(kinds)
                         for name in cpu0[label]}
+                    out[label][path + "_busy_cpu_ms_per_request"] = {  # less what it spends idle
+                        name: (cpu1[label][name] - cpu0[label][name] - idle[label].get(name, 0.0) * wall) * 1e3
+                        / requests / len(kinds) for name in cpu0[label]}
                     if traced:
                         await receiver.wait_for([s.trace_id for s in sents])
                         rows = [r for s in sents if (r := segments(receiver.traces[s.trace_id], s, path == "http"))]
@@ -379,6 +383,19 @@ def added(full: list[Sent], alone: list[Sent]) -> dict[str, float]:
         return {}
     return {"p50_ms": statistics.median(a) - statistics.median(b), "paired_p50_ms": statistics.median(pairs),
             "engine_p50_ms": statistics.median(b)}
+
+
+IDLE_WINDOW_S = 3.0
+"""How long a fleet's idle CPU (heartbeats, polls, stats loops) is sampled before a measured run."""
+
+
+async def idle_cpu_rates(fleets: dict[str, Any], window_s: float) -> dict[str, dict[str, float]]:
+    """Per fleet and process: CPU seconds per second spent with no request in flight."""
+    before, t0 = {label: cpu_seconds(f) for label, f in fleets.items()}, time.monotonic()
+    await asyncio.sleep(window_s)
+    wall = time.monotonic() - t0
+    return {label: {name: (v - before[label][name]) / wall for name, v in cpu_seconds(f).items()}
+            for label, f in fleets.items()}
 
 
 def cpu_seconds(fleet) -> dict[str, float]:

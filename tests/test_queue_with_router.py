@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from tokenyard.services.admission.core import AdmissionConfig
 from tokenyard.services.admission.shell import AdmissionShell
 from tokenyard.services.priority_queue.core import QueueConfig
@@ -100,3 +101,25 @@ async def test_an_offer_left_unanswered_is_asked_again_of_the_same_worker_and_se
     finally:
         await client.close()
         await stop_fleet(hosts)
+
+
+def test_up_runs_the_router_in_the_queues_process_unless_told_to_run_it_separately():
+    from tokenyard import cli
+    from tokenyard.launcher import FleetProcesses
+
+    fleet = FleetProcesses(nats_url="nats://x:1", workers=1, router_policy="least-loaded", router_args=["--no-migration"])
+    cmds = dict(fleet._commands())
+    assert "router" not in cmds
+    queue = cmds["queue"]
+    assert queue[queue.index("queue"):queue.index("--metrics-port")] == [
+        "queue", "--nats", "nats://x:1", "--with-router", "--router-policy", "least-loaded", "--no-migration",
+        "--router-metrics-port", str(fleet.metrics_ports["router"])]
+    assert set(fleet.scrape_targets()) >= {"queue", "router"}  # each scraped on its own port, as before
+    parsed = cli.build_parser().parse_args(queue[queue.index("queue"):])  # the queue's CLI takes them all
+    assert (parsed.with_router, parsed.router_policy, parsed.no_migration, parsed.policy) == (
+        True, "least-loaded", True, "hybrid")
+
+    separate = dict(FleetProcesses(nats_url="nats://x:1", workers=1, router="separate", metrics=False)._commands())
+    assert "--with-router" not in separate["queue"] and separate["router"][3:5] == ["router", "--nats"]
+    with pytest.raises(ValueError, match="router must be one of"):
+        FleetProcesses(nats_url="nats://x:1", router="elsewhere")._commands()

@@ -215,7 +215,7 @@ class QueueShell:
                         decision = await self.router.route(req, data)
                     else:
                         reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
-                                                      headers=telemetry.inject())
+                                                      headers=telemetry.inject() or None)
                 if decision is None:
                     decision = codec.decode(reply.data, schemas.RouteDecision)
             except NoRespondersError:

@@ -271,7 +271,7 @@ class RouterShell:
         with telemetry.span(self.kind, "send", subject, kind=SpanKind.PRODUCER, request_id=ar.request_id):
             try:
                 msg = await self.nc.request(
-                    subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject()
+                    subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject() or None
                 )
                 return codec.decode(msg.data, schemas.GenerateReply)
             except NoRespondersError:  # nobody listens there: a refusal, not a doubt

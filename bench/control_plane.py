@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -480,6 +481,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
+    load_before = os.getloadavg()
     try:
         result = asyncio.run(run(args))
     except KeyboardInterrupt:
@@ -487,8 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         console.print(f"[red]control-plane benchmark failed: {type(e).__name__}: {e}")
         return 2
+    result["load_avg"] = {"before": load_before, "after": os.getloadavg()}  # 1, 5, 15 min
     print_report(result, console)
-    write_result(args.json, result)
+    console.print(f"load average before {', '.join(f'{x:.2f}' for x in load_before)}; "
+                  f"after {', '.join(f'{x:.2f}' for x in result['load_avg']['after'])}")
+    write_result(args.json, result, prog="python -m bench.control_plane", argv=argv)
     return 0 if all(v["met"] for v in result["verdicts"]) else 1
 
 

@@ -10,6 +10,7 @@ from tokenyard.services.router.reask import Answer, Place, ReaskMemory, Wait, ke
 from tokenyard.shared import schemas
 
 from tests.builders import req
+from tests.conftest import until
 
 K = ("r1", "_INBOX.c.1", "")
 
@@ -130,3 +131,35 @@ def test_a_request_is_placed_at_most_once_at_a_time_and_never_again_once_routed(
         assert len(m.placed) <= capacity and len(m.unanswered) <= capacity
         assert set(m.placing) == {(f"r{k}", "inbox", "") for k in running}
     assert len(handed) == len(set(handed))
+
+
+async def test_the_shell_answers_a_joined_ask_from_the_one_placement_and_survives_a_cancelled_one():
+    """RouterShell._place_once over the core, `_place` replaced by a placement we release:
+    three asks, one placement; the one cancelled while it waited is skipped."""
+    import asyncio
+
+    from tokenyard.services.router.core import RouterConfig
+    from tokenyard.services.router.shell import RouterShell
+
+    shell = RouterShell(RouterConfig(policy="least-loaded"))
+    release, placements = asyncio.Event(), []
+
+    async def place(ar, span=None, data=None):
+        placements.append(ar.request_id)
+        await release.wait()
+        return routed("w7", ar.request_id), 12
+
+    shell._place = place
+    ar = req("r1", reply_to="_INBOX.c.1")
+    first = asyncio.create_task(shell._place_once(ar))
+    second = asyncio.create_task(shell._place_once(ar))
+    gone = asyncio.create_task(shell._place_once(ar))
+    await until(lambda: placements and len(shell.reask.placing[key_of(ar)]) == 2)  # both joined the one
+    gone.cancel()
+    await until(gone.done)
+    release.set()
+    assert await first == (routed("w7"), 12)
+    assert await second == (routed("w7"), None)
+    assert gone.cancelled() and placements == ["r1"]
+    again, _ = await shell._place_once(ar)
+    assert (again.worker_id, again.reason) == ("w7", schemas.REOFFERED)

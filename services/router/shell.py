@@ -180,6 +180,8 @@ class RouterShell:
             decision, hit_tokens = await self._place(ar, span, data=data)
         finally:
             for w in self.reask.settle(key, decision):  # the asks that came meanwhile: the same answer
+                if w.done():  # that ask was cancelled while it waited
+                    continue
                 if decision is not None:
                     w.set_result(decision)
                 else:  # the placement failed (the router stops): they are not answered either

@@ -21,8 +21,9 @@ from tokenyard import cli
 from tokenyard.launcher import NATS_PORT, FleetProcesses, nats_port, ping
 
 
-async def test_fleet_of_processes_serves_nats_and_http(tmp_path):
-    fleet = FleetProcesses(workers=2, profile="zero", http_port=0, log_dir=str(tmp_path))
+@pytest.mark.parametrize("router", ["in-queue", "separate"])  # the router in the queue's process, or its own
+async def test_fleet_of_processes_serves_nats_and_http(tmp_path, router):
+    fleet = FleetProcesses(workers=2, profile="zero", http_port=0, log_dir=str(tmp_path), router=router)
     await fleet.start()
     procs = list(fleet.procs)
     try:

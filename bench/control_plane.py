@@ -330,7 +330,7 @@ def print_side_by_side(result: dict[str, Any], console: Console) -> None:
         for label in labels:
             t.add_column(label, justify="right")
         for name in names:
-            t.add_row(name, *(f"{cpu[label].get(name, float('nan')):.3f}" for label in labels))
+            t.add_row(name, *(f"{cpu[label][name]:.3f}" if name in cpu[label] else "–" for label in labels))  # –: no such process
         t.add_row("total", *(f"{sum(cpu[label].values()):.3f}" for label in labels))
         console.print(t)
     if hops:

@@ -144,7 +144,7 @@ async def test_the_shell_answers_a_joined_ask_from_the_one_placement_and_survive
     shell = RouterShell(RouterConfig(policy="least-loaded"))
     release, placements = asyncio.Event(), []
 
-    async def place(ar, span=None, data=None):
+    async def place(ar, span=None, data=None, only=None):
         placements.append(ar.request_id)
         await release.wait()
         return routed("w7", ar.request_id), 12

@@ -59,7 +59,8 @@ class LocalRouter(Protocol):
     over NATS."""
 
     async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
-                    headers: dict[str, str] | None = None) -> schemas.RouteDecision: ...
+                    headers: dict[str, str] | None = None,
+                    only: frozenset[str] | None = None) -> schemas.RouteDecision: ...
 
 
 class QueueShell:
@@ -211,11 +212,13 @@ class QueueShell:
                 with telemetry.span(self.kind, "send", subjects.ROUTE, kind=SpanKind.PRODUCER, request_id=req.request_id):
                     # The message as JetStream holds it: the queue changes nothing in a request.
                     data = msg.data if msg is not None else codec.encode(req)
+                    only = self.core.placed_on.get(req.request_id)
                     if self.router is not None:  # in this process: no crossing, no encoding
-                        decision = await self.router.route(req, data)
+                        decision = await self.router.route(req, data, only=only)
                     else:
+                        extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
                         reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
-                                                      headers=telemetry.inject() or None)
+                                                      headers=telemetry.inject(extra) or None)
                 if decision is None:
                     decision = codec.decode(reply.data, schemas.RouteDecision)
             except NoRespondersError:

@@ -139,17 +139,21 @@ class RouterShell:
         except codec.DecodeError as e:
             await req.respond_error("400", f"bad route request: {e}")
             return
-        decision = await self.route(ar, req.data, req.headers)
+        only_header = (req.headers or {}).get(subjects.ROUTE_ONLY_HEADER)
+        only = frozenset(w for w in only_header.split(",") if w) if only_header is not None else None
+        decision = await self.route(ar, req.data, req.headers, only=only)
         await req.respond(codec.encode(decision))
 
     async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
-                    headers: dict[str, str] | None = None) -> schemas.RouteDecision:
+                    headers: dict[str, str] | None = None,
+                    only: frozenset[str] | None = None) -> schemas.RouteDecision:
         """One route request, idempotent per request: the `llm.v1.route` endpoint's work, and
         what a queue in this process calls directly (`tokenyard queue --with-router`: one NATS
-        crossing fewer on the way to the first token). `data`: `ar` as it came, MessagePack."""
+        crossing fewer on the way to the first token). `data`: `ar` as it came, MessagePack;
+        `only`: the workers the queue released it to (None: any)."""
         with telemetry.span(self.kind, "process", subjects.ROUTE, headers, request_id=ar.request_id) as span:
             t0 = time.perf_counter()
-            decision, hit_tokens = await self._place_once(ar, span, data=data)
+            decision, hit_tokens = await self._place_once(ar, span, data=data, only=only)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
@@ -163,7 +167,7 @@ class RouterShell:
         return view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh]
 
     async def _place_once(
-        self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None
+        self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None, only: frozenset[str] | None = None
     ) -> tuple[schemas.RouteDecision, int | None]:
         """`_place` for a queue's route request, idempotent per request (see the module and
         services/router/reask.py)."""
@@ -177,7 +181,7 @@ class RouterShell:
                 return await waiter, None
         decision = None
         try:
-            decision, hit_tokens = await self._place(ar, span, data=data)
+            decision, hit_tokens = await self._place(ar, span, data=data, only=only)
         finally:
             for w in self.reask.settle(key, decision):  # the asks that came meanwhile: the same answer
                 if w.done():  # that ask was cancelled while it waited
@@ -189,7 +193,8 @@ class RouterShell:
         return decision, hit_tokens
 
     async def _place(
-        self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None
+        self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None,
+        only: frozenset[str] | None = None,
     ) -> tuple[schemas.RouteDecision, int | None]:
         """The decision, and the prefix-hit tokens on the worker that took the request. `data`:
         `ar` as it came, MessagePack; offered as it is (an 8k-token prompt costs ~0.3 ms of CPU
@@ -204,7 +209,7 @@ class RouterShell:
         now = time.time()
         if self.migration.orphan(ar, now):
             return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="client gone"), None
-        placement = Placement(self.core, ar, self.max_attempts)
+        placement = Placement(self.core, ar, self.max_attempts, only=only)
         placement.excluded |= exclude
         moving = bool(exclude)  # a re-issue: the request stays followed whatever happens here
         settle = not moving and not ar.kv_from

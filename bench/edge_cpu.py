@@ -148,7 +148,8 @@ async def main_async(args) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     try:
         with baseline_env(ref) as env:
-            for code, code_env in (("ref", env), ("this", {})):
+            ref_env = {**env, **dict(kv.split("=", 1) for kv in args.ref_env)}
+            for code, code_env in (("ref", ref_env), ("this", {})):
                 port = natsutil.free_port()
                 proc = start_edge(server.url, port, code_env, logs / f"edge-{code}.log")
                 edges[code] = (proc, f"http://127.0.0.1:{port}")
@@ -177,7 +178,7 @@ async def main_async(args) -> dict[str, Any]:
                       "transit_p50_ms_median": statistics.median(r["transit_p50_ms"] for r in runs if r["code"] == code),
                       "transit_p99_ms_median": statistics.median(r["transit_p99_ms"] for r in runs if r["code"] == code)}
                for code in ("ref", "this")}
-    return {"baseline": ref, "this": _head(), "streams": args.streams, "tokens": args.tokens, "step_ms": args.step_ms,
+    return {"baseline": ref, "ref_env": args.ref_env, "this": _head(), "streams": args.streams, "tokens": args.tokens, "step_ms": args.step_ms,
             "runs": runs, "summary": summary}
 
 
@@ -207,6 +208,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=60, help="tokens per stream (default 60)")
     ap.add_argument("--step-ms", type=float, default=STEP_MS, help=f"the stand-in engine's step (default {STEP_MS:g})")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each code, alternating which goes first")
+    ap.add_argument("--ref-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for REF's edge only (e.g. --baseline HEAD "
+                         "--ref-env PYTHONMALLOC=pymalloc: the allocator's cost, same code)")
     ap.add_argument("--log-dir", default="/tmp/tokenyard-edge-cpu", help="the edges' logs")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()

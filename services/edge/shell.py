@@ -321,13 +321,13 @@ class EdgeShell:
             # Every event that came while the last write went out, in one write: a client that
             # fell behind a burst catches up in one send, not one per token.
             data = renderer.render(batch)
-            if data:
-                await response.write(data)
             if call.terminal:
                 break
+            if data:
+                await response.write(data)
             batch = await self._next(call, events)
         call.outcome = Outcome.FINISHED if isinstance(batch[-1], schemas.Finished) else Outcome.FAILED
-        await response.write_eof()
+        await response.write_eof(data)  # the last frames and the end of the body: one send
         return response
 
     async def _next(self, call: _Call, events) -> list[schemas.StreamEvent]:

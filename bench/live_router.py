@@ -127,10 +127,13 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
 
 FLEET_SERIES = ("tokenyard:queue_wait_seconds_sum", "tokenyard:queue_wait_seconds_count", "tokenyard:queue_dispatches_total",
                 "tokenyard:router_decisions_total", "tokenyard:router_decision_seconds_sum",
-                "tokenyard:router_decision_seconds_count")
+                "tokenyard:router_decision_seconds_count", "tokenyard:edge_ttft_seconds_sum",
+                "tokenyard:edge_ttft_seconds_count", "vllm:time_to_first_token_seconds_sum",
+                "vllm:time_to_first_token_seconds_count")
 """What the fleet's own metrics say about a run (where a request waited): the queue's wait from
 arrival to routed and its dispatches by outcome (a `no_capacity` is a request put back), the
-router's decisions by outcome and its time from request in to worker accepted."""
+router's decisions by outcome and its time from request in to worker accepted, the edge's TTFT
+(HTTP request in → first chunk at the edge) and the workers' (engine start → first chunk)."""
 
 
 def fleet_series(text: str, out: dict[str, float]) -> dict[str, float]:

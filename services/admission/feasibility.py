@@ -82,7 +82,7 @@ from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S, decode_slack_s
 NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
 TARGET_S = TTFT_TARGET_S
-HYBRID_FAMILY = ("hybrid", "bubble", "fixed", "sjf")
+HYBRID_FAMILY = ("hybrid", "bubble", "bubble-placed", "fixed", "sjf")
 SHAPE_WEIGHT = 1 / 32
 """The weight of each admitted request in the mean request shape (P, M) of the sustainable
 drain: the shape of about the last 32 requests, what a queue's backlog is made of."""

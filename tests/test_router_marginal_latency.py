@@ -10,7 +10,6 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from tokenyard.services.router.core import DEFAULT_POLICY, POLICIES, RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.pipeline import ArgminPicker
 from tokenyard.services.router.policies.latency import BoundedLoadGuard, MarginalLatencyScorer
 from tokenyard.shared.hashing import ids_chain
 from tokenyard.shared.schemas import BlockStored, KVEventBatch
@@ -47,8 +46,7 @@ def test_exact_costs():
     scored = MarginalLatencyScorer().score(req(prompt_len=640), v, np.arange(3))
     # w0: 1000 + 128 + 128·(2+3)/2 = 1448;  w1: 640 + 640·(1+3)/2 = 1920;  w2: 840 + 640·(6+3)/2 = 3720
     assert scored.scores.tolist() == [1448.0, 1920.0, 3720.0]
-    # own TTFT (queue + own prefill), then B_i / (max B + 1) = B_i / 7 for ties of own
-    assert scored.tiebreak.tolist() == [1128 + 2 / 7, 640 + 1 / 7, 840 + 6 / 7]
+    assert scored.tiebreak.tolist() == [1128.0, 640.0, 840.0]  # own TTFT: queue + own prefill
     # on a subset the fleet mean is the candidates': w1, w2 → B̄ = 3.5
     assert MarginalLatencyScorer().score(req(prompt_len=640), v, np.array([1, 2])).scores.tolist() == [2080.0, 3880.0]
 
@@ -72,7 +70,7 @@ def test_exact_costs_with_decode_slack():
     # w0: A = 1500 − 1000 = 500 ≥ 128: 1128 + 128·3/2 = 1320;  w1: nothing decodes (A = ∞):
     # 640 + 640·3/2 = 1600;  w2: A = max(0, 200 − 200) = 0: 840 + 640·(3 + 6)/2 = 3720
     assert scored.scores.tolist() == [1320.0, 1600.0, 3720.0]
-    assert scored.tiebreak.tolist() == [1128 + 2 / 7, 640 + 1 / 7, 840 + 6 / 7]
+    assert scored.tiebreak.tolist() == [1128.0, 640.0, 840.0]
     # part absorbed: B = 2, 1 → B̄ = 1.5; w0 with 60 ms of slack, A = 600 − 500 = 100 → 28 of
     # its 128 tokens stall its 2 sequences: 628 + (128·1.5 + 28·2)/2 = 752; w1: 640 + 640·0.75
     v = prepared(slack_view((2, 0, 500, 60.0), (0, 1, 0, None)), 640, [512, 0])
@@ -119,37 +117,6 @@ def test_the_slack_only_lowers_the_stall_and_more_slack_never_costs_more(fleet, 
         for j in range(v.n):
             if q[i] <= q[j] and n[i] <= n[j] and b[i] <= b[j] and slack[i] >= slack[j]:
                 assert cost[i] <= cost[j]
-
-
-def test_ties_go_to_the_instance_with_fewer_decoding_sequences():
-    """Nothing queued, nothing cached, every instance's decodes far ahead of their TPOT SLO:
-    r's prefill stalls none of them, so every cost is own TTFT + the fleet's half and all tie.
-    The tie goes to the fewest sequences (B = 5, 2, 8, 2 → w1; then w3, which has fewer than
-    w0, and no queue where w1 now has r's 512 tokens queued by the router). It only orders
-    ties: the third request finds those 512 tokens on w1 and w3 and goes to w0, its lower
-    cost, over its 5 sequences (w2, 8, is beyond the bound)."""
-    c = RouterCore(RouterConfig(stale_after_s=1.0))
-    for k, running in enumerate((5, 2, 8, 2)):
-        c.on_heartbeat(hb(f"w{k}", running=running, tpot_slack_ms=5_000.0, prefill_ms_per_token=0.1), 0.0)
-    routes = [c.route(req(f"r{k}", prompt_len=512, chain=ids_chain(range(1_000 * k, 1_000 * k + 32))), 0.0)
-              for k in range(3)]
-    assert [r.worker_id for r in routes] == ["w1", "w3", "w0"]
-    assert [r.hit_tokens for r in routes] == [0, 0, 0]
-
-
-@settings(max_examples=200, deadline=None)
-@given(fleet=slack_fleets, prompt=st.integers(1, 8_000))
-def test_a_tie_goes_to_the_lowest_own_ttft_then_the_fewest_sequences(fleet, prompt):
-    v = prepared(slack_view(*[(r, w, q, s) for r, w, q, _, s in fleet]), prompt, [min(h, prompt) for *_, h, _ in fleet])
-    cand = np.arange(v.n)
-    scored = MarginalLatencyScorer().score(req(prompt_len=prompt), v, cand)
-    k = ArgminPicker().pick(v, cand, scored.scores, scored.tiebreak)
-    tied = scored.scores == scored.scores.min()
-    own = v.queued_prefill[: v.n] + v.new[: v.n]
-    b = v.running[: v.n] + v.waiting[: v.n]
-    event("tie" if np.count_nonzero(tied) > 1 else "no tie")
-    assert tied[k] and own[k] == own[tied].min()
-    assert b[k] == b[tied & (own == own[k])].min()
 
 
 def test_affinity_survives_overload_where_the_guarded_product_drops_it():

@@ -115,18 +115,7 @@ class MarginalLatencyScorer:
         cost += n * (int(np.add.reduce(b)) / len(b))
         cost /= 2.0
         cost += own
-        return Scored(cost, tiebreak=decode_tiebreak(own, b))
-
-
-def decode_tiebreak(own: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Ties → lower own TTFT, then fewer sequences decoding on i (B_i), lexicographically: own
-    is whole tokens, so B_i / (max B + 1) < 1 orders only the candidates whose own TTFT ties
-    too (the picker then breaks what is left by recency). Where i's decodes absorb r's prefill
-    the stall's instance half is 0 and the instances that do not hold r tie; without this the
-    picker went round-robin among them, blind to their decode load."""
-    tb = np.floor(own)
-    tb += b / (int(b.max()) + 1.0)
-    return tb
+        return Scored(cost, tiebreak=own)
 
 
 BALANCE_FACTOR = 1.25

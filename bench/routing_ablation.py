@@ -31,6 +31,11 @@ candidates' mean of B, all on instance i; lower cost wins):
     bl-sticky  bl, and the bound exempts an instance where r's own TTFT Q + N is no later than
                anywhere within the bound;  bl-stickyq: and only where hit_i > Q_i;
     bl-stickyqw  bl-stickyq and only where nothing waits (W_i = 0)
+  round 5 (on slackhalf-bl-stickyq, round 4's default):
+    -tb, -tr, -tkv, -tbkv   ties → own TTFT, then fewer sequences (B_i) / running sequences /
+                          KV blocks in use / B_i then KV blocks, before recency
+    slackhalf-bl-stickyqi   the exemption withheld while an instance within the bound is idle
+    slackhalf-bl-stickyqn   … while an instance within the bound was never chosen (cold)
   round 4 (A_i = max(0, S_i / t_i − Q_i): prefill tokens i's decodes absorb within their TPOT
   slack S_i, t_i = prefill ms per token; ∞ where nothing decodes):
     slack-bl-stickyq      bl-stickyq, the stall N·(B_i + B̄)/2 only for max(0, N − A_i) tokens
@@ -180,7 +185,7 @@ class BoundGuard:
         if self.sticky and keep.any() and not keep.all():
             own = view.queued_prefill[cand] + view.new[cand]
             exempt = own <= own[keep].min()
-            if self.sticky in ("q", "qw", "qi"):
+            if self.sticky in ("q", "qw", "qi", "qn"):
                 exempt &= view.hit[cand] > view.queued_prefill[cand]
             if self.sticky == "qw":  # and nothing waits there: r is admitted at once
                 exempt &= view.waiting[cand] == 0
@@ -188,6 +193,8 @@ class BoundGuard:
                 b = view.running[cand] + view.waiting[cand]  # nothing there and stalls no one)
                 if (b[keep] == 0).any():
                     exempt[:] = False
+            if self.sticky == "qn" and (view.last_chosen[cand][keep] < 0).any():
+                exempt[:] = False  # and no instance within the bound was never chosen (a cold one)
             keep |= exempt
         return Narrowed(keep if keep.any() else np.ones(len(cand), dtype=np.bool_))
 
@@ -240,6 +247,7 @@ VARIANTS = {
     "slackhalf-bl-stickyq-tr": Variant("slackhalf-bl-stickyq-tr", bound="seq", sticky="q", slack="half", tie="r"),
     "slackhalf-bl-stickyqi": Variant("slackhalf-bl-stickyqi", bound="seq", sticky="qi", slack="half"),
     "slackhalf-bl-stickyqi-tb": Variant("slackhalf-bl-stickyqi-tb", bound="seq", sticky="qi", slack="half", tie="b"),
+    "slackhalf-bl-stickyqn": Variant("slackhalf-bl-stickyqn", bound="seq", sticky="qn", slack="half"),
     "slackhalf-bl-stickyq-tkv": Variant("slackhalf-bl-stickyq-tkv", bound="seq", sticky="q", slack="half", tie="kv"),
     "slackhalf-bl-stickyq-tbkv": Variant("slackhalf-bl-stickyq-tbkv", bound="seq", sticky="q", slack="half", tie="bkv"),
     "own-room": Variant("own-room", stall="none", bound="room"),

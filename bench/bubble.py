@@ -16,7 +16,10 @@ caps one request's prefill chunk per step in every engine (vLLM's setting; defau
 Policies, all with the fleet's defaults (flow control on, router `marginal-latency`):
   sjf          one queue, shortest first                                   (starves long requests)
   fixed        one queue, round robin over fixed length partitions, work-conserving (registry.py)
-  bubble       one queue, bubble queues                                    (bubble.py)
+  bubble       one queue, bubble queues over the whole fleet              (bubble.py)
+  bubble-placed  the same bubble queues, each length range released onto instances of its
+               own, split by demand, idle longer ranges lent to shorter ones
+               (`--queue-policy bubble-placed`; bubble_placement.py)
   partitioned  the seed's fixed partitions: the instances split by length range, each range's
                requests only to its own instances (bubble_partitions.py; tuning/evaluate.py)
   fcfs         one queue, arrival order
@@ -36,8 +39,8 @@ from typing import Any
 
 from bench._out import write_result
 
-POLICIES = ("sjf", "fixed", "bubble", "partitioned", "fcfs", "bubble-count")
-DEFAULT_POLICIES = ("sjf", "fixed", "bubble", "partitioned", "bubble-count")
+POLICIES = ("sjf", "fixed", "bubble", "bubble-placed", "partitioned", "fcfs", "bubble-count")
+DEFAULT_POLICIES = ("sjf", "fixed", "bubble", "bubble-placed", "partitioned")
 
 
 def make_variant(name: str, **knobs):
@@ -90,14 +93,16 @@ def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
                     "long_p50_ttft_s": m.long_p50_ttft_s, "long_mean_ttft_s": m.long_mean_ttft_s,
                     "long_in_60s": m.long_done, "throughput": m.throughput, "completed": m.completed,
                     "wall_s": round(time.perf_counter() - t0, 1)}
-    if "bubble" in row:
-        b = row["bubble"]
+    for name in ("bubble", "bubble-placed"):
+        if name not in row:
+            continue
+        b, tag = row[name], name.replace("-", "_")
         for base in ("partitioned", "fixed"):
             for stat in ("p99", "p50", "mean"):
                 if base in row and row[base][f"long_{stat}_ttft_s"] > 0:
-                    row[f"long_{stat}_bubble_over_{base}"] = b[f"long_{stat}_ttft_s"] / row[base][f"long_{stat}_ttft_s"]
+                    row[f"long_{stat}_{tag}_over_{base}"] = b[f"long_{stat}_ttft_s"] / row[base][f"long_{stat}_ttft_s"]
         if "sjf" in row and row["sjf"]["short_p50_ttft_s"] > 0:
-            row["short_p50_bubble_over_sjf"] = b["short_p50_ttft_s"] / row["sjf"]["short_p50_ttft_s"]
+            row[f"short_p50_{tag}_over_sjf"] = b["short_p50_ttft_s"] / row["sjf"]["short_p50_ttft_s"]
     return row
 
 
@@ -135,8 +140,9 @@ def where_shorts_wait(instances: int, base_rate: float, flood: float, duration_s
 def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = DEFAULT_POLICIES) -> str:
     names = " / ".join(policies)
     out = [f"| flood (req/s) | total rate | short p50 TTFT (s): {names} | long p99 TTFT (s): {names} "
-           f"| req/s done: {names} | bubble long p99 ÷ partitioned | ÷ fixed | bubble short p50 ÷ sjf |",
-           "|---|---|---|---|---|---|---|---|"]
+           f"| req/s done: {names} | bubble long p99 ÷ partitioned | ÷ fixed | bubble short p50 ÷ sjf "
+           f"| bubble-placed long p99 ÷ partitioned | bubble-placed short p50 ÷ sjf |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     def col(r: dict[str, Any], key: str, fmt: str) -> str:
         return " / ".join(format(r[p][key], fmt) for p in policies if p in r)
 
@@ -147,7 +153,8 @@ def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = DEFAULT_POLICI
         out.append(f"| {r['flood']:g} | {r['rate']:.1f} | {col(r, 'short_p50_ttft_s', '.2f')} | "
                    f"{col(r, 'long_p99_ttft_s', '.1f')} | {col(r, 'throughput', '.1f')} | "
                    f"{ratio(r, 'long_p99_bubble_over_partitioned')} | {ratio(r, 'long_p99_bubble_over_fixed')} | "
-                   f"{ratio(r, 'short_p50_bubble_over_sjf')} |")
+                   f"{ratio(r, 'short_p50_bubble_over_sjf')} | {ratio(r, 'long_p99_bubble_placed_over_partitioned')} | "
+                   f"{ratio(r, 'short_p50_bubble_placed_over_sjf')} |")
     return "\n".join(out)
 
 

@@ -15,7 +15,8 @@ any machine (only wall time differs).
   in the priority queue, where its order is decided; hybrid also has 4 slots per worker
   only P0 may take (`p0_reserve_per_worker`).
 * bubble — seed 004's: short-request p50 TTFT and long-request p99 TTFT under SJF, fixed
-  log-spaced partitions and bubble queues (and FCFS), on the heavy-tailed length mix
+  log-spaced partitions, bubble queues without and with their placement (`bubble`,
+  `bubble-placed`), and FCFS, on the heavy-tailed length mix
   (loadgen/workloads/heavy_tail.py) on 4 × a100-llama3-8b, one class, at several rates around saturation.
 * scorpio — seed 003's: goodput of SCORPIO's engine scheduling against FCFS batching under
   mixed TPOT SLOs (services/worker/sim/scorpio.py).
@@ -88,12 +89,13 @@ def bubble(n: int, rates: list[float], instances: int = 4, slots: int = 2) -> li
     for rate in rates:
         w = HeavyTailWorkload(n, rate=rate, seed=0)
         row: dict[str, Any] = {"rate": rate}
-        for pol in ("sjf", "fixed", "bubble", "fcfs"):
+        for pol in ("sjf", "fixed", "bubble", "bubble-placed", "fcfs"):
             m = SimSetup(w, SimConfig(instances=instances, slots_per_worker=slots), pol).run({})
             row[pol] = {"short_p50_ttft_s": m.short_p50_ttft_s, "long_p99_ttft_s": m.long_p99_ttft_s,
                         "throughput": m.throughput, "completed": m.completed}
         row["long_p99_bubble_over_fixed"] = row["bubble"]["long_p99_ttft_s"] / row["fixed"]["long_p99_ttft_s"]
         row["short_p50_bubble_over_sjf"] = row["bubble"]["short_p50_ttft_s"] / row["sjf"]["short_p50_ttft_s"]
+        row["long_p99_placed_over_bubble"] = row["bubble-placed"]["long_p99_ttft_s"] / row["bubble"]["long_p99_ttft_s"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

@@ -364,6 +364,11 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     sums decayed by 1 − 1/32 per finish): the share of the output a request asks for that it
     runs (EOS, stop strings and aborts end it sooner). Admission's sustainable drain prices
     the decodes by it. 0: none finished yet."""
+    interval_s: float = 0.0
+    """How often this worker sends a heartbeat when nothing else prompts one (its shell's
+    `heartbeat_s`): admission counts it gone after 10 such intervals of silence
+    (services/admission/liveness.py). 0: not said (the fleet default,
+    config.HEARTBEAT_INTERVAL_S)."""
 
 
 class WorkerControl(msgspec.Struct, omit_defaults=True):

@@ -24,6 +24,9 @@ QUEUE_STATE = f"{PREFIX}.pq.state"
 
 ROUTE = f"{PREFIX}.route"
 """priority-queue → router: core request/reply, queue group."""
+ROUTE_ONLY_HEADER = "Tokenyard-Only-Workers"
+"""On a route ask: the comma-separated workers the request may go to (the queue's placement,
+QueueCore.placed_on); absent: any."""
 
 ABORT = f"{PREFIX}.abort"
 """edge, client → workers and queue: fan-out cancel of one request."""

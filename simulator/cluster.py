@@ -236,7 +236,7 @@ class ClusterSim:
             self._place(req, now)
 
     def _place(self, req: schemas.AdmittedRequest, now: float) -> None:
-        placement = Placement(self.router, req)
+        placement = Placement(self.router, req, only=self.queue.placed_on.get(req.request_id))
         while (choice := placement.next(now)) is not None:
             inst = self.by_id[choice.worker_id]
             reply, start = inst.worker.offer(req, inst.engine.stats())

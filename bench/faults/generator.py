@@ -7,7 +7,8 @@ sends RATE requests/s for SECONDS (10 % bad bodies), waits up to DRAIN_S for the
 gives up on the rest (disconnects: the edge aborts them) and prints one JSON line: sent,
 offered_rps, statuses (HTTP status, `200+error` for a stream that ended in an error frame, or
 the client's own failure), ok_second_half (200s that completed in the second half of the
-load: the fleet's throughput once saturated)."""
+load: the fleet's throughput once saturated), first_refusal_s (when the first 429/503 answer came,
+from the generator's start) and refusal_s (how long refusals took to answer: p50, p99, max)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,21 @@ def body(i: int, tpot_slo_ms: float | None = None) -> dict:
             "stream": i % 2 == 0, **({"tpot_slo_ms": tpot_slo_ms} if tpot_slo_ms else {})}
 
 
+REFUSALS = (429, 503)
+
+
 async def one(http: aiohttp.ClientSession, url: str, i: int, bad: bool = False,
-              tpot_slo_ms: float | None = None) -> int | str:
+              tpot_slo_ms: float | None = None, took: list | None = None) -> int | str:
+    """POST one request; its status. `took`, if given, gets (answered at, seconds) of a refusal."""
+    sent = time.monotonic()
+    status = await _post(http, url, i, bad, tpot_slo_ms)
+    if took is not None and status in REFUSALS:
+        now = time.monotonic()
+        took.append((now, now - sent))
+    return status
+
+
+async def _post(http: aiohttp.ClientSession, url: str, i: int, bad: bool, tpot_slo_ms: float | None) -> int | str:
     try:
         if bad:
             data = BAD_BODIES[i % len(BAD_BODIES)]
@@ -53,6 +67,7 @@ async def open_loop(url: str, rate: float, seconds: float, drain_s: float, seed:
     statuses: Counter = Counter()
     ok_second_half = 0
     tasks: set[asyncio.Task] = set()
+    refusals: list[tuple[float, float]] = []
     rng = random.Random(seed)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as http:
@@ -69,7 +84,7 @@ async def open_loop(url: str, rate: float, seconds: float, drain_s: float, seed:
         while (now := time.monotonic()) - start < seconds:
             while i < int((now - start) * rate):
                 t = asyncio.create_task(one(http, url, seed * 10_000_000 + i, bad=rng.random() < 0.1,
-                                             tpot_slo_ms=tpot_slo_ms))
+                                             tpot_slo_ms=tpot_slo_ms, took=refusals))
                 t.add_done_callback(done)
                 tasks.add(t)
                 i += 1
@@ -80,8 +95,12 @@ async def open_loop(url: str, rate: float, seconds: float, drain_s: float, seed:
         for t in list(tasks):
             t.cancel()
         await asyncio.gather(*list(tasks), return_exceptions=True)
+    took = sorted(t for _, t in refusals)
     return {"sent": i, "offered_rps": round(i / sent_s, 1), "statuses": {str(k): v for k, v in statuses.items()},
-            "ok_second_half": ok_second_half}
+            "ok_second_half": ok_second_half,
+            "first_refusal_s": round(min(at for at, _ in refusals) - start, 3) if refusals else None,
+            "refusal_s": {"n": len(took), "p50": round(took[len(took) // 2], 3), "p99": round(took[int(len(took) * 0.99)], 3),
+                          "max": round(took[-1], 3)} if took else None}
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import aiohttp
 from tokenyard.shared import natsutil
 from tokenyard.shared.slo import DEFAULT_TPOT_SLO_MS
 
-from bench.faults.fleet import fleet_for, rss_mb
+from bench.faults.fleet import cpu_s, fleet_for, rss_mb
 from bench.faults.generator import one
 from bench.faults.streams import note
 
@@ -120,6 +120,8 @@ async def probe_overload_rss(args) -> dict:
     try:
         url = f"{fleet.http_url}/v1/completions"
         pids = {name: p.pid for name, p in fleet.procs}
+        if fleet.server is not None and getattr(fleet.server, "proc", None) is not None:
+            pids["nats-server"] = fleet.server.proc.pid
         # A GPU `speed` times as fast (workers report the costs they run at) serves clients whose TPOT
         # target scales with it: at 0.1, the default 100 ms target is below one decode step at batch 1.
         tpot_slo_ms = DEFAULT_TPOT_SLO_MS / args.overload_speed
@@ -135,14 +137,20 @@ async def probe_overload_rss(args) -> dict:
                 for k in range(n_gen)]
         note(f"overload-rss: {n_gen} generators × {rate / n_gen:.1f} req/s for {args.overload_s:g} s")
         t0, before = time.monotonic(), await stage_counts(fleet.nats_url)
-        peak, timeline, last = dict(base), [], t0
+        cpu0 = {n: cpu_s(p) for n, p in [*pids.items(), *((f"generator-{k}", g.pid) for k, g in enumerate(gens))]}
+        peak, timeline, last, gen_cpu = dict(base), [], t0, {}
         while any(g.poll() is None for g in gens):
             for n, p in pids.items():
                 peak[n] = max(peak[n], rss_mb(p))
+            for k, g in enumerate(gens):  # a generator's last reading before it exits
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    gen_cpu[f"generator-{k}"] = cpu_s(g.pid) - cpu0[f"generator-{k}"]
             await asyncio.sleep(0.5)
             if time.monotonic() - last >= TIMELINE_S:
                 last = time.monotonic()
                 timeline.append({"t_s": round(last - t0, 1), **since(before, await stage_counts(fleet.nats_url))})
+        cpu = {**{n: cpu_s(p) - cpu0[n] for n, p in pids.items()}, **gen_cpu}
+        overload_wall = time.monotonic() - t0
         results = [json.loads(g.stdout.read()) for g in gens]
         stages = since(before, await stage_counts(fleet.nats_url))
         held, waited = await edge_settles(fleet.http_url, IDLE_WAIT_S)
@@ -167,6 +175,11 @@ async def probe_overload_rss(args) -> dict:
                 "edge_held_after": held, "edge_settled_s": round(waited, 1),
                 "sent": sent, "statuses": dict(statuses.most_common()),
                 "worst_delta_mb": max(v["delta_mb"] for v in per_process.values()), "rss": per_process,
+                "first_refusal_s": min((r["first_refusal_s"] for r in results if r.get("first_refusal_s") is not None),
+                                       default=None),
+                "refusal_s": [r.get("refusal_s") for r in results],
+                "cpu_s": {n: round(v, 1) for n, v in sorted(cpu.items(), key=lambda kv: -kv[1])},
+                "cpu_wall_s": round(overload_wall, 1),
                 "stages": stages, "timeline": timeline}
     finally:
         await fleet.stop()

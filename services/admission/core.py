@@ -90,6 +90,17 @@ class AdmissionCore:
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.fleet.on_heartbeat(hb, now)
 
+    def ticks_every(self, tick_s: float) -> None:
+        """The shell promises an `on_tick` at least every `tick_s` from now on: a longer gap
+        between two of admission's events is its own blind time (liveness.py), which does not
+        count against the workers' silence."""
+        self.fleet.live.tick_s = tick_s
+
+    def on_tick(self, now: float) -> None:
+        """Admission is awake at `now`: the shell calls it every tick and before each request
+        (a refusal changes no state, so `admit` does not note the time itself)."""
+        self.fleet.awake(now)
+
     def on_keepalive(self, worker_id: str, now: float) -> bool:
         """The worker's latest heartbeat again, at `now` (feasibility.FleetView.on_keepalive)."""
         return self.fleet.on_keepalive(worker_id, now)

@@ -60,7 +60,9 @@ Decode capacity (`decode_room_s`): a prefill delays every decode running beside 
 whose own prefill exceeds the TPOT slack of the running decodes on every fresh worker
 (Heartbeat.tpot_slack_ms; a worker with nothing decoding takes any prompt) would push them past
 their TPOT SLO wherever it went: 503, Retry-After = its prefill − the largest slack. This is
-what keeps the 30k–126k-token prompts of a saturated fleet from stalling everyone's decodes. Heartbeats add fleet health: once workers have been seen, if none is fresh and healthy the
+what keeps the 30k–126k-token prompts of a saturated fleet from stalling everyone's decodes. Heartbeats add fleet health: once workers have been seen, if none is up — healthy and
+fresh, that is silent for no more than 10 of the heartbeat intervals it announces or 3 × its
+own longest recent gap, net of admission's own stalls (liveness.py) — the
 wait is unbounded (every class with a deadline is refused: 503). Work admitted since the last queue
 state is added to W at once and counts until a queue state shows the queue has taken it in
 (QueueStats.seen_arrival_s), so a burst the queue has not yet fetched cannot all slip in.
@@ -72,6 +74,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from tokenyard.services.admission.liveness import Liveness
 from tokenyard.shared import config
 from tokenyard.shared.schemas import Heartbeat, QueueStats
 from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S, decode_slack_s
@@ -79,7 +82,7 @@ from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S, decode_slack_s
 NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
 TARGET_S = TTFT_TARGET_S
-HYBRID_FAMILY = ("hybrid", "bubble", "fixed", "sjf")
+HYBRID_FAMILY = ("hybrid", "bubble", "bubble-placed", "fixed", "sjf")
 SHAPE_WEIGHT = 1 / 32
 """The weight of each admitted request in the mean request shape (P, M) of the sustainable
 drain: the shape of about the last 32 requests, what a queue's backlog is made of."""
@@ -128,8 +131,12 @@ class FleetView:
     coder burst on 2 instances: 6 refused, all 20 served without it), because D_s assumes the
     overload lasts as long as the wait it predicts (docs/results-priorities.md §3, §5)."""
     queues: dict[str, tuple[float, QueueStats]] = field(default_factory=dict)
+    """queue replica → (seen at, its latest state); a state older than stale_after_s is ignored."""
     workers: dict[str, tuple[float, bool]] = field(default_factory=dict)
-    """worker id → (seen at, healthy and not draining)."""
+    """worker id → (seen at, healthy and not draining); up while `live` finds it fresh."""
+    live: Liveness = field(default_factory=Liveness)
+    """When a worker counts as gone: its silence against the heartbeat interval it announces and
+    is observed at, net of admission's own blind time (liveness.py), not a fixed stale_after_s."""
     prefill_cost: dict[str, tuple[float, float]] = field(default_factory=dict)
     """worker id → its reported prefill costs (ms per token, ms per token²), workers that report one."""
     tpot_slack_s: dict[str, float | None] = field(default_factory=dict)
@@ -158,6 +165,7 @@ class FleetView:
         admitted after it is still in JetStream or on its way and keeps counting here — a burst
         the queue has not fetched yet would otherwise vanish from the prediction at each state.
         A queue that reports no watermark (0) counts everything admitted before now."""
+        self.live.awake(now)
         self.queues[s.instance_id] = (now, s)
         seen = max((q.seen_arrival_s for _, q in self.queues.values()), default=0.0) if s.seen_arrival_s > 0 else now
         while self.admitted and self.admitted[0][0] <= seen:
@@ -168,7 +176,14 @@ class FleetView:
         if not self.admitted:  # exact zeros, whatever the float sums drifted to
             self.admitted_work = [0.0] * NUM_CLASSES
 
+    def awake(self, now: float) -> None:
+        """Admission handles an event (a request, a tick) at `now` (liveness.Liveness.awake);
+        the heartbeat and queue state handlers call it themselves."""
+        self.live.awake(now)
+
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
+        self.live.awake(now)
+        self.live.beat(hb.worker_id, hb.interval_s, now)
         self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
         s = hb.stats
         if s.prefill_ms_per_token > 0:
@@ -185,6 +200,8 @@ class FleetView:
         seen = self.workers.get(worker_id)
         if seen is None:
             return False
+        self.live.awake(now)
+        self.live.beat(worker_id, self.live.beats[worker_id].interval_s, now)
         self.workers[worker_id] = (now, seen[1])
         return True
 
@@ -193,14 +210,13 @@ class FleetView:
         decodes past their TPOT SLO: the largest slack over the workers (∞ where nothing
         decodes); None when no worker reports one (nothing known: nothing refused)."""
         rooms = [math.inf if slack is None else slack for w, slack in self.tpot_slack_s.items()
-                 if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s
-                 and w in self.prefill_cost]
+                 if self.up(w, now) and w in self.prefill_cost]
         return max(rooms) if rooms else None
 
     def own_prefill_s(self, prompt_len: int, now: float) -> float | None:
         """The request's prefill alone on the fastest fresh, healthy worker; None: unknown."""
         times = [prompt_len * a + prompt_len * prompt_len * b for w, (a, b) in self.prefill_cost.items()
-                 if (seen := self.workers.get(w)) and seen[1] and now - seen[0] <= self.stale_after_s]
+                 if self.up(w, now)]
         return min(times) / 1000.0 if times else None
 
     def on_admitted(self, c: int, cost: float, prompt_len: int, now: float) -> None:
@@ -221,7 +237,7 @@ class FleetView:
         yet, no fresh worker, or one that reports no prefill cost)."""
         if self.shape is None:
             return None
-        fresh = [w for w, (seen, ok) in self.workers.items() if ok and now - seen <= self.stale_after_s]
+        fresh = [w for w in self.workers if self.up(w, now)]
         if not fresh or any(w not in self.prefill_cost for w in fresh):
             return None
         p, m = self.shape
@@ -240,10 +256,14 @@ class FleetView:
     def _fresh_queues(self, now: float) -> list[QueueStats]:
         return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
 
+    def up(self, worker_id: str, now: float) -> bool:
+        """Healthy, not draining, and heard from within its liveness bound (liveness.py)."""
+        seen = self.workers.get(worker_id)
+        return seen is not None and seen[1] and self.live.fresh(worker_id, now)
+
     def fleet_down(self, now: float) -> bool:
-        return bool(self.workers) and not any(
-            ok and now - seen <= self.stale_after_s for seen, ok in self.workers.values()
-        )
+        """Workers have been seen and none is up: every class with a deadline is refused."""
+        return bool(self.workers) and not any(self.up(w, now) for w in self.workers)
 
     def depth(self, now: float) -> int:
         return sum(sum(s.depth) for s in self._fresh_queues(now)) + self.admitted_depth

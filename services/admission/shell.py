@@ -12,6 +12,8 @@ fails, the client gets `rejected` 503. A worker's first chunk can in principle o
 
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
+A tick every TICK_S / 2 tells the core it is awake: a longer gap between its events is its own
+stall, which does not make the workers look silent (liveness.py).
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from nats.js.errors import NoStreamResponseError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
-from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.metrics import AdmissionMetrics
 from tokenyard.shared.service import new_instance_id
 from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("admission")
+
+TICK_S = config.HEARTBEAT_INTERVAL_S
+"""The most admission leaves between two of its own events: it ticks twice as often."""
 
 
 class AdmissionShell:
@@ -44,11 +49,14 @@ class AdmissionShell:
         self.nc: Client | None = None
         self.metrics = AdmissionMetrics()
         self._inflight: set[asyncio.Task] = set()
+        self._ticker: asyncio.Task | None = None
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         await natsutil.ensure_queue_stream(nc)
+        self.core.ticks_every(TICK_S)
+        self._ticker = asyncio.create_task(self._tick())
         await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
         await nc.subscribe(subjects.QUEUE_STATE, cb=self._on_queue_state)
         await service.add_endpoint(
@@ -56,8 +64,15 @@ class AdmissionShell:
         )
 
     async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S / 2)
+            self.core.on_tick(time.time())
 
     async def _on_heartbeat(self, msg) -> None:
         try:
@@ -72,26 +87,13 @@ class AdmissionShell:
             pass
 
     async def _on_submit(self, req: Request) -> None:
-        # The micro endpoint awaits handlers one by one; admit concurrently so one slow
-        # JetStream round trip does not hold up the requests behind it.
-        task = asyncio.create_task(self._admit(req))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-
-    async def _enqueue(self, verdict: schemas.AdmittedRequest, data: bytes):
-        """(the PubAck, whether it took a retry). `data`: `verdict` encoded. One plain attempt
-        first, so that its ack's `duplicate` tells a reused request id; then retried through a
-        cluster node's failover (natsutil.publish_durably), where a duplicate may be an earlier
-        attempt that landed."""
-        headers = telemetry.inject()
-        try:
-            return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
-                                         timeout=2.0), False
-        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError):
-            ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)
-            return ack, True
-
-    async def _admit(self, req: Request) -> None:
+        """The decision in the endpoint's own pass, in arrival order (the micro endpoint awaits
+        its handler message by message, and nothing here suspends): a refusal is answered at
+        once, ahead of every admitted request's JetStream publish and `accepted`, which run in a
+        task each — one slow JetStream round trip holds up no request behind it, and in an
+        overload, where most requests are refused, a refusal waits for no admitted request's
+        publish work. The decisions stay in order, so each one counts every admission before it
+        (feasibility.FleetView.on_admitted)."""
         headers = req.headers or {}
         json = codec.is_json(headers) or req.data[:1] == b"{"
         reply_to = req._msg.reply  # the request's stream: every later hop publishes here
@@ -103,8 +105,10 @@ class AdmissionShell:
                     request_id="", status=400, code="invalid_request_error", message=f"malformed request: {e}"
                 )
             else:
+                now = time.time()
+                self.core.on_tick(now)  # after a stall of this process, the first thing it notes
                 verdict = self.core.admit(  # an id is drawn only for a request that brings none
-                    body, reply_to=reply_to or "", json=json, headers=headers, now=time.time(),
+                    body, reply_to=reply_to or "", json=json, headers=headers, now=now,
                     new_id=body.request_id or uuid.uuid4().hex,
                 )
             span.set_attribute("messaging.message.id", verdict.request_id)
@@ -126,26 +130,45 @@ class AdmissionShell:
                 self.metrics.observe(outcome, verdict.code)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
                 return
-            rid = verdict.request_id
+            span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)  # the decision; JetStream may find a reused id
             if telemetry.recording():  # where admission's own work ends and JetStream's begins
                 span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
-            try:
-                ack, retried = await self._enqueue(verdict, queued)
-            except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
-                log.warning("enqueue_failed", request_id=rid, error=repr(e))
-                refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
-                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
-                self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
-                return
-            if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
-                span.set_attribute("tokenyard.outcome", schemas.Outcome.DUPLICATE)
-                log.info("duplicate_request_id", request_id=rid)
-                refusal = schemas.Rejected(
-                    rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
-                )
-                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
-                return
-            accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
-            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
-            span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)
-            self.metrics.observe(schemas.Outcome.ADMITTED)
+            trace = telemetry.inject()  # the queue's span is a child of this one
+        task = asyncio.create_task(self._publish(req, verdict, queued, json, trace))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _enqueue(self, verdict: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]):
+        """(the PubAck, whether it took a retry). `data`: `verdict` encoded. One plain attempt
+        first, so that its ack's `duplicate` tells a reused request id; then retried through a
+        cluster node's failover (natsutil.publish_durably), where a duplicate may be an earlier
+        attempt that landed."""
+        try:
+            return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
+                                         timeout=2.0), False
+        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError):
+            ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)
+            return ack, True
+
+    async def _publish(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
+                       trace: dict[str, str]) -> None:
+        """An admitted request: into JetStream, then `accepted` (or 409 / 503, nothing queued)."""
+        rid = verdict.request_id
+        try:
+            ack, retried = await self._enqueue(verdict, queued, trace)
+        except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
+            log.warning("enqueue_failed", request_id=rid, error=repr(e))
+            refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
+            await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+            self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
+            return
+        if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
+            log.info("duplicate_request_id", request_id=rid)
+            refusal = schemas.Rejected(
+                rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
+            )
+            await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+            return
+        accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
+        await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+        self.metrics.observe(schemas.Outcome.ADMITTED)

@@ -26,7 +26,9 @@ heartbeat and what was routed to it since, with no per-deployment number:
     (shared.ecoserve.prefill_phase_starved).
 
 The queue releases requests in its policy's order while headroom > 0 (each takes its prompt
-tokens off it; the last one may overshoot). H is half the tightest TTFT target, so a request
+tokens off it; the last one may overshoot). A placing policy (base.PlacingPolicy: bubble
+placement, policies/bubble_placement.py) releases instead by the room of the workers each
+request may go to, and names them (`placed_on`, which the router keeps to). H is half the tightest TTFT target, so a request
 released now starts its prefill well within any class's target, and it spans 2.5 heartbeat
 intervals, so an engine does not run dry between two heartbeats. With flow control off
 (`flow_control=False`) a worker takes up to `slots_per_worker` waiting requests (with a batch
@@ -65,7 +67,14 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from tokenyard.services.priority_queue.policies.base import NUM_CLASSES, QueuePolicy, cost, deadline, klass
+from tokenyard.services.priority_queue.policies.base import (
+    NUM_CLASSES,
+    QueuePolicy,
+    WorkerRoom,
+    cost,
+    deadline,
+    klass,
+)
 from tokenyard.shared import config
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, Phase, QueueStats, Rejected
@@ -172,6 +181,8 @@ class QueueCore:
     unsure: dict[str, None] = field(default_factory=dict)
     """Ids in flight whose route ask got no answer (on_route_lost), in the order lost: the
     next dispatch asks the router again about each."""
+    placed_on: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Ids in flight that a placing policy released → the workers each may go to."""
     oldest_seen_s: float = math.inf
     """A lower bound of the latest heartbeat times of the workers that take new requests (a worker's only grows;
     each heartbeat lowers the bound to its own time): while now − it ≤ stale_after_s, no
@@ -305,7 +316,16 @@ class QueueCore:
         # asked again first: they hold their place in flight (and their share of the headroom)
         out = [self.in_flight[rid] for rid in self.unsure if rid in self.in_flight]
         self.unsure.clear()
-        room = self.headroom(now) if len(self.policy) else 0  # nothing waits: no sum over the fleet
+        release = getattr(self.policy, "release", None)  # a PlacingPolicy (base.py)
+        if release is not None and self.cfg.flow_control and len(self.policy):
+            rooms = {wid: WorkerRoom(w.room(), w.queued_prefill + w.sent_tokens) for wid, w in self.workers.items()
+                     if w.takes_new and now - w.seen_s <= self.cfg.stale_after_s}
+            for req, workers in release(rooms, self.in_flight, self._size, now):
+                self._send(req, out)
+                self.placed_on[req.request_id] = workers
+            room = 0
+        else:
+            room = self.headroom(now) if len(self.policy) else 0  # nothing waits: no sum over the fleet
         while room > 0:
             req = self.policy.pop(now)
             if req is None:
@@ -338,6 +358,7 @@ class QueueCore:
         w = self.workers.get(worker_id)
         req = self.in_flight.pop(request_id, None)
         self.unsure.pop(request_id, None)
+        self.placed_on.pop(request_id, None)
         if w is not None:
             w.sent += 1
             if req is not None:
@@ -363,6 +384,7 @@ class QueueCore:
         self.from_reserve.discard(request_id)
         req = self.in_flight.pop(request_id, None)
         self.unsure.pop(request_id, None)
+        self.placed_on.pop(request_id, None)
         if req is not None and not aborted:
             self._push(req, now)
             self.paused_until = now + self.cfg.retry_backoff_s

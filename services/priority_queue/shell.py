@@ -193,8 +193,10 @@ class QueueShell:
                 with telemetry.span(self.kind, "send", subjects.ROUTE, kind=SpanKind.PRODUCER, request_id=req.request_id):
                     # The message as JetStream holds it: the queue changes nothing in a request.
                     data = msg.data if msg is not None else codec.encode(req)
+                    only = self.core.placed_on.get(req.request_id)
+                    extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
                     reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
-                                                  headers=telemetry.inject())
+                                                  headers=telemetry.inject(extra))
                 decision = codec.decode(reply.data, schemas.RouteDecision)
             except NoRespondersError:
                 self._router_down()

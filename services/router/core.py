@@ -277,13 +277,18 @@ class Placement:
             if offer(choice.worker_id) accepted: done
             p.refused(choice.worker_id, reason)
         → no capacity, p.reason says why
+
+    `only`: the workers the request may go to (the queue's placement, QueueCore.placed_on);
+    None: any.
     """
 
-    def __init__(self, core: RouterCore, req: AdmittedRequest, attempts: int = ROUTE_ATTEMPTS):
+    def __init__(self, core: RouterCore, req: AdmittedRequest, attempts: int = ROUTE_ATTEMPTS,
+                 only: frozenset[str] | None = None):
         self.core = core
         self.req = req
         self.left = attempts
         self.excluded: set[str] = set()
+        self.only = only
         self.reason = ""
 
     def next(self, now: float) -> Choice | None:
@@ -291,7 +296,11 @@ class Placement:
         if self.left <= 0:
             return None
         self.left -= 1
-        choice = self.core.route(self.req, now, frozenset(self.excluded))
+        excluded = self.excluded
+        if self.only is not None:
+            view = self.core.view
+            excluded = excluded | {w for w in view.ids[: view.n] if w not in self.only}
+        choice = self.core.route(self.req, now, frozenset(excluded))
         if choice.worker_id is None:
             self.reason = choice.reason
             return None

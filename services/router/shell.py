@@ -158,7 +158,9 @@ class RouterShell:
             self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id
         ) as span:
             t0 = time.perf_counter()
-            decision, hit_tokens = await self._place_once(ar, span, data=req.data)
+            only_header = (req.headers or {}).get(subjects.ROUTE_ONLY_HEADER)
+            only = frozenset(w for w in only_header.split(",") if w) if only_header is not None else None
+            decision, hit_tokens = await self._place_once(ar, span, data=req.data, only=only)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
@@ -172,7 +174,7 @@ class RouterShell:
         return view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh]
 
     async def _place_once(
-        self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None
+        self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None, only: frozenset[str] | None = None
     ) -> tuple[schemas.RouteDecision, int | None]:
         """`_place` for a queue's route request, idempotent per request (see the module)."""
         key = (ar.request_id, ar.reply_to, ar.kv_from)  # a P/D decode leg is placed on its own
@@ -184,7 +186,7 @@ class RouterShell:
         if placing is not None:
             decision, _ = await asyncio.shield(placing)
             return decision, None
-        placing = self._placing[key] = asyncio.ensure_future(self._place(ar, span, data=data))
+        placing = self._placing[key] = asyncio.ensure_future(self._place(ar, span, data=data, only=only))
         try:
             decision, hit_tokens = await asyncio.shield(placing)
         finally:
@@ -194,7 +196,8 @@ class RouterShell:
         return decision, hit_tokens
 
     async def _place(
-        self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None
+        self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None,
+        only: frozenset[str] | None = None,
     ) -> tuple[schemas.RouteDecision, int | None]:
         """The decision, and the prefix-hit tokens on the worker that took the request. `data`:
         `ar` as it came, MessagePack; offered as it is (an 8k-token prompt costs ~0.3 ms of CPU
@@ -209,7 +212,7 @@ class RouterShell:
         now = time.time()
         if self.migration.orphan(ar, now):
             return schemas.RouteDecision(rid, schemas.Outcome.ABORTED, reason="client gone"), None
-        placement = Placement(self.core, ar, self.max_attempts)
+        placement = Placement(self.core, ar, self.max_attempts, only=only)
         placement.excluded |= exclude
         moving = bool(exclude)  # a re-issue: the request stays followed whatever happens here
         settle = not moving and not ar.kv_from

@@ -223,7 +223,8 @@ class WorkerCore:
                 and hb.draining == self.draining and hb.macro_id == self.macro_id and hb.mode == self.mode
                 and hb.output_share == self.output_share())
 
-    def heartbeat(self, stats: EngineStats, now: float) -> schemas.Heartbeat:
+    def heartbeat(self, stats: EngineStats, now: float, interval_s: float = 0.0) -> schemas.Heartbeat:
+        """`interval_s`: how often the shell sends one unprompted (0: not said)."""
         self._hb_seq += 1
         return schemas.Heartbeat(
             worker_id=self.cfg.worker_id,
@@ -238,4 +239,5 @@ class WorkerCore:
             macro_id=self.macro_id,
             mode=self.mode,
             output_share=self.output_share(),
+            interval_s=interval_s,
         )

@@ -249,7 +249,7 @@ class WorkerShell:
 
     async def _publish_heartbeat(self) -> None:
         self._sync_phase()
-        hb = self.core.heartbeat(self.engine.stats(), time.time())
+        hb = self.core.heartbeat(self.engine.stats(), time.time(), interval_s=self.heartbeat_s)
         self.metrics.heartbeat = hb
         await self.nc.publish(subjects.heartbeat(self.core.cfg.worker_id), codec.encode(hb))
 

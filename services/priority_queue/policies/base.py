@@ -13,7 +13,8 @@ Shared vocabulary of the class-aware policies (DESIGN.md §3.2-§3.3):
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
 
 from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.slo import TTFT_TARGET_S, request_deadline_s, ttft_deadline_s
@@ -68,3 +69,23 @@ class RealtimePolicy(QueuePolicy, Protocol):
 
     def pop_realtime(self, now: float) -> AdmittedRequest | None:
         """The next P0 request (after aging), removed; None when no P0 waits."""
+
+
+class WorkerRoom(NamedTuple):
+    """What a placing policy sees of one worker."""
+
+    room: int
+    """Prompt tokens the worker may still take (QueueCore's room_w; ≤ 0: saturated)."""
+    backlog: int
+    """Prompt tokens it has not prefilled yet (queued + routed since its heartbeat)."""
+
+
+class PlacingPolicy(QueuePolicy, Protocol):
+    """A policy that decides where its releases may go as well as when (bubble placement:
+    length ranges that own instances). Under flow control the queue asks it instead of
+    popping while the fleet-wide headroom lasts."""
+
+    def release(self, rooms: Mapping[str, WorkerRoom], in_flight: Mapping[str, AdmittedRequest],
+                size: Callable[[AdmittedRequest], int], now: float) -> list[tuple[AdmittedRequest, frozenset[str]]]:
+        """The requests to release now, each with the workers it may go to; `rooms` maps each
+        fresh worker that takes new requests to its WorkerRoom (room, backlog in tokens)."""

@@ -10,6 +10,10 @@ policy does not use are ignored (so one set of options serves every policy).
              effort · aging                                        (default; hybrid.py)
     hybrid-wfq  P0 strict · P1-P2 WFQ · P3 best effort · aging     (DESIGN §3.3 as written)
     bubble   hybrid, with bubble queues within each class          (seed 004)
+    bubble-placed  the same, each length range released onto instances of its own, split by
+             demand, idle longer ranges lent to shorter ones (seed 004's queues with capacity
+             of their own; bubble_placement.py; docs/results-bubble.md: better short p50 in
+             a short flood, worse long p99 without one, so not the default bubble)
     fixed    hybrid, with fixed log-spaced length partitions       (baseline for bubble)
     sjf      hybrid, shortest job first within each class          (baseline for bubble)
 """
@@ -21,6 +25,7 @@ from functools import partial
 
 from tokenyard.services.priority_queue.policies.base import AGING_S, WFQ_WEIGHTS, QueuePolicy
 from tokenyard.services.priority_queue.policies.bubble import BASE_BOUNDS, BubbleLine
+from tokenyard.services.priority_queue.policies.bubble_placement import BubblePlacement
 from tokenyard.services.priority_queue.policies.drr import DRR
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
 from tokenyard.services.priority_queue.policies.hybrid import hybrid, wfq
@@ -30,7 +35,7 @@ from tokenyard.services.priority_queue.policies.strict import Strict
 
 DEFAULT_POLICY = "hybrid"
 """The queue policy of `tokenyard queue` and `tokenyard sim` when none is named."""
-POLICY_NAMES = ("fcfs", "strict", "drr", "wfq", "hybrid", "hybrid-wfq", "bubble", "fixed", "sjf")
+POLICY_NAMES = ("fcfs", "strict", "drr", "wfq", "hybrid", "hybrid-wfq", "bubble", "bubble-placed", "fixed", "sjf")
 KNOBS = ("aging_s", "bubble_width", "weights", "drr_quantum")
 
 
@@ -56,8 +61,10 @@ def make_policy(
         inner = hybrid(aging_s, weights=weights)
     elif name == "hybrid-wfq":
         inner = hybrid(aging_s, name="hybrid-wfq", weights=weights, fair_order="wfq")
-    elif name == "bubble":
-        inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS), "bubble", weights)
+    elif name in ("bubble", "bubble-placed"):
+        inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS), name, weights)
+        if name == "bubble-placed":
+            return BubblePlacement(KeepsTurn(inner))
     elif name == "fixed":
         inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS, False), "fixed", weights)
     elif name == "sjf":

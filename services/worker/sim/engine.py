@@ -8,6 +8,12 @@ it here as in the cluster simulator: before every step, and every EXPIRE_POLL_S 
 simulator's tick) while the requests it holds back leave nothing to run, the waiting requests
 whose TTFT deadline (wall-clock, as admission stamped it) has passed are taken out; each
 stream ends with finish reason `deadline`, which the worker's core turns into a 429.
+
+A stream whose reader fell behind the steps (its worker starved of CPU, a slow subscriber
+downstream) gets what piled up as one output — the tokens of several steps, the last one's
+finish — as vLLM's output collector merges the deltas a slow consumer has not taken yet: one
+chunk, one publish, one SSE write instead of one per token, exactly when the worker can least
+afford them. A reader that keeps up sees one output per step, as before.
 """
 
 from __future__ import annotations
@@ -64,10 +70,15 @@ class SimEngine:
         try:
             while True:
                 out = await queue.get()
-                if out.finish_reason == HANDED_OFF:
-                    return
-                yield out
-                if out.finished:
+                handed_off = out.finish_reason == HANDED_OFF
+                while not handed_off and not out.finished and not queue.empty():  # the reader fell behind
+                    nxt = queue.get_nowait()
+                    handed_off = nxt.finish_reason == HANDED_OFF
+                    if not handed_off:
+                        out = _merge(out, nxt)
+                if out.finish_reason != HANDED_OFF:
+                    yield out
+                if out.finished or handed_off:
                     return
         finally:
             self._streams.pop(req.request_id, None)
@@ -132,3 +143,10 @@ class SimEngine:
                 if queue is not None:
                     queue.put_nowait(EngineOutput(req.request_id, [], False, HANDED_OFF, cached))
             self.core.handed_off.clear()
+
+
+
+def _merge(out: EngineOutput, nxt: EngineOutput) -> EngineOutput:
+    """Two outputs of one stream as one: both steps' tokens, the later one's finish."""
+    return EngineOutput(out.request_id, [*out.new_token_ids, *nxt.new_token_ids], nxt.finished, nxt.finish_reason,
+                        nxt.num_cached_tokens or out.num_cached_tokens)

@@ -1,0 +1,96 @@
+"""When admission counts a worker as gone: its silence against the heartbeat interval it
+announces and is observed at, measured on admission's own waking time.
+
+    bound_w    = max(MISSED_BEATS · interval_w,  LATE_FACTOR · gap_w)
+    silence_w  = (now − seen_w) − (blind(now) − blind(seen_w))
+    fresh      ⇔ silence_w ≤ bound_w
+
+interval_w  the interval the worker announces (Heartbeat.interval_s; 0, a worker that does not
+            say: config.HEARTBEAT_INTERVAL_S). MISSED_BEATS = 10: at the default 0.1 s a killed
+            fleet is called down after 1 s of silence, as before.
+gap_w       the longest gap between two of its heartbeats lately, as received here (a decayed
+            maximum: a longer gap raises it at once, then it shrinks by GAP_DECAY per heartbeat).
+            A worker whose beats come every 0.4 s on a starved host is late, not gone: it is
+            given LATE_FACTOR × its own worst recent gap.
+blind(t)    the observer's own time not observing, up to t: every gap between two of its own
+            events (any heartbeat, queue state, request or tick) beyond `tick_s`, the most its
+            shell promises to leave between two ticks. A stalled event loop (a loaded host, a
+            long GC) or a dropped connection hears no heartbeat, and that silence is its own,
+            not the workers': after a 1.5 s stall the first request it handles is judged before
+            the heartbeats that queued up meanwhile, and would otherwise find every worker
+            silent for 1.5 s and call the fleet down (a 503 with nothing queued, seen in CI).
+            `tick_s` None: the caller promises nothing (the simulator delivers every event on
+            its virtual time), no blind time is counted.
+
+Why not the NATS server's word ("no responders", as the router's lease probe uses): it tells a
+closed connection, not a hung worker, and it costs admission a round trip in the path of a
+request; the heartbeat already says what admission needs, how fresh the worker's costs are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenyard.shared import config
+
+MISSED_BEATS = 10
+"""Announced heartbeat intervals of silence after which a worker counts as gone."""
+LATE_FACTOR = 3.0
+"""A worker's silence within this many times its own longest recent gap is lateness."""
+GAP_DECAY = 0.95
+"""Per heartbeat, the remembered longest gap shrinks by this factor (to the latest gap at
+least): a stall's gap is forgotten after ~60 regular heartbeats (6 s at 0.1 s)."""
+
+
+@dataclass
+class Beat:
+    seen_s: float
+    """When its latest heartbeat arrived (the observer's clock)."""
+    blind_s: float
+    """The observer's blind time total then."""
+    interval_s: float
+    """The interval it announces."""
+    gap_s: float = 0.0
+    """Its longest gap between heartbeats lately (decayed maximum)."""
+
+
+@dataclass
+class Liveness:
+    tick_s: float | None = None
+    """The most the observer's shell leaves between two of its events (it ticks at least this
+    often); None: blind time is not counted."""
+    beats: dict[str, Beat] = field(default_factory=dict)
+    blind_s: float = 0.0
+    """The observer's own time not observing, summed (the module's blind(now))."""
+    last_event_s: float | None = None
+
+    def awake(self, now: float) -> None:
+        """The observer handles an event at `now`: a gap since its previous one beyond tick_s
+        was its own blind time."""
+        if self.tick_s is not None and self.last_event_s is not None and now - self.last_event_s > self.tick_s:
+            self.blind_s += now - self.last_event_s - self.tick_s
+        if self.last_event_s is None or now > self.last_event_s:
+            self.last_event_s = now
+
+    def beat(self, worker_id: str, interval_s: float, now: float) -> None:
+        """A heartbeat from `worker_id` arrives at `now` (after `awake(now)`)."""
+        interval = interval_s if interval_s > 0 else config.HEARTBEAT_INTERVAL_S
+        last = self.beats.get(worker_id)
+        if last is None:
+            self.beats[worker_id] = Beat(now, self.blind_s, interval)
+            return
+        gap = self._silence(last, now)  # its own lateness, not the observer's
+        last.gap_s = max(gap, last.gap_s * GAP_DECAY)
+        last.seen_s, last.blind_s, last.interval_s = now, self.blind_s, interval
+
+    def _silence(self, b: Beat, now: float) -> float:
+        return (now - b.seen_s) - (self.blind_s - b.blind_s)
+
+    def bound_s(self, worker_id: str) -> float:
+        b = self.beats[worker_id]
+        return max(MISSED_BEATS * b.interval_s, LATE_FACTOR * b.gap_s)
+
+    def fresh(self, worker_id: str, now: float) -> bool:
+        """Heard from within its bound, net of the observer's blind time; False: never heard."""
+        b = self.beats.get(worker_id)
+        return b is not None and self._silence(b, now) <= self.bound_s(worker_id)

@@ -36,6 +36,12 @@ def commit_of(ref: str) -> str:
     return out.stdout.strip()
 
 
+def has_text(ref: str, path: str, text: str) -> bool:
+    """Whether `ref`'s file `path` holds `text` (an option an older commit lacks)."""
+    out = subprocess.run(["git", "-C", str(REPO), "show", f"{commit_of(ref)}:{path}"], capture_output=True, text=True)
+    return out.returncode == 0 and text in out.stdout
+
+
 @contextlib.contextmanager
 def baseline_env(ref: str) -> Iterator[dict[str, str]]:
     """The environment under which a child process imports `ref`'s tokenyard."""

@@ -3,10 +3,13 @@
     python -m bench.control_plane [--workers 2] [--json results/control_plane.json]
     python -m bench.control_plane --nats nats://H:P --http http://H:P    # an already running fleet
     python -m bench.control_plane --baseline main    # side by side with another commit's code
+    python -m bench.control_plane --baseline HEAD --baseline-router separate   # the router's crossing alone
 
 It brings a fleet up with `tokenyard.launcher.FleetProcesses(workers=2, profile="zero")`:
 simulated workers whose every step takes zero time, so whatever latency a client sees is the
-control plane's (edge → admission → queue → router → worker → back to the client).
+control plane's (edge → admission → queue → router → worker → back to the client). The router
+runs in the queue's process, as `tokenyard up` runs it (`--router separate`: its own process,
+one NATS crossing more).
 
 (a) Time added to first token. `bench serve` with max_tokens = 1, short prompts, at a low
     Poisson rate (default 20 req/s, so requests do not queue behind each other), after a
@@ -17,7 +20,8 @@ control plane's (edge → admission → queue → router → worker → back to 
     random order: the TTFT the control plane adds is the first's less the second's, p50 of
     each (both paths end with the worker's first chunk crossing to the client).
     Targets: added p50 ≤ 2 ms (NATS); TTFT p50 ≤ 2 ms over HTTP (no engine-alone path there:
-    the whole TTFT counts); TTFT p99 ≤ 10 ms.
+    the whole TTFT counts); TTFT p99 ≤ 10 ms. The CPU each process of the fleet spends per
+    request over the TTFT runs is printed beside (user + system from /proc, idle loops in).
 
 (b) Highest sustained request rate. The offered Poisson rate steps up (default 250, 500,
     1000, 1500, 2000 req/s), each step max(--min-prompts, rate × --step-seconds) requests
@@ -51,7 +55,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +217,17 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         )
     console.print(t)
     print_added({"": result["engine_paired"]} if result.get("engine_paired") else {}, console)
+    if result.get("cpu_ms_per_request"):
+        cpu = result["cpu_ms_per_request"]
+        t = Table(title="CPU ms per request by process (user + system over the TTFT runs, warm-up included; "
+                        "then less what each process spends idle, sampled for a few seconds before)",
+                  box=box.SIMPLE_HEAD)
+        for col in ("process", *(p.upper() for p in cpu)):
+            t.add_column(col, justify="left" if col == "process" else "right")
+        for name in cpu["nats"]:
+            t.add_row(name, *(f"{cpu[p].get(name, float('nan')):.3f}" for p in cpu))
+        t.add_row("total", *(f"{sum(cpu[p].values()):.3f}" for p in cpu))
+        console.print(t)
 
     t = Table(title="Offered rate steps (NATS, max_tokens = 4; req/s and ms)", box=box.SIMPLE_HEAD)
     columns = (
@@ -281,7 +298,10 @@ def print_added(by_label: dict[str, dict[str, Any]], console: Console) -> None:
 
 
 def print_side_by_side(result: dict[str, Any], console: Console) -> None:
-    ttft, hops = result["paired_ttft"], result["paired_hops"]
+    routers = result.get("routers", {})
+    # each fleet named with where it runs its router
+    ttft = {f"{k} ({routers[k]})" if k in routers else k: v for k, v in result["paired_ttft"].items()}
+    hops = {f"{k} ({routers[k]})" if k in routers else k: v for k, v in (result["paired_hops"] or {}).items()}
     labels = list(ttft)
     t = Table(title="TTFT through the control plane, side by side (ms; max_tokens = 1, zero-latency workers, "
                     "requests interleaved)", box=box.SIMPLE_HEAD)
@@ -297,16 +317,20 @@ def print_side_by_side(result: dict[str, Any], console: Console) -> None:
     console.print(t)
     print_added({label: {"nats": ttft[label]["nats"], "added": ttft[label]["nats"].get("added")}
                  for label in labels}, console)
-    for path in ("nats", "http"):
-        cpu = {label: ttft[label].get(f"{path}_cpu_ms_per_request", {}) for label in labels}
-        names = list(cpu[labels[-1]])
-        t = Table(title=f"CPU ms per request by process, {path.upper()} path (user + system, over the run: "
-                        "idle loops included)", box=box.SIMPLE_HEAD)
+    for path, key, what in (("nats", "cpu", "idle loops included"), ("http", "cpu", "idle loops included"),
+                            ("nats", "busy_cpu", "less each process's idle rate"),
+                            ("http", "busy_cpu", "less each process's idle rate")):
+        cpu = {label: ttft[label].get(f"{path}_{key}_ms_per_request", {}) for label in labels}
+        names = list(dict.fromkeys(name for label in labels for name in cpu[label]))  # each fleet's processes
+        if not names:
+            continue
+        t = Table(title=f"CPU ms per request by process, {path.upper()} path (user + system over the run, "
+                        f"{what})", box=box.SIMPLE_HEAD)
         t.add_column("process")
         for label in labels:
             t.add_column(label, justify="right")
         for name in names:
-            t.add_row(name, *(f"{cpu[label].get(name, float('nan')):.3f}" for label in labels))
+            t.add_row(name, *(f"{cpu[label][name]:.3f}" if name in cpu[label] else "–" for label in labels))  # –: no such process
         t.add_row("total", *(f"{sum(cpu[label].values()):.3f}" for label in labels))
         console.print(t)
     if hops:
@@ -345,12 +369,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return await measure(args.nats, args.http, args)
     from tokenyard.launcher import FleetProcesses
 
-    async with FleetProcesses(workers=args.workers, profile="zero", http_port=0, model=args.model) as fleet:
-        result = await measure(fleet.nats_url, fleet.http_url, args)
+    async with FleetProcesses(workers=args.workers, profile="zero", http_port=0, model=args.model,
+                              router=args.router) as fleet:
+        result = await measure(fleet.nats_url, fleet.http_url, args, fleet)
+    result["router"] = args.router
     if args.profile_requests > 0:
         from bench import hop_profile
 
-        result["hops"] = await hop_profile.profile(args.workers, args.model, args.profile_requests, args.ttft_rate)
+        result["hops"] = await hop_profile.profile(args.workers, args.model, args.profile_requests, args.ttft_rate,
+                                                   router=args.router)
     return result
 
 
@@ -360,18 +387,25 @@ THIS_TREE = "this tree"
 async def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     """(d): REF's fleet and this tree's, interleaved; TTFT untraced, then the hops traced."""
     from bench import hop_profile
-    from bench.baseline import baseline_env, commit_of
+    from bench.baseline import baseline_env, commit_of, has_text
 
+    # A commit from before `tokenyard queue --with-router` runs its router on its own.
+    can = has_text(args.baseline, "services/priority_queue/cli.py", "--with-router")
+    base_router = args.baseline_router or ("in-queue" if can else "separate")
+    if base_router == "in-queue" and not can:
+        raise ValueError(f"{args.baseline} has no router in the queue's process (tokenyard queue --with-router)")
+    routers = {args.baseline: base_router, THIS_TREE: args.router}
     with baseline_env(args.baseline) as env:
         fleets = {args.baseline: env, THIS_TREE: {}}
         ttft = await hop_profile.side_by_side(fleets, args.workers, args.model, args.ttft_prompts, args.ttft_rate,
-                                              traced=False, warmup=args.warmup)
+                                              traced=False, warmup=args.warmup, routers=routers)
         hops = None
         if args.profile_requests > 0:
             hops = await hop_profile.side_by_side(fleets, args.workers, args.model, args.profile_requests,
-                                                  args.ttft_rate, traced=True, warmup=args.warmup)
+                                                  args.ttft_rate, traced=True, warmup=args.warmup, routers=routers)
     result: dict[str, Any] = {"workers": args.workers, "baseline": args.baseline,
-                              "baseline_commit": commit_of(args.baseline), "paired_ttft": ttft, "paired_hops": hops}
+                              "baseline_commit": commit_of(args.baseline), "routers": routers,
+                              "paired_ttft": ttft, "paired_hops": hops}
     mine = ttft[THIS_TREE]
     result["ttft"] = {path: {"completed": r["completed"], "failed": r["sent"] - r["completed"],
                              **{f"{k[:-3]}_ttft_ms": v for k, v in r["ttft"].items()}}
@@ -382,10 +416,26 @@ async def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace) -> dict[str, Any]:
-    result: dict[str, Any] = {"workers": args.workers, "nats_url": nats_url, "http_url": http_url, "ttft": {}}
-    result["ttft"]["nats"] = await ttft_overhead(nats_url, args)
+async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace, fleet=None) -> dict[str, Any]:
+    """`fleet`: the FleetProcesses behind the URLs, when this process started it: then the CPU
+    each of its processes spends per request is measured too (the TTFT runs, untraced)."""
     from bench import hop_profile
+
+    result: dict[str, Any] = {"workers": args.workers, "nats_url": nats_url, "http_url": http_url, "ttft": {}}
+    cpu: dict[str, dict[str, float]] = {}
+    idle_rate = (await hop_profile.idle_cpu_rates({"": fleet}, hop_profile.IDLE_WINDOW_S))[""] if fleet else {}
+
+    async def timed(path: str, target: str) -> dict[str, Any]:
+        before, t0 = (hop_profile.cpu_seconds(fleet), time.monotonic()) if fleet is not None else (None, 0.0)
+        r = await ttft_overhead(target, args)
+        if before is not None:
+            after, wall, n = hop_profile.cpu_seconds(fleet), time.monotonic() - t0, args.ttft_prompts + args.warmup
+            cpu[path] = {name: (after[name] - before[name]) * 1e3 / n for name in before}
+            cpu[path + ", idle subtracted"] = {
+                name: (after[name] - before[name] - idle_rate.get(name, 0.0) * wall) * 1e3 / n for name in before}
+        return r
+
+    result["ttft"]["nats"] = await timed("nats", nats_url)
 
     try:  # offering to a worker directly takes an operator's (or the router's) NATS rights
         result["engine_paired"] = await hop_profile.engine_paired(nats_url, args.model, args.ttft_prompts,
@@ -394,7 +444,9 @@ async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace)
     except (PermissionError, TimeoutError, OSError) as e:
         print(f"no engine-alone run ({type(e).__name__}: {e}): the NATS target is held against the whole TTFT")
     if http_url:
-        result["ttft"]["http"] = await ttft_overhead(http_url, args)
+        result["ttft"]["http"] = await timed("http", http_url)
+    if cpu:
+        result["cpu_ms_per_request"] = cpu
     result["steps"] = await rate_steps(nats_url, args)
     result["sustained_rate"] = max((s["rate"] for s in result["steps"] if s["held"]), default=0.0)
     result["verdicts"] = verdicts(result)
@@ -418,6 +470,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests a path for the per-hop profile, on a second, traced fleet (0: skip)")
     p.add_argument("--baseline", metavar="REF",
                    help="measure side by side with this commit's code (a branch, tag or hash), interleaved")
+    p.add_argument("--router", choices=("in-queue", "separate"), default="in-queue",
+                   help="where this tree's fleet runs its router: in the queue's process, or its own")
+    p.add_argument("--baseline-router", choices=("in-queue", "separate"), default=None,
+                   help="the same for the --baseline fleet (default: in-queue where that commit has it, else separate)")
     p.add_argument("--json", help="write the result here")
     return p.parse_args(argv)
 
@@ -425,6 +481,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
+    load_before = os.getloadavg()
     try:
         result = asyncio.run(run(args))
     except KeyboardInterrupt:
@@ -432,8 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         console.print(f"[red]control-plane benchmark failed: {type(e).__name__}: {e}")
         return 2
+    result["load_avg"] = {"before": load_before, "after": os.getloadavg()}  # 1, 5, 15 min
     print_report(result, console)
-    write_result(args.json, result)
+    console.print(f"load average before {', '.join(f'{x:.2f}' for x in load_before)}; "
+                  f"after {', '.join(f'{x:.2f}' for x in result['load_avg']['after'])}")
+    write_result(args.json, result, prog="python -m bench.control_plane", argv=argv)
     return 0 if all(v["met"] for v in result["verdicts"]) else 1
 
 

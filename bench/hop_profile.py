@@ -242,19 +242,22 @@ def summarise(rows: list[dict[str, float]], names: tuple[str, ...]) -> dict[str,
 
 
 async def profile(workers: int, model: str, requests: int, rate: float, warmup: int = 20,
-                  prompt: str = "a short prompt of a few words") -> dict[str, Any]:
+                  prompt: str = "a short prompt of a few words", router: str = "in-queue") -> dict[str, Any]:
     """Per-hop medians over `requests` requests on each path (NATS, HTTP)."""
-    result = await side_by_side({"": {}}, workers, model, requests, rate, traced=True, warmup=warmup, prompt=prompt)
+    result = await side_by_side({"": {}}, workers, model, requests, rate, traced=True, warmup=warmup, prompt=prompt,
+                                routers={"": router})
     return {"requests": requests, "rate": rate, **result[""]}
 
 
 async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: str, requests: int, rate: float,
                        traced: bool, warmup: int = 20,
-                       prompt: str = "a short prompt of a few words") -> dict[str, dict[str, Any]]:
+                       prompt: str = "a short prompt of a few words",
+                       routers: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """One fleet per label (its environment: e.g. bench/baseline.py's, to run another commit's
     code), all up at once; the requests go to them in turn (a fresh random order each round),
     so each fleet sees the same machine at the same moments. Per label and path: the client's
-    TTFT percentiles and, when `traced`, the per-hop segments."""
+    TTFT percentiles and, when `traced`, the per-hop segments. `routers`: label → where that
+    fleet runs its router (FleetProcesses.router; default in the queue's process)."""
     from tokenyard.shared import natsutil
     from tokenyard.shared.client import TokenyardClient
 
@@ -271,6 +274,7 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
             for label, env in fleets.items():
                 fleet = await stack.enter_async_context(FleetProcesses(
                     workers=workers, profile="zero", http_port=0, model=model,
+                    router=(routers or {}).get(label, "in-queue"),
                     extra_env={**env, **(tracing if traced else {})}))
                 client = await stack.enter_async_context(await TokenyardClient.connect(fleet.nats_url))
                 up[label] = (fleet, client)
@@ -298,13 +302,14 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                     for label, kind in order:
                         await one(label, kind, turn)
                 sent: dict[tuple[str, str], list[Sent]] = {target: [] for target in order}
-                cpu0 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
+                idle = await idle_cpu_rates({label: fleet for label, (fleet, _) in up.items()}, IDLE_WINDOW_S)
+                cpu0, t0 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}, time.monotonic()
                 for turn in range(requests):
                     random.shuffle(order)
                     for target in order:
                         sent[target].append(await one(*target, turn))
                         await asyncio.sleep(1.0 / rate)  # pacing: one request at a time, none queued
-                cpu1 = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}
+                cpu1, wall = {label: cpu_seconds(fleet) for label, (fleet, _) in up.items()}, time.monotonic() - t0
                 for (label, kind), sents in sent.items():
                     ttfts = sorted((s.t_first_ns - s.t_send_ns) / 1e6 for s in sents if s.t_first_ns)
                     out[label][kind] = {"ttft": percentiles(ttfts), "completed": len(ttfts), "sent": len(sents)}
@@ -313,6 +318,9 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                     out[label][path + "_cpu_ms_per_request"] = {
                         name: (cpu1[label][name] - cpu0[label][name]) * 1e3 / requests / len(kinds)
                         for name in cpu0[label]}
+                    out[label][path + "_busy_cpu_ms_per_request"] = {  # less what it spends idle
+                        name: (cpu1[label][name] - cpu0[label][name] - idle[label].get(name, 0.0) * wall) * 1e3
+                        / requests / len(kinds) for name in cpu0[label]}
                     if traced:
                         await receiver.wait_for([s.trace_id for s in sents])
                         rows = [r for s in sents if (r := segments(receiver.traces[s.trace_id], s, path == "http"))]
@@ -375,6 +383,19 @@ def added(full: list[Sent], alone: list[Sent]) -> dict[str, float]:
         return {}
     return {"p50_ms": statistics.median(a) - statistics.median(b), "paired_p50_ms": statistics.median(pairs),
             "engine_p50_ms": statistics.median(b)}
+
+
+IDLE_WINDOW_S = 3.0
+"""How long a fleet's idle CPU (heartbeats, polls, stats loops) is sampled before a measured run."""
+
+
+async def idle_cpu_rates(fleets: dict[str, Any], window_s: float) -> dict[str, dict[str, float]]:
+    """Per fleet and process: CPU seconds per second spent with no request in flight."""
+    before, t0 = {label: cpu_seconds(f) for label, f in fleets.items()}, time.monotonic()
+    await asyncio.sleep(window_s)
+    wall = time.monotonic() - t0
+    return {label: {name: (v - before[label][name]) / wall for name, v in cpu_seconds(f).items()}
+            for label, f in fleets.items()}
 
 
 def cpu_seconds(fleet) -> dict[str, float]:

@@ -3,11 +3,12 @@ the same kind of simulated workers, the same seeded workload from `tokenyard ben
 
     python -m bench.live_router [--workers 4] [--speed 0.25] [--workload chatbot]
                                 [--base-rate R] [--loads 1,3] [--num-prompts N]
-                                [--routers tokenyard,sglang,vllm] [--rounds 1] [--json FILE]
+                                [--routers tokenyard,sglang,vllm] [--rounds 1] [--baseline REF] [--json FILE]
 
 * tokenyard: `tokenyard up`'s processes (edge, admission, queue, router with its default
   policy, macro-instance, N `tokenyard worker --engine sim` workers), the client on the edge's
   HTTP port.
+* tokenyard-ref: the same on another commit's code (`--baseline REF`, bench/baseline.py): before / after.
 * sglang: sglang-router from PyPI (`pip install sglang-router`, a Rust binary) with
   `--policy cache_aware` and its other defaults, in front of N `tokenyard worker --engine sim
   --http PORT` workers (each also joins a NATS server of its own, which nothing else uses).
@@ -46,6 +47,7 @@ from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import natsutil
 
 from bench._out import write_result
+from bench.baseline import baseline_env
 from tokenyard.launcher import FleetProcesses
 
 PROFILE = "a100-llama3-8b"
@@ -125,10 +127,13 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
 
 FLEET_SERIES = ("tokenyard:queue_wait_seconds_sum", "tokenyard:queue_wait_seconds_count", "tokenyard:queue_dispatches_total",
                 "tokenyard:router_decisions_total", "tokenyard:router_decision_seconds_sum",
-                "tokenyard:router_decision_seconds_count")
+                "tokenyard:router_decision_seconds_count", "tokenyard:edge_ttft_seconds_sum",
+                "tokenyard:edge_ttft_seconds_count", "vllm:time_to_first_token_seconds_sum",
+                "vllm:time_to_first_token_seconds_count")
 """What the fleet's own metrics say about a run (where a request waited): the queue's wait from
 arrival to routed and its dispatches by outcome (a `no_capacity` is a request put back), the
-router's decisions by outcome and its time from request in to worker accepted."""
+router's decisions by outcome and its time from request in to worker accepted, the edge's TTFT
+(HTTP request in → first chunk at the edge) and the workers' (engine start → first chunk)."""
 
 
 def fleet_series(text: str, out: dict[str, float]) -> dict[str, float]:
@@ -152,9 +157,10 @@ def _scrape(fleet: FleetProcesses) -> dict[str, float]:
     return out
 
 
-async def _tokenyard(args, bench: BenchConfig, logs: Path) -> dict[str, Any]:
+async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
-                           router_policy=args.policy, log_dir=str(logs / "tokenyard"))
+                           router_policy=args.policy, log_dir=str(logs / ("tokenyard-ref" if env else "tokenyard")),
+                           extra_env=env or {})
     async with fleet:
         bench.target = fleet.http_url
         res = await run_bench(bench)
@@ -186,8 +192,13 @@ async def main_async(args) -> dict[str, Any]:
                 t, load_avg = time.monotonic(), os.getloadavg()[0]
                 head = {"round": rnd, "router": router, "load": load, "rate": rate}
                 try:
-                    res = await (_tokenyard(args, bench, logs) if router == "tokenyard"
-                                 else _peer(router, args, bench, logs))
+                    if router == "tokenyard":
+                        res = await _tokenyard(args, bench, logs)
+                    elif router == "tokenyard-ref":
+                        with baseline_env(args.baseline) as env:
+                            res = await _tokenyard(args, bench, logs, env)
+                    else:
+                        res = await _peer(router, args, bench, logs)
                 except (FileNotFoundError, RuntimeError, TimeoutError) as e:
                     print(f"{router} ×{load}: skipped: {e}", file=sys.stderr)
                     rows.append({**head, "error": str(e)})
@@ -229,14 +240,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every (load, router) run this many times, interleaved: round 1's runs, then round 2's …")
     ap.add_argument("--policy", default=DEFAULT_POLICY, help=f"tokenyard's router policy (default {DEFAULT_POLICY})")
+    ap.add_argument("--baseline", default=None, metavar="REF",
+                    help="the commit router `tokenyard-ref` runs (the same fleet on REF's code: before / after)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
     ap.add_argument("--log-dir", default="/tmp/tokenyard-live-router", help="every process's log")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()
-    unknown = [r for r in args.routers if r != "tokenyard" and r not in PEERS]
+    unknown = [r for r in args.routers if r not in ("tokenyard", "tokenyard-ref") and r not in PEERS]
     if unknown:
-        ap.error(f"unknown router(s) {unknown}; known: tokenyard, {', '.join(PEERS)}")
+        ap.error(f"unknown router(s) {unknown}; known: tokenyard, tokenyard-ref, {', '.join(PEERS)}")
+    if "tokenyard-ref" in args.routers and not args.baseline:
+        ap.error("router tokenyard-ref needs --baseline REF")
     doc = asyncio.run(main_async(args))
     print(table(doc))
     write_result(args.json, doc, prog="python -m bench.live_router")

@@ -31,6 +31,11 @@ candidates' mean of B, all on instance i; lower cost wins):
     bl-sticky  bl, and the bound exempts an instance where r's own TTFT Q + N is no later than
                anywhere within the bound;  bl-stickyq: and only where hit_i > Q_i;
     bl-stickyqw  bl-stickyq and only where nothing waits (W_i = 0)
+  round 5 (on slackhalf-bl-stickyq, round 4's default):
+    -tb, -tr, -tkv, -tbkv   ties → own TTFT, then fewer sequences (B_i) / running sequences /
+                          KV blocks in use / B_i then KV blocks, before recency
+    slackhalf-bl-stickyqi   the exemption withheld while an instance within the bound is idle
+    slackhalf-bl-stickyqn   … while an instance within the bound was never chosen (cold)
   round 4 (A_i = max(0, S_i / t_i − Q_i): prefill tokens i's decodes absorb within their TPOT
   slack S_i, t_i = prefill ms per token; ∞ where nothing decodes):
     slack-bl-stickyq      bl-stickyq, the stall N·(B_i + B̄)/2 only for max(0, N − A_i) tokens
@@ -92,6 +97,9 @@ class Variant:
     #                   "qw": "q" and only where no request waits (r is admitted at once)
     slack: str = ""  # "": r's prefill stalls i's decodes whole | "raw": only beyond their TPOT slack
     #                  (tokens: slack_ms / ms_per_token, less Q) | "cap": that slack capped at ENGINE_BACKLOG_S
+    tie: str = ""  # "": ties → lower Q + N, then least recently chosen | "b": then fewer sequences (B_i)
+    #              | "r": then fewer running (decoding) sequences, the heartbeat's alone
+    #              | "kv": then fewer KV blocks in use (i's decode context) | "bkv": B_i, then KV in use
     inputs: frozenset[str] = frozenset()
 
     def score(self, req, view, cand) -> Scored:
@@ -129,7 +137,19 @@ class Variant:
         if self.step:
             mpt = np.maximum(view.ms_per_token[cand], 1e-6)
             cost = cost + self.step * out * view.step_ms[cand] / mpt
-        return Scored(cost, tiebreak=own)
+        return Scored(cost, tiebreak=tiebreak(self.tie, own, view, cand))
+
+
+def tiebreak(tie: str, own: np.ndarray, view, cand) -> np.ndarray:
+    """Lexicographic (own, then the decode load `tie` names): own is in whole tokens, so a
+    fraction below 1 orders only the candidates whose own TTFT ties."""
+    if not tie:
+        return own
+    b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
+    kv = view.kv_used[cand].astype(np.float64)
+    running = view.running[cand].astype(np.float64)
+    load = {"b": b, "r": running, "kv": kv, "bkv": b + kv / (kv.max() + 1.0)}[tie]
+    return np.floor(own) + load / (load.max() + 1.0)
 
 
 @dataclass
@@ -165,10 +185,16 @@ class BoundGuard:
         if self.sticky and keep.any() and not keep.all():
             own = view.queued_prefill[cand] + view.new[cand]
             exempt = own <= own[keep].min()
-            if self.sticky in ("q", "qw"):
+            if self.sticky in ("q", "qw", "qi", "qn"):
                 exempt &= view.hit[cand] > view.queued_prefill[cand]
             if self.sticky == "qw":  # and nothing waits there: r is admitted at once
                 exempt &= view.waiting[cand] == 0
+            if self.sticky == "qi":  # and no instance within the bound is idle (L = 0: r waits for
+                b = view.running[cand] + view.waiting[cand]  # nothing there and stalls no one)
+                if (b[keep] == 0).any():
+                    exempt[:] = False
+            if self.sticky == "qn" and (view.last_chosen[cand][keep] < 0).any():
+                exempt[:] = False  # and no instance within the bound was never chosen (a cold one)
             keep |= exempt
         return Narrowed(keep if keep.any() else np.ones(len(cand), dtype=np.bool_))
 
@@ -217,6 +243,13 @@ VARIANTS = {
     "bl-kv-stickyq": Variant("bl-kv-stickyq", bound="seq+kv", sticky="q"),
     "tok-stickyq": Variant("tok-stickyq", bound="tok", sticky="q"),
     "bl-tok-stickyq": Variant("bl-tok-stickyq", bound="seq+tok", sticky="q"),
+    "slackhalf-bl-stickyq-tb": Variant("slackhalf-bl-stickyq-tb", bound="seq", sticky="q", slack="half", tie="b"),
+    "slackhalf-bl-stickyq-tr": Variant("slackhalf-bl-stickyq-tr", bound="seq", sticky="q", slack="half", tie="r"),
+    "slackhalf-bl-stickyqi": Variant("slackhalf-bl-stickyqi", bound="seq", sticky="qi", slack="half"),
+    "slackhalf-bl-stickyqi-tb": Variant("slackhalf-bl-stickyqi-tb", bound="seq", sticky="qi", slack="half", tie="b"),
+    "slackhalf-bl-stickyqn": Variant("slackhalf-bl-stickyqn", bound="seq", sticky="qn", slack="half"),
+    "slackhalf-bl-stickyq-tkv": Variant("slackhalf-bl-stickyq-tkv", bound="seq", sticky="q", slack="half", tie="kv"),
+    "slackhalf-bl-stickyq-tbkv": Variant("slackhalf-bl-stickyq-tbkv", bound="seq", sticky="q", slack="half", tie="bkv"),
     "own-room": Variant("own-room", stall="none", bound="room"),
     "bl-room": Variant("bl-room", bound="seq+room"),
     "bl-stickyq-room": Variant("bl-stickyq-room", bound="seq+room", sticky="q"),

@@ -6,6 +6,7 @@ sim --compare` command; then the won/lost table.
     python -m bench.routing_sweep --traces DIR [--jobs 1] [--only mooncake-report,api]
                                   [--loads 0.5,1,2] [--requests 2000] [--out docs/results/routing]
     python -m bench.routing_sweep --table [--out docs/results/routing]   # tables only
+    python -m bench.routing_sweep --goodput-detail [--out …]   # lost goodput: requests or span?
 
 Workloads, split into the ones the default was chosen on (tuned) and the ones it is judged
 on (reported):
@@ -171,6 +172,36 @@ def tables(out: Path) -> str:
     return "\n".join(lines)
 
 
+def goodput_detail(out: Path) -> str:
+    """For each reported cell whose goodput the default loses: whether it lost requests (met
+    the SLO fewer times, or was refused more: admission's refusals and the queue's expiries)
+    or only time (goodput = requests within the SLO ÷ the run's span, first arrival to last
+    completion, so a later last completion lowers it with every request served)."""
+    lines = ["| workload | load | best peer | met SLO | refused + expired | span (s) | goodput (req/s) |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for name in (n for n, w in WORKLOADS.items() if w[3] == "reported"):
+        for load in LOADS:
+            path = out / f"{name}_x{load:g}.json"
+            if not path.exists():
+                continue
+            res = json.loads(path.read_text())["policies"]
+            if DEFAULT not in res or not set(PEERS) & set(res):
+                continue
+            verdict, _, _, who = cell(res, "request_goodput", max, lambda d, b: d >= b)
+            if verdict == "won":
+                continue
+            mine, peer = res[DEFAULT], res[who]
+
+            def pair(f, mine=mine, peer=peer) -> str:
+                return f"{f(mine)} vs {f(peer)}"
+
+            lines.append(
+                f"| {name} | ×{load:g} | {who} | {pair(lambda r: r['outcomes']['all']['met_slo'])} | "
+                f"{pair(lambda r: r['outcomes']['all']['refused'] + r['outcomes']['all']['expired'])} | "
+                f"{pair(lambda r: format(r['duration'], '.2f'))} | {pair(lambda r: format(r['request_goodput'], '.3f'))} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", default=str(TRACES),
@@ -184,8 +215,13 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="policies to run at each point, joining those already in its JSON (default: all)")
     ap.add_argument("--table", action="store_true", help="print the tables of existing results only")
+    ap.add_argument("--goodput-detail", action="store_true",
+                    help="print, for each reported cell whose goodput the default loses, its requests and span against the best peer's")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.goodput_detail:
+        print(goodput_detail(out))
+        return 0
     if not args.table:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         bad = [n for n in names if n not in WORKLOADS]

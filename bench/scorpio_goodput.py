@@ -9,11 +9,14 @@ TTFT SLO of 5 s (P1). A request is good when TTFT ≤ 5 s and its own TPOT ≤ i
 goodput = good requests per second of the arrival window (the same window for both
 policies, so their ratio is the ratio of good requests; `throughput` is per second of the
 whole run, drain included). Policies: `fcfs` = vLLM's (scheduler.py),
-`scorpio` = VBS admission + credit batching + the seed's rejection path (scorpio.py: a request
-still waiting, never started, past its 5 s TTFT deadline is rejected; SimEngineCore.expire),
-`fcfs+reject` = vLLM's with that same rejection, `scorpio-noreject` = SCORPIO without it. A
-rejected request counts as not good. Steps are run one by one (no folding), outputs land at
-the end of the step that made them.
+`scorpio` = VBS admission + credit batching + the TPOT-bounded token budget + the seed's
+rejection path (scorpio.py; ttft_guard.py: a request still waiting, never started, whose first
+token can no longer come within its 5 s TTFT deadline at the engine's prefill rate is rejected;
+SimEngineCore.expire), `fcfs+reject` = vLLM's with that same rejection (at vLLM's full-step
+prefill rate), `scorpio-noreject` = SCORPIO without it. A rejected request counts as not good.
+`ceiling` = requests ÷ FCFS's good requests: the largest ratio any policy can reach at that load
+(every request good). Steps are run one by one (no folding), outputs land at the end of the step
+that made them.
 """
 
 from __future__ import annotations
@@ -104,7 +107,9 @@ def run(n: int, loads: list[float], profile: str = "a100-llama3-8b") -> list[dic
 
         row = {"load": load, "rate": BASE_RATE * load, **{p: r for p, r in res.items()},
                "goodput_ratio": ratio("scorpio", "fcfs"), "goodput_ratio_same_rejection": ratio("scorpio", "fcfs+reject"),
-               "goodput_ratio_noreject": ratio("scorpio-noreject", "fcfs")}
+               "goodput_ratio_noreject": ratio("scorpio-noreject", "fcfs"),
+               "ceiling": n / res["fcfs"]["good"] if res["fcfs"]["good"] else None,
+               "ceiling_same_rejection": n / res["fcfs+reject"]["good"] if res["fcfs+reject"]["good"] else None}
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

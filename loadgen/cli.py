@@ -9,7 +9,13 @@ import argparse
 import asyncio
 import sys
 
-from tokenyard.loadgen.config import DEFAULT_PRIORITY_MIX, BenchConfig, parse_goodput, parse_priority_mix
+from tokenyard.loadgen.config import (
+    DEFAULT_PRIORITY_MIX,
+    BenchConfig,
+    parse_goodput,
+    parse_priority_mix,
+    parse_tpot_slo_mix,
+)
 from tokenyard.loadgen.workloads import workload_help
 from tokenyard.shared import config as shared_config
 
@@ -69,6 +75,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--priority-mix", default=",".join(f"{x:g}" for x in DEFAULT_PRIORITY_MIX), help="fractions of P0..P3"
     )
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
+    p.add_argument("--tpot-slo-mix", default=None, metavar="MS:FRACTION,…",
+                   help="each request sends a tpot_slo_ms drawn from this mix (seeded), e.g. 50:0.5,200:0.5; "
+                   "goodput then judges each request by its own TPOT SLO and reports each SLO's requests")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the workload: same seed, same requests")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
     p.add_argument("--tenant", default=None, help="tenant the requests are charged to (default: none)")
@@ -96,6 +105,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         concurrency=args.concurrency,
         priority_mix=parse_priority_mix(args.priority_mix),
         goodput=parse_goodput(args.goodput),
+        tpot_slo_mix=parse_tpot_slo_mix(args.tpot_slo_mix),
         seed=args.seed,
         request_timeout_s=args.request_timeout,
         progress=not args.no_progress,

@@ -1,7 +1,7 @@
 """What one `bench serve` run is: target, workload, arrival process and SLOs, in one dataclass
 that the CLI, the fleet launcher (`tokenyard up --bench-prompts N`) and bench/ scripts all
-build. Parsing of the compound options (`--priority-mix a,b,c,d`, `--goodput ttft:MS …`)
-lives here too, so every caller validates the same way."""
+build. Parsing of the compound options (`--priority-mix a,b,c,d`, `--goodput ttft:MS …`,
+`--tpot-slo-mix MS:FRACTION,…`) lives here too, so every caller validates the same way."""
 
 from __future__ import annotations
 
@@ -37,7 +37,11 @@ class BenchConfig:
     priority_mix: tuple[float, float, float, float] = DEFAULT_PRIORITY_MIX
     """Fractions of P0..P3 (normalised)."""
     goodput: dict[str, float] = field(default_factory=dict)
-    """SLOs in ms by metric (`ttft`, `tpot`, `e2el`); a request is good if it meets all."""
+    """SLOs in ms by metric (`ttft`, `tpot`, `e2el`); a request is good if it meets all (its
+    own `tpot_slo_ms` in place of `tpot` where it sent one)."""
+    tpot_slo_mix: tuple[tuple[float, float], ...] = ()
+    """(TPOT SLO ms, fraction) pairs: each request sends a `tpot_slo_ms` drawn from them
+    (seeded, loadgen.workload.with_tpot_slos); empty: requests send none."""
     seed: int = 0
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
@@ -69,6 +73,7 @@ class BenchConfig:
         if not self.request_timeout_s > 0:
             raise ValueError("--request-timeout must be > 0")
         check_priority_mix(self.priority_mix)
+        check_tpot_slo_mix(self.tpot_slo_mix)
         for key, value in self.goodput.items():
             if key not in GOODPUT_METRICS or not value >= 0:
                 raise ValueError(f"bad goodput SLO {key}:{value}")
@@ -90,6 +95,7 @@ class BenchConfig:
             "concurrency": self.concurrency,
             "priority_mix": list(self.priority_mix),
             "goodput_slos_ms": dict(self.goodput),
+            "tpot_slo_mix": [list(pair) for pair in self.tpot_slo_mix],
             "seed": self.seed,
             "request_timeout_s": self.request_timeout_s,
         }
@@ -109,6 +115,33 @@ def parse_priority_mix(text: str) -> tuple[float, float, float, float]:
         raise ValueError(f"--priority-mix: not numbers: {text!r}") from None
     check_priority_mix(parts)
     return parts  # type: ignore[return-value]
+
+
+def check_tpot_slo_mix(mix: tuple[tuple[float, float], ...]) -> None:
+    slos = [ms for ms, _ in mix]
+    if any(not (0 < ms < math.inf) for ms in slos) or len(set(slos)) != len(slos):
+        raise ValueError("--tpot-slo-mix: each TPOT SLO must be a distinct positive number of ms")
+    if mix and (any(not (0 <= f < math.inf) for _, f in mix) or sum(f for _, f in mix) <= 0):
+        raise ValueError("--tpot-slo-mix: fractions must be non-negative with a positive sum")
+
+
+def parse_tpot_slo_mix(text: str | None) -> tuple[tuple[float, float], ...]:
+    """`"50:0.5,200:0.5"` → `((50.0, 0.5), (200.0, 0.5))`: TPOT SLOs in ms with their shares
+    (normalised when drawn); None or "" → no per-request TPOT SLO."""
+    if not text:
+        return ()
+    pairs = []
+    for item in text.split(","):
+        ms, sep, share = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            pairs.append((float(ms), float(share)))
+        except ValueError:
+            raise ValueError(f"--tpot-slo-mix takes MS:FRACTION,… (got {item!r})") from None
+    mix = tuple(pairs)
+    check_tpot_slo_mix(mix)
+    return mix
 
 
 def parse_goodput(items: list[str] | None) -> dict[str, float]:

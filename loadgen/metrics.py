@@ -17,8 +17,12 @@ population std, linear-interpolated percentile; 0 for an empty set, as vllm).
     total_token_throughput       (Σ input + Σ output tokens of completed) / duration
     request_goodput              good / duration, a request being good if it meets every given
                                  SLO (ttft, tpot, e2el in ms; a request with ≤ 1 output token
-                                 has tpot 0, as vllm); None when no SLO was given
+                                 has tpot 0, as vllm) — a request that sent its own
+                                 `tpot_slo_ms` is judged by that one instead of `tpot`; None
+                                 when no SLO was given and no request sent one
     by_priority["P0".."P3"]      the same block over one declared class
+    by_tpot_slo["50", …]         the same block over the requests that sent one TPOT SLO (ms;
+                                 "none" for those that sent none); only when some sent one
     errors                       failed requests counted by reason label
 """
 
@@ -52,7 +56,10 @@ def summarise(
 
 
 def is_good(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
-    """Meets every SLO given (vllm: `slo >= value`); only meaningful for a successful record."""
+    """Meets every SLO given (vllm: `slo >= value`), its own TPOT SLO in place of `tpot`
+    where it sent one; only meaningful for a successful record."""
+    if record.tpot_slo_ms is not None:
+        slos_ms = {**slos_ms, "tpot": record.tpot_slo_ms}
     values_ms = {
         "ttft": record.ttft * 1000,
         "tpot": (record.tpot or 0.0) * 1000,
@@ -64,7 +71,8 @@ def is_good(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
 def block(
     records: Sequence[RequestRecord], duration_s: float, goodput_ms: dict[str, float] | None
 ) -> dict[str, Any]:
-    """Counts, throughputs and latency summaries over `records`."""
+    """Counts, throughputs and latency summaries over `records`; goodput unless `goodput_ms`
+    is None."""
     ok = [r for r in records if r.success]
     total_input = sum(r.prompt_tokens for r in ok)
     total_output = sum(r.output_tokens for r in ok)
@@ -75,7 +83,7 @@ def block(
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": _rate(len(ok), dur),
-        "request_goodput": _rate(sum(is_good(r, goodput_ms) for r in ok), dur) if goodput_ms else None,
+        "request_goodput": _rate(sum(is_good(r, goodput_ms) for r in ok), dur) if goodput_ms is not None else None,
         "output_throughput": _rate(total_output, dur),
         "total_token_throughput": _rate(total_input + total_output, dur),
     }
@@ -101,11 +109,19 @@ def pooled_itl(records: Sequence[RequestRecord]) -> np.ndarray:
 def compute_metrics(
     records: Sequence[RequestRecord], duration_s: float, goodput_ms: dict[str, float] | None = None
 ) -> dict[str, Any]:
+    own_slos = sorted({r.tpot_slo_ms for r in records if r.tpot_slo_ms is not None})
+    if not goodput_ms:  # no SLO given (None or {}): judge only the requests' own TPOT SLOs, if any
+        goodput_ms = {} if own_slos else None
     result: dict[str, Any] = {"duration": duration_s, **block(records, duration_s, goodput_ms)}
     classes = sorted({r.priority for r in records})
     result["by_priority"] = {
         f"P{p}": block([r for r in records if r.priority == p], duration_s, goodput_ms) for p in classes
     }
+    if own_slos:
+        groups: dict[str, list[RequestRecord]] = {f"{ms:g}": [] for ms in own_slos}
+        for r in records:
+            groups.setdefault(f"{r.tpot_slo_ms:g}" if r.tpot_slo_ms is not None else "none", []).append(r)
+        result["by_tpot_slo"] = {name: block(rs, duration_s, goodput_ms) for name, rs in groups.items()}
     result["errors"] = dict(sorted(Counter(r.error or NO_OUTPUT for r in records if not r.success).items()))
     return result
 

@@ -26,6 +26,8 @@ class RequestRecord:
     """The declared class the workload sent (0..3)."""
     prompt_len: int
     """The workload's own count of prompt tokens."""
+    tpot_slo_ms: float | None = None
+    """The TPOT SLO the request sent (`--tpot-slo-mix`); None: it sent none."""
     scheduled_s: float = 0.0
     """When the arrival process wanted it sent."""
     dispatched_s: float = 0.0

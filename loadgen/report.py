@@ -1,6 +1,6 @@
 """How a run shows itself: a rich progress bar on stderr while it runs, vllm's "Serving
 Benchmark Result" block as a rich table at the end (plus one table per priority class and
-one of failures by reason when there are any), and the result dict as JSON."""
+one per TPOT SLO sent with `--tpot-slo-mix`, one of failures by reason when there are any), and the result dict as JSON."""
 
 from __future__ import annotations
 
@@ -76,15 +76,17 @@ def result_table(result: dict[str, Any]) -> Table:
     return table
 
 
-def priority_table(by_priority: dict[str, dict[str, Any]]) -> Table:
-    table = Table(title="By priority class (latencies in ms)", box=box.SIMPLE_HEAD)
+def priority_table(by_priority: dict[str, dict[str, Any]], title: str = "By priority class",
+                   first: str = "class") -> Table:
+    """One row per group of requests (a class, or a TPOT SLO with `first="TPOT SLO"`)."""
+    table = Table(title=f"{title} (latencies in ms)", box=box.SIMPLE_HEAD)
     columns = (
-        ("class", None), ("ok", "completed"), ("failed", "failed"), ("req/s", "request_throughput"),
+        (first, None), ("ok", "completed"), ("failed", "failed"), ("req/s", "request_throughput"),
         ("good/s", "request_goodput"), ("TTFT\np50", "median_ttft_ms"), ("TTFT\np99", "p99_ttft_ms"),
         ("TPOT\np50", "median_tpot_ms"), ("TPOT\np99", "p99_tpot_ms"), ("E2EL\np99", "p99_e2el_ms"),
     )  # fmt: skip
     for header, _ in columns:
-        table.add_column(header, justify="left" if header == "class" else "right", no_wrap=True)
+        table.add_column(header, justify="left" if header == first else "right", no_wrap=True)
     for name, b in by_priority.items():
         table.add_row(
             name, *(_fmt(b[key], 1) if key.endswith("_ms") else _fmt(b[key]) for _, key in columns[1:])
@@ -99,6 +101,8 @@ def print_result(result: dict[str, Any], console: Console | None = None) -> None
     by_priority = result.get("by_priority") or {}
     if len(by_priority) > 1:
         console.print(priority_table(by_priority))
+    if by_slo := result.get("by_tpot_slo"):
+        console.print(priority_table(by_slo, "By TPOT SLO sent, ms (good: its own TPOT SLO met)", "TPOT SLO"))
     if errors := result.get("errors"):
         table = Table(title="Failures by reason")
         table.add_column("reason")

@@ -117,6 +117,7 @@ async def drive(
                     index=request.index,
                     priority=request.priority,
                     prompt_len=request.prompt_len,
+                    tpot_slo_ms=request.tpot_slo_ms,
                     scheduled_s=due,
                     dispatched_s=perf_counter(),
                 )

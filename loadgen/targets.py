@@ -57,6 +57,7 @@ def _generate_request(
         tenant=tenant,
         block_hashes=list(request.block_hashes) if request.block_hashes is not None else None,
         prompt_len=request.prompt_len if request.prompt is None else None,
+        tpot_slo_ms=request.tpot_slo_ms,
     )
 
 
@@ -159,6 +160,8 @@ class HttpTarget:
             body["prompt_len"] = request.prompt_len
         if self.tenant:
             body["tenant"] = self.tenant
+        if request.tpot_slo_ms is not None:
+            body["tpot_slo_ms"] = request.tpot_slo_ms
         return body
 
     async def send(self, request: BenchRequest, record: RequestRecord) -> None:

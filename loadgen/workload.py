@@ -12,10 +12,16 @@ priority class and arrival offset. `make_workload(config)` picks one by `--workl
   many;
 * every other name: the block-id workload, its prompt text synthesised per block id
   (`BlockBenchWorkload`), so equal ids give identical text.
+
+With `--tpot-slo-mix`, every request also carries a `tpot_slo_ms` (`with_tpot_slos`): request
+i's is the SLO whose cumulative share first exceeds u_i, u_i the i-th uniform of a generator of
+its own (SeedSequence(seed) spawned with a fixed key), so the other draws do not change, the
+same seed gives the same SLOs on every workload, and the first k of N are the first k of any run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,6 +59,8 @@ class BenchRequest:
     """Offset from the run's start at which the request is sent."""
     block_hashes: tuple[int, ...] | None = None
     ignore_eos: bool = True
+    tpot_slo_ms: float | None = None
+    """The TPOT SLO the request sends (`--tpot-slo-mix`); None sends none (the fleet's default)."""
 
 
 class Workload(Protocol):
@@ -125,7 +133,40 @@ class BlockBenchWorkload:
             )
 
 
+_TPOT_SLO_STREAM = 0x7907
+"""Spawn key of the TPOT-SLO generator: a stream no other draw of the workload uses."""
+
+
+class TpotSloWorkload:
+    """`inner`'s requests, each with a `tpot_slo_ms` drawn from `mix` ((ms, share) pairs)."""
+
+    def __init__(self, inner: Workload, mix: tuple[tuple[float, float], ...], seed: int = 0):
+        self.inner = inner
+        self.name = inner.name
+        self.slos = np.array([ms for ms, _ in mix], dtype=float)
+        shares = np.array([f for _, f in mix], dtype=float)
+        self.cumulative = np.cumsum(shares / shares.sum())
+        self.seed = seed
+
+    def requests(self) -> Iterator[BenchRequest]:
+        rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(_TPOT_SLO_STREAM,)))
+        last = len(self.slos) - 1
+        for r in self.inner.requests():
+            k = min(int(np.searchsorted(self.cumulative, rng.random(), side="right")), last)
+            yield dataclasses.replace(r, tpot_slo_ms=float(self.slos[k]))
+
+
+def with_tpot_slos(workload: Workload, mix: tuple[tuple[float, float], ...], seed: int = 0) -> Workload:
+    """`workload` as is without a mix, else every request with a drawn `tpot_slo_ms`."""
+    return TpotSloWorkload(workload, mix, seed) if mix else workload
+
+
 def make_workload(config: BenchConfig) -> Workload:
+    """The workload `--workload` names, with `--tpot-slo-mix`'s per-request TPOT SLOs."""
+    return with_tpot_slos(_base_workload(config), config.tpot_slo_mix, config.seed)
+
+
+def _base_workload(config: BenchConfig) -> Workload:
     """The workload `--workload` names. `--rate` is a generated workload's base rate (inf: all
     at once for `synthetic`, the workload's DEFAULT_RATE for the others: a conversation needs
     its pacing); a trace replays at its own rate, scaled to `--rate` when one is given;

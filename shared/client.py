@@ -32,7 +32,9 @@ What this client guarantees on top: every stream ends with exactly one terminal 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import math
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -102,6 +104,10 @@ class StreamCheck:
         return self._gap(self.next_seq, got)
 
     def on_event(self, event: schemas.StreamEvent, now: float = 0.0) -> list[schemas.StreamEvent]:
+        if type(event) is schemas.Chunk and event.seq == self.next_seq and self.accepted and not self.ahead \
+                and self.ahead_end is None and not self.done:
+            self.next_seq += 1  # the common case, every token of a healthy stream: in order, nothing held
+            return [event]
         self._now = now
         if self.done:
             return []
@@ -169,12 +175,67 @@ async def _ignore(_msg) -> None:
     """The lease's `alive` subscription answers nothing: being subscribed is the answer."""
 
 
+def _ring(waiter: asyncio.Future | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+class _Inbox:
+    """One stream's messages as the client's one subscription hands them over, and the stream's
+    waiting for them: a future per wait (made only when nothing is pending, so a burst is read in
+    one wake-up) and one lazy timer, moved earlier when a wait needs it and otherwise left to
+    fire (at most once a second: the stream's checks run then), never rescheduled per message."""
+
+    __slots__ = ("msgs", "waiter", "timer", "wake_at")
+
+    def __init__(self) -> None:
+        self.msgs: collections.deque = collections.deque()
+        self.waiter: asyncio.Future | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.wake_at = math.inf
+
+    def put(self, msg) -> None:
+        self.msgs.append(msg)
+        _ring(self.waiter)
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, until: float) -> None:
+        """Return once a message is pending, or at `until` (the loop's clock) at the latest
+        (possibly sooner: a timer set for an earlier wait wakes this one; the caller rechecks)."""
+        if self.msgs:
+            return
+        if self.timer is None or self.wake_at > until:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer, self.wake_at = loop.call_at(until, self._fire), until
+        self.waiter = loop.create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    def _fire(self) -> None:
+        self.timer, self.wake_at = None, math.inf
+        _ring(self.waiter)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 class TokenyardClient:
     def __init__(self, nc: Client, owns_connection: bool = False, lease: bool = True):
         self.nc = nc
         self._owns = owns_connection
         self.lease_id = uuid.uuid4().hex[:16] if lease else ""
         self._lease_task: asyncio.Task | None = None
+        self._mux_token = self.lease_id or "s" + uuid.uuid4().hex[:15]
+        """The inbox level all this client's streams share: the lease (so a router finds it in
+        each request's reply subject), or, without a lease, a token that is not one."""
+        self._inboxes: dict[str, _Inbox] = {}
+        """The open streams' inboxes, by subject."""
+        self._mux = None
+        self._mux_lock = asyncio.Lock()
 
     @classmethod
     async def connect(cls, url: str, name: str = "tokenyard-client",
@@ -186,6 +247,10 @@ class TokenyardClient:
         if self._lease_task is not None:
             self._lease_task.cancel()
             self._lease_task = None
+        if self._mux is not None:
+            with contextlib.suppress(Exception):
+                await self._mux.unsubscribe()
+            self._mux = None
         if self._owns and not self.nc.is_closed:
             await self.nc.drain()
 
@@ -195,14 +260,34 @@ class TokenyardClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def _inbox(self) -> str:
-        if not self.lease_id:
-            return self.nc.new_inbox()
-        if self._lease_task is None:
+    def _prefix(self) -> str:
+        # Under the connection's own inbox prefix (`_INBOX.<user>` when secured).
+        return self.nc.new_inbox().rsplit(".", 1)[0]
+
+    async def _open_inbox(self) -> tuple[str, _Inbox]:
+        """A fresh inbox `<prefix>.<lease>.<n>` for one stream, on the client's one
+        subscription `<prefix>.<lease>.*` (made on first use). One subscription for every
+        stream: no SUB / UNSUB per request, and nats-py delivers a burst of events for many
+        streams from one task instead of waking one task per stream per event. The
+        subscription also covers the lease's `alive` subject (nothing is delivered there)."""
+        if self.lease_id and self._lease_task is None:
             self._lease_task = asyncio.create_task(self._renew_lease())
-        # Under the connection's own inbox prefix (`_INBOX.<user>` when secured), lease first.
-        prefix = self.nc.new_inbox().rsplit(".", 1)[0]
-        return f"{prefix}.{self.lease_id}.{uuid.uuid4().hex}"
+        if self._mux is None:
+            async with self._mux_lock:
+                if self._mux is None:
+                    # Unbounded in nats-py: `_deliver` hands each message on at once, and what
+                    # waits for a slow reader waits in its own inbox, as it did in a queue per
+                    # stream (a bound here would drop events of every stream at once).
+                    self._mux = await self.nc.subscribe(f"{self._prefix()}.{self._mux_token}.*", cb=self._deliver,
+                                                        pending_msgs_limit=0, pending_bytes_limit=0)
+        subject = f"{self._prefix()}.{self._mux_token}.{uuid.uuid4().hex}"
+        box = self._inboxes[subject] = _Inbox()
+        return subject, box
+
+    async def _deliver(self, msg) -> None:
+        box = self._inboxes.get(msg.subject)
+        if box is not None:  # else a stream already over, or a lease probe: nothing to hand on
+            box.put(msg)
 
     async def _renew_lease(self) -> None:
         """Publish the lease every LEASE_INTERVAL_S, and hold `<inbox prefix>.<lease>.alive`
@@ -210,10 +295,9 @@ class TokenyardClient:
         "no responders" (this client gone) makes it abort our requests — a client that is
         merely late (its event loop stalled) keeps them."""
         subject = subjects.lease(self.lease_id)
-        prefix = self.nc.new_inbox().rsplit(".", 1)[0]
         alive = None
         with contextlib.suppress(Exception):
-            alive = await self.nc.subscribe(f"{prefix}.{self.lease_id}.alive", cb=_ignore)
+            alive = await self.nc.subscribe(f"{self._prefix()}.{self.lease_id}.alive", cb=_ignore)
         try:
             while True:
                 with contextlib.suppress(Exception):
@@ -224,7 +308,18 @@ class TokenyardClient:
                 with contextlib.suppress(Exception):
                     await alive.unsubscribe()
 
-    async def stream(
+    async def stream(self, request: schemas.GenerateRequest, **kwargs) -> AsyncIterator[schemas.StreamEvent]:
+        """Submit and yield the request's events in order, ending with exactly one terminal one
+        (`stream_batches`' arguments)."""
+        batches = self.stream_batches(request, **kwargs)
+        try:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+        finally:
+            await batches.aclose()
+
+    async def stream_batches(
         self,
         request: schemas.GenerateRequest,
         *,
@@ -232,24 +327,18 @@ class TokenyardClient:
         headers: dict[str, str] | None = None,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         no_responders_retry_s: float = 2.0,
-    ) -> AsyncIterator[schemas.StreamEvent]:
-        """Submit and yield the request's events in order, ending with exactly one terminal one.
-        While no admission replica is subscribed (none runs, or the only one is reconnecting
-        after its NATS node died) the submit is repeated for `no_responders_retry_s`, then
-        answered 503: nothing received it, so a repeat cannot run it twice."""
+    ) -> AsyncIterator[list[schemas.StreamEvent]]:
+        """Submit and yield the request's events in order, a list at a time: every event that
+        had arrived when the reader came back for more (a relay writes each list at once), the
+        last list ending with exactly one terminal event. While no admission replica is
+        subscribed (none runs, or the only one is reconnecting after its NATS node died) the
+        submit is repeated for `no_responders_retry_s`, then answered 503: nothing received it,
+        so a repeat cannot run it twice."""
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         rid = request.request_id
-        inbox = self._inbox()
-        # A callback feeding a queue: far cheaper per message than sub.next_msg, which makes a
-        # task and a timer for each one.
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def deliver(msg) -> None:
-            queue.put_nowait(msg)
-
+        inbox, box = await self._open_inbox()
         check = StreamCheck(rid)
-        sub = await self.nc.subscribe(inbox, cb=deliver)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
             body = codec.encode(request, json=json)
@@ -260,52 +349,59 @@ class TokenyardClient:
             while True:
                 idle_until = loop.time() + idle_timeout_s
                 after_reconnect = False
-                msg = None
                 # Wake at least every second to notice that the connection reconnected.
-                while msg is None and (wait := min(idle_until - loop.time(), 1.0)) > 0:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(wait):
-                            msg = await queue.get()
-                    if msg is None and (gap := check.expired(loop.time())) is not None:
+                while not box.msgs and (now := loop.time()) < idle_until:
+                    await box.wait(loop, min(idle_until, now + 1.0))
+                    if box.msgs:
+                        break
+                    if (gap := check.expired(loop.time())) is not None:
                         await self.abort(rid, reason="client_gap")
-                        yield gap
+                        yield [gap]
                         return
-                    if msg is None and self.nc.stats["reconnects"] != reconnects:
+                    if self.nc.stats["reconnects"] != reconnects:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
                         idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
-                if msg is None:
+                if not box.msgs:
                     await self.abort(rid, reason="client_idle_timeout")
                     if after_reconnect:
-                        yield schemas.Error(rid, 503, "events lost while NATS reconnected", seq=check.next_seq)
+                        yield [schemas.Error(rid, 503, "events lost while NATS reconnected", seq=check.next_seq)]
                     else:
-                        yield schemas.Error(rid, 504, f"no event for {idle_timeout_s:g} s", seq=check.next_seq)
+                        yield [schemas.Error(rid, 504, f"no event for {idle_timeout_s:g} s", seq=check.next_seq)]
                     return
-                if not msg.data and msg.headers and msg.headers.get("Status") == "503":
-                    if loop.time() < give_up:
-                        await asyncio.sleep(0.1)
-                        await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
-                        continue
-                    yield schemas.Rejected(rid, 503, "no_responders", "no admission service is running")
-                    return
-                try:
-                    event = codec.decode_event(msg.data, msg.headers)
-                except codec.DecodeError:
-                    continue  # not ours to read: garbage on the inbox changes nothing
-                for out in check.on_event(event, loop.time()):
-                    yield out
-                    if isinstance(out, schemas.TERMINAL_EVENTS):
+                out: list[schemas.StreamEvent] = []
+                now = loop.time()
+                while box.msgs:
+                    msg = box.msgs.popleft()
+                    if not msg.data and msg.headers and msg.headers.get("Status") == "503":
+                        if loop.time() < give_up:  # nothing received the request: nothing else is coming
+                            await asyncio.sleep(0.1)
+                            await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
+                            continue
+                        yield [schemas.Rejected(rid, 503, "no_responders", "no admission service is running")]
                         return
-                if (gap := check.expired(loop.time())) is not None:  # chunks flow, the hole stays
+                    try:
+                        event = codec.decode_event(msg.data, msg.headers)
+                    except codec.DecodeError:
+                        continue  # not ours to read: garbage on the inbox changes nothing
+                    for e in check.on_event(event, now):
+                        out.append(e)
+                        if isinstance(e, schemas.TERMINAL_EVENTS):
+                            yield out
+                            return
+                if (gap := check.expired(now)) is not None:  # chunks flow, the hole stays
                     await self.abort(rid, reason="client_gap")
-                    yield gap
+                    out.append(gap)
+                    yield out
                     return
+                if out:
+                    yield out
         except asyncio.CancelledError:
             await self.abort(rid, reason="client_cancelled")
             raise
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            box.close()
+            self._inboxes.pop(inbox, None)
 
     async def generate(self, request: schemas.GenerateRequest, **kwargs) -> Completion:
         """Submit and wait for the whole completion."""

@@ -54,7 +54,16 @@ def content_headers(json: bool) -> dict[str, str]:
     return {CONTENT_TYPE: JSON if json else MSGPACK}
 
 
+_mp_event = _mp_dec(schemas.StreamEvent).decode
+_js_event = _js_dec(schemas.StreamEvent).decode
+
+
 def decode_event(data: bytes, headers: dict[str, str] | None = None) -> schemas.StreamEvent:
-    """A stream event in whichever encoding it came in (JSON starts with `{`)."""
-    json = is_json(headers) or data[:1] == b"{"
-    return decode(data, schemas.StreamEvent, json=json)
+    """A stream event in whichever encoding it came in (JSON starts with `{`). Every token of
+    every stream comes through here: the decoders are looked up once, not per call."""
+    try:
+        if data[:1] == b"{" or (headers and is_json(headers)):
+            return _js_event(data)
+        return _mp_event(data)
+    except RecursionError:
+        raise msgspec.DecodeError("the message is nested too deeply") from None

@@ -238,8 +238,22 @@ def usage_dict(usage: schemas.Usage) -> dict[str, Any]:
     }
 
 
+_json_encode = msgspec.json.Encoder().encode
+
+
 def sse(obj: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+    return b"data: " + _json_encode(obj) + b"\n\n"
+
+
+_MARK = "\x00"
+
+
+def _split_at(frame: bytes, key: bytes) -> tuple[bytes, bytes]:
+    """`frame` around the value of its field `key`, the string _MARK: (up to and with the key,
+    after the value)."""
+    field = key + _json_encode(_MARK)
+    at = frame.rindex(field)
+    return frame[: at + len(key)], frame[at + len(field):]
 
 
 def models_list(models: list[str], created: int) -> dict[str, Any]:
@@ -266,8 +280,26 @@ class Renderer:
         self._role_sent = False
         self._parts: list[str] = []
         self.finished: schemas.Finished | None = None
+        # A text chunk's frame is the same bytes each time but for the text: encode the rest
+        # once (a chunk whose text is a marker, split around it) and only the text per token.
+        # The split point, `"text":"` / `"content":"` unescaped, can only be the field's own
+        # (a quote inside a string, the id or the model, is escaped).
+        self._role_sent = True  # the template is a chunk after the first
+        key = b'"content":' if self.chat else b'"text":'
+        self._head, self._tail = _split_at(sse(self._chunk(_MARK, None)), key)
+        self._role_sent = False
 
     # streaming
+
+    def render(self, events: list[schemas.StreamEvent]) -> bytes:
+        """The SSE bytes for several events in order (`frames` of each, joined)."""
+        out: list[bytes] = []
+        for event in events:
+            if type(event) is schemas.Chunk and event.text and (self._role_sent or not self.chat):
+                out.append(self._head + _json_encode(event.text) + self._tail)
+            else:
+                out.extend(self.frames(event))
+        return b"".join(out)
 
     def frames(self, event: schemas.StreamEvent) -> list[bytes]:
         """The SSE frames for one event; a terminal event's frames end with `[DONE]`."""

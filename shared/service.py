@@ -110,15 +110,41 @@ class ServiceHost:
         await self.stop()
 
 
-def run(shell: Shell, nats_url: str, metrics_port: int | None = None) -> None:
-    """Entry point of a service process."""
+async def serve_together(hosts: list[ServiceHost]) -> None:
+    """Several services in one process (a queue and its router), each on its own NATS
+    connection, as its own user: started in order, serving until SIGINT / SIGTERM, stopped in
+    reverse order (the queue's routes in flight finish while its router still serves)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before start(): see run_until_signalled
+        loop.add_signal_handler(sig, stop.set)
+    started: list[ServiceHost] = []
+    try:
+        for host in hosts:
+            started.append(await host.start())
+        await stop.wait()
+        for host in reversed(started):
+            telemetry.logger(host.shell.kind).info("stopping", instance=host.shell.instance_id)
+    finally:
+        for host in reversed(started):
+            await host.stop()
+
+
+def run(shell: Shell, nats_url: str, metrics_port: int | None = None,
+        also: list[tuple[Shell, int | None]] | None = None) -> None:
+    """Entry point of a service process; `also`: services started before it in the same
+    process, (shell, its metrics port)."""
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
+    hosts = [ServiceHost(s, nats_url, port) for s, port in also or []]
     try:
-        asyncio.run(ServiceHost(shell, nats_url, metrics_port).run_until_signalled())
+        if hosts:
+            asyncio.run(serve_together([*hosts, ServiceHost(shell, nats_url, metrics_port)]))
+        else:
+            asyncio.run(ServiceHost(shell, nats_url, metrics_port).run_until_signalled())
     except OSError as e:  # "cannot reach NATS at …", "address already in use": a message, not a traceback
         raise SystemExit(f"tokenyard {shell.kind}: error: {e}") from None

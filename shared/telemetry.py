@@ -87,9 +87,12 @@ def tracer(service: str) -> trace.Tracer:
 
 
 def inject(headers: dict[str, str] | None = None) -> dict[str, str]:
-    """Headers carrying the current trace context (plus any given)."""
+    """Headers carrying the current trace context (plus any given). With spans not recorded
+    and no context come in, there is none to carry: nothing is added (an empty result lets a
+    publish go without a header block, which its receiver would parse)."""
     carrier = dict(headers or {})
-    propagate.inject(carrier)
+    if _recording or trace.get_current_span().get_span_context().is_valid:
+        propagate.inject(carrier)
     return carrier
 
 

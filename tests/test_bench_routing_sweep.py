@@ -44,3 +44,26 @@ def test_tables_mark_each_metric_against_its_own_best_peer(tmp_path):
     assert rows[1] == ("| api | ×1 | **won** 89 vs 100 (dynamo) | lost 20.0 vs 19.0 (dynamo) | **won** 0.905 vs "
                        "0.915 (llmd) | lost 10.00 vs 11.00 (llmd) | 3 vs 0 (dynamo) | lost |")
     assert "default not run" in rows[4] and "not run" in rows[0]
+
+
+def outcome(met, refused, expired=0):
+    return {"all": {"met_slo": met, "refused": refused, "expired": expired}}
+
+
+def test_goodput_detail_tells_lost_requests_from_a_later_last_completion(tmp_path):
+    """Goodput = requests within the SLO ÷ the run's span: a default that serves as many (or
+    more) requests as the best peer but finishes its last one later loses goodput on time
+    alone; the detail shows which. Cells the default wins are left out."""
+    def point(met, refused, duration, goodput):
+        return metrics(50.0, 20.0, 0.9, goodput) | {"outcomes": outcome(met, refused), "duration": duration}
+
+    (tmp_path / "api_x1.json").write_text(json.dumps({"policies": {
+        sweep.DEFAULT: point(970, 29, 142.33, 970 / 142.33),
+        "llmd": point(965, 30, 129.55, 965 / 129.55),
+        "dynamo": point(900, 90, 130.0, 900 / 130.0),
+    }}))
+    (tmp_path / "api_x2.json").write_text(json.dumps({"policies": {  # won: left out
+        sweep.DEFAULT: point(1000, 0, 10.0, 100.0), "llmd": point(1000, 0, 10.5, 1000 / 10.5),
+    }}))
+    rows = [line for line in sweep.goodput_detail(tmp_path).splitlines() if line.startswith("| api |")]
+    assert rows == ["| api | ×1 | llmd | 970 vs 965 | 29 vs 30 | 142.33 vs 129.55 | 6.815 vs 7.449 |"]

@@ -6,6 +6,8 @@ import json
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tokenyard.services.edge import core
 from tokenyard.services.edge.core import ApiError, Endpoint
 from tokenyard.shared import schemas
@@ -287,6 +289,31 @@ def test_sse_framing_is_exact():
     ]
     assert r.frames(EVENTS[0]) == []
     assert r.frames(EVENTS[3])[-1] == b"data: [DONE]\n\n"
+
+
+_texts = st.text(st.characters(codec="utf-8"), max_size=6)  # quotes, escapes, "\x00", non-ASCII, ""
+
+
+@given(
+    endpoint=st.sampled_from(list(Endpoint)),
+    include_usage=st.booleans(),
+    model=_texts,
+    accepted=st.booleans(),
+    texts=st.lists(_texts, max_size=6),
+    cut=st.integers(0, 8),
+)
+def test_render_is_the_frames_of_each_event_byte_for_byte(endpoint, include_usage, model, accepted, texts, cut):
+    """`render` (the edge's path: the chunk's constant bytes encoded once) writes exactly what
+    `frames` writes event by event, however the events are grouped into calls."""
+    options = schemas.StreamOptions(True) if include_usage else None
+    req = schemas.GenerateRequest(model=model, request_id="r1", stream=True, stream_options=options)
+    events: list = [schemas.Accepted("r1", 1, 5)] if accepted else []
+    events += [schemas.Chunk("r1", i, t, [i]) for i, t in enumerate(texts)]
+    events.append(schemas.Finished("r1", len(texts), "stop", schemas.Usage(5, len(texts), 5 + len(texts))))
+    by_frames = core.Renderer(endpoint, req, created=7)
+    by_render = core.Renderer(endpoint, req, created=7)
+    expected = b"".join(f for e in events for f in by_frames.frames(e))
+    assert by_render.render(events[:cut]) + by_render.render(events[cut:]) == expected
 
 
 def test_error_mid_stream_is_an_error_frame_then_done():

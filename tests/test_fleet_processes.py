@@ -21,8 +21,9 @@ from tokenyard import cli
 from tokenyard.launcher import NATS_PORT, FleetProcesses, nats_port, ping
 
 
-async def test_fleet_of_processes_serves_nats_and_http(tmp_path):
-    fleet = FleetProcesses(workers=2, profile="zero", http_port=0, log_dir=str(tmp_path))
+@pytest.mark.parametrize("router", ["in-queue", "separate"])  # the router in the queue's process, or its own
+async def test_fleet_of_processes_serves_nats_and_http(tmp_path, router):
+    fleet = FleetProcesses(workers=2, profile="zero", http_port=0, log_dir=str(tmp_path), router=router)
     await fleet.start()
     procs = list(fleet.procs)
     try:
@@ -113,7 +114,7 @@ async def test_children_die_with_up_when_it_is_killed_outright(tmp_path):
                     await up.wait()
                     pytest.fail(f"up exited ({up.returncode}) before the fleet was up:\n{err.read_text()[-3000:]}")
         children = descendants(up.pid)
-        assert len(children) >= 7  # nats-server, edge, admission, queue, router, macro, a worker
+        assert len(children) >= 6  # nats-server, edge, admission, queue (with the router), macro, a worker
         up.kill()  # SIGKILL: no handler runs, nothing is stopped by the parent
         await up.wait()
         # each child gets SIGTERM from the kernel and drains

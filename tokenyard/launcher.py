@@ -4,7 +4,9 @@
      free, else a free one, unless --nats-port; data in a temp dir), unless --nats URL names one;
   2. start edge, admission, queue, router, macro and N workers as `tokenyard <service>`
      child processes, each set to die with this process (shared.procs) and its stderr kept
-     (the last lines in memory; all of it under --log-dir);
+     (the last lines in memory; all of it under --log-dir); the router runs inside the
+     queue's process (`tokenyard queue --with-router`: one NATS crossing fewer on every
+     request's way to its first token) unless `--router separate`;
   3. wait until every one answers `$SRV.PING` (nats.micro discovery); a service that exits
      first is reported with its last lines;
   4. print where to connect; optionally run a short `bench serve` against the edge;
@@ -34,6 +36,8 @@ from tokenyard.shared.nats_cluster import NatsCluster
 from tokenyard.shared.procs import die_with_parent
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
+ROUTER_PLACES = ("in-queue", "separate")
+"""Where `up` runs the router: in the queue's process (the default), or as its own process."""
 NATS_PORT = 4222
 """The port NATS clients and the README's examples assume; `up` takes it when it is free."""
 TAIL_LINES = 12
@@ -93,6 +97,8 @@ class FleetProcesses:
     """Where the creds files go (default: a temp dir removed on stop)."""
     router_args: list[str] = field(default_factory=list)
     """Extra `tokenyard router` options (e.g. --no-migration)."""
+    router: str = "in-queue"
+    """ROUTER_PLACES: in the queue's process (one crossing fewer), or `separate`."""
     tenants: str | None = None
     """A tenant file for admission (`tokenyard admission --tenants`): who may ask for P0."""
     nats_cluster: int = 0
@@ -123,8 +129,7 @@ class FleetProcesses:
             ("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model]),
             ("admission", [*base, "admission", *url, "--model", self.model, *self._tokenizer_args(),
                            *(["--tenants", os.path.abspath(self.tenants)] if self.tenants else [])]),
-            ("queue", [*base, "queue", *url]),
-            ("router", [*base, "router", *url, "--policy", self.router_policy, *self.router_args]),
+            *self._queue_and_router(base, url),
             ("macro", [*base, "macro", *url, "--macro-size", str(self.macro_size), *self.macro_args]),
         ]
         for i in range(self.workers):
@@ -136,12 +141,24 @@ class FleetProcesses:
             ))
         return [(name, [*cmd, *self._metrics_args(name)]) for name, cmd in cmds]
 
+    def _queue_and_router(self, base: list[str], url: list[str]) -> list[tuple[str, list[str]]]:
+        if self.router not in ROUTER_PLACES:
+            raise ValueError(f"router must be one of {ROUTER_PLACES}, not {self.router!r}")
+        if self.router == "separate":
+            return [("queue", [*base, "queue", *url]),
+                    ("router", [*base, "router", *url, "--policy", self.router_policy, *self.router_args])]
+        router_metrics = ["--router-metrics-port", str(self._metrics_port("router"))] if self.metrics else []
+        return [("queue", [*base, "queue", *url, "--with-router", "--router-policy", self.router_policy,
+                           *self.router_args, *router_metrics])]
+
+    def _metrics_port(self, name: str) -> int:
+        return self.metrics_ports.setdefault(name, natsutil.free_port())
+
     def _metrics_args(self, name: str) -> list[str]:
         """The edge serves /metrics on its HTTP port; every other service on one of its own."""
         if not self.metrics or name == "edge":
             return []
-        port = self.metrics_ports.setdefault(name, natsutil.free_port())
-        return ["--metrics-port", str(port)]
+        return ["--metrics-port", str(self._metrics_port(name))]
 
     def scrape_targets(self) -> dict[str, str]:
         """Service name → its Prometheus endpoint."""
@@ -177,7 +194,7 @@ class FleetProcesses:
                     os.makedirs(self.log_dir, exist_ok=True)
                     log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
                     self._logs.append(log)
-                users = ("macro", "worker") if name == "macro" else (name.split("-")[0],)
+                users = {"macro": ("macro", "worker"), "queue": ("queue", "router")}.get(name, (name.split("-")[0],))
                 child_env = {**env, **nats_auth.child_env(self.nats_url, *users)}
                 self.children.append(Child(name, cmd, child_env, log))
             await self._wait_ready(nc)
@@ -308,6 +325,9 @@ def register(sub) -> None:
     p.add_argument("--http-port", type=int, default=8000, help="port of the OpenAI-compatible HTTP API")
     p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY,
                    help=f"how the router picks a worker (default {DEFAULT_POLICY})")
+    p.add_argument("--router", choices=ROUTER_PLACES, default="in-queue",
+                   help="in-queue: the router runs in the queue's process, asked by a call (one NATS crossing fewer "
+                        "per request); separate: its own process, on llm.v1.route")
     p.add_argument("--macro-size", type=int, default=4, help="workers per macro-instance")
     p.add_argument("--macro-mode", choices=("nodg", "ecoserve"), default="nodg",
                    help="nodg: every worker takes prefill and decode; ecoserve: workers of a macro-instance "
@@ -392,7 +412,7 @@ async def _up(args) -> int:
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
         scheduling=args.scheduling, nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
-        router_policy=args.policy, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
+        router_policy=args.policy, router=args.router, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=_macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
         creds_dir=args.nats_creds_dir, nats_tls=_tls(args),

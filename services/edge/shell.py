@@ -1,9 +1,10 @@
 """The edge's shell: an aiohttp server speaking OpenAI's HTTP API, one NATS stream per request.
 
     POST /v1/completions, /v1/chat/completions
-        read body ─ core.parse_request ─ TokenyardClient.stream (publish on llm.v1.submit)
+        read body ─ core.parse_request ─ TokenyardClient.stream_batches (publish on llm.v1.submit)
         wait for the first event: Rejected/Error → that status as an OpenAI error body;
-        Accepted → stream=true: SSE 200, one frame per event (core.Renderer)
+        Accepted → stream=true: SSE 200, one frame per event (core.Renderer), every event
+                   already received written at once (one write per batch, not per token)
                    stream=false: gather until Finished, answer one JSON object
     GET /v1/models[/{model}], /health (NATS connected?), /metrics (Prometheus text),
         /openapi.json (the app, its routes, body limit and error bodies: shared.http_front)
@@ -249,23 +250,26 @@ class EdgeShell:
             call.outcome = e.outcome()
             return http_front.error_response(e, call.request_id)
         renderer = core.Renderer(call.endpoint, req, created=int(time.time()))
-        events = self._client.stream(req, headers=headers, idle_timeout_s=self.config.request_timeout_s)
+        events = self._client.stream_batches(req, headers=headers, idle_timeout_s=self.config.request_timeout_s)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 try:
                     async with asyncio.timeout(self.config.accept_timeout_s):
-                        first = await self._next(call, events)
+                        batch = await self._next(call, events)
                 except TimeoutError:
                     raise ApiError(
                         503, "admission did not answer in time", code="admission_unavailable"
                     ) from None
-                if isinstance(first, schemas.Rejected | schemas.Error):
-                    raise core.error_from_event(first)
+                if isinstance(batch[0], schemas.Rejected | schemas.Error):
+                    raise core.error_from_event(batch[0])
                 if req.stream:
-                    return await self._stream_sse(request, call, renderer, first, events)
-                renderer.feed(first)
-                while not call.terminal:
-                    renderer.feed(await self._next(call, events))
+                    return await self._stream_sse(request, call, renderer, batch, events)
+                while True:
+                    for event in batch:
+                        renderer.feed(event)
+                    if call.terminal:
+                        break
+                    batch = await self._next(call, events)
                 call.outcome = Outcome.FINISHED
                 return web.json_response(
                     renderer.response(), dumps=http_front.dumps, headers={"x-request-id": call.request_id}
@@ -301,7 +305,7 @@ class EdgeShell:
         return call.response
 
     async def _stream_sse(
-        self, request, call: _Call, renderer: core.Renderer, first, events
+        self, request, call: _Call, renderer: core.Renderer, batch: list[schemas.StreamEvent], events
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             status=200,
@@ -313,33 +317,35 @@ class EdgeShell:
         )
         await response.prepare(request)
         call.response = response
-        event = first
         while True:
-            frames = renderer.frames(event)
-            if frames:
-                await response.write(b"".join(frames))
+            # Every event that came while the last write went out, in one write: a client that
+            # fell behind a burst catches up in one send, not one per token.
+            data = renderer.render(batch)
             if call.terminal:
                 break
-            event = await self._next(call, events)
-        call.outcome = Outcome.FINISHED if isinstance(event, schemas.Finished) else Outcome.FAILED
-        await response.write_eof()
+            if data:
+                await response.write(data)
+            batch = await self._next(call, events)
+        call.outcome = Outcome.FINISHED if isinstance(batch[-1], schemas.Finished) else Outcome.FAILED
+        await response.write_eof(data)  # the last frames and the end of the body: one send
         return response
 
-    async def _next(self, call: _Call, events) -> schemas.StreamEvent:
-        """The next event; a cancellation here has reached the client stream, which aborts."""
+    async def _next(self, call: _Call, events) -> list[schemas.StreamEvent]:
+        """The events that arrived since the last call (at least one; a terminal one comes
+        last); a cancellation here has reached the client stream, which aborts."""
         try:
-            event = await anext(events)
+            batch = await anext(events)
         except asyncio.CancelledError:
             call.aborted = True
             raise
         except StopAsyncIteration:
             raise ApiError(502, "the request's stream ended without a result") from None
-        if isinstance(event, schemas.TERMINAL_EVENTS):
+        if isinstance(batch[-1], schemas.TERMINAL_EVENTS):
             call.terminal = True
-        elif isinstance(event, schemas.Chunk) and not call.first_token:
+        if not call.first_token and any(isinstance(e, schemas.Chunk) for e in batch):
             call.first_token = True
             self.metrics.ttft.labels(call.endpoint.value).observe(time.monotonic() - call.started)
-        return event
+        return batch
 
     # ── the rest of the API ──
 

@@ -1,5 +1,8 @@
 """`tokenyard queue --nats URL [--policy hybrid] [--flow-control on|off] [--deadline-reject on|off]
-[--aging 30,15,5] [--bubble-width W]`.
+[--aging 30,15,5] [--bubble-width W] [--with-router [--router-policy P] [router options]]`.
+
+`--with-router` runs a router in this process (what `tokenyard up` starts): the queue asks it
+by a call, one NATS crossing fewer per request; it still serves `llm.v1.route` for others.
 
 `make_policy(name)` is the one registry of queue policies (services.priority_queue.policies
 .registry), shared with `tokenyard sim --queue-policy`."""
@@ -35,6 +38,15 @@ def register(sub) -> None:
                         "(default 0: no cap)")
     p.add_argument("--p0-reserve", type=int, default=4,
                    help="P0 requests per worker and heartbeat released beyond the headroom (default: 4)")
+    from tokenyard.services.router.cli import add_router_arguments
+
+    g = p.add_argument_group("a router in this process (with --with-router)")
+    g.add_argument("--with-router", action="store_true",
+                   help="run a router in this process and ask it directly: one NATS crossing fewer per request "
+                        "(default: ask the routers on llm.v1.route)")
+    g.add_argument("--router-metrics-port", type=int, default=None,
+                   help="that router's Prometheus /metrics port (0: any free port)")
+    add_router_arguments(g, policy_flag="--router-policy")
     p.set_defaults(func=main)
 
 
@@ -47,5 +59,11 @@ def main(args) -> int:
     cfg = QueueConfig(flow_control=args.flow_control == "on", expire_deadlines=args.deadline_reject == "on",
                       slots_per_worker=args.slots_per_worker, p0_reserve_per_worker=args.p0_reserve,
                       batch_cap_per_worker=args.batch_cap)
-    run(QueueShell(cfg, policy), args.nats, args.metrics_port)
+    if not args.with_router:
+        run(QueueShell(cfg, policy), args.nats, args.metrics_port)
+        return 0
+    from tokenyard.services.router.cli import router_shell
+
+    router = router_shell(args)
+    run(QueueShell(cfg, policy, router=router), args.nats, args.metrics_port, also=[(router, args.router_metrics_port)])
     return 0

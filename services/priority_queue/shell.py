@@ -12,6 +12,12 @@ to ROUTER_DOWN_BACKOFF_MAX_S, and resets on the first routed request. A request 
 longer meet its TTFT deadline gets `rejected` (429) on its reply subject and its message acked
 (QueueCore.expire). Every `stats_interval_s` it publishes its QueueStats on `llm.v1.pq.state`
 (work waiting per class, drain rate), which admission reads for SLO feasibility.
+
+With a router in the same process (`router`: `tokenyard queue --with-router`, the default of
+`tokenyard up`), the route request is a call instead of a NATS request/reply: one crossing
+fewer on every request's way to its first token, and an answer that cannot be lost (no
+timeout; an `unsure` answer still means a worker left the offer unanswered). That router
+also serves `llm.v1.route` for the others that ask (P/D decode legs, other queues).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Protocol
 
 import msgspec
 from nats.aio.client import Client
@@ -47,13 +54,25 @@ PULL_GRACE_S = 1.0
 restart forgets pull requests, and so does a failover to another node."""
 
 
+class LocalRouter(Protocol):
+    """A router in this process (services/router/shell.py RouterShell): asked by a call, not
+    over NATS."""
+
+    async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
+                    headers: dict[str, str] | None = None,
+                    only: frozenset[str] | None = None) -> schemas.RouteDecision: ...
+
+
 class QueueShell:
     kind = "queue"
 
     def __init__(self, cfg: QueueConfig, policy: QueuePolicy, fetch_batch: int = 256,
-                 stats_interval_s: float = 0.1):
-        """`fetch_batch`: the messages one pull request may bring."""
+                 stats_interval_s: float = 0.1, router: LocalRouter | None = None):
+        """`fetch_batch`: the messages one pull request may bring. `router`: a router in this
+        process, asked directly (its answer cannot be lost on the way); None: ask the routers
+        on `llm.v1.route`."""
         self.core = QueueCore(cfg, policy)
+        self.router = router
         self.instance_id = new_instance_id(self.kind)
         self.fetch_batch = fetch_batch
         self.stats_interval_s = stats_interval_s
@@ -194,10 +213,14 @@ class QueueShell:
                     # The message as JetStream holds it: the queue changes nothing in a request.
                     data = msg.data if msg is not None else codec.encode(req)
                     only = self.core.placed_on.get(req.request_id)
-                    extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
-                    reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
-                                                  headers=telemetry.inject(extra))
-                decision = codec.decode(reply.data, schemas.RouteDecision)
+                    if self.router is not None:  # in this process: no crossing, no encoding
+                        decision = await self.router.route(req, data, only=only)
+                    else:
+                        extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
+                        reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
+                                                      headers=telemetry.inject(extra) or None)
+                if decision is None:
+                    decision = codec.decode(reply.data, schemas.RouteDecision)
             except NoRespondersError:
                 self._router_down()
             except (TimeoutError, NatsTimeout) as e:  # asked, not answered: it may be placed

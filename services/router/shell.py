@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import OrderedDict
 
 import msgspec
 from nats.aio.client import Client
@@ -42,6 +41,7 @@ from tokenyard.services.router.migration import (
     ProbeLease,
     Reissue,
 )
+from tokenyard.services.router.reask import Answer, ReaskMemory, Wait, key_of
 from tokenyard.shared import codec, schemas, subjects, telemetry
 from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
@@ -51,16 +51,6 @@ log = telemetry.logger("router")
 
 OFFER_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 0.5
-PLACED_REMEMBERED = 50_000
-"""Routed requests remembered for a repeated ask (as many as a worker remembers ids): a
-queue's re-ask comes seconds later, a dead queue's redelivery after its ack_wait (30 s)."""
-
-
-def _remember(memory: OrderedDict, key, value) -> None:
-    """Put `key` in a bounded memory, forgetting the oldest beyond PLACED_REMEMBERED."""
-    memory[key] = value
-    while len(memory) > PLACED_REMEMBERED:
-        memory.popitem(last=False)
 
 
 class RouterShell:
@@ -77,13 +67,8 @@ class RouterShell:
         self._inflight: set[asyncio.Task] = set()
         self._follows: dict[str, Subscription] = {}
         """request id → the subscription to its reply subject (migration follows the stream)."""
-        self._placing: dict[tuple[str, str, str], asyncio.Task] = {}
-        """(request id, reply subject, kv_from) → its placement under way."""
-        self._placed: OrderedDict[tuple[str, str, str], str] = OrderedDict()
-        """(request id, reply subject, kv_from) → the worker it was routed to (the last
-        PLACED_REMEMBERED)."""
-        self._unanswered: OrderedDict[tuple[str, str, str], str] = OrderedDict()
-        """(request id, reply subject, kv_from) → the worker that left its offer unanswered."""
+        self.reask: ReaskMemory[asyncio.Future] = ReaskMemory()
+        """Placed, placing and unanswered requests: a route request asked again (services/router/reask.py)."""
         self._housekeeping: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
 
@@ -154,18 +139,26 @@ class RouterShell:
         except codec.DecodeError as e:
             await req.respond_error("400", f"bad route request: {e}")
             return
-        with telemetry.span(
-            self.kind, "process", subjects.ROUTE, req.headers, request_id=ar.request_id
-        ) as span:
+        only_header = (req.headers or {}).get(subjects.ROUTE_ONLY_HEADER)
+        only = frozenset(w for w in only_header.split(",") if w) if only_header is not None else None
+        decision = await self.route(ar, req.data, req.headers, only=only)
+        await req.respond(codec.encode(decision))
+
+    async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
+                    headers: dict[str, str] | None = None,
+                    only: frozenset[str] | None = None) -> schemas.RouteDecision:
+        """One route request, idempotent per request: the `llm.v1.route` endpoint's work, and
+        what a queue in this process calls directly (`tokenyard queue --with-router`: one NATS
+        crossing fewer on the way to the first token). `data`: `ar` as it came, MessagePack;
+        `only`: the workers the queue released it to (None: any)."""
+        with telemetry.span(self.kind, "process", subjects.ROUTE, headers, request_id=ar.request_id) as span:
             t0 = time.perf_counter()
-            only_header = (req.headers or {}).get(subjects.ROUTE_ONLY_HEADER)
-            only = frozenset(w for w in only_header.split(",") if w) if only_header is not None else None
-            decision, hit_tokens = await self._place_once(ar, span, data=req.data, only=only)
+            decision, hit_tokens = await self._place_once(ar, span, data=data, only=only)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
                 span.set_attribute("tokenyard.worker_id", decision.worker_id)
-        await req.respond(codec.encode(decision))
+        return decision
 
     def _fresh_rows(self) -> tuple:
         """P and BS of the fresh workers, for the P × BS spread gauge (read when scraped)."""
@@ -176,23 +169,27 @@ class RouterShell:
     async def _place_once(
         self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None, only: frozenset[str] | None = None
     ) -> tuple[schemas.RouteDecision, int | None]:
-        """`_place` for a queue's route request, idempotent per request (see the module)."""
-        key = (ar.request_id, ar.reply_to, ar.kv_from)  # a P/D decode leg is placed on its own
-        if (worker := self._placed.get(key)) is not None:
-            tracked = self.migration.tracked.get(ar.request_id)  # it may have moved since
-            worker = tracked.worker_id if tracked is not None and tracked.worker_id else worker
-            return schemas.RouteDecision(ar.request_id, schemas.Outcome.ROUTED, worker, reason=schemas.REOFFERED), None
-        placing = self._placing.get(key)
-        if placing is not None:
-            decision, _ = await asyncio.shield(placing)
-            return decision, None
-        placing = self._placing[key] = asyncio.ensure_future(self._place(ar, span, data=data, only=only))
+        """`_place` for a queue's route request, idempotent per request (see the module and
+        services/router/reask.py)."""
+        key = key_of(ar)  # a P/D decode leg is placed on its own
+        tracked = self.migration.tracked.get(ar.request_id)  # a placed request may have moved since
+        waiter = asyncio.get_running_loop().create_future()
+        match self.reask.ask(key, waiter, moved_to=tracked.worker_id if tracked is not None else None):
+            case Answer(decision=decision):
+                return decision, None
+            case Wait():
+                return await waiter, None
+        decision = None
         try:
-            decision, hit_tokens = await asyncio.shield(placing)
+            decision, hit_tokens = await self._place(ar, span, data=data, only=only)
         finally:
-            self._placing.pop(key, None)
-        if decision.outcome == schemas.Outcome.ROUTED:
-            _remember(self._placed, key, decision.worker_id)
+            for w in self.reask.settle(key, decision):  # the asks that came meanwhile: the same answer
+                if w.done():  # that ask was cancelled while it waited
+                    continue
+                if decision is not None:
+                    w.set_result(decision)
+                else:  # the placement failed (the router stops): they are not answered either
+                    w.cancel()
         return decision, hit_tokens
 
     async def _place(
@@ -226,8 +223,8 @@ class RouterShell:
             self.migration.track(ar, "", now)
         if fresh or moving:
             await self._follow(ar)
-        key = (rid, ar.reply_to, ar.kv_from)
-        if settle and (first := self._unanswered.pop(key, None)) is not None and self.migration.alive(first, now):
+        key = key_of(ar)
+        if settle and (first := self.reask.first_offer(key)) is not None and self.migration.alive(first, now):
             reply = await self._offer(ar, first, data)
             if reply is None:
                 return self._unsure(key, first), None
@@ -269,9 +266,7 @@ class RouterShell:
     def _unsure(self, key: tuple[str, str, str], worker_id: str) -> schemas.RouteDecision:
         """An offer went unanswered: the request stays followed (on no worker yet), and the
         queue's next ask offers it to `worker_id` first."""
-        _remember(self._unanswered, key, worker_id)
-        return schemas.RouteDecision(key[0], schemas.Outcome.NO_CAPACITY, reason=f"no answer from {worker_id}",
-                                     unsure=True)
+        return self.reask.unsure(key, worker_id)
 
     async def _drop(self, request_id: str) -> None:
         self.migration.untrack(request_id)
@@ -283,7 +278,7 @@ class RouterShell:
         with telemetry.span(self.kind, "send", subject, kind=SpanKind.PRODUCER, request_id=ar.request_id):
             try:
                 msg = await self.nc.request(
-                    subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject()
+                    subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject() or None
                 )
                 return codec.decode(msg.data, schemas.GenerateReply)
             except NoRespondersError:  # nobody listens there: a refusal, not a doubt

@@ -81,6 +81,12 @@ slack (the fleet's half too: hit ratio −0.04 and TPOT p99 +6 ms on ChatBot at 
 capped at the queue's ENGINE_BACKLOG_S (worse TTFT at ×3); r's prefill kept off instances
 where Q_i + N_i exceeds the flow-control room (worse TTFT at ×3); the bound on KV blocks or
 on tokens (context in use + queued) with the exemption; Q_i + N_i alone behind the guard.
+Round 5: ties broken toward fewer sequences before recency (better on the tuning workloads;
+in the sweep TTFT cells won 4 → 1 and hit 18 → 17 for TPOT p99 7 → 8 and goodput 5 → 10);
+the sticky exemption withheld while an instance within the bound is idle, or only while one
+was never chosen (either puts ChatBot's three never-used instances to work at ×1; the first
+costs Mooncake's conversations, hit 0.182 → 0.147 at ×1, the second Mooncake's TPOT p99 at
+×1 and its mean TTFT at ×2 and ×3).
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ from tokenyard.services.worker.sim.preemption import PreemptionMode, preempt_due
 from tokenyard.services.worker.sim.scheduler import SchedulingPolicy, VllmPolicy, allows_prefill
 from tokenyard.services.worker.sim.seq import FILLER, Seq, StepResult, cdiv, filler_token
 from tokenyard.services.worker.sim.slack import SlackClock, prefill_ms_per_token
+from tokenyard.services.worker.sim.ttft_guard import unattainable
 from tokenyard.shared.schemas import AdmittedRequest, EngineStats, Phase
-from tokenyard.shared.slo import DEFAULT_TPOT_SLO_MS, request_deadline_s
+from tokenyard.shared.slo import DEFAULT_TPOT_SLO_MS
 
 _FILLER = FILLER  # the name tests read the filler text by
 INF = float("inf")
@@ -84,6 +85,10 @@ class SimEngineCore:
         self.running: list[Seq] = []
         self.seqs: dict[str, Seq] = {}
         self.last_step_s = 0.0
+        self.step_overhead_s = 0.0
+        """Wall-clock time a step costs beyond its modelled duration, as the live engine's loop
+        measures it between two deliveries (an EWMA; the simulator's virtual clock has none):
+        SCORPIO's TPOT guard keeps it out of its SLO bound."""
         self.prefix_hits = 0
         self.prefix_queries = 0
         self.host_hits = 0
@@ -176,13 +181,15 @@ class SimEngineCore:
         return True
 
     def expire(self, now: float) -> list[str]:
-        """With a policy that rejects past the deadline (SCORPIO's rejection path): take out
-        every waiting request that never started and whose TTFT deadline (its own, else arrival
-        + its class target) has passed before `now`; each ends at the next step with finish
-        reason `deadline` and no token. Returns their ids."""
+        """With a policy that rejects what it cannot serve in time (SCORPIO's rejection path):
+        take out every waiting request that never started and whose first token can no longer
+        come by its TTFT deadline (its own, else arrival + its class target) — predicted from
+        the work ahead of it at the policy's prefill rate (ttft_guard.py), so no later than
+        once the deadline has passed; each ends at the next step with finish reason `deadline`
+        and no token. Returns their ids."""
         if not self.policy.rejects_past_deadline or not self.waiting:
             return []
-        late = [s for s in self.waiting if not s.started and s.generated == 0 and request_deadline_s(s.req) < now]
+        late = unattainable(self, now)
         if late:
             self._stats = None
         for seq in late:

@@ -29,6 +29,8 @@ from tokenyard.shared.schemas import AdmittedRequest, KVEvent
 
 EXPIRE_POLL_S = 0.1
 """How often an idle engine holding requests back checks their deadlines (the simulator's tick)."""
+OVERHEAD_WEIGHT = 0.1
+"""EWMA weight of one step's measured wall-clock overhead (SimEngineCore.step_overhead_s)."""
 HANDED_OFF = "handed_off"
 """The end of a stream on a P/D prefill worker: the request went on to a decode worker."""
 
@@ -112,11 +114,13 @@ class SimEngine:
 
     async def _run(self) -> None:
         deadline = time.monotonic()
+        delivered: float | None = None  # when the last step's outputs went out (None: idle since)
         while True:
             if not self.core.has_work():
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = time.monotonic()
+                delivered = None
             self.core.expire(time.time())
             result = self.core.step()
             if result.scheduled_tokens == 0 and not result.outputs:
@@ -129,10 +133,16 @@ class SimEngine:
                 else:
                     await self._wake.wait()
                 deadline = time.monotonic()
+                delivered = None
                 continue
             deadline = max(deadline, time.monotonic() - 0.05) + result.duration_s / self.speed
             delay = deadline - time.monotonic()
             await asyncio.sleep(delay if delay > 0 else 0)
+            now = time.monotonic()
+            if delivered is not None:  # what a step costs on this machine beyond its modelled time
+                extra = max(0.0, now - delivered - result.duration_s / self.speed)
+                self.core.step_overhead_s += OVERHEAD_WEIGHT * (extra - self.core.step_overhead_s)
+            delivered = now
             for out in result.outputs:
                 queue = self._streams.get(out.request_id)
                 if queue is not None:

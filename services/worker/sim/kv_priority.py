@@ -113,3 +113,6 @@ class PriorityKVPolicy(SchedulingPolicy):
 
     def token_budget(self, core: SimEngineCore) -> int:
         return self.inner.token_budget(core)
+
+    def prefill_rate(self, core: SimEngineCore) -> float:
+        return self.inner.prefill_rate(core)

@@ -31,6 +31,7 @@ import heapq
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from tokenyard.services.worker.sim.ttft_guard import full_step_rate
 from tokenyard.shared.schemas import Phase
 from tokenyard.shared.slo import klass
 
@@ -64,6 +65,10 @@ class WaitingLine(Protocol):
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[Seq]: ...
+
+    def ordered(self) -> list[Seq]:
+        """The waiting requests in the order they would be served."""
+        ...
 
 
 class KeyedLine:
@@ -146,8 +151,9 @@ class SchedulingPolicy(Protocol):
     The core calls every hook directly: there is no optional method to probe for."""
 
     rejects_past_deadline: bool = False
-    """Whether the engine rejects a waiting request that never started once its TTFT deadline
-    has passed (SimEngineCore.expire; SCORPIO's rejection path), instead of keeping it."""
+    """Whether the engine rejects a waiting request that never started once its first token
+    can no longer come by its TTFT deadline (SimEngineCore.expire, ttft_guard.py; SCORPIO's
+    rejection path), instead of keeping it."""
 
     def new_waiting_line(self) -> WaitingLine: ...
 
@@ -181,6 +187,11 @@ class SchedulingPolicy(Protocol):
     def heartbeat_fields(self, core: SimEngineCore) -> dict[str, float]:
         """Extra EngineStats fields the policy reports (SCORPIO's VBS for the router). Default: none."""
         return {}
+
+    def prefill_rate(self, core: SimEngineCore) -> float:
+        """Prompt tokens per second the engine prefills now, for the TTFT guard (ttft_guard.py).
+        Default: a full step's beside the running decodes (vLLM's step)."""
+        return full_step_rate(core)
 
 
 class VllmPolicy(SchedulingPolicy):

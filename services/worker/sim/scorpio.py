@@ -30,6 +30,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tokenyard.services.worker.sim import ttft_guard
 from tokenyard.services.worker.sim.latency import LatencyProfile
 from tokenyard.services.worker.sim.scheduler import KeyedLine
 from tokenyard.shared.slo import request_deadline_s
@@ -63,14 +64,16 @@ def estimated_tpot_ms(prof: LatencyProfile, vbs: float, l_avg: float) -> float:
 
 
 class ScorpioPolicy:
-    def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, min_budget: int = 64,
-                 reject: bool = True) -> None:
+    def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, reject: bool = True) -> None:
         self.prof = prof
         self.rejects_past_deadline = reject
         """The seed's rejection path (SimEngineCore.expire): a request the VBS check kept waiting
         past its TTFT deadline is rejected, not served late."""
         self.default_stp_ms = default_stp_ms
-        self.min_budget = min_budget
+        self._plan: tuple[list[int], tuple[list[Seq], dict[str, float], dict[str, float]]] | None = None
+        """(ids of the running set, its credit batch) between `token_budget` and `step_batch`."""
+        self._rate: float | None = None
+        """This step's prefill rate (tokens/s) at its budget; None: a full step's."""
         self.credits: dict[str, float] = {}
         self.gap_ms: dict[str, float] = {}
         """Per decoding request: time since its last token, as far as the engine's steps tell."""
@@ -101,42 +104,90 @@ class ScorpioPolicy:
         return len({self.stp(s) for s in running}) <= 1
 
     def token_budget(self, core: SimEngineCore) -> int:
-        """The step's token budget: the most tokens whose step still fits the tightest running
-        SLO, with ≈ VBS decodes in it (at least `min_budget`, so prefill always advances)."""
-        self._last_step_ms = core.last_step_s * 1000.0
+        """The step's token budget: the most tokens whose step, with the decodes this step's
+        credit batch really runs (their own contexts), still ends within the SLO of each of them
+        (the tightest: its STP; a loose one that skipped steps: its STP less the time since its
+        last token) — priced as an upper bound: the attention of one chunk of all the prompt
+        tokens on the longest cached context a chunk may sit on, plus p0 for each further chunk
+        the tokens can make (the running prefills', and the waiting requests' smallest whole
+        prompts that fit, and one more). A live engine's measured per-step overhead
+        (`SimEngineCore.step_overhead_s`) comes off the bound and onto each step's time. A step
+        with no decode takes the full budget. Also the prefill rate the TTFT guard predicts with
+        (`prefill_rate`)."""
+        over = core.step_overhead_s * 1000.0  # live: what a step costs beyond its modelled time
+        self._last_step_ms = core.last_step_s * 1000.0 + over
         self._core = core
-        full = self.prof.max_num_batched_tokens
-        decoding = [s for s in core.running if s.computed >= s.target]
-        if not decoding:
-            return full
-        vbs, tight = self.vbs(decoding)
-        b = max(1, math.ceil(vbs))
-        ctx = int(b * sum(self.context(s) for s in decoding) / len(decoding))
         prof = self.prof
-
-        def fits(n: int) -> bool:
-            return prof.step_ms(b + n, b, ctx, prof.chunk_attn_ms(n, 0) if n else 0.0) <= tight
-
-        lo, hi = 0, full - b
-        if fits(hi):
+        full = prof.max_num_batched_tokens
+        running = core.running
+        batch, _, gaps = ((running, {}, {}) if self.folds(running) else self._planned(running))
+        decodes = [r for r in batch if r.computed >= r.target]
+        if not decodes:
+            self._rate = None  # the vLLM rate of a full step (SchedulingPolicy.prefill_rate)
             return full
-        while lo < hi:  # the largest n that fits
-            mid = (lo + hi + 1) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return max(self.min_budget, b + lo)
+        d = len(decodes)
+        ctx = sum(self.context(r) for r in decodes)
+        bound = min(self.stp(r) - gaps.get(r.rid, 0.0) for r in decodes) - over
+        prefilling = [r for r in running if r.computed < r.target]
+        # a step admits from the line's first `lookahead` (its gate's window, which moves on by
+        # one per admission): twice that covers every request it can start
+        window = core.waiting.ordered()[: 2 * core.waiting.lookahead] if core.waiting else []
+        todo = [(ttft_guard.uncached(core, w), w.target) for w in window]
+        waiting = sorted(u for u, _ in todo)
+        # the longest context a chunk may sit on: a prefilling request's, or a waiting one's cached prefix
+        k = max([r.computed for r in prefilling] + [t - u for u, t in todo], default=0)
 
-    def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
-        """Credit-based batching: each step every decoding request earns TRP(r) and runs once
-        its credit reaches 1, paying 1 (the tightest, TRP = 1, runs every step). On the
-        engine's real clock a step may take longer than min STP, so a request also runs when
-        skipping could let the time since its last token pass its SLO before its next
-        chance: gap_r + 2·s > STP(r), s the last step's duration."""
-        if self.folds(running):
-            self.credits, self.gap_ms = {}, {}
-            return running
+        def cost(n: int, chunks: int) -> float:
+            # m chunks of n tokens in all cost at most m·p0 + p1·n + p2·n²/2 + p3·n·k (Σ n_i² ≤ n²)
+            attn = prof.chunk_attn_ms(n, k) + (chunks - 1) * prof.p0 if n else 0.0
+            return prof.step_ms(d + n, d, ctx, attn)
+
+        def fits(n: int, chunks: int) -> bool:
+            return cost(n, chunks) <= bound
+
+        def largest(chunks: int) -> int:
+            lo, hi = 0, full - d
+            if fits(hi, chunks):
+                return hi
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if fits(mid, chunks):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo
+
+        def chunks_for(n: int) -> int:
+            # every chunk but the last that starts a request is its whole uncached prompt: at most
+            # the most smallest waiting prompts that sum below n, and one more
+            total, m = 0, 0
+            for u in waiting:
+                if total + u >= n:
+                    break
+                total += u
+                m += 1
+            return len(prefilling) + min(m + 1, len(waiting))
+
+        chunks = len(prefilling) + 1
+        lo = largest(chunks)
+        while (need := chunks_for(lo)) > chunks:  # more chunks, fewer tokens: it settles
+            chunks = need
+            lo = largest(chunks)
+        self._rate = lo / (cost(lo, chunks) + over) * 1000.0 if lo else 0.0
+        return d + lo
+
+    def prefill_rate(self, core: SimEngineCore) -> float:
+        """Prompt tokens per second the engine prefills at this step's budget (ttft_guard)."""
+        if self._rate is None:
+            return ttft_guard.full_step_rate(core)
+        return self._rate
+
+    def _planned(self, running: list[Seq]) -> tuple[list[Seq], dict[str, float], dict[str, float]]:
+        """The credit batch of `running` for the coming step (computed once a step, kept for
+        `step_batch`): (batch, credits after it, each decode's time since its last token)."""
+        key = [id(r) for r in running]
+        if self._plan is not None and self._plan[0] == key:
+            return self._plan[1]
         s = self._last_step_ms
         tight = min(self.stp(r) for r in running)
         batch: list[Seq] = []
@@ -154,7 +205,22 @@ class ScorpioPolicy:
                 batch.append(r)
             credits[r.rid] = c
             gaps[r.rid] = gap
-        self.credits, self.gap_ms = credits, gaps
+        plan = (batch, credits, gaps)
+        self._plan = (key, plan)
+        return plan
+
+    def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
+        """Credit-based batching: each step every decoding request earns TRP(r) and runs once
+        its credit reaches 1, paying 1 (the tightest, TRP = 1, runs every step). On the
+        engine's real clock a step may take longer than min STP, so a request also runs when
+        skipping could let the time since its last token pass its SLO before its next
+        chance: gap_r + 2·s > STP(r), s the last step's duration. The batch `token_budget`
+        priced, when the running set is still the one it saw."""
+        if self.folds(running):
+            self.credits, self.gap_ms, self._plan = {}, {}, None
+            return running
+        batch, self.credits, self.gap_ms = self._planned(running)
+        self._plan = None
         self._ran = {r.rid for r in batch}
         return batch
 

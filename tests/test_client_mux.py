@@ -1,0 +1,133 @@
+"""The client's streams on one subscription (shared/client.py): each stream reads only its own
+events, a burst that arrived while its reader was away comes as one batch, no request adds a
+subscription, and a client without a lease has no lease in its inboxes. Against the session's
+secured nats-server, the client connected as the user `client`, a hand-written fake admission
+answering `llm.v1.submit` as the operator."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tokenyard.services.router.migration import lease_of
+from tokenyard.shared import codec, natsutil, schemas, subjects
+from tokenyard.shared.client import TokenyardClient
+
+from tests.conftest import until
+
+USAGE = schemas.Usage(5, 3, 8)
+
+
+class Scripted:
+    """Admission and worker in one: answers each submit with `accepted`, then holds the
+    request until the test says what to send (`send`)."""
+
+    def __init__(self, nc):
+        self.nc = nc
+        self.inbox: dict[str, str] = {}  # request id → reply subject
+
+    async def start(self) -> Scripted:
+        await self.nc.subscribe(subjects.SUBMIT, cb=self._on_submit)
+        await self.nc.flush()
+        return self
+
+    async def _on_submit(self, msg) -> None:
+        req = codec.decode(msg.data, schemas.GenerateRequest)
+        self.inbox[req.request_id] = msg.reply
+        await self.nc.publish(msg.reply, codec.encode(schemas.Accepted(req.request_id, 1, 5)))
+
+    async def send(self, rid: str, *events) -> None:
+        for e in events:
+            await self.nc.publish(self.inbox[rid], codec.encode(e))
+        await self.nc.flush()
+
+
+def chunks(rid: str, texts: str, start: int = 0) -> list[schemas.Chunk]:
+    return [schemas.Chunk(rid, start + i, t, [start + i]) for i, t in enumerate(texts)]
+
+
+async def test_streams_share_one_subscription_and_each_reads_its_own(nats_server):
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    fake = await Scripted(op).start()
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        async def one(rid: str, texts: str) -> list:
+            events = []
+            async for e in client.stream(schemas.GenerateRequest(prompt="x", request_id=rid)):
+                events.append(e)
+                if isinstance(e, schemas.Accepted):  # answer only once this stream is listening
+                    await fake.send(rid, *chunks(rid, texts), schemas.Finished(rid, len(texts), "stop", USAGE))
+            return events
+
+        a, b = await asyncio.gather(one("mux-a", "abc"), one("mux-b", "wxyz"))
+        assert [e.text for e in a if isinstance(e, schemas.Chunk)] == list("abc")
+        assert [e.text for e in b if isinstance(e, schemas.Chunk)] == list("wxyz")
+        assert {e.request_id for e in a} == {"mux-a"} and {e.request_id for e in b} == {"mux-b"}
+        subs = len(client.nc._subs)  # the streams' one subscription and the lease's `alive`
+        assert subs == 2
+        await fake.send("mux-a", schemas.Chunk("mux-a", 3, "late", [3]))  # to an inbox no stream reads now
+        for i in range(5):
+            assert [type(e) for e in await one(f"mux-{i}", "k")] == [schemas.Accepted, schemas.Chunk, schemas.Finished]
+        assert len(client.nc._subs) == subs  # requests add no subscription
+        assert client._inboxes == {}  # nor leave an inbox behind
+    finally:
+        await client.close()
+        await op.close()
+
+
+async def test_a_burst_that_arrived_meanwhile_is_one_batch(nats_server):
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    fake = await Scripted(op).start()
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="burst"))
+        first = await anext(batches)
+        assert [type(e) for e in first] == [schemas.Accepted]
+        await fake.send("burst", *chunks("burst", "hello"), schemas.Finished("burst", 5, "stop", USAGE))
+        (box,) = client._inboxes.values()
+        await until(lambda: len(box.msgs) == 6)  # all of it came while the reader was away
+        burst = await anext(batches)
+        assert [getattr(e, "seq", None) for e in burst] == [0, 1, 2, 3, 4, 5]
+        assert isinstance(burst[-1], schemas.Finished)
+        await batches.aclose()
+    finally:
+        await client.close()
+        await op.close()
+
+
+async def test_a_burst_with_a_repeat_and_a_gap_filled_in_it_comes_out_in_order(nats_server):
+    """The stream check runs over the whole batch: a repeated chunk is dropped, chunks after a
+    hole wait for it, and the batch holds the stream in order."""
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    fake = await Scripted(op).start()
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="holes"))
+        await anext(batches)
+        c = chunks("holes", "abcd")
+        await fake.send("holes", c[0], c[2], c[0], c[3], c[1], schemas.Finished("holes", 4, "stop", USAGE))
+        (box,) = client._inboxes.values()
+        await until(lambda: len(box.msgs) == 6)
+        out = await anext(batches)
+        assert [e.text for e in out[:-1]] == list("abcd") and isinstance(out[-1], schemas.Finished)
+        await batches.aclose()
+    finally:
+        await client.close()
+        await op.close()
+
+
+async def test_a_client_without_a_lease_has_none_in_its_inboxes(nats_server):
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    fake = await Scripted(op).start()
+    nc = await natsutil.connect(nats_server.url, "unleased")
+    client = TokenyardClient(nc, lease=False)
+    try:
+        batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="nolease"))
+        assert isinstance((await anext(batches))[0], schemas.Accepted)
+        assert lease_of(fake.inbox["nolease"]) == ""  # a router never probes or orphans it
+        await fake.send("nolease", schemas.Finished("nolease", 0, "stop", USAGE))
+        assert isinstance((await anext(batches))[-1], schemas.Finished)
+        assert client._lease_task is None
+    finally:
+        await client.close()
+        await nc.close()
+        await op.close()

@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from tokenyard.shared import codec, natsutil, schemas, subjects
 
 from bench._out import write_result
 from bench.baseline import baseline_env, commit_of
+from bench.live_router import _wait_http
 
 STEP_MS = 50.0
 """The stand-in engine's default step: one chunk per running stream every 50 ms. With 100
@@ -107,22 +107,6 @@ def start_edge(nats_url: str, port: int, env: dict[str, str], log: Path) -> subp
         env={**os.environ, **env}, stdout=out, stderr=out)
 
 
-def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the edge exited with code {proc.returncode} during start-up")
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} not ready in {timeout_s:.0f} s")
-        time.sleep(0.2)
-
-
 async def measure(session, edge: subprocess.Popen, url: str, streams: int, tokens: int) -> dict[str, Any]:
     transit: list[float] = []
     before, t0 = cpu_s(edge.pid), time.monotonic()
@@ -154,7 +138,7 @@ async def main_async(args) -> dict[str, Any]:
                 proc = start_edge(server.url, port, code_env, logs / f"edge-{code}.log")
                 edges[code] = (proc, f"http://127.0.0.1:{port}")
             for proc, url in edges.values():
-                await asyncio.to_thread(wait_http, f"{url}/health", proc)
+                await asyncio.to_thread(_wait_http, f"{url}/health", [proc])
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 for proc, url in edges.values():  # warm-up: imports, first connections
                     await measure(session, proc, f"{url}/v1/completions", min(args.streams, 10), args.tokens)

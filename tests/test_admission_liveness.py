@@ -86,6 +86,19 @@ def test_a_late_worker_is_given_three_times_its_longest_recent_gap():
     assert 0.4 * GAP_DECAY ** 67 * LATE_FACTOR < MISSED_BEATS * 0.1
 
 
+def test_a_worker_back_from_an_absence_is_not_given_that_absence_as_lateness():
+    """30 s gone (counted gone), 2 s back at 0.1 s, then dead: called down after its 1 s bound,
+    not after 3 × the 30 s it was away."""
+    f = view()
+    beating(f, "w0", 0.0, 2.0, 0.1, interval=0.1)
+    ticking(f, 2.0, 32.0)
+    assert f.fleet_down(32.0)
+    beating(f, "w0", 32.0, 34.0, 0.1, interval=0.1)
+    assert f.live.bound_s("w0") == MISSED_BEATS * 0.1
+    ticking(f, 34.0, 35.2)
+    assert f.fleet_down(35.2)
+
+
 def test_admissions_own_stall_is_not_the_workers_silence():
     f = view()
     beating(f, "w0", 0.0, 10.0, 0.1)

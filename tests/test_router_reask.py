@@ -163,3 +163,53 @@ async def test_the_shell_answers_a_joined_ask_from_the_one_placement_and_survive
     assert gone.cancelled() and placements == ["r1"]
     again, _ = await shell._place_once(ar)
     assert (again.worker_id, again.reason) == ("w7", schemas.REOFFERED)
+
+
+async def test_a_failed_placement_gives_its_joined_asks_its_error_and_a_cancelled_first_ask_stops_nothing():
+    """The joined ask of a placement that raised gets that error (an in-process queue puts the
+    request back on it), not a CancelledError it was never sent; and the first asker cancelled
+    mid-offer leaves the placement running and remembered (a re-ask is answered from it)."""
+    import asyncio
+
+    from tokenyard.services.router.core import RouterConfig
+    from tokenyard.services.router.shell import RouterShell
+
+    shell = RouterShell(RouterConfig(policy="least-loaded"))
+    release = asyncio.Event()
+
+    async def broken(ar, span=None, data=None, only=None):
+        await release.wait()
+        raise ConnectionError("closing")
+
+    shell._place = broken
+    ar = req("r2", reply_to="_INBOX.c.2")
+    first = asyncio.create_task(shell._place_once(ar))
+    joined = asyncio.create_task(shell._place_once(ar))
+    await until(lambda: len(shell.reask.placing.get(key_of(ar), [])) == 1)
+    release.set()
+    for ask in (first, joined):
+        try:
+            await ask
+            raise AssertionError("the failed placement answered")
+        except ConnectionError as e:
+            assert str(e) == "closing"
+    assert key_of(ar) not in shell.reask.placed
+
+    offered = asyncio.Event()
+    release.clear()
+
+    async def place(ar, span=None, data=None, only=None):
+        offered.set()
+        await release.wait()
+        return routed("w3", ar.request_id), 5
+
+    shell._place = place
+    ar = req("r3", reply_to="_INBOX.c.3")
+    first = asyncio.create_task(shell._place_once(ar))
+    await offered.wait()
+    first.cancel()
+    await until(first.done)
+    release.set()
+    await until(lambda: key_of(ar) in shell.reask.placed)
+    again, _ = await shell._place_once(ar)
+    assert (again.worker_id, again.reason) == ("w3", schemas.REOFFERED)

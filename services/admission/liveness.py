@@ -80,7 +80,10 @@ class Liveness:
             self.beats[worker_id] = Beat(now, self.blind_s, interval)
             return
         gap = self._silence(last, now)  # its own lateness, not the observer's
-        last.gap_s = max(gap, last.gap_s * GAP_DECAY)
+        # A silence past its bound was an absence (it counted as gone), not lateness: it comes
+        # back with a fresh record, or a worker back from a long outage would be kept "up" for
+        # LATE_FACTOR × that outage after it died for good.
+        last.gap_s = 0.0 if gap > self.bound_s(worker_id) else max(gap, last.gap_s * GAP_DECAY)
         last.seen_s, last.blind_s, last.interval_s = now, self.blind_s, interval
 
     def _silence(self, b: Beat, now: float) -> float:

@@ -72,7 +72,8 @@ class AdmissionShell:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S / 2)
-            self.core.on_tick(time.time())
+            if self.nc is not None and self.nc.is_connected:  # cut off from NATS it hears nothing:
+                self.core.on_tick(time.time())  # that time is its own blind time, not the workers' silence
 
     async def _on_heartbeat(self, msg) -> None:
         try:
@@ -88,12 +89,12 @@ class AdmissionShell:
 
     async def _on_submit(self, req: Request) -> None:
         """The decision in the endpoint's own pass, in arrival order (the micro endpoint awaits
-        its handler message by message, and nothing here suspends): a refusal is answered at
-        once, ahead of every admitted request's JetStream publish and `accepted`, which run in a
-        task each — one slow JetStream round trip holds up no request behind it, and in an
-        overload, where most requests are refused, a refusal waits for no admitted request's
-        publish work. The decisions stay in order, so each one counts every admission before it
-        (feasibility.FleetView.on_admitted)."""
+        its handler message by message; nothing before the decision suspends): a refusal is
+        answered at once (a publish into the client's buffer), ahead of every admitted request's
+        JetStream publish and `accepted`, which run in a task each — one slow JetStream round trip
+        holds up no request behind it, and in an overload, where most requests are refused, a
+        refusal waits for no admitted request's publish work. The decisions stay in order, so each
+        one counts every admission before it (feasibility.FleetView.on_admitted)."""
         headers = req.headers or {}
         json = codec.is_json(headers) or req.data[:1] == b"{"
         reply_to = req._msg.reply  # the request's stream: every later hop publishes here

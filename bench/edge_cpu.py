@@ -2,7 +2,8 @@
 tree's, each a real `tokenyard edge` process (uvloop, its own allocator setting, as deployed),
 behind one nats-server and one stand-in engine, fed the same streams in alternating order.
 
-    python -m bench.edge_cpu --baseline main [--streams 100] [--tokens 60] [--step-ms 50] [--rounds 3] [--json FILE]
+    python -m bench.edge_cpu --baseline main [--streams 100] [--tokens 60] [--step-ms 50] [--rounds 3]
+                             [--processes 1] [--ref-processes N] [--json FILE]
 
 The stand-in (in this process) plays admission and the workers: it accepts each request and
 then steps like an engine, every `--step-ms` publishing one chunk for every running stream (a
@@ -48,9 +49,14 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_s(pid: int) -> float:
-    """A process's user + system CPU seconds so far (/proc/PID/stat fields 14 and 15)."""
+    """A process's user + system CPU seconds so far (/proc/PID/stat fields 14 and 15), its
+    live children's included: an edge of several processes (`--processes`) is a supervisor
+    and its edge processes."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
+    own = (int(fields[11]) + int(fields[12])) * TICK_S
+    children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    return own + sum(cpu_s(c) for c in children)
 
 
 class StandIn:
@@ -99,11 +105,11 @@ async def one_stream(session: aiohttp.ClientSession, url: str, tokens: int, tran
     return got
 
 
-def start_edge(nats_url: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
+def start_edge(nats_url: str, port: int, env: dict[str, str], log: Path, processes: list[str]) -> subprocess.Popen:
     out = open(log, "ab")  # noqa: SIM115  (closed with the process's end: the child holds it)
     return subprocess.Popen(
         [sys.executable, "-m", "tokenyard.cli", "edge", "--nats", nats_url, "--http-port", str(port),
-         "--model", "tokenyard-sim"],
+         "--model", "tokenyard-sim", *processes],
         env={**os.environ, **env}, stdout=out, stderr=out)
 
 
@@ -133,9 +139,11 @@ async def main_async(args) -> dict[str, Any]:
     try:
         with baseline_env(ref) as env:
             ref_env = {**env, **dict(kv.split("=", 1) for kv in args.ref_env)}
+            processes = {"ref": ["--processes", str(args.ref_processes)] if args.ref_processes else [],
+                         "this": ["--processes", str(args.processes)]}
             for code, code_env in (("ref", ref_env), ("this", {})):
                 port = natsutil.free_port()
-                proc = start_edge(server.url, port, code_env, logs / f"edge-{code}.log")
+                proc = start_edge(server.url, port, code_env, logs / f"edge-{code}.log", processes[code])
                 edges[code] = (proc, f"http://127.0.0.1:{port}")
             for proc, url in edges.values():
                 await asyncio.to_thread(_wait_http, f"{url}/health", [proc])
@@ -195,6 +203,10 @@ def main() -> int:
     ap.add_argument("--ref-env", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for REF's edge only (e.g. --baseline HEAD "
                          "--ref-env PYTHONMALLOC=pymalloc: the allocator's cost, same code)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="this tree's edge processes (default 1: CPU per token of one; more: of all together)")
+    ap.add_argument("--ref-processes", type=int, default=None,
+                    help="REF's edge processes (default: REF's own default; a REF before round 6 has no --processes)")
     ap.add_argument("--log-dir", default="/tmp/tokenyard-edge-cpu", help="the edges' logs")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()

@@ -32,14 +32,22 @@ EDGE_MAX_PROCESSES = 8
 served by more edge replicas behind a balancer than by one port's accept queue)."""
 
 
-def edge_processes() -> int:
+def edge_processes(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     """How many processes serve the edge's HTTP port by default: one per CPU this process
-    may run on, at most EDGE_MAX_PROCESSES. One Python process streams on one core; on a
-    busy host several also get a bigger share of the CPUs (as a threaded router's do)."""
+    may run on (its affinity, and its cgroup's CPU quota where one is set, as in a
+    container with a CPU limit), at most EDGE_MAX_PROCESSES. One Python process streams on
+    one core; on a busy host several also get a bigger share of the CPUs (as a threaded
+    router's do)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
+    try:
+        quota, period = open(cgroup_cpu_max).read().split()[:2]  # noqa: SIM115
+        if quota != "max":
+            cpus = min(cpus, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota to honour
     return max(1, min(cpus, EDGE_MAX_PROCESSES))
 
 

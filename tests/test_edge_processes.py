@@ -30,11 +30,17 @@ from tests.test_fleet_processes import alive, descendants
 from tokenyard.launcher import ping
 
 
-@given(cpus=st.integers(min_value=1, max_value=512))
-def test_the_default_is_one_process_per_cpu_capped(cpus):
+@given(cpus=st.integers(min_value=1, max_value=512), quota=st.one_of(st.none(), st.integers(1, 64 * 100_000)))
+def test_the_default_is_one_process_per_cpu_capped(tmp_path_factory, cpus, quota):
+    """One per CPU of the affinity mask, fewer under a cgroup CPU quota (rounded up), at most
+    EDGE_MAX_PROCESSES, at least 1."""
+    cpu_max = tmp_path_factory.mktemp("cg") / "cpu.max"
+    cpu_max.write_text(f"{quota if quota else 'max'} 100000\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)))
-        assert config.edge_processes() == min(cpus, config.EDGE_MAX_PROCESSES)
+        limit = cpus if quota is None else min(cpus, -(-quota // 100_000))
+        assert config.edge_processes(str(cpu_max)) == min(limit, config.EDGE_MAX_PROCESSES)
+        assert config.edge_processes(str(tmp_path_factory.getbasetemp() / "none")) == min(cpus, config.EDGE_MAX_PROCESSES)
 
 
 def sample(text: str, name: str) -> float | None:

@@ -11,6 +11,9 @@ the same kind of simulated workers, the same seeded workload from `tokenyard ben
   The edge runs as `tokenyard up`'s default number of processes (one per CPU).
 * tokenyard-1edge: the same with a single edge process (`--edge-processes 1`, the edge before
   round 6).
+* tokenyard-noflow: the default fleet with the queue's flow control off (`tokenyard queue
+  --flow-control off`: requests go to the router as they come, not when a worker's heartbeat
+  shows room). A diagnostic of where the time goes, not a setting to use.
 * tokenyard-ref: the same on another commit's code (`--baseline REF`, bench/baseline.py): before / after
   (REF must know `tokenyard edge --processes`, i.e. be round 6's or later).
 * sglang: sglang-router from PyPI (`pip install sglang-router`, a Rust binary) with
@@ -163,9 +166,11 @@ def _scrape(fleet: FleetProcesses) -> dict[str, float]:
 
 async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] | None = None,
                     name: str = "tokenyard") -> dict[str, Any]:
+    # router_args go on the queue's command line when the router runs in its process (the default)
     fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
                            router_policy=args.policy, log_dir=str(logs / name), extra_env=env or {},
-                           edge_processes=1 if name == "tokenyard-1edge" else config.edge_processes())
+                           edge_processes=1 if name == "tokenyard-1edge" else config.edge_processes(),
+                           router_args=["--flow-control", "off"] if name == "tokenyard-noflow" else [])
     async with fleet:
         bench.target = fleet.http_url
         res = await run_bench(bench)
@@ -202,7 +207,7 @@ async def main_async(args) -> dict[str, Any]:
                     elif router == "tokenyard-ref":
                         with baseline_env(args.baseline) as env:
                             res = await _tokenyard(args, bench, logs, env, name=router)
-                    elif router == "tokenyard-1edge":
+                    elif router in ("tokenyard-1edge", "tokenyard-noflow"):
                         res = await _tokenyard(args, bench, logs, name=router)
                     else:
                         res = await _peer(router, args, bench, logs)
@@ -254,7 +259,7 @@ def main() -> int:
     ap.add_argument("--log-dir", default="/tmp/tokenyard-live-router", help="every process's log")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()
-    ours = ("tokenyard", "tokenyard-1edge", "tokenyard-ref")
+    ours = ("tokenyard", "tokenyard-1edge", "tokenyard-noflow", "tokenyard-ref")
     unknown = [r for r in args.routers if r not in ours and r not in PEERS]
     if unknown:
         ap.error(f"unknown router(s) {unknown}; known: {', '.join(ours)}, {', '.join(PEERS)}")

@@ -106,7 +106,7 @@ def _edge_env(url: str) -> dict[str, str]:
 
 
 async def _edges_up(nc, n: int) -> None:
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(180):  # processes starting at nice 19 on a loaded host
         while (await ping(nc))["tokenyard-edge"] < n:
             await asyncio.sleep(0.1)
 

@@ -161,8 +161,10 @@ async def test_a_service_dying_while_the_fleet_is_up_is_named_once_and_the_rest_
         await fleet.stop()
 
 
-async def test_an_edge_process_dying_is_named_and_the_other_keeps_the_port(tmp_path):
-    fleet = FleetProcesses(workers=1, profile="zero", http_port=0, edge_processes=2)
+@pytest.mark.flaky(reruns=2)  # live processes on a shared host: see docs/HOUSE.md "Flaky live tests"
+async def test_an_edge_process_dying_is_named_and_the_other_keeps_the_port():
+    # 7 processes starting at nice 19 on a loaded host may take more than the default minute
+    fleet = FleetProcesses(workers=1, profile="zero", http_port=0, edge_processes=2, ready_timeout_s=180)
     await fleet.start()
     try:
         edge = dict(fleet.procs)["edge-0"]

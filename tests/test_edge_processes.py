@@ -181,7 +181,7 @@ async def test_a_taken_port_stops_the_edge_with_the_childs_code(nats_server):
                "--http-port", str(taken.getsockname()[1]), "--processes", "2"]
         proc = await asyncio.create_subprocess_exec(*cmd, env=_edge_env(nats_server.url),
                                                     stderr=asyncio.subprocess.PIPE)
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(180):  # three interpreters starting at nice 19 on a loaded host
             _, err = await proc.communicate()
     assert proc.returncode == 1
     text = err.decode()

@@ -162,6 +162,8 @@ class BoundedLoadGuard:
 
     c: float = BALANCE_FACTOR
     sticky: bool = True
+    decode: bool = True
+    context: bool = True
     name: str = "bounded-load"
     inputs: frozenset[str] = frozenset()
 
@@ -176,7 +178,11 @@ class BoundedLoadGuard:
         exempt = ~keep & (view.hit[cand] > queued)
         if not exempt.any():  # the common case: nothing beyond the bound holds more than it queues
             return Narrowed(keep)
-        own = queued + view.new[cand]
+        new = view.new[cand]
+        own = queued + new
+        if self.decode:  # r's latency there, its decode too, and the fleet's half of its recompute
+            per_step = load + view.ctx_ratio[cand] * (view.kv_used[cand] * view.block_size[cand]) if self.context else load
+            own = own + new * (int(load.sum()) / len(cand) / 2.0) + float(max(req.max_tokens, 1)) * per_step
         exempt &= own <= own[keep].min()
         if not exempt.any():
             return Narrowed(keep)

@@ -117,7 +117,9 @@ class Variant:
             if self.slack in ("cap", "halfcap"):
                 room = np.minimum(room, ENGINE_BACKLOG_S * 1000.0 / mpt)
             stalled = np.maximum(n - np.maximum(room - q, 0.0), 0.0)
-            if self.slack in ("half", "halfcap"):  # the fleet's half of the stall whole, i's half beyond i's slack
+            if self.slack == "halfq":  # the slack absorbs only behind a queue: where nothing is
+                stalled = np.where(q > 0, stalled, n)  # queued r's prefill runs at once, a stall
+            if self.slack in ("half", "halfcap", "halfq"):  # the fleet's half of the stall whole, i's half beyond i's slack
                 cost = own + n * b.mean() / 2.0 + stalled * b / 2.0
             else:
                 cost = own + batch * stalled
@@ -289,6 +291,7 @@ VARIANTS = {
     "slackhalf-bl-stickyqdm": Variant("slackhalf-bl-stickyqdm", bound="seq", sticky="qdm", slack="half"),
     "slackhalfcap-bl-stickyq": Variant("slackhalfcap-bl-stickyq", bound="seq", sticky="q", slack="halfcap"),
     "slackhalfcap-bl-stickyqdm": Variant("slackhalfcap-bl-stickyqdm", bound="seq", sticky="qdm", slack="halfcap"),
+    "slackhalfq-bl-stickyq": Variant("slackhalfq-bl-stickyq", bound="seq", sticky="q", slack="halfq"),
     "slackhalf-bl-stickyqd-dec": Variant("slackhalf-bl-stickyqd-dec", bound="seq", sticky="qdf", slack="half", dec="full"),
     "own-room": Variant("own-room", stall="none", bound="room"),
     "bl-room": Variant("bl-room", bound="seq+room"),

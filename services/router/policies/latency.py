@@ -163,7 +163,7 @@ class BoundedLoadGuard:
     c: float = BALANCE_FACTOR
     sticky: bool = True
     decode: bool = True
-    context: bool = True
+    context: bool = False
     name: str = "bounded-load"
     inputs: frozenset[str] = frozenset()
 

@@ -41,17 +41,6 @@ def absorb_tokens(s: EngineStats) -> float:
     return absorb if absorb == absorb else 0.0  # a NaN slack absorbs nothing (the score stays finite)
 
 
-def ctx_ratio(s: EngineStats) -> float:
-    """What a decode step spends per token of context, in prefill-token times: a running decode
-    of context K costs each step about prefill_ms_per_token + K · decode_ms_per_ctx_token ms
-    (EngineStats), i.e. 1 + K · this prefill-token times. 0 where either cost is unknown (or
-    not a number)."""
-    t, d = s.prefill_ms_per_token, s.decode_ms_per_ctx_token
-    if not (t > 0.0 and d > 0.0) or math.isinf(t) or math.isinf(d):
-        return 0.0
-    return d / t
-
-
 class FleetView:
     _FLOAT = (
         "queued_prefill",
@@ -65,7 +54,6 @@ class FleetView:
         "min_stp_ms",
         "vbs_limit",
         "absorb",
-        "ctx_ratio",
     )
     _INT = (
         "running",
@@ -86,9 +74,7 @@ class FleetView:
     the row's macro-instance runs EcoServe with this TTFT SLO; its decodes' saved TPOT slack
     (NaN: none decodes) and its prefill cost per token, from heartbeats. `absorb`: that slack
     in prefill tokens, slack_ms / ms_per_token (∞: none decodes; 0: no prefill cost reported),
-    the decode term of the default's stall (services/router/policies/latency.py). `ctx_ratio`:
-    the decode cost per context token in prefill-token times, decode_ms_per_ctx_token /
-    prefill_ms_per_token (0: either unknown), the decode price of the default's sticky exemption."""
+    the decode term of the default's stall (services/router/policies/latency.py)."""
 
     def __init__(self, capacity: int = 16):
         self.n = 0
@@ -161,7 +147,6 @@ class FleetView:
         self.slack_ms[i] = np.nan if s.tpot_slack_ms is None else s.tpot_slack_ms
         self.ms_per_token[i] = s.prefill_ms_per_token
         self.absorb[i] = absorb_tokens(s)
-        self.ctx_ratio[i] = ctx_ratio(s)
         self.vbs[i], self.min_stp_ms[i], self.vbs_limit[i] = s.vbs, s.min_tpot_slo_ms, s.vbs_limit
         return i
 

@@ -36,6 +36,17 @@ candidates' mean of B, all on instance i; lower cost wins):
                           KV blocks in use / B_i then KV blocks, before recency
     slackhalf-bl-stickyqi   the exemption withheld while an instance within the bound is idle
     slackhalf-bl-stickyqn   … while an instance within the bound was never chosen (cold)
+  round 6 (r's decode priced from the heartbeat: over O = max_tokens steps r gets
+  O·(B_i + ρ_i·C_i) and inflicts O·B_i·(1 + ρ_i·len(r)) prefill-token times, ρ_i =
+  decode_ms_per_ctx_token / prefill_ms_per_token, C_i = KV in use in tokens; decode_cost):
+    slackhalf-bl-stickyq-dec, -decg   + r's decode in the cost (gets + inflicts / gets only)
+    slackhalf-bl-stickyqd, qdf        the exemption compares r's TTFT + what r gets (+ inflicts)
+    slackhalf-bl-stickyqdb            … + O·B_i alone (no context term)
+    slackhalf-bl-stickyqdm            … + what r gets + the fleet's half of its recompute, N_i·B̄/2
+    slackhalf-bl-stickyqd-dec         qdf and -dec
+    slackhalfcap-bl-stickyq           the fleet's half whole, i's beyond the slack capped at
+                                      ENGINE_BACKLOG_S;  slackhalfcap-bl-stickyqdm: and qdm
+    slackhalfq-bl-stickyq             the slack absorbs only where a queue is (Q_i > 0)
   round 4 (A_i = max(0, S_i / t_i − Q_i): prefill tokens i's decodes absorb within their TPOT
   slack S_i, t_i = prefill ms per token; ∞ where nothing decodes):
     slack-bl-stickyq      bl-stickyq, the stall N·(B_i + B̄)/2 only for max(0, N − A_i) tokens

@@ -43,6 +43,8 @@ candidates' mean of B, all on instance i; lower cost wins):
     slackhalf-bl-stickyqd, qdf        the exemption compares r's TTFT + what r gets (+ inflicts)
     slackhalf-bl-stickyqdb            … + O·B_i alone (no context term)
     slackhalf-bl-stickyqdm            … + what r gets + the fleet's half of its recompute, N_i·B̄/2
+    slackhalf-bl-stickyqdc            qdm with r's decode priced on i's context alone, O·ρ_i·C_i
+                                      (the per-sequence t_i of the convention left out)
     slackhalf-bl-stickyqd-dec         qdf and -dec
     slackhalfcap-bl-stickyq           the fleet's half whole, i's beyond the slack capped at
                                       ENGINE_BACKLOG_S;  slackhalfcap-bl-stickyqdm: and qdm
@@ -221,7 +223,7 @@ class BoundGuard:
         if self.sticky and keep.any() and not keep.all():
             own = view.queued_prefill[cand] + view.new[cand]
             exempt = own <= own[keep].min()
-            if self.sticky in ("q", "qw", "qi", "qn", "qd", "qdf", "qdb", "qdm"):
+            if self.sticky in ("q", "qw", "qi", "qn", "qd", "qdf", "qdb", "qdm", "qdc"):
                 exempt &= view.hit[cand] > view.queued_prefill[cand]
             if self.sticky == "qw":  # and nothing waits there: r is admitted at once
                 exempt &= view.waiting[cand] == 0
@@ -232,9 +234,11 @@ class BoundGuard:
             if self.sticky in ("qd", "qdf", "qdb"):  # r's own latency there: its first token, then
                 own = own + decode_cost(req, view, cand, inflicted=self.sticky == "qdf",  # its decode
                                         context=self.sticky != "qdb")
-            if self.sticky == "qdm":  # r's first token and decode, and the fleet's half of the stall
-                b = (view.running[cand] + view.waiting[cand]).astype(np.float64)  # its recompute
-                own = own + view.new[cand] * b.mean() / 2.0 + decode_cost(req, view, cand, inflicted=False)
+            if self.sticky in ("qdm", "qdc"):  # r's first token and decode, and the fleet's half of
+                b = (view.running[cand] + view.waiting[cand]).astype(np.float64)  # the stall its
+                own = own + view.new[cand] * b.mean() / 2.0 + (  # recompute inflicts; qdc: r's decode
+                    decode_cost(req, view, cand, inflicted=False) if self.sticky == "qdm"  # on i's
+                    else decode_cost(req, view, cand, inflicted=False) - float(max(req.max_tokens, 1)) * b)  # context alone
                 exempt = (own <= own[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
                 exempt = (own <= own[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
             if self.sticky == "qn" and (view.last_chosen[cand][keep] < 0).any():
@@ -300,6 +304,7 @@ VARIANTS = {
     "slackhalf-bl-stickyqdf": Variant("slackhalf-bl-stickyqdf", bound="seq", sticky="qdf", slack="half"),
     "slackhalf-bl-stickyqdb": Variant("slackhalf-bl-stickyqdb", bound="seq", sticky="qdb", slack="half"),
     "slackhalf-bl-stickyqdm": Variant("slackhalf-bl-stickyqdm", bound="seq", sticky="qdm", slack="half"),
+    "slackhalf-bl-stickyqdc": Variant("slackhalf-bl-stickyqdc", bound="seq", sticky="qdc", slack="half"),
     "slackhalfcap-bl-stickyq": Variant("slackhalfcap-bl-stickyq", bound="seq", sticky="q", slack="halfcap"),
     "slackhalfcap-bl-stickyqdm": Variant("slackhalfcap-bl-stickyqdm", bound="seq", sticky="qdm", slack="halfcap"),
     "slackhalfq-bl-stickyq": Variant("slackhalfq-bl-stickyq", bound="seq", sticky="q", slack="halfq"),

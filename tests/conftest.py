@@ -45,6 +45,16 @@ async def nats_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+async def plain_nats():
+    """An open nats-server (no users) of the test module's own: its fake services must not answer
+    other modules' fleets (a plain subscription on llm.v1.submit would), nor a real fleet answer
+    them."""
+    server = await natsutil.NatsServer().start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def spans() -> InMemorySpanExporter:
     return SPANS

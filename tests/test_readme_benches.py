@@ -32,3 +32,11 @@ def test_every_bench_the_readme_names_answers_help():
         for cmd, out in pool.map(run, commands):
             assert out.returncode == 0, (cmd, out.stderr[-2000:])
             assert "usage" in out.stdout.lower() and "Traceback" not in out.stderr, (cmd, out.stdout, out.stderr)
+
+
+def test_live_paths_runs_live_routers_fleet_at_its_speed():
+    """live_paths kept speed 0.1 after live_router moved to 0.25: at README's `--load 3` (and
+    in a newcomer's run at load 1) admission refused most of its requests (32 of 40)."""
+    from bench import live_paths, live_router
+
+    assert live_paths.parser().parse_args([]).speed == live_router.SPEED == 0.25

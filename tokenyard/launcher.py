@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -407,6 +408,16 @@ def _leave_local_creds(fleet: FleetProcesses) -> str | None:
     return str(nats_auth.local_client_creds(fleet.nats_url))
 
 
+def _remove_local_creds(url: str) -> None:
+    """Undo `_leave_local_creds`, the folder too once empty (one a port ever used piled up)."""
+    if nats_auth.local_client_creds(url) is None:
+        return
+    for user in nats_auth.LOCAL_USERS:
+        nats_auth.local_creds(url, user).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty: someone else's file is there
+        nats_auth.local_client_creds(url).parent.rmdir()
+
+
 async def _up(args) -> int:
     if (why := _refusal(args)) is not None:
         print(f"tokenyard up: error: {why}", file=sys.stderr)
@@ -471,7 +482,6 @@ async def _up(args) -> int:
             print(f"tokenyard up: {crashed.result()}", file=sys.stderr, flush=True)
     finally:
         print("stopping: draining services …", flush=True)
-        if fleet.client_creds and nats_auth.local_client_creds(fleet.nats_url) is not None:
-            for user in nats_auth.LOCAL_USERS:
-                nats_auth.local_creds(fleet.nats_url, user).unlink(missing_ok=True)
+        if fleet.client_creds:
+            _remove_local_creds(fleet.nats_url)
         await fleet.stop()

@@ -79,11 +79,12 @@ ROLES: dict[str, Role] = {
         why="a client on behalf of HTTP callers",
     ),
     "admission": Role(
-        (subjects.QUEUE, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}", f"$JS.API.STREAM.UPDATE.{_Q}",
-         f"$JS.API.STREAM.INFO.{_Q}"),
+        (subjects.QUEUE, subjects.ABORT, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}",
+         f"$JS.API.STREAM.UPDATE.{_Q}", f"$JS.API.STREAM.INFO.{_Q}"),
         (subjects.SUBMIT, subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, "{inbox}.>", _SRV),
         responses=2,  # `accepted`, then `error` if the enqueue fails
-        why="the only publisher onto the queue stream; answers the submitter",
+        why="the only publisher onto the queue stream; answers the submitter; aborts a request handed to "
+            "the queue in its process whose store failed",
     ),
     "queue": Role(
         ("_INBOX.>", subjects.ROUTE, subjects.QUEUE_STATE, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}",

@@ -10,6 +10,13 @@ with `rejected` 409 instead of silence (the first request keeps running). If the
 fails, the client gets `rejected` 503. A worker's first chunk can in principle overtake
 `accepted` (it is caused by the same publish); TokenyardClient holds such events back.
 
+With a queue in the same process (`tokenyard queue --with-admission`, the default of
+`tokenyard up`), an admitted request is handed to it by a call (`LocalQueue.take`) before the
+JetStream publish: it is placed while JetStream stores it, and the queue acks the stored copy
+once it is routed. `accepted` still waits for the store. If the store fails, or finds the id a
+duplicate, the queue gives the request back (`withdraw`) and the client gets 503 / 409 as
+without it; one already on its way to a worker when the store failed is aborted first.
+
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
 A tick every TICK_S / 2 tells the core it is awake: a longer gap between its events is its own
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Protocol
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
@@ -40,11 +48,22 @@ TICK_S = config.HEARTBEAT_INTERVAL_S
 """The most admission leaves between two of its own events: it ticks twice as often."""
 
 
+class LocalQueue(Protocol):
+    """A queue in this process (services/priority_queue/shell.py QueueShell)."""
+
+    def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> bool: ...
+
+    def withdraw(self, request_id: str) -> bool: ...
+
+
 class AdmissionShell:
     kind = "admission"
 
-    def __init__(self, cfg: AdmissionConfig, tokenizer: Tokenizer):
+    def __init__(self, cfg: AdmissionConfig, tokenizer: Tokenizer, queue: LocalQueue | None = None):
+        """`queue`: a queue in this process, handed each admitted request at once (None: the
+        queue hears of it from JetStream)."""
         self.core = AdmissionCore(cfg, tokenizer)
+        self.queue = queue
         self.instance_id = new_instance_id(self.kind)
         self.nc: Client | None = None
         self.metrics = AdmissionMetrics()
@@ -135,7 +154,8 @@ class AdmissionShell:
             if telemetry.recording():  # where admission's own work ends and JetStream's begins
                 span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
             trace = telemetry.inject()  # the queue's span is a child of this one
-        task = asyncio.create_task(self._publish(req, verdict, queued, json, trace))
+        handed = self.queue is not None and self.queue.take(verdict, queued, trace)
+        task = asyncio.create_task(self._publish(req, verdict, queued, json, trace, handed))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
@@ -152,19 +172,24 @@ class AdmissionShell:
             return ack, True
 
     async def _publish(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
-                       trace: dict[str, str]) -> None:
-        """An admitted request: into JetStream, then `accepted` (or 409 / 503, nothing queued)."""
+                       trace: dict[str, str], handed: bool = False) -> None:
+        """An admitted request: into JetStream, then `accepted` (or 409 / 503, nothing queued).
+        `handed`: the queue in this process has it already (`LocalQueue.take`)."""
         rid = verdict.request_id
         try:
             ack, retried = await self._enqueue(verdict, queued, trace)
         except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
             log.warning("enqueue_failed", request_id=rid, error=repr(e))
+            if handed and not self.queue.withdraw(rid):  # on its way to a worker: stop it there
+                await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="queue_unavailable")))
             refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
             await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
             self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
             return
         if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
             log.info("duplicate_request_id", request_id=rid)
+            if handed:  # not aborted if it left already: the id is the first request's too;
+                self.queue.withdraw(rid)  # its worker (or the router) knows the id and answers 409
             refusal = schemas.Rejected(
                 rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
             )

@@ -18,6 +18,15 @@ With a router in the same process (`router`: `tokenyard queue --with-router`, th
 fewer on every request's way to its first token, and an answer that cannot be lost (no
 timeout; an `unsure` answer still means a worker left the offer unanswered). That router
 also serves `llm.v1.route` for the others that ask (P/D decode legs, other queues).
+
+With admission in the same process too (`tokenyard queue --with-admission`, the default of
+`tokenyard up`), admission hands each admitted request over by a call (`take`) the moment it
+decides, then stores it in JetStream as before: the request is placed without waiting for
+JetStream to store it and deliver it back (one crossing fewer again). Its JetStream copy,
+when it comes, is recognised by id: held, to be acked once the request is routed, or acked
+at once if it was routed (or ended) already — never queued a second time. Durability is
+JetStream's as before: what was not yet routed when this process dies is redelivered. If the
+store fails, or finds the id a duplicate, admission takes the request back (`withdraw`).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from typing import Protocol
 
 import msgspec
@@ -49,6 +59,9 @@ ROUTE_TIMEOUT_S = 5.0
 ROUTER_DOWN_BACKOFF_MAX_S = 2.0
 PULL_EXPIRES_S = 1.0
 """A pull request's life: an idle queue renews it this often."""
+SEEN_REMEMBERED = 50_000
+"""Request ids a queue remembers for `take`'s duplicate check (as many as a router or a worker
+remembers): past that many within JetStream's window, a reused id is the worker's to answer."""
 PULL_GRACE_S = 1.0
 """A pull whose end (its 408) never came is renewed this long after it expired: a NATS
 restart forgets pull requests, and so does a failover to another node."""
@@ -77,6 +90,12 @@ class QueueShell:
         self.fetch_batch = fetch_batch
         self.stats_interval_s = stats_interval_s
         self.held: dict[str, Msg] = {}
+        self._local: dict[str, tuple[bytes, dict[str, str]]] = {}
+        """request id → (the request encoded, its trace headers) for each request admission
+        handed over in this process (`take`) whose JetStream copy has not come yet."""
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        """request id → when this queue first had it, for JetStream's duplicate window (at most
+        SEEN_REMEMBERED): `take` hands a seen id to JetStream's duplicate check instead of placing it."""
         self._received_ns: dict[str, int] = {}
         """request id → when its message came (only while spans are recorded: the hop profile)."""
         self._wake = asyncio.Event()
@@ -177,11 +196,51 @@ class QueueShell:
             log.error("undecodable_message", error=str(e))
             await msg.term()
             return
+        if self._local.pop(req.request_id, None) is not None:  # handed over here already (`take`)
+            if req.request_id in self.core.in_flight or req.request_id in self.core.policy:
+                self.held[req.request_id] = msg  # acked once routed, as any other
+            else:  # routed or ended before its copy came: nothing left to do with it
+                await msg.ack()
+            return
+        self._was_seen(req.request_id, time.time())
         self.held[req.request_id] = msg  # a redelivery replaces the older delivery
         if telemetry.recording():
             self._received_ns[req.request_id] = time.time_ns()
         self.core.offer(req, time.time())
         self._wake.set()
+
+    def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> bool:
+        """An admitted request from admission in this process, before JetStream stores it (the
+        caller publishes it there next). `data`: `req` encoded as it will be stored; `headers`:
+        its trace context. False: a request of this id is here already (a reused id: the
+        JetStream copy alone decides, and its duplicate check answers)."""
+        rid = req.request_id
+        now = time.time()
+        if rid in self._local or rid in self.held or self._was_seen(rid, now) or not self.core.offer(req, now):
+            return False
+        self._local[rid] = (data, headers)
+        if telemetry.recording():
+            self._received_ns[rid] = time.time_ns()
+        self._wake.set()
+        return True
+
+    def _was_seen(self, request_id: str, now: float) -> bool:
+        """Whether this queue had `request_id` within JetStream's duplicate window; notes it if not."""
+        seen = self._seen
+        while seen and (len(seen) >= SEEN_REMEMBERED or next(iter(seen.values())) < now - natsutil.QUEUE_DUPLICATE_WINDOW_S):
+            seen.popitem(last=False)
+        if request_id in seen:
+            return True
+        seen[request_id] = now
+        return False
+
+    def withdraw(self, request_id: str) -> bool:
+        """Admission takes back a request it handed over (`take`) whose JetStream store failed
+        or found a duplicate id. True: it was still waiting, and nothing of it ran; False: it
+        is on its way to a worker, or there already."""
+        self._local.pop(request_id, None)
+        self._received_ns.pop(request_id, None)
+        return self.core.abort(request_id) is not None
 
     async def _dispatch_loop(self) -> None:
         while self._running:
@@ -199,7 +258,8 @@ class QueueShell:
 
     async def _route(self, req: schemas.AdmittedRequest) -> None:
         msg = self.held.get(req.request_id)
-        headers = msg.headers if msg else None
+        local = self._local.get(req.request_id) if msg is None else None  # handed over, not stored yet
+        headers = msg.headers if msg else local[1] if local else None
         decision: schemas.RouteDecision | None = None
         unanswered = False
         with telemetry.span(
@@ -211,7 +271,7 @@ class QueueShell:
             try:
                 with telemetry.span(self.kind, "send", subjects.ROUTE, kind=SpanKind.PRODUCER, request_id=req.request_id):
                     # The message as JetStream holds it: the queue changes nothing in a request.
-                    data = msg.data if msg is not None else codec.encode(req)
+                    data = msg.data if msg is not None else local[0] if local else codec.encode(req)
                     only = self.core.placed_on.get(req.request_id)
                     if self.router is not None:  # in this process: no crossing, no encoding
                         decision = await self.router.route(req, data, only=only)

@@ -156,6 +156,29 @@ async def test_a_failed_store_of_a_request_already_on_a_worker_aborts_it_there_a
         await stop_fleet(fleet.hosts)
 
 
+async def test_another_queue_replica_leaves_a_request_to_the_replica_admission_handed_it_to(nats_server):
+    """A standby replica pulls from the same stream: the stored copy of a request the first
+    replica took from admission's hand may reach it. It hands the copy back to JetStream while
+    that replica lives, so no request is placed twice (by two routers, on two workers)."""
+    fleet = await start(nats_server.url, [worker("aw0"), worker("aw1")])
+    other_router = RouterShell(RouterConfig(policy="least-loaded"))
+    other = QueueShell(QueueConfig(), FCFS(), router=other_router)
+    fleet.hosts += [await ServiceHost(other_router, nats_server.url).start(),
+                    await ServiceHost(other, nats_server.url).start()]
+    await until(lambda: fleet.queue.instance_id in other._peers and len(other.core.workers) == 2)
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        done = await asyncio.gather(*(client.generate(schemas.GenerateRequest(prompt=f"pair {i}", max_tokens=2))
+                                      for i in range(8)))
+        assert [d.finish_reason for d in done] == ["length"] * 8
+        assert len(fleet.router.reask.placed) == 8 and not other_router.reask.placed  # each placed once, by its taker
+        await until(lambda: not fleet.queue._local and not fleet.queue.held and not other.held, timeout_s=15)
+        assert await stored(nats_server.url) == 0  # every copy came back to its taker and was acked
+    finally:
+        await client.close()
+        await stop_fleet(fleet.hosts)
+
+
 def test_up_runs_admission_in_the_queues_process_unless_told_to_run_it_separately():
     from tokenyard import cli
     from tokenyard.launcher import FleetProcesses

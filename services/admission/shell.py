@@ -51,6 +51,8 @@ TICK_S = config.HEARTBEAT_INTERVAL_S
 class LocalQueue(Protocol):
     """A queue in this process (services/priority_queue/shell.py QueueShell)."""
 
+    instance_id: str
+
     def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> bool: ...
 
     def withdraw(self, request_id: str) -> bool: ...
@@ -155,7 +157,8 @@ class AdmissionShell:
                 span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
             trace = telemetry.inject()  # the queue's span is a child of this one
         handed = self.queue is not None and self.queue.take(verdict, queued, trace)
-        task = asyncio.create_task(self._publish(req, verdict, queued, json, trace, handed))
+        stored = {**trace, subjects.TAKEN_BY_HEADER: self.queue.instance_id} if handed else trace  # other replicas leave it
+        task = asyncio.create_task(self._publish(req, verdict, queued, json, stored, handed))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import OrderedDict
 from typing import Protocol
@@ -59,6 +60,11 @@ ROUTE_TIMEOUT_S = 5.0
 ROUTER_DOWN_BACKOFF_MAX_S = 2.0
 PULL_EXPIRES_S = 1.0
 """A pull request's life: an idle queue renews it this often."""
+PEER_SILENT_S = 1.0
+"""A replica not heard on `llm.v1.pq.state` (it publishes ~every 100 ms) for this long is gone:
+the requests it took from admission in its process are anyone's (`_on_pulled`)."""
+TAKEN_RETRY_S = 0.5
+"""A request another live replica took is handed back to JetStream for this long."""
 SEEN_REMEMBERED = 50_000
 """Request ids a queue remembers for `take`'s duplicate check (as many as a router or a worker
 remembers): past that many within JetStream's window, a reused id is the worker's to answer."""
@@ -96,6 +102,8 @@ class QueueShell:
         self._seen: OrderedDict[str, float] = OrderedDict()
         """request id → when this queue first had it, for JetStream's duplicate window (at most
         SEEN_REMEMBERED): `take` hands a seen id to JetStream's duplicate check instead of placing it."""
+        self._peers: dict[str, float] = {}
+        """Other queue replicas → when their QueueStats were last heard."""
         self._received_ns: dict[str, int] = {}
         """request id → when its message came (only while spans are recorded: the hop profile)."""
         self._wake = asyncio.Event()
@@ -128,6 +136,7 @@ class QueueShell:
         self._pull_sub = await nc.subscribe(f"{self._pull_inbox}.*", cb=self._on_pulled)
         await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
+        await nc.subscribe(subjects.QUEUE_STATE, cb=self._on_peer_state)
         await service.add_endpoint(name="stats", subject=subjects.QUEUE_STATS, handler=self._on_stats)
         self._running = True
         self._tasks = [
@@ -201,6 +210,10 @@ class QueueShell:
                 self.held[req.request_id] = msg  # acked once routed, as any other
             else:  # routed or ended before its copy came: nothing left to do with it
                 await msg.ack()
+            return
+        taker = (msg.headers or {}).get(subjects.TAKEN_BY_HEADER)
+        if taker and taker != self.instance_id and time.time() - self._peers.get(taker, -math.inf) < PEER_SILENT_S:
+            await msg.nak(delay=TAKEN_RETRY_S)  # the replica admission handed it to places it (and acks it)
             return
         self._was_seen(req.request_id, time.time())
         self.held[req.request_id] = msg  # a redelivery replaces the older delivery
@@ -319,6 +332,14 @@ class QueueShell:
         self.router_down_backoff_s = min(
             ROUTER_DOWN_BACKOFF_MAX_S, max(self.core.cfg.retry_backoff_s, 2 * self.router_down_backoff_s)
         )
+
+    async def _on_peer_state(self, msg: Msg) -> None:
+        try:
+            stats = codec.decode(msg.data, schemas.QueueStats)
+        except codec.DecodeError:
+            return
+        if stats.instance_id != self.instance_id:
+            self._peers[stats.instance_id] = time.time()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:

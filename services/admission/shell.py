@@ -11,11 +11,13 @@ fails, the client gets `rejected` 503. A worker's first chunk can in principle o
 `accepted` (it is caused by the same publish); TokenyardClient holds such events back.
 
 With a queue in the same process (`tokenyard queue --with-admission`, the default of
-`tokenyard up`), an admitted request is handed to it by a call (`LocalQueue.take`) before the
-JetStream publish: it is placed while JetStream stores it, and the queue acks the stored copy
-once it is routed. `accepted` still waits for the store. If the store fails, or finds the id a
-duplicate, the queue gives the request back (`withdraw`) and the client gets 503 / 409 as
-without it; one already on its way to a worker when the store failed is aborted first.
+`tokenyard up`), an admitted request is handed to it by a call (`LocalQueue.take`): its offer
+to a worker leaves first, then its JetStream publish and, right behind it on the same
+connection, `accepted` (`_hand_over`); the queue acks the stored copy once it is routed. A
+store that then fails, or finds the id a duplicate, ends the stream with an error (503 / 409)
+after `accepted`, and the queue gives the request back (`withdraw`); one already on a worker
+is aborted there. A reused id this process's queue has seen (JetStream's window) is not handed
+over: it takes the path above, and its duplicate is `rejected` 409 as ever.
 
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
@@ -26,6 +28,7 @@ stall, which does not make the workers look silent (liveness.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Protocol
@@ -44,6 +47,9 @@ from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("admission")
 
+PLACING_WAIT_S = 0.05
+"""The most a handed request's store waits for its first offer to leave (it leaves within a few
+turns of the event loop; this is only a bound)."""
 TICK_S = config.HEARTBEAT_INTERVAL_S
 """The most admission leaves between two of its own events: it ticks twice as often."""
 
@@ -53,7 +59,7 @@ class LocalQueue(Protocol):
 
     instance_id: str
 
-    def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> bool: ...
+    def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> asyncio.Future | None: ...
 
     def withdraw(self, request_id: str) -> bool: ...
 
@@ -66,6 +72,8 @@ class AdmissionShell:
         queue hears of it from JetStream)."""
         self.core = AdmissionCore(cfg, tokenizer)
         self.queue = queue
+        self._handing: dict[str, asyncio.Task] = {}
+        """request id → its hand-over (`_hand_over`) while it runs."""
         self.instance_id = new_instance_id(self.kind)
         self.nc: Client | None = None
         self.metrics = AdmissionMetrics()
@@ -156,9 +164,16 @@ class AdmissionShell:
             if telemetry.recording():  # where admission's own work ends and JetStream's begins
                 span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
             trace = telemetry.inject()  # the queue's span is a child of this one
-        handed = self.queue is not None and self.queue.take(verdict, queued, trace)
-        stored = {**trace, subjects.TAKEN_BY_HEADER: self.queue.instance_id} if handed else trace  # other replicas leave it
-        task = asyncio.create_task(self._publish(req, verdict, queued, json, stored, handed))
+        placing = self.queue.take(verdict, queued, trace) if self.queue is not None else None
+        if placing is None:  # stored after a hand-over of the same id still storing: JetStream judges them in order
+            task = asyncio.create_task(self._publish(req, verdict, queued, json, trace,
+                                                     after=self._handing.get(verdict.request_id)))
+        else:  # the queue in this process has it: other replicas leave its stored copy to that queue
+            stored = {**trace, subjects.TAKEN_BY_HEADER: self.queue.instance_id}
+            task = self._handing[verdict.request_id] = asyncio.create_task(
+                self._hand_over(req, verdict, queued, json, stored, placing))
+            task.add_done_callback(lambda t, rid=verdict.request_id: self._handing.pop(rid, None)
+                                   if self._handing.get(rid) is t else None)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
@@ -175,24 +190,22 @@ class AdmissionShell:
             return ack, True
 
     async def _publish(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
-                       trace: dict[str, str], handed: bool = False) -> None:
+                       trace: dict[str, str], after: asyncio.Task | None = None) -> None:
         """An admitted request: into JetStream, then `accepted` (or 409 / 503, nothing queued).
-        `handed`: the queue in this process has it already (`LocalQueue.take`)."""
+        `after`: the hand-over of a request of the same id, whose store goes first."""
         rid = verdict.request_id
+        if after is not None:
+            await asyncio.wait([after])
         try:
             ack, retried = await self._enqueue(verdict, queued, trace)
         except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
             log.warning("enqueue_failed", request_id=rid, error=repr(e))
-            if handed and not self.queue.withdraw(rid):  # on its way to a worker: stop it there
-                await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="queue_unavailable")))
             refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
             await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
             self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
             return
         if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
             log.info("duplicate_request_id", request_id=rid)
-            if handed:  # not aborted if it left already: the id is the first request's too;
-                self.queue.withdraw(rid)  # its worker (or the router) knows the id and answers 409
             refusal = schemas.Rejected(
                 rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
             )
@@ -200,4 +213,42 @@ class AdmissionShell:
             return
         accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
         await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+        self.metrics.observe(schemas.Outcome.ADMITTED)
+
+    async def _hand_over(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
+                         trace: dict[str, str], placing: asyncio.Future) -> None:
+        """A request the queue in this process took (`placing`: done once its first offer to a
+        worker left, or it waits for room): then into JetStream, and `accepted` right behind the
+        store's publish, on the same connection, without waiting for the ack — so `accepted` is
+        off the first token's path, and the server has the store's publish before the client has
+        `accepted` (a crash of this process after that loses nothing). If the store then fails,
+        or finds the id a duplicate (an id this queue never saw, reused: another replica's),
+        the stream ends with an error (503 / 409) and the queue takes the request back; one
+        already on a worker when the store failed is aborted there."""
+        rid = verdict.request_id
+        with contextlib.suppress(TimeoutError):  # a bound only: it is done within a few turns of the loop
+            async with asyncio.timeout(PLACING_WAIT_S):
+                await placing
+        store = asyncio.ensure_future(self._enqueue(verdict, queued, trace))
+        await asyncio.sleep(0)  # the store's first step ran: its publish is in the connection's buffer
+        accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
+        await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+        try:
+            ack, retried = await store
+        except Exception as e:  # JetStream unavailable or full
+            log.warning("enqueue_failed", request_id=rid, error=repr(e))
+            error = schemas.Error(rid, 503, f"queue unavailable: {e!r}", seq=0)
+            await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+            if not self.queue.withdraw(rid):  # on its way to a worker: stop it there (after the error: its end)
+                await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="queue_unavailable")))
+            self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
+            return
+        if ack.duplicate and not retried:
+            log.info("duplicate_request_id", request_id=rid)
+            # Not aborted if it left already: the id is the first request's too; its worker (or
+            # the router) knows the id and answers the newcomer 409 as well.
+            self.queue.withdraw(rid)
+            error = schemas.Error(rid, 409, f"request id '{rid}' is already in use", seq=0)
+            await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+            return
         self.metrics.observe(schemas.Outcome.ADMITTED)

@@ -36,6 +36,7 @@ import contextlib
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -79,7 +80,8 @@ class LocalRouter(Protocol):
 
     async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
                     headers: dict[str, str] | None = None,
-                    only: frozenset[str] | None = None) -> schemas.RouteDecision: ...
+                    only: frozenset[str] | None = None,
+                    offered: Callable[[], None] | None = None) -> schemas.RouteDecision: ...
 
 
 class QueueShell:
@@ -102,6 +104,9 @@ class QueueShell:
         self._seen: OrderedDict[str, float] = OrderedDict()
         """request id → when this queue first had it, for JetStream's duplicate window (at most
         SEEN_REMEMBERED): `take` hands a seen id to JetStream's duplicate check instead of placing it."""
+        self._placing: dict[str, asyncio.Future] = {}
+        """request id → what `take` returned for it, until its first offer is on its way (or
+        it waits for room, or its route ended)."""
         self._peers: dict[str, float] = {}
         """Other queue replicas → when their QueueStats were last heard."""
         self._received_ns: dict[str, int] = {}
@@ -222,20 +227,30 @@ class QueueShell:
         self.core.offer(req, time.time())
         self._wake.set()
 
-    def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> bool:
+    def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> asyncio.Future | None:
         """An admitted request from admission in this process, before JetStream stores it (the
-        caller publishes it there next). `data`: `req` encoded as it will be stored; `headers`:
-        its trace context. False: a request of this id is here already (a reused id: the
-        JetStream copy alone decides, and its duplicate check answers)."""
+        caller stores it there once the returned future is done: when the request's first
+        offer to a worker is on its way, or it waits for room, or its route ended — so the
+        first token's message leaves this process first). `data`: `req` encoded as it will be
+        stored; `headers`: its trace context. None: a request of this id was here within
+        JetStream's duplicate window (a reused id: the JetStream copy alone decides, and its
+        duplicate check answers)."""
         rid = req.request_id
         now = time.time()
         if rid in self._local or rid in self.held or self._was_seen(rid, now) or not self.core.offer(req, now):
-            return False
+            return None
         self._local[rid] = (data, headers)
+        placing = self._placing[rid] = asyncio.get_running_loop().create_future()
         if telemetry.recording():
             self._received_ns[rid] = time.time_ns()
         self._wake.set()
-        return True
+        return placing
+
+    def _placed(self, request_id: str) -> None:
+        """`take`'s future for this request is done (its first offer left, or it waits, or it ended)."""
+        placing = self._placing.pop(request_id, None)
+        if placing is not None and not placing.done():
+            placing.set_result(None)
 
     def _was_seen(self, request_id: str, now: float) -> bool:
         """Whether this queue had `request_id` within JetStream's duplicate window; notes it if not."""
@@ -253,6 +268,7 @@ class QueueShell:
         is on its way to a worker, or there already."""
         self._local.pop(request_id, None)
         self._received_ns.pop(request_id, None)
+        self._placed(request_id)
         return self.core.abort(request_id) is not None
 
     async def _dispatch_loop(self) -> None:
@@ -266,6 +282,8 @@ class QueueShell:
                 task = asyncio.create_task(self._route(req))
                 self._routes.add(task)
                 task.add_done_callback(self._routes.discard)
+            for rid in [rid for rid in self._placing if rid not in self.core.in_flight]:
+                self._placed(rid)  # waits for room (or was taken out): stored without waiting for it
             if (len(self.core) or self.core.unsure) and self.core.paused_until > now:
                 asyncio.get_running_loop().call_later(self.core.paused_until - now, self._wake.set)
 
@@ -287,8 +305,11 @@ class QueueShell:
                     data = msg.data if msg is not None else local[0] if local else codec.encode(req)
                     only = self.core.placed_on.get(req.request_id)
                     if self.router is not None:  # in this process: no crossing, no encoding
-                        decision = await self.router.route(req, data, only=only)
+                        offered = (lambda rid=req.request_id: self._placed(rid)) if req.request_id in self._placing \
+                            else None
+                        decision = await self.router.route(req, data, only=only, offered=offered)
                     else:
+                        self._placed(req.request_id)  # the route ask leaves first: it is written before the store
                         extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
                         reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
                                                       headers=telemetry.inject(extra) or None)
@@ -305,6 +326,7 @@ class QueueShell:
                 log.warning("route_failed", request_id=req.request_id, error=repr(e))
             outcome = decision.outcome if decision else schemas.Outcome.FAILED
             span.set_attribute("tokenyard.outcome", outcome)
+        self._placed(req.request_id)  # no offer was made (answered from memory, no worker had room)
         if decision is not None:
             self.router_down_backoff_s = 0.0
         self.metrics.observe_dispatch(outcome, req.priority, time.time() - req.arrival_s)

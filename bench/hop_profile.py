@@ -17,7 +17,9 @@ JetStream's ack, but the queue may have the message before that ack comes back.
                              the JetStream publish (`tokenyard.enqueue_ns`)
     JetStream → queue        JetStream stores the message and delivers it to the queue's
                              standing pull: publish → the queue's callback has it
-                             (`tokenyard.received_ns` on the queue's span)
+                             (`tokenyard.received_ns` on the queue's span); with admission in
+                             the queue's process (the default), the hand-over by a call
+                             (QueueShell.take), the store running beside the path
     queue                    decode, order, release: received → the route request sent
                              (the queue's `send llm.v1.route` span start)
     queue → router           route request sent → router span start

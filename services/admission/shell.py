@@ -127,7 +127,11 @@ class AdmissionShell:
         headers = req.headers or {}
         json = codec.is_json(headers) or req.data[:1] == b"{"
         reply_to = req._msg.reply  # the request's stream: every later hop publishes here
-        with telemetry.span(self.kind, "process", subjects.SUBMIT, headers) as span:
+        # The span of an admitted request ends with its JetStream publish (`_publish`): its
+        # outcome is known only then (stored, a reused id, or not stored at all).
+        with telemetry.span(self.kind, "process", subjects.SUBMIT, headers, end_on_exit=False) as span, \
+                contextlib.ExitStack() as ends:
+            ends.callback(span.end)
             try:
                 body = codec.decode(req.data, schemas.GenerateRequest, json=json)
             except codec.DecodeError as e:
@@ -160,20 +164,20 @@ class AdmissionShell:
                 self.metrics.observe(outcome, verdict.code)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
                 return
-            span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)  # the decision; JetStream may find a reused id
             if telemetry.recording():  # where admission's own work ends and JetStream's begins
                 span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
             trace = telemetry.inject()  # the queue's span is a child of this one
-        placing = self.queue.take(verdict, queued, trace) if self.queue is not None else None
-        if placing is None:  # stored after a hand-over of the same id still storing: JetStream judges them in order
-            task = asyncio.create_task(self._publish(req, verdict, queued, json, trace,
-                                                     after=self._handing.get(verdict.request_id)))
-        else:  # the queue in this process has it: other replicas leave its stored copy to that queue
-            stored = {**trace, subjects.TAKEN_BY_HEADER: self.queue.instance_id}
-            task = self._handing[verdict.request_id] = asyncio.create_task(
-                self._hand_over(req, verdict, queued, json, stored, placing))
-            task.add_done_callback(lambda t, rid=verdict.request_id: self._handing.pop(rid, None)
-                                   if self._handing.get(rid) is t else None)
+            placing = self.queue.take(verdict, queued, trace) if self.queue is not None else None
+            if placing is None:  # stored after a hand-over of the same id still storing: JetStream judges them in order
+                task = asyncio.create_task(self._publish(req, verdict, queued, json, trace, span,
+                                                         after=self._handing.get(verdict.request_id)))
+            else:  # the queue in this process has it: other replicas leave its stored copy to that queue
+                stored = {**trace, subjects.TAKEN_BY_HEADER: self.queue.instance_id}
+                task = self._handing[verdict.request_id] = asyncio.create_task(
+                    self._hand_over(req, verdict, queued, json, stored, span, placing))
+                task.add_done_callback(lambda t, rid=verdict.request_id: self._handing.pop(rid, None)
+                                       if self._handing.get(rid) is t else None)
+            ends.pop_all()  # the task ends the span
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
@@ -190,33 +194,41 @@ class AdmissionShell:
             return ack, True
 
     async def _publish(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
-                       trace: dict[str, str], after: asyncio.Task | None = None) -> None:
+                       trace: dict[str, str], span, after: asyncio.Task | None = None) -> None:
         """An admitted request: into JetStream, then `accepted` (or 409 / 503, nothing queued).
-        `after`: the hand-over of a request of the same id, whose store goes first."""
+        Its span (`_on_submit`'s) records what JetStream made of it, and ends here. `after`: the
+        hand-over of a request of the same id, whose store goes first."""
         rid = verdict.request_id
-        if after is not None:
-            await asyncio.wait([after])
+        outcome = schemas.Outcome.ADMIT_FAILED  # until JetStream has stored it
         try:
-            ack, retried = await self._enqueue(verdict, queued, trace)
-        except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
-            log.warning("enqueue_failed", request_id=rid, error=repr(e))
-            refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
-            await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
-            self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
-            return
-        if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
-            log.info("duplicate_request_id", request_id=rid)
-            refusal = schemas.Rejected(
-                rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
-            )
-            await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
-            return
-        accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
-        await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
-        self.metrics.observe(schemas.Outcome.ADMITTED)
+            if after is not None:
+                await asyncio.wait([after])
+            try:
+                ack, retried = await self._enqueue(verdict, queued, trace)
+            except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
+                log.warning("enqueue_failed", request_id=rid, error=repr(e))
+                refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
+                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+                self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
+                return
+            if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
+                outcome = schemas.Outcome.DUPLICATE
+                log.info("duplicate_request_id", request_id=rid)
+                refusal = schemas.Rejected(
+                    rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
+                )
+                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+                return
+            outcome = schemas.Outcome.ADMITTED
+            accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
+            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+            self.metrics.observe(schemas.Outcome.ADMITTED)
+        finally:
+            span.set_attribute("tokenyard.outcome", outcome)
+            span.end()
 
     async def _hand_over(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
-                         trace: dict[str, str], placing: asyncio.Future) -> None:
+                         trace: dict[str, str], span, placing: asyncio.Future) -> None:
         """A request the queue in this process took (`placing`: done once its first offer to a
         worker left, or it waits for room): then into JetStream, and `accepted` right behind the
         store's publish, on the same connection, without waiting for the ack — so `accepted` is
@@ -224,31 +236,39 @@ class AdmissionShell:
         `accepted` (a crash of this process after that loses nothing). If the store then fails,
         or finds the id a duplicate (an id this queue never saw, reused: another replica's),
         the stream ends with an error (503 / 409) and the queue takes the request back; one
-        already on a worker when the store failed is aborted there."""
+        already on a worker when the store failed is aborted there. Its span ends here, as
+        `_publish`'s does."""
         rid = verdict.request_id
-        with contextlib.suppress(TimeoutError):  # a bound only: it is done within a few turns of the loop
-            async with asyncio.timeout(PLACING_WAIT_S):
-                await placing
-        store = asyncio.ensure_future(self._enqueue(verdict, queued, trace))
-        await asyncio.sleep(0)  # the store's first step ran: its publish is in the connection's buffer
-        accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
-        await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+        outcome = schemas.Outcome.ADMIT_FAILED  # until JetStream has stored it
         try:
-            ack, retried = await store
-        except Exception as e:  # JetStream unavailable or full
-            log.warning("enqueue_failed", request_id=rid, error=repr(e))
-            error = schemas.Error(rid, 503, f"queue unavailable: {e!r}", seq=0)
-            await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
-            if not self.queue.withdraw(rid):  # on its way to a worker: stop it there (after the error: its end)
-                await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="queue_unavailable")))
-            self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
-            return
-        if ack.duplicate and not retried:
-            log.info("duplicate_request_id", request_id=rid)
-            # Not aborted if it left already: the id is the first request's too; its worker (or
-            # the router) knows the id and answers the newcomer 409 as well.
-            self.queue.withdraw(rid)
-            error = schemas.Error(rid, 409, f"request id '{rid}' is already in use", seq=0)
-            await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
-            return
-        self.metrics.observe(schemas.Outcome.ADMITTED)
+            with contextlib.suppress(TimeoutError):  # a bound only: it is done within a few turns of the loop
+                async with asyncio.timeout(PLACING_WAIT_S):
+                    await placing
+            store = asyncio.ensure_future(self._enqueue(verdict, queued, trace))
+            await asyncio.sleep(0)  # the store's first step ran: its publish is in the connection's buffer
+            accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
+            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+            try:
+                ack, retried = await store
+            except Exception as e:  # JetStream unavailable or full
+                log.warning("enqueue_failed", request_id=rid, error=repr(e))
+                error = schemas.Error(rid, 503, f"queue unavailable: {e!r}", seq=0)
+                await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                if not self.queue.withdraw(rid):  # on its way to a worker: stop it there (after the error: its end)
+                    await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="queue_unavailable")))
+                self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
+                return
+            if ack.duplicate and not retried:
+                outcome = schemas.Outcome.DUPLICATE
+                log.info("duplicate_request_id", request_id=rid)
+                # Not aborted if it left already: the id is the first request's too; its worker (or
+                # the router) knows the id and answers the newcomer 409 as well.
+                self.queue.withdraw(rid)
+                error = schemas.Error(rid, 409, f"request id '{rid}' is already in use", seq=0)
+                await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                return
+            outcome = schemas.Outcome.ADMITTED
+            self.metrics.observe(schemas.Outcome.ADMITTED)
+        finally:
+            span.set_attribute("tokenyard.outcome", outcome)
+            span.end()

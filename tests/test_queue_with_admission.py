@@ -8,6 +8,7 @@ every stored copy is acked, none is placed twice, not even by another queue repl
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 from tokenyard.services.admission.core import AdmissionConfig
@@ -85,19 +86,20 @@ async def test_a_request_is_placed_from_admissions_hand_and_its_stored_copy_only
 async def test_a_reused_id_is_answered_409_by_admission_and_the_first_request_runs_on(nats_server):
     fleet = await start(nats_server.url, [worker("aw0")])
     client = await TokenyardClient.connect(nats_server.url)
+    rid = f"same-{uuid.uuid4().hex}"  # JetStream remembers ids across a purge: one no other test uses
     try:
         both = await asyncio.gather(*(client.generate(
-            schemas.GenerateRequest(prompt=p, max_tokens=4, request_id="same")) for p in ("one", "two")))
+            schemas.GenerateRequest(prompt=p, max_tokens=4, request_id=rid)) for p in ("one", "two")))
         refused = [d for d in both if d.rejected is not None]
         served = [d for d in both if d.finish_reason == "length"]
         assert len(refused) == 1 and len(served) == 1 and len(served[0].token_ids) == 4
         assert (refused[0].rejected.status, refused[0].rejected.code) == (409, "duplicate_request_id")
         # Again once the first has ended: the queue remembers the id for JetStream's window, so
         # JetStream's duplicate check answers (a rejection, not the worker's error).
-        again = await client.generate(schemas.GenerateRequest(prompt="three", max_tokens=4, request_id="same"))
+        again = await client.generate(schemas.GenerateRequest(prompt="three", max_tokens=4, request_id=rid))
         assert again.rejected is not None and (again.rejected.status, again.rejected.code) == (
             409, "duplicate_request_id"), again
-        assert [k[0] for k in fleet.router.reask.placed] == ["same"]  # placed once
+        assert [k[0] for k in fleet.router.reask.placed] == [rid]  # placed once
     finally:
         await client.close()
         await stop_fleet(fleet.hosts)

@@ -4,12 +4,13 @@
     python -m bench.control_plane --nats nats://H:P --http http://H:P    # an already running fleet
     python -m bench.control_plane --baseline main    # side by side with another commit's code
     python -m bench.control_plane --baseline HEAD --baseline-router separate   # the router's crossing alone
+    python -m bench.control_plane --baseline HEAD --baseline-admission separate   # admission's hand-over alone
 
 It brings a fleet up with `tokenyard.launcher.FleetProcesses(workers=2, profile="zero")`:
 simulated workers whose every step takes zero time, so whatever latency a client sees is the
 control plane's (edge → admission → queue → router → worker → back to the client). The router
-runs in the queue's process, as `tokenyard up` runs it (`--router separate`: its own process,
-one NATS crossing more).
+and admission run in the queue's process, as `tokenyard up` runs them (`--router separate`,
+`--admission separate`: each its own process, one NATS crossing more each).
 
 (a) Time added to first token. `bench serve` with max_tokens = 1, short prompts, at a low
     Poisson rate (default 20 req/s, so requests do not queue behind each other), after a
@@ -298,10 +299,15 @@ def print_added(by_label: dict[str, dict[str, Any]], console: Console) -> None:
 
 
 def print_side_by_side(result: dict[str, Any], console: Console) -> None:
-    routers = result.get("routers", {})
-    # each fleet named with where it runs its router
-    ttft = {f"{k} ({routers[k]})" if k in routers else k: v for k, v in result["paired_ttft"].items()}
-    hops = {f"{k} ({routers[k]})" if k in routers else k: v for k, v in (result["paired_hops"] or {}).items()}
+    routers, admissions = result.get("routers", {}), result.get("admissions", {})
+
+    def named(k: str) -> str:  # each fleet named with where it runs its router and admission
+        where = [f"router {routers[k]}"] if k in routers else []
+        where += [f"admission {admissions[k]}"] if k in admissions else []
+        return f"{k} ({', '.join(where)})" if where else k
+
+    ttft = {named(k): v for k, v in result["paired_ttft"].items()}
+    hops = {named(k): v for k, v in (result["paired_hops"] or {}).items()}
     labels = list(ttft)
     t = Table(title="TTFT through the control plane, side by side (ms; max_tokens = 1, zero-latency workers, "
                     "requests interleaved)", box=box.SIMPLE_HEAD)
@@ -370,14 +376,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from tokenyard.launcher import FleetProcesses
 
     async with FleetProcesses(workers=args.workers, profile="zero", http_port=0, model=args.model,
-                              router=args.router) as fleet:
+                              router=args.router, admission=args.admission) as fleet:
         result = await measure(fleet.nats_url, fleet.http_url, args, fleet)
     result["router"] = args.router
     if args.profile_requests > 0:
         from bench import hop_profile
 
         result["hops"] = await hop_profile.profile(args.workers, args.model, args.profile_requests, args.ttft_rate,
-                                                   router=args.router)
+                                                   router=args.router, admission=args.admission)
     return result
 
 
@@ -395,16 +401,25 @@ async def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     if base_router == "in-queue" and not can:
         raise ValueError(f"{args.baseline} has no router in the queue's process (tokenyard queue --with-router)")
     routers = {args.baseline: base_router, THIS_TREE: args.router}
+    # A commit from before `tokenyard queue --with-admission` runs admission on its own.
+    can = has_text(args.baseline, "services/priority_queue/cli.py", "--with-admission")
+    base_admission = args.baseline_admission or ("in-queue" if can else "separate")
+    if base_admission == "in-queue" and not can:
+        raise ValueError(f"{args.baseline} has no admission in the queue's process (tokenyard queue --with-admission)")
+    admissions = {args.baseline: base_admission, THIS_TREE: args.admission}
     with baseline_env(args.baseline) as env:
         fleets = {args.baseline: env, THIS_TREE: {}}
         ttft = await hop_profile.side_by_side(fleets, args.workers, args.model, args.ttft_prompts, args.ttft_rate,
-                                              traced=False, warmup=args.warmup, routers=routers)
+                                              traced=False, warmup=args.warmup, routers=routers,
+                                              admissions=admissions)
         hops = None
         if args.profile_requests > 0:
             hops = await hop_profile.side_by_side(fleets, args.workers, args.model, args.profile_requests,
-                                                  args.ttft_rate, traced=True, warmup=args.warmup, routers=routers)
+                                                  args.ttft_rate, traced=True, warmup=args.warmup, routers=routers,
+                                                  admissions=admissions)
     result: dict[str, Any] = {"workers": args.workers, "baseline": args.baseline,
                               "baseline_commit": commit_of(args.baseline), "routers": routers,
+                              "admissions": admissions,
                               "paired_ttft": ttft, "paired_hops": hops}
     mine = ttft[THIS_TREE]
     result["ttft"] = {path: {"completed": r["completed"], "failed": r["sent"] - r["completed"],
@@ -473,6 +488,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--router", choices=("in-queue", "separate"), default="in-queue",
                    help="where this tree's fleet runs its router: in the queue's process, or its own")
     p.add_argument("--baseline-router", choices=("in-queue", "separate"), default=None,
+                   help="the same for the --baseline fleet (default: in-queue where that commit has it, else separate)")
+    p.add_argument("--admission", choices=("in-queue", "separate"), default="in-queue",
+                   help="where this tree's fleet runs admission: in the queue's process, or its own")
+    p.add_argument("--baseline-admission", choices=("in-queue", "separate"), default=None,
                    help="the same for the --baseline fleet (default: in-queue where that commit has it, else separate)")
     p.add_argument("--json", help="write the result here")
     return p.parse_args(argv)

@@ -17,7 +17,9 @@ JetStream's ack, but the queue may have the message before that ack comes back.
                              the JetStream publish (`tokenyard.enqueue_ns`)
     JetStream → queue        JetStream stores the message and delivers it to the queue's
                              standing pull: publish → the queue's callback has it
-                             (`tokenyard.received_ns` on the queue's span)
+                             (`tokenyard.received_ns` on the queue's span); with admission in
+                             the queue's process (the default), the hand-over by a call
+                             (QueueShell.take), the store running beside the path
     queue                    decode, order, release: received → the route request sent
                              (the queue's `send llm.v1.route` span start)
     queue → router           route request sent → router span start
@@ -242,22 +244,25 @@ def summarise(rows: list[dict[str, float]], names: tuple[str, ...]) -> dict[str,
 
 
 async def profile(workers: int, model: str, requests: int, rate: float, warmup: int = 20,
-                  prompt: str = "a short prompt of a few words", router: str = "in-queue") -> dict[str, Any]:
+                  prompt: str = "a short prompt of a few words", router: str = "in-queue",
+                  admission: str = "in-queue") -> dict[str, Any]:
     """Per-hop medians over `requests` requests on each path (NATS, HTTP)."""
     result = await side_by_side({"": {}}, workers, model, requests, rate, traced=True, warmup=warmup, prompt=prompt,
-                                routers={"": router})
+                                routers={"": router}, admissions={"": admission})
     return {"requests": requests, "rate": rate, **result[""]}
 
 
 async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: str, requests: int, rate: float,
                        traced: bool, warmup: int = 20,
                        prompt: str = "a short prompt of a few words",
-                       routers: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+                       routers: dict[str, str] | None = None,
+                       admissions: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """One fleet per label (its environment: e.g. bench/baseline.py's, to run another commit's
     code), all up at once; the requests go to them in turn (a fresh random order each round),
     so each fleet sees the same machine at the same moments. Per label and path: the client's
     TTFT percentiles and, when `traced`, the per-hop segments. `routers`: label → where that
-    fleet runs its router (FleetProcesses.router; default in the queue's process)."""
+    fleet runs its router (FleetProcesses.router; default in the queue's process); `admissions`:
+    the same for admission (FleetProcesses.admission)."""
     from tokenyard.shared import natsutil
     from tokenyard.shared.client import TokenyardClient
 
@@ -274,7 +279,7 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
             for label, env in fleets.items():
                 fleet = await stack.enter_async_context(FleetProcesses(
                     workers=workers, profile="zero", http_port=0, model=model,
-                    router=(routers or {}).get(label, "in-queue"),
+                    router=(routers or {}).get(label, "in-queue"), admission=(admissions or {}).get(label, "in-queue"),
                     extra_env={**env, **(tracing if traced else {})}))
                 client = await stack.enter_async_context(await TokenyardClient.connect(fleet.nats_url))
                 up[label] = (fleet, client)

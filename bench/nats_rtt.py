@@ -1,9 +1,10 @@
 """The floor under every hop: a bare NATS request/reply between two Python processes.
 
-    python -m bench.nats_rtt [--requests 300] [--gaps-ms 0,50] [--json PATH]
+    python -m bench.nats_rtt [--requests 300] [--gaps-ms 0,50] [--loop uvloop|asyncio] [--json PATH]
 
-A nats-server (open, JetStream off) and a responder process (uvloop, one subscription that
-answers each message with its payload) are started; this process (uvloop) sends `--requests`
+A nats-server (open, JetStream off) and a responder process (`--loop`: uvloop, as every
+service runs, or asyncio's own loop; one subscription that answers each message with its
+payload) are started; this process (the same loop) sends `--requests`
 requests of 200 bytes one at a time, for each gap between them (0: back to back; 50 ms: the
 control-plane benchmark's pacing, every receiver idle when its message comes). Printed per
 gap: the round trip's p50 / p90 / p99 (ms), and the requester's CPU per round trip (ms,
@@ -69,7 +70,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, float]]:
     from tokenyard.shared import natsutil
 
     server = await natsutil.NatsServer(port=0).start()
-    responder = subprocess.Popen([sys.executable, "-m", "bench.nats_rtt", "--respond", server.url],
+    responder = subprocess.Popen([sys.executable, "-m", "bench.nats_rtt", "--respond", server.url, "--loop", args.loop],
                                  stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
     try:
         responder.stdout.readline()  # "ready": subscribed
@@ -85,15 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=300, help="round trips per gap")
     p.add_argument("--gaps-ms", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 50.0],
                    help="pauses between round trips, ms, comma-separated")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="the event loop of both ends (default: uvloop, as the services run)")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--respond", metavar="URL", help=argparse.SUPPRESS)  # the responder process
     args = p.parse_args(argv)
-    try:
+    if args.loop == "uvloop":
         import uvloop
 
         uvloop.install()
-    except ImportError:
-        pass
     if args.respond:
         asyncio.run(respond(args.respond))
         return 0
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {r['p99_ms']:.3f} ms; requester CPU {r['cpu_ms_per_round_trip']:.3f} ms a round trip")
     load = {"before": load_before, "after": os.getloadavg()}
     print(f"load average before {load['before'][0]:.2f}, after {load['after'][0]:.2f}")
-    write_result(args.json, {"rows": rows, "load_avg": load}, prog="python -m bench.nats_rtt", argv=argv)
+    write_result(args.json, {"rows": rows, "loop": args.loop, "load_avg": load}, prog="python -m bench.nats_rtt", argv=argv)
     return 0
 
 

@@ -83,20 +83,22 @@ ROLES: dict[str, Role] = {
         why="a client on behalf of HTTP callers",
     ),
     "admission": Role(
-        (subjects.QUEUE, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}", f"$JS.API.STREAM.UPDATE.{_Q}",
-         f"$JS.API.STREAM.INFO.{_Q}"),
+        (subjects.QUEUE, subjects.ABORT, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}",
+         f"$JS.API.STREAM.UPDATE.{_Q}", f"$JS.API.STREAM.INFO.{_Q}"),
         (subjects.SUBMIT, subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, "{inbox}.>", _SRV),
         responses=2,  # `accepted`, then `error` if the enqueue fails
-        why="the only publisher onto the queue stream; answers the submitter",
+        why="the only publisher onto the queue stream; answers the submitter; aborts a request handed to "
+            "the queue in its process whose store failed",
     ),
     "queue": Role(
         ("_INBOX.>", subjects.ROUTE, subjects.QUEUE_STATE, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}",
          f"$JS.API.STREAM.UPDATE.{_Q}", f"$JS.API.STREAM.INFO.{_Q}", f"$JS.API.CONSUMER.CREATE.{_Q}.>",
          f"$JS.API.CONSUMER.DURABLE.CREATE.{_Q}.>", f"$JS.API.CONSUMER.INFO.{_Q}.>",
          f"$JS.API.CONSUMER.MSG.NEXT.{_Q}.>", f"$JS.ACK.{_Q}.>"),
-        (subjects.HEARTBEAT_ALL, subjects.ABORT, subjects.QUEUE_STATS, "{inbox}.>", _SRV),
+        (subjects.HEARTBEAT_ALL, subjects.ABORT, subjects.QUEUE_STATS, subjects.QUEUE_STATE, "{inbox}.>", _SRV),
         responses=1,
-        why="consumes the stream; ends a request it drops on the request's inbox",
+        why="consumes the stream; ends a request it drops on the request's inbox; hears which other "
+            "replicas live",
     ),
     "router": Role(
         (f"{_P}.worker.*.generate", f"{_P}.worker.*.status", subjects.ABORT, "_INBOX.>"),

@@ -131,9 +131,9 @@ async def serve_together(hosts: list[ServiceHost]) -> None:
 
 
 def run(shell: Shell, nats_url: str, metrics_port: int | None = None,
-        also: list[tuple[Shell, int | None]] | None = None) -> None:
+        also: list[tuple[Shell, int | None]] | None = None, name: str | None = None) -> None:
     """Entry point of a service process; `also`: services started before it in the same
-    process, (shell, its metrics port)."""
+    process, (shell, its metrics port); `name`: the command, in an error (default: the shell's kind)."""
     try:
         import uvloop
 
@@ -147,4 +147,4 @@ def run(shell: Shell, nats_url: str, metrics_port: int | None = None,
         else:
             asyncio.run(ServiceHost(shell, nats_url, metrics_port).run_until_signalled())
     except OSError as e:  # "cannot reach NATS at …", "address already in use": a message, not a traceback
-        raise SystemExit(f"tokenyard {shell.kind}: error: {e}") from None
+        raise SystemExit(f"tokenyard {name or shell.kind}: error: {e}") from None

@@ -28,6 +28,11 @@ ROUTE_ONLY_HEADER = "Tokenyard-Only-Workers"
 """On a route ask: the comma-separated workers the request may go to (the queue's placement,
 QueueCore.placed_on); absent: any."""
 
+TAKEN_BY_HEADER = "Tokenyard-Taken-By"
+"""On a request stored in the queue stream: the queue replica that admission handed it to in
+its own process (`tokenyard queue --with-admission`); another replica leaves it to that one
+while it lives."""
+
 ABORT = f"{PREFIX}.abort"
 """edge, client → workers and queue: fan-out cancel of one request."""
 

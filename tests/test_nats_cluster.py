@@ -13,10 +13,20 @@ from tokenyard.shared import natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.nats_cluster import NatsCluster
 
+from tests.conftest import until
 from tokenyard.launcher import FleetProcesses, ping
 
 STREAMS = 30
 MAX_TOKENS = 96
+
+
+async def leader_of(nc) -> str | None:
+    """The queue stream's leader, None while JetStream has none to answer for it."""
+    try:
+        info = await nc.jetstream(timeout=2.0).stream_info(subjects.QUEUE_STREAM)
+    except Exception:  # no leader yet: the request times out, or is answered with an error
+        return None
+    return info.cluster.leader if info.cluster else None
 
 
 async def test_cluster_forms_and_replicates_three_ways():
@@ -97,7 +107,10 @@ async def test_node_sigkilled_under_30_streams_all_complete(tmp_path):
         assert cluster.live() == 2
         # A service that connects now sees two nodes, and must not scale the stream down.
         nc2 = await natsutil.connect(fleet.nats_url, "late-service")
-        await natsutil.ensure_queue_stream(nc2)  # the stream has a leader again: the streams above went through it
+        # The streams above need not have waited for the stream's new leader (admission hands a
+        # request to the queue in its process while JetStream stores it): wait for one here.
+        await until(lambda: leader_of(nc2), timeout_s=90)
+        await natsutil.ensure_queue_stream(nc2)
         info = await nc2.jetstream().stream_info(subjects.QUEUE_STREAM)
         assert info.config.num_replicas == 3
         await nc2.close()

@@ -107,7 +107,8 @@ def test_up_runs_the_router_in_the_queues_process_unless_told_to_run_it_separate
     from tokenyard import cli
     from tokenyard.launcher import FleetProcesses
 
-    fleet = FleetProcesses(nats_url="nats://x:1", workers=1, router_policy="least-loaded", router_args=["--no-migration"])
+    fleet = FleetProcesses(nats_url="nats://x:1", workers=1, router_policy="least-loaded", router_args=["--no-migration"],
+                           admission="separate")  # admission in the queue too: tests/test_queue_with_admission.py
     cmds = dict(fleet._commands())
     assert "router" not in cmds
     queue = cmds["queue"]

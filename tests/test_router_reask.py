@@ -144,7 +144,7 @@ async def test_the_shell_answers_a_joined_ask_from_the_one_placement_and_survive
     shell = RouterShell(RouterConfig(policy="least-loaded"))
     release, placements = asyncio.Event(), []
 
-    async def place(ar, span=None, data=None, only=None):
+    async def place(ar, span=None, data=None, only=None, **_):
         placements.append(ar.request_id)
         await release.wait()
         return routed("w7", ar.request_id), 12
@@ -177,7 +177,7 @@ async def test_a_failed_placement_gives_its_joined_asks_its_error_and_a_cancelle
     shell = RouterShell(RouterConfig(policy="least-loaded"))
     release = asyncio.Event()
 
-    async def broken(ar, span=None, data=None, only=None):
+    async def broken(ar, span=None, data=None, only=None, **_):
         await release.wait()
         raise ConnectionError("closing")
 
@@ -198,7 +198,7 @@ async def test_a_failed_placement_gives_its_joined_asks_its_error_and_a_cancelle
     offered = asyncio.Event()
     release.clear()
 
-    async def place(ar, span=None, data=None, only=None):
+    async def place(ar, span=None, data=None, only=None, **_):
         offered.set()
         await release.wait()
         return routed("w3", ar.request_id), 5

@@ -4,10 +4,12 @@
      free, else a free one, unless --nats-port; data in a temp dir), unless --nats URL names one;
   2. start edge, admission, queue, router, macro and N workers as `tokenyard <service>`
      child processes (the edge as `--edge-processes` processes on one port, default one per
-     CPU: edge-0, edge-1, …, each a child like the others, their metrics summed on /metrics), each set to die with this process (shared.procs) and its stderr kept
-     (the last lines in memory; all of it under --log-dir); the router runs inside the
-     queue's process (`tokenyard queue --with-router`: one NATS crossing fewer on every
-     request's way to its first token) unless `--router separate`;
+     CPU: edge-0, edge-1, …, each a child like the others, their metrics summed on /metrics),
+     each set to die with this process (shared.procs) and its stderr kept
+     (the last lines in memory; all of it under --log-dir); the router and admission run
+     inside the queue's process (`tokenyard queue --with-router --with-admission`: two NATS
+     crossings fewer on every request's way to its first token) unless `--router separate` /
+     `--admission separate`;
   3. wait until every one answers `$SRV.PING` (nats.micro discovery); a service that exits
      first is reported with its last lines;
   4. print where to connect; optionally run a short `bench serve` against the edge;
@@ -42,7 +44,8 @@ from tokenyard.shared.procs import die_with_parent
 
 SERVICES = ("edge", "admission", "queue", "router", "macro")
 ROUTER_PLACES = ("in-queue", "separate")
-"""Where `up` runs the router: in the queue's process (the default), or as its own process."""
+"""Where `up` runs the router, and admission: in the queue's process (the default), or each as
+its own process."""
 NATS_PORT = 4222
 """The port NATS clients and the README's examples assume; `up` takes it when it is free."""
 TAIL_LINES = 12
@@ -104,6 +107,8 @@ class FleetProcesses:
     """Extra `tokenyard router` options (e.g. --no-migration)."""
     router: str = "in-queue"
     """ROUTER_PLACES: in the queue's process (one crossing fewer), or `separate`."""
+    admission: str = "in-queue"
+    """ROUTER_PLACES: admission in the queue's process (it hands each request over at once), or `separate`."""
     tenants: str | None = None
     """A tenant file for admission (`tokenyard admission --tenants`): who may ask for P0."""
     nats_cluster: int = 0
@@ -135,8 +140,7 @@ class FleetProcesses:
         url = ["--nats", self.nats_url or ""]
         cmds = [
             *self._edges(base, url),
-            ("admission", [*base, "admission", *url, "--model", self.model, *self._tokenizer_args(),
-                           *(["--tenants", os.path.abspath(self.tenants)] if self.tenants else [])]),
+            *([] if self._admission_in_queue() else [("admission", [*base, "admission", *url, *self._admission_args()])]),
             *self._queue_and_router(base, url),
             ("macro", [*base, "macro", *url, "--macro-size", str(self.macro_size), *self.macro_args]),
         ]
@@ -158,15 +162,28 @@ class FleetProcesses:
         cmd = edge_child_command(self.nats_url or "", "127.0.0.1", self.http_port, [self.model])
         return [(f"edge-{i}", cmd) for i in range(self.edge_processes)]
 
+    def _admission_args(self) -> list[str]:
+        return ["--model", self.model, *self._tokenizer_args(),
+                *(["--tenants", os.path.abspath(self.tenants)] if self.tenants else [])]
+
+    def _admission_in_queue(self) -> bool:
+        if self.admission not in ROUTER_PLACES:
+            raise ValueError(f"admission must be one of {ROUTER_PLACES}, not {self.admission!r}")
+        return self.admission == "in-queue"
+
     def _queue_and_router(self, base: list[str], url: list[str]) -> list[tuple[str, list[str]]]:
         if self.router not in ROUTER_PLACES:
             raise ValueError(f"router must be one of {ROUTER_PLACES}, not {self.router!r}")
+        admission = []
+        if self._admission_in_queue():
+            admission = ["--with-admission", *self._admission_args(),
+                         *(["--admission-metrics-port", str(self._metrics_port("admission"))] if self.metrics else [])]
         if self.router == "separate":
-            return [("queue", [*base, "queue", *url]),
+            return [("queue", [*base, "queue", *url, *admission]),
                     ("router", [*base, "router", *url, "--policy", self.router_policy, *self.router_args])]
         router_metrics = ["--router-metrics-port", str(self._metrics_port("router"))] if self.metrics else []
         return [("queue", [*base, "queue", *url, "--with-router", "--router-policy", self.router_policy,
-                           *self.router_args, *router_metrics])]
+                           *self.router_args, *router_metrics, *admission])]
 
     def _metrics_port(self, name: str) -> int:
         return self.metrics_ports.setdefault(name, natsutil.free_port())
@@ -214,7 +231,8 @@ class FleetProcesses:
                     os.makedirs(self.log_dir, exist_ok=True)
                     log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
                     self._logs.append(log)
-                users = {"macro": ("macro", "worker"), "queue": ("queue", "router")}.get(name, (name.split("-")[0],))
+                users = {"macro": ("macro", "worker"), "queue": ("queue", "router", "admission")}.get(
+                    name, (name.split("-")[0],))
                 child_env = {**env, **nats_auth.child_env(self.nats_url, *users)}
                 if name.startswith("edge-"):  # one of several on the port: their metrics are summed
                     child_env[MULTIPROC_ENV] = self._edge_metrics_dir
@@ -357,6 +375,9 @@ def register(sub) -> None:
     p.add_argument("--router", choices=ROUTER_PLACES, default="in-queue",
                    help="in-queue: the router runs in the queue's process, asked by a call (one NATS crossing fewer "
                         "per request); separate: its own process, on llm.v1.route")
+    p.add_argument("--admission", choices=ROUTER_PLACES, default="in-queue",
+                   help="in-queue: admission runs in the queue's process and hands it each request at once, while "
+                        "JetStream stores it (one NATS crossing fewer per request); separate: its own process")
     p.add_argument("--macro-size", type=int, default=4, help="workers per macro-instance")
     p.add_argument("--macro-mode", choices=("nodg", "ecoserve"), default="nodg",
                    help="nodg: every worker takes prefill and decode; ecoserve: workers of a macro-instance "
@@ -456,7 +477,7 @@ async def _up(args) -> int:
     fleet = FleetProcesses(
         workers=args.workers, engine=args.engine, profile=args.profile, speed=args.speed,
         scheduling=args.scheduling, nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
-        router_policy=args.policy, router=args.router, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
+        router_policy=args.policy, router=args.router, admission=args.admission, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=_macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
         creds_dir=args.nats_creds_dir, nats_tls=_tls(args),

@@ -10,6 +10,15 @@ with `rejected` 409 instead of silence (the first request keeps running). If the
 fails, the client gets `rejected` 503. A worker's first chunk can in principle overtake
 `accepted` (it is caused by the same publish); TokenyardClient holds such events back.
 
+With a queue in the same process (`tokenyard queue --with-admission`, the default of
+`tokenyard up`), an admitted request is handed to it by a call (`LocalQueue.take`): its offer
+to a worker leaves first, then its JetStream publish and, right behind it on the same
+connection, `accepted` (`_hand_over`); the queue acks the stored copy once it is routed. A
+store that then fails, or finds the id a duplicate, ends the stream with an error (503 / 409)
+after `accepted`, and the queue gives the request back (`withdraw`); one already on a worker
+is aborted there. A reused id this process's queue has seen (JetStream's window) is not handed
+over: it takes the path above, and its duplicate is `rejected` 409 as ever.
+
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
 A tick every TICK_S / 2 tells the core it is awake: a longer gap between its events is its own
@@ -22,6 +31,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from typing import Protocol
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
@@ -37,15 +47,33 @@ from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("admission")
 
+PLACING_WAIT_S = 0.05
+"""The most a handed request's store waits for its first offer to leave (it leaves within a few
+turns of the event loop; this is only a bound)."""
 TICK_S = config.HEARTBEAT_INTERVAL_S
 """The most admission leaves between two of its own events: it ticks twice as often."""
+
+
+class LocalQueue(Protocol):
+    """A queue in this process (services/priority_queue/shell.py QueueShell)."""
+
+    instance_id: str
+
+    def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> asyncio.Future | None: ...
+
+    def withdraw(self, request_id: str) -> bool: ...
 
 
 class AdmissionShell:
     kind = "admission"
 
-    def __init__(self, cfg: AdmissionConfig, tokenizer: Tokenizer):
+    def __init__(self, cfg: AdmissionConfig, tokenizer: Tokenizer, queue: LocalQueue | None = None):
+        """`queue`: a queue in this process, handed each admitted request at once (None: the
+        queue hears of it from JetStream)."""
         self.core = AdmissionCore(cfg, tokenizer)
+        self.queue = queue
+        self._handing: dict[str, asyncio.Task] = {}
+        """request id → its hand-over (`_hand_over`) while it runs."""
         self.instance_id = new_instance_id(self.kind)
         self.nc: Client | None = None
         self.metrics = AdmissionMetrics()
@@ -139,7 +167,16 @@ class AdmissionShell:
             if telemetry.recording():  # where admission's own work ends and JetStream's begins
                 span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
             trace = telemetry.inject()  # the queue's span is a child of this one
-            task = asyncio.create_task(self._publish(req, verdict, queued, json, trace, span))
+            placing = self.queue.take(verdict, queued, trace) if self.queue is not None else None
+            if placing is None:  # stored after a hand-over of the same id still storing: JetStream judges them in order
+                task = asyncio.create_task(self._publish(req, verdict, queued, json, trace, span,
+                                                         after=self._handing.get(verdict.request_id)))
+            else:  # the queue in this process has it: other replicas leave its stored copy to that queue
+                stored = {**trace, subjects.TAKEN_BY_HEADER: self.queue.instance_id}
+                task = self._handing[verdict.request_id] = asyncio.create_task(
+                    self._hand_over(req, verdict, queued, json, stored, span, placing))
+                task.add_done_callback(lambda t, rid=verdict.request_id: self._handing.pop(rid, None)
+                                       if self._handing.get(rid) is t else None)
             ends.pop_all()  # the task ends the span
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -157,12 +194,15 @@ class AdmissionShell:
             return ack, True
 
     async def _publish(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
-                       trace: dict[str, str], span) -> None:
+                       trace: dict[str, str], span, after: asyncio.Task | None = None) -> None:
         """An admitted request: into JetStream, then `accepted` (or 409 / 503, nothing queued).
-        Its span (`_on_submit`'s) records what JetStream made of it, and ends here."""
+        Its span (`_on_submit`'s) records what JetStream made of it, and ends here. `after`: the
+        hand-over of a request of the same id, whose store goes first."""
         rid = verdict.request_id
         outcome = schemas.Outcome.ADMIT_FAILED  # until JetStream has stored it
         try:
+            if after is not None:
+                await asyncio.wait([after])
             try:
                 ack, retried = await self._enqueue(verdict, queued, trace)
             except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
@@ -182,6 +222,52 @@ class AdmissionShell:
             outcome = schemas.Outcome.ADMITTED
             accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
             await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+            self.metrics.observe(schemas.Outcome.ADMITTED)
+        finally:
+            span.set_attribute("tokenyard.outcome", outcome)
+            span.end()
+
+    async def _hand_over(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
+                         trace: dict[str, str], span, placing: asyncio.Future) -> None:
+        """A request the queue in this process took (`placing`: done once its first offer to a
+        worker left, or it waits for room): then into JetStream, and `accepted` right behind the
+        store's publish, on the same connection, without waiting for the ack — so `accepted` is
+        off the first token's path, and the server has the store's publish before the client has
+        `accepted` (a crash of this process after that loses nothing). If the store then fails,
+        or finds the id a duplicate (an id this queue never saw, reused: another replica's),
+        the stream ends with an error (503 / 409) and the queue takes the request back; one
+        already on a worker when the store failed is aborted there. Its span ends here, as
+        `_publish`'s does."""
+        rid = verdict.request_id
+        outcome = schemas.Outcome.ADMIT_FAILED  # until JetStream has stored it
+        try:
+            with contextlib.suppress(TimeoutError):  # a bound only: it is done within a few turns of the loop
+                async with asyncio.timeout(PLACING_WAIT_S):
+                    await placing
+            store = asyncio.ensure_future(self._enqueue(verdict, queued, trace))
+            await asyncio.sleep(0)  # the store's first step ran: its publish is in the connection's buffer
+            accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
+            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+            try:
+                ack, retried = await store
+            except Exception as e:  # JetStream unavailable or full
+                log.warning("enqueue_failed", request_id=rid, error=repr(e))
+                error = schemas.Error(rid, 503, f"queue unavailable: {e!r}", seq=0)
+                await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                if not self.queue.withdraw(rid):  # on its way to a worker: stop it there (after the error: its end)
+                    await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="queue_unavailable")))
+                self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
+                return
+            if ack.duplicate and not retried:
+                outcome = schemas.Outcome.DUPLICATE
+                log.info("duplicate_request_id", request_id=rid)
+                # Not aborted if it left already: the id is the first request's too; its worker (or
+                # the router) knows the id and answers the newcomer 409 as well.
+                self.queue.withdraw(rid)
+                error = schemas.Error(rid, 409, f"request id '{rid}' is already in use", seq=0)
+                await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                return
+            outcome = schemas.Outcome.ADMITTED
             self.metrics.observe(schemas.Outcome.ADMITTED)
         finally:
             span.set_attribute("tokenyard.outcome", outcome)

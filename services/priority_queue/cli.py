@@ -4,6 +4,10 @@
 `--with-router` runs a router in this process (what `tokenyard up` starts): the queue asks it
 by a call, one NATS crossing fewer per request; it still serves `llm.v1.route` for others.
 
+`--with-admission` runs admission in this process too (also what `tokenyard up` starts): each
+admitted request is handed to the queue by a call while JetStream stores it, one crossing fewer
+again; admission's options are taken as `tokenyard admission` takes them.
+
 `make_policy(name)` is the one registry of queue policies (services.priority_queue.policies
 .registry), shared with `tokenyard sim --queue-policy`."""
 
@@ -47,6 +51,15 @@ def register(sub) -> None:
     g.add_argument("--router-metrics-port", type=int, default=None,
                    help="that router's Prometheus /metrics port (0: any free port)")
     add_router_arguments(g, policy_flag="--router-policy")
+    from tokenyard.services.admission.cli import add_admission_arguments
+
+    g = p.add_argument_group("admission in this process (with --with-admission)")
+    g.add_argument("--with-admission", action="store_true",
+                   help="run admission in this process: it hands each admitted request to this queue at once, "
+                        "while JetStream stores it (default: the queue hears of it from JetStream)")
+    g.add_argument("--admission-metrics-port", type=int, default=None,
+                   help="that admission's Prometheus /metrics port (0: any free port)")
+    add_admission_arguments(g)
     p.set_defaults(func=main)
 
 
@@ -59,11 +72,20 @@ def main(args) -> int:
     cfg = QueueConfig(flow_control=args.flow_control == "on", expire_deadlines=args.deadline_reject == "on",
                       slots_per_worker=args.slots_per_worker, p0_reserve_per_worker=args.p0_reserve,
                       batch_cap_per_worker=args.batch_cap)
-    if not args.with_router:
-        run(QueueShell(cfg, policy), args.nats, args.metrics_port)
-        return 0
-    from tokenyard.services.router.cli import router_shell
+    also = []  # started before the queue, stopped after it
+    router = None
+    if args.with_router:
+        from tokenyard.services.router.cli import router_shell
 
-    router = router_shell(args)
-    run(QueueShell(cfg, policy, router=router), args.nats, args.metrics_port, also=[(router, args.router_metrics_port)])
+        router = router_shell(args)
+        also.append((router, args.router_metrics_port))
+    queue = QueueShell(cfg, policy, router=router)
+    if not args.with_admission:
+        run(queue, args.nats, args.metrics_port, also=also)
+        return 0
+    from tokenyard.services.admission.cli import admission_shell
+
+    # admission last: it takes requests only once its queue serves, and stops taking them first
+    run(admission_shell(args, queue=queue), args.nats, args.admission_metrics_port,
+        also=[*also, (queue, args.metrics_port)], name="queue")
     return 0

@@ -18,13 +18,25 @@ With a router in the same process (`router`: `tokenyard queue --with-router`, th
 fewer on every request's way to its first token, and an answer that cannot be lost (no
 timeout; an `unsure` answer still means a worker left the offer unanswered). That router
 also serves `llm.v1.route` for the others that ask (P/D decode legs, other queues).
+
+With admission in the same process too (`tokenyard queue --with-admission`, the default of
+`tokenyard up`), admission hands each admitted request over by a call (`take`) the moment it
+decides, then stores it in JetStream as before: the request is placed without waiting for
+JetStream to store it and deliver it back (one crossing fewer again). Its JetStream copy,
+when it comes, is recognised by id: held, to be acked once the request is routed, or acked
+at once if it was routed (or ended) already — never queued a second time. Durability is
+JetStream's as before: what was not yet routed when this process dies is redelivered. If the
+store fails, or finds the id a duplicate, admission takes the request back (`withdraw`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -49,6 +61,14 @@ ROUTE_TIMEOUT_S = 5.0
 ROUTER_DOWN_BACKOFF_MAX_S = 2.0
 PULL_EXPIRES_S = 1.0
 """A pull request's life: an idle queue renews it this often."""
+PEER_SILENT_S = 1.0
+"""A replica not heard on `llm.v1.pq.state` (it publishes ~every 100 ms) for this long is gone:
+the requests it took from admission in its process are anyone's (`_on_pulled`)."""
+TAKEN_RETRY_S = 0.5
+"""A request another live replica took is handed back to JetStream for this long."""
+SEEN_REMEMBERED = 50_000
+"""Request ids a queue remembers for `take`'s duplicate check (as many as a router or a worker
+remembers): past that many within JetStream's window, a reused id is the worker's to answer."""
 PULL_GRACE_S = 1.0
 """A pull whose end (its 408) never came is renewed this long after it expired: a NATS
 restart forgets pull requests, and so does a failover to another node."""
@@ -60,7 +80,8 @@ class LocalRouter(Protocol):
 
     async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
                     headers: dict[str, str] | None = None,
-                    only: frozenset[str] | None = None) -> schemas.RouteDecision: ...
+                    only: frozenset[str] | None = None,
+                    offered: Callable[[], None] | None = None) -> schemas.RouteDecision: ...
 
 
 class QueueShell:
@@ -77,6 +98,17 @@ class QueueShell:
         self.fetch_batch = fetch_batch
         self.stats_interval_s = stats_interval_s
         self.held: dict[str, Msg] = {}
+        self._local: dict[str, tuple[bytes, dict[str, str]]] = {}
+        """request id → (the request encoded, its trace headers) for each request admission
+        handed over in this process (`take`) whose JetStream copy has not come yet."""
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        """request id → when this queue first had it, for JetStream's duplicate window (at most
+        SEEN_REMEMBERED): `take` hands a seen id to JetStream's duplicate check instead of placing it."""
+        self._placing: dict[str, asyncio.Future] = {}
+        """request id → what `take` returned for it, until its first offer is on its way (or
+        it waits for room, or its route ended)."""
+        self._peers: dict[str, float] = {}
+        """Other queue replicas → when their QueueStats were last heard."""
         self._received_ns: dict[str, int] = {}
         """request id → when its message came (only while spans are recorded: the hop profile)."""
         self._wake = asyncio.Event()
@@ -109,6 +141,7 @@ class QueueShell:
         self._pull_sub = await nc.subscribe(f"{self._pull_inbox}.*", cb=self._on_pulled)
         await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
+        await nc.subscribe(subjects.QUEUE_STATE, cb=self._on_peer_state)
         await service.add_endpoint(name="stats", subject=subjects.QUEUE_STATS, handler=self._on_stats)
         self._running = True
         self._tasks = [
@@ -177,11 +210,66 @@ class QueueShell:
             log.error("undecodable_message", error=str(e))
             await msg.term()
             return
+        if self._local.pop(req.request_id, None) is not None:  # handed over here already (`take`)
+            if req.request_id in self.core.in_flight or req.request_id in self.core.policy:
+                self.held[req.request_id] = msg  # acked once routed, as any other
+            else:  # routed or ended before its copy came: nothing left to do with it
+                await msg.ack()
+            return
+        taker = (msg.headers or {}).get(subjects.TAKEN_BY_HEADER)
+        if taker and taker != self.instance_id and time.time() - self._peers.get(taker, -math.inf) < PEER_SILENT_S:
+            await msg.nak(delay=TAKEN_RETRY_S)  # the replica admission handed it to places it (and acks it)
+            return
+        self._was_seen(req.request_id, time.time())
         self.held[req.request_id] = msg  # a redelivery replaces the older delivery
         if telemetry.recording():
             self._received_ns[req.request_id] = time.time_ns()
         self.core.offer(req, time.time())
         self._wake.set()
+
+    def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> asyncio.Future | None:
+        """An admitted request from admission in this process, before JetStream stores it (the
+        caller stores it there once the returned future is done: when the request's first
+        offer to a worker is on its way, or it waits for room, or its route ended — so the
+        first token's message leaves this process first). `data`: `req` encoded as it will be
+        stored; `headers`: its trace context. None: a request of this id was here within
+        JetStream's duplicate window (a reused id: the JetStream copy alone decides, and its
+        duplicate check answers)."""
+        rid = req.request_id
+        now = time.time()
+        if rid in self._local or rid in self.held or self._was_seen(rid, now) or not self.core.offer(req, now):
+            return None
+        self._local[rid] = (data, headers)
+        placing = self._placing[rid] = asyncio.get_running_loop().create_future()
+        if telemetry.recording():
+            self._received_ns[rid] = time.time_ns()
+        self._wake.set()
+        return placing
+
+    def _placed(self, request_id: str) -> None:
+        """`take`'s future for this request is done (its first offer left, or it waits, or it ended)."""
+        placing = self._placing.pop(request_id, None)
+        if placing is not None and not placing.done():
+            placing.set_result(None)
+
+    def _was_seen(self, request_id: str, now: float) -> bool:
+        """Whether this queue had `request_id` within JetStream's duplicate window; notes it if not."""
+        seen = self._seen
+        while seen and (len(seen) >= SEEN_REMEMBERED or next(iter(seen.values())) < now - natsutil.QUEUE_DUPLICATE_WINDOW_S):
+            seen.popitem(last=False)
+        if request_id in seen:
+            return True
+        seen[request_id] = now
+        return False
+
+    def withdraw(self, request_id: str) -> bool:
+        """Admission takes back a request it handed over (`take`) whose JetStream store failed
+        or found a duplicate id. True: it was still waiting, and nothing of it ran; False: it
+        is on its way to a worker, or there already."""
+        self._local.pop(request_id, None)
+        self._received_ns.pop(request_id, None)
+        self._placed(request_id)
+        return self.core.abort(request_id) is not None
 
     async def _dispatch_loop(self) -> None:
         while self._running:
@@ -194,12 +282,15 @@ class QueueShell:
                 task = asyncio.create_task(self._route(req))
                 self._routes.add(task)
                 task.add_done_callback(self._routes.discard)
+            for rid in [rid for rid in self._placing if rid not in self.core.in_flight]:
+                self._placed(rid)  # waits for room (or was taken out): stored without waiting for it
             if (len(self.core) or self.core.unsure) and self.core.paused_until > now:
                 asyncio.get_running_loop().call_later(self.core.paused_until - now, self._wake.set)
 
     async def _route(self, req: schemas.AdmittedRequest) -> None:
         msg = self.held.get(req.request_id)
-        headers = msg.headers if msg else None
+        local = self._local.get(req.request_id) if msg is None else None  # handed over, not stored yet
+        headers = msg.headers if msg else local[1] if local else None
         decision: schemas.RouteDecision | None = None
         unanswered = False
         with telemetry.span(
@@ -211,11 +302,14 @@ class QueueShell:
             try:
                 with telemetry.span(self.kind, "send", subjects.ROUTE, kind=SpanKind.PRODUCER, request_id=req.request_id):
                     # The message as JetStream holds it: the queue changes nothing in a request.
-                    data = msg.data if msg is not None else codec.encode(req)
+                    data = msg.data if msg is not None else local[0] if local else codec.encode(req)
                     only = self.core.placed_on.get(req.request_id)
                     if self.router is not None:  # in this process: no crossing, no encoding
-                        decision = await self.router.route(req, data, only=only)
+                        offered = (lambda rid=req.request_id: self._placed(rid)) if req.request_id in self._placing \
+                            else None
+                        decision = await self.router.route(req, data, only=only, offered=offered)
                     else:
+                        self._placed(req.request_id)  # the route ask leaves first: it is written before the store
                         extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
                         reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
                                                       headers=telemetry.inject(extra) or None)
@@ -232,6 +326,7 @@ class QueueShell:
                 log.warning("route_failed", request_id=req.request_id, error=repr(e))
             outcome = decision.outcome if decision else schemas.Outcome.FAILED
             span.set_attribute("tokenyard.outcome", outcome)
+        self._placed(req.request_id)  # no offer was made (answered from memory, no worker had room)
         if decision is not None:
             self.router_down_backoff_s = 0.0
         self.metrics.observe_dispatch(outcome, req.priority, time.time() - req.arrival_s)
@@ -259,6 +354,14 @@ class QueueShell:
         self.router_down_backoff_s = min(
             ROUTER_DOWN_BACKOFF_MAX_S, max(self.core.cfg.retry_backoff_s, 2 * self.router_down_backoff_s)
         )
+
+    async def _on_peer_state(self, msg: Msg) -> None:
+        try:
+            stats = codec.decode(msg.data, schemas.QueueStats)
+        except codec.DecodeError:
+            return
+        if stats.instance_id != self.instance_id:
+            self._peers[stats.instance_id] = time.time()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:

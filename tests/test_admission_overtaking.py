@@ -142,3 +142,16 @@ def test_without_overtaking_arrivals_the_prediction_is_todays_and_with_them_it_i
 def test_the_wait_grows_with_the_work_ahead_and_with_the_overtaking_rate(ahead, drain, lam, more):
     assert priority_wait(ahead, drain, lam) <= priority_wait(ahead + more, drain, lam)
     assert priority_wait(ahead, drain, lam) <= priority_wait(ahead, drain, lam + more) * (1 + 1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(SCRIPT)
+def test_the_arrival_sums_equal_the_admissions_still_in_the_window(script):
+    f = FleetView()
+    now = 0.0
+    for k, cost, dt in script:
+        now += dt
+        f.on_admitted(k, float(cost), cost, now)
+        assert all(t > now - ARRIVAL_WINDOW_S for t, _, _ in f.arrivals)
+        for c in range(4):
+            assert math.isclose(f.arrival_work[c], sum(w for _, kk, w in f.arrivals if kk == c), abs_tol=1e-6)

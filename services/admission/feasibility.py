@@ -235,6 +235,8 @@ class FleetView:
     arrivals: deque[tuple[float, int, float]] = field(default_factory=deque)
     """(time, class, cost) of every request admitted within the last ARRIVAL_WINDOW_S, oldest
     first: the work arriving per class (λ_k), which admission sees first."""
+    arrival_work: list[float] = field(default_factory=lambda: [0.0] * NUM_CLASSES)
+    """Σ cost per class over `arrivals`."""
     decoding: dict[str, tuple[int, float]] = field(default_factory=dict)
     """worker id → (its running decodes, its last step time in ms), as it reported them."""
     kv_blocks: dict[str, int] = field(default_factory=dict)
@@ -324,6 +326,7 @@ class FleetView:
         self.admitted_depth += 1
         self.admitted_prompt += prompt_len
         self.arrivals.append((now, c, cost))
+        self.arrival_work[c] += cost
         self._forget_arrivals(now)
         out = cost - prompt_len
         if self.shape is None:
@@ -354,7 +357,10 @@ class FleetView:
 
     def _forget_arrivals(self, now: float) -> None:
         while self.arrivals and self.arrivals[0][0] <= now - ARRIVAL_WINDOW_S:
-            self.arrivals.popleft()
+            _, k, cost = self.arrivals.popleft()
+            self.arrival_work[k] -= cost
+        if not self.arrivals:  # exact zeros, whatever the float sums drifted to
+            self.arrival_work = [0.0] * NUM_CLASSES
 
     def arrival_rate(self, classes: range, now: float) -> float:
         """λ: the work per second admitted in `classes` over the last ARRIVAL_WINDOW_S, measured
@@ -362,7 +368,7 @@ class FleetView:
         self._forget_arrivals(now)
         if not classes or not self.arrivals:
             return 0.0
-        work = sum(cost for _, k, cost in self.arrivals if k in classes)
+        work = max(sum(self.arrival_work[k] for k in classes), 0.0)
         return work / max(ARRIVAL_MIN_SPAN_S, now - self.arrivals[0][0])
 
     def sustainable_drain(self, now: float, horizon_s: float = math.inf) -> float | None:

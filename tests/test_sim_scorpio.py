@@ -13,6 +13,7 @@ from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, estimated_tpot_ms, ldf_key
+from tokenyard.services.worker.sim.ttft_guard import PrefillClock
 from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.tokenizer import ByteTokenizer
 
@@ -173,11 +174,16 @@ def test_scorpio_rejects_a_request_it_kept_waiting_past_its_ttft_deadline():
     core.add(areq("p1", 10.0, arrival=0.0))  # P1: arrival + 5 s
     core.step()
     assert {s.rid for s in core.waiting} == {"late", "p1"}  # the VBS check keeps them waiting
-    assert core.expire(2.0) == []  # not yet past
-    assert core.expire(2.5) == ["late"] and "late" not in core.seqs
+    # "tight" leaves after its 30 tokens to come (nothing fits beside it), then a 64-token prefill
+    wait = PrefillClock(core).seconds(64)
+    assert 30 * PROF.step_ms(1, 1, 64, 0.0) / 1000 < wait < 0.6
+    assert core.expire(2.0 - wait - 1e-6) == []  # it could still make it
+    assert core.expire(2.0 - wait + 1e-6) == ["late"] and "late" not in core.seqs  # once it cannot
     outs = core.step().outputs
     assert EngineOutput("late", [], True, "deadline", 0) in outs
-    assert core.expire(5.5) == ["p1"] and [s.rid for s in core.waiting] == []
+    wait = PrefillClock(core).seconds(64)
+    assert core.expire(5.0 - wait - 1e-6) == [] and core.expire(5.0 - wait + 1e-6) == ["p1"]
+    assert [s.rid for s in core.waiting] == []
     assert core.expire(99.0) == []  # the running one is never rejected
 
 

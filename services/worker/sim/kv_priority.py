@@ -114,5 +114,5 @@ class PriorityKVPolicy(SchedulingPolicy):
     def token_budget(self, core: SimEngineCore) -> int:
         return self.inner.token_budget(core)
 
-    def prefill_rate(self, core: SimEngineCore) -> float:
-        return self.inner.prefill_rate(core)
+    def prefill_step(self, core: SimEngineCore, decodes: list[Seq]) -> tuple[int, float]:
+        return self.inner.prefill_step(core, decodes)

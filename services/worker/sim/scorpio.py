@@ -10,8 +10,10 @@ engine (scheduler.py's seam).
     EstimatedTPOT(v, L) is the latency profile's decode step of v sequences of context L
     (linear between ⌊v⌋ and ⌈v⌉). A request whose SLO cannot be met waits rather than slow
     everyone; an empty engine always admits (someone must run). The seed rejects the requests
-    it cannot serve in time: one still waiting, never started, once its TTFT deadline has
-    passed leaves the engine rejected (finish reason `deadline`; SimEngineCore.expire).
+    it cannot serve in time: one still waiting, never started, whose first token can no longer
+    come by its TTFT deadline leaves the engine rejected (finish reason `deadline`;
+    SimEngineCore.expire; the prediction, which errs on keeping, is ttft_guard.py's with this
+    policy's `prefill_step`).
   * Credit-based batching: each step every decoding request earns TRP(r) credit and runs in
     the step when its credit reaches 1, paying 1; so a request with twice the tightest SLO
     runs every other step, and the step's batch holds ≈ VBS decodes. Steps longer than min
@@ -19,8 +21,8 @@ engine (scheduler.py's seam).
     time since its last token pass its SLO (step_batch). Prefill chunks always run. When
     every running request has the same STP everyone runs every step (`folds`: the engine
     may fold such steps, core.advance).
-  * Token budget: a step's tokens are capped so that the step, with its ≈ VBS decodes, fits
-    the tightest running SLO (at least `min_budget`): prefill chunks shrink rather than
+  * Token budget: a step's tokens are capped so that the step, with the decodes its credit
+    batch runs, fits the tightest running SLO (no minimum): prefill chunks shrink rather than
     stretch the tight requests' TPOT (the core asks `token_budget` before each step).
 """
 

@@ -192,3 +192,28 @@ def test_vllms_policy_and_scorpio_without_the_path_keep_late_requests():
         core = SimEngineCore(PROF, 16, policy=pol)
         core.add(areq("a", 10.0, arrival=0.0))
         assert core.expire(100.0) == [] and "a" in core.seqs
+
+
+def test_an_engine_that_guards_tpot_itself_reports_no_slack_for_flow_control_to_protect():
+    """SCORPIO's budget keeps every step within its decodes' SLOs, so its engine reports no TPOT
+    slack: the upstream decode term (the worker's `saturated` refusal, the queue's flow control,
+    admission) holds prefill back only by the backlog, not by a slack the engine itself guards.
+    vLLM's FCFS has no such guard: its slack still bounds what it is sent."""
+    from tokenyard.services.worker.sim.kv_priority import PriorityKVPolicy
+    from tokenyard.shared.slo import ENGINE_BACKLOG_S
+
+    for pol, guards in ((None, False), (ScorpioPolicy(PROF), True), (PriorityKVPolicy(ScorpioPolicy(PROF)), True)):
+        core = SimEngineCore(PROF, 16, policy=pol)
+        core.add(areq("a", 50.0, out=4))  # near its end: little slack to come (shared.ecoserve.saved_slack_ms)
+        core.step()
+        core.step()
+        stats = core.stats()
+        assert (stats.tpot_slack_ms is None) is guards
+        if not guards:
+            assert 0 < stats.tpot_slack_ms < ENGINE_BACKLOG_S * 1000
+        # a backlog of prefill longer than the decode's slack, shorter than the engine's backlog bound
+        slack_s = 0.0 if guards else stats.tpot_slack_ms / 1000
+        backlog_s = (slack_s + ENGINE_BACKLOG_S) / 2 if not guards else ENGINE_BACKLOG_S / 2
+        queued = int(backlog_s * 1000 / stats.prefill_ms_per_token)
+        assert WorkerCore.saturated(builders.stats(**{**{f: getattr(stats, f) for f in ("tpot_slack_ms", "prefill_ms_per_token")},
+                                                      "queued": queued})) is not guards

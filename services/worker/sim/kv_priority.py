@@ -51,6 +51,7 @@ class PriorityKVPolicy(SchedulingPolicy):
         self.reclaims = 0
         """Claims that marked victims."""
         self.rejects_past_deadline = self.inner.rejects_past_deadline
+        self.guards_tpot = self.inner.guards_tpot
 
     def new_waiting_line(self) -> KeyedLine:
         by_deadline = isinstance(self.inner, ScorpioPolicy)

@@ -168,6 +168,13 @@ class SchedulingPolicy(Protocol):
     can no longer come by its TTFT deadline (SimEngineCore.expire, ttft_guard.py; SCORPIO's
     rejection path), instead of keeping it."""
 
+    guards_tpot: bool = False
+    """Whether the policy itself keeps every step within its running decodes' TPOT SLOs (SCORPIO's
+    token budget). Its engine then reports no TPOT slack (engine_stats.py): a prefill backlog
+    there delays no decode past its SLO, so the upstream decode term (the queue's flow control,
+    the worker's `saturated` refusal, admission's decode term, shared.slo.prefill_budget_s) has
+    nothing to protect — holding prefill upstream would only starve the engine's own guard."""
+
     def new_waiting_line(self) -> WaitingLine: ...
 
     def admit(self, seq: Seq, core: SimEngineCore) -> bool:

@@ -66,6 +66,9 @@ def estimated_tpot_ms(prof: LatencyProfile, vbs: float, l_avg: float) -> float:
 
 
 class ScorpioPolicy:
+    guards_tpot = True
+    """Its token budget keeps every step within the running decodes' SLOs (SchedulingPolicy)."""
+
     def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, reject: bool = True) -> None:
         self.prof = prof
         self.rejects_past_deadline = reject

@@ -87,6 +87,8 @@ class PrefillClock:
         """b_1, b_2, …: the step each epoch ends at."""
         self._epochs: list[tuple[float, float, int, float]] = []
         """(tokens by its end, seconds by its end, n, τ) per epoch priced so far."""
+        self._last = 0
+        """The epoch the last `seconds` answer fell in."""
 
     def _epoch(self, j: int) -> tuple[float, float, int, float]:
         while len(self._epochs) <= j:
@@ -105,13 +107,15 @@ class PrefillClock:
         return self._epochs[j]
 
     def seconds(self, work: float) -> float:
-        """T(work): seconds to prefill `work` prompt tokens (∞ where it never can)."""
+        """T(work): seconds to prefill `work` prompt tokens (∞ where it never can). The line's
+        walk asks with growing work: the search starts at the epoch the last answer was in."""
         if work <= 0:
             return 0.0
-        j = 0
+        j = self._last if self._last and work > self._epochs[self._last - 1][0] else 0
         while True:
             tokens_end, _, n, tau = self._epoch(j)
             if work <= tokens_end:
+                self._last = j
                 tokens0, secs0 = self._epochs[j - 1][:2] if j else (0.0, 0.0)
                 return secs0 + (work - tokens0) / n * tau if n else math.inf
             j += 1

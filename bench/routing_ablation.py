@@ -36,6 +36,19 @@ candidates' mean of B, all on instance i; lower cost wins):
                           KV blocks in use / B_i then KV blocks, before recency
     slackhalf-bl-stickyqi   the exemption withheld while an instance within the bound is idle
     slackhalf-bl-stickyqn   … while an instance within the bound was never chosen (cold)
+  round 6 (r's decode priced from the heartbeat: over O = max_tokens steps r gets
+  O·(B_i + ρ_i·C_i) and inflicts O·B_i·(1 + ρ_i·len(r)) prefill-token times, ρ_i =
+  decode_ms_per_ctx_token / prefill_ms_per_token, C_i = KV in use in tokens; decode_cost):
+    slackhalf-bl-stickyq-dec, -decg   + r's decode in the cost (gets + inflicts / gets only)
+    slackhalf-bl-stickyqd, qdf        the exemption compares r's TTFT + what r gets (+ inflicts)
+    slackhalf-bl-stickyqdb            … + O·B_i alone (no context term)
+    slackhalf-bl-stickyqdm            … + what r gets + the fleet's half of its recompute, N_i·B̄/2
+    slackhalf-bl-stickyqdc            qdm with r's decode priced on i's context alone, O·ρ_i·C_i
+                                      (the per-sequence t_i of the convention left out)
+    slackhalf-bl-stickyqd-dec         qdf and -dec
+    slackhalfcap-bl-stickyq           the fleet's half whole, i's beyond the slack capped at
+                                      ENGINE_BACKLOG_S;  slackhalfcap-bl-stickyqdm: and qdm
+    slackhalfq-bl-stickyq             the slack absorbs only where a queue is (Q_i > 0)
   round 4 (A_i = max(0, S_i / t_i − Q_i): prefill tokens i's decodes absorb within their TPOT
   slack S_i, t_i = prefill ms per token; ∞ where nothing decodes):
     slack-bl-stickyq      bl-stickyq, the stall N·(B_i + B̄)/2 only for max(0, N − A_i) tokens
@@ -100,6 +113,8 @@ class Variant:
     tie: str = ""  # "": ties → lower Q + N, then least recently chosen | "b": then fewer sequences (B_i)
     #              | "r": then fewer running (decoding) sequences, the heartbeat's alone
     #              | "kv": then fewer KV blocks in use (i's decode context) | "bkv": B_i, then KV in use
+    dec: str = ""  # "": no decode term | "full": + r's decode priced (the TPOT it gets and inflicts,
+    #              decode_cost below) | "gets": + only the TPOT r gets
     inputs: frozenset[str] = frozenset()
 
     def score(self, req, view, cand) -> Scored:
@@ -112,10 +127,12 @@ class Variant:
             slack = view.slack_ms[cand]
             mpt = np.maximum(view.ms_per_token[cand], 1e-9)
             room = np.where(np.isnan(slack), np.inf, slack / mpt)
-            if self.slack == "cap":
+            if self.slack in ("cap", "halfcap"):
                 room = np.minimum(room, ENGINE_BACKLOG_S * 1000.0 / mpt)
             stalled = np.maximum(n - np.maximum(room - q, 0.0), 0.0)
-            if self.slack == "half":  # the fleet's half of the stall whole, i's half beyond i's slack
+            if self.slack == "halfq":  # the slack absorbs only behind a queue: where nothing is
+                stalled = np.where(q > 0, stalled, n)  # queued r's prefill runs at once, a stall
+            if self.slack in ("half", "halfcap", "halfq"):  # the fleet's half of the stall whole, i's half beyond i's slack
                 cost = own + n * b.mean() / 2.0 + stalled * b / 2.0
             else:
                 cost = own + batch * stalled
@@ -137,7 +154,28 @@ class Variant:
         if self.step:
             mpt = np.maximum(view.ms_per_token[cand], 1e-6)
             cost = cost + self.step * out * view.step_ms[cand] / mpt
+        if self.dec:
+            cost = cost + decode_cost(req, view, cand, inflicted=self.dec == "full")
         return Scored(cost, tiebreak=tiebreak(self.tie, own, view, cand))
+
+
+def decode_cost(req, view, cand, inflicted: bool = True, context: bool = True) -> np.ndarray:
+    """r's decode on i in prefill-token times (round 6), from i's heartbeat: a decode step costs
+    each sequence about t_i + K·d_i ms (t_i prefill ms per token, d_i decode ms per context
+    token, K its context: EngineStats.decode_ms_per_ctx_token's convention), so over r's O =
+    max_tokens steps r gets O·(B_i·t_i + d_i·C_i) more than on an empty instance (B_i sequences,
+    C_i = KV blocks in use × block size their context) and inflicts O·B_i·(t_i + d_i·len(r)) on
+    i's sequences; ÷ t_i."""
+    t = view.ms_per_token[cand]
+    d = np.array([view.stats[j].decode_ms_per_ctx_token for j in cand], dtype=np.float64)
+    ratio = np.divide(d, t, out=np.zeros(len(cand)), where=t > 0)
+    b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
+    ctx = (view.kv_used[cand] * view.block_size[cand]).astype(np.float64)
+    out = float(max(req.max_tokens, 1))
+    gets = b + ratio * ctx if context else b
+    if not inflicted:
+        return out * gets
+    return out * (gets + b * (1.0 + ratio * float(req.prompt_len)))
 
 
 def tiebreak(tie: str, own: np.ndarray, view, cand) -> np.ndarray:
@@ -185,7 +223,7 @@ class BoundGuard:
         if self.sticky and keep.any() and not keep.all():
             own = view.queued_prefill[cand] + view.new[cand]
             exempt = own <= own[keep].min()
-            if self.sticky in ("q", "qw", "qi", "qn"):
+            if self.sticky in ("q", "qw", "qi", "qn", "qd", "qdf", "qdb", "qdm", "qdc"):
                 exempt &= view.hit[cand] > view.queued_prefill[cand]
             if self.sticky == "qw":  # and nothing waits there: r is admitted at once
                 exempt &= view.waiting[cand] == 0
@@ -193,6 +231,16 @@ class BoundGuard:
                 b = view.running[cand] + view.waiting[cand]  # nothing there and stalls no one)
                 if (b[keep] == 0).any():
                     exempt[:] = False
+            if self.sticky in ("qd", "qdf", "qdb"):  # r's own latency there: its first token, then
+                own = own + decode_cost(req, view, cand, inflicted=self.sticky == "qdf",  # its decode
+                                        context=self.sticky != "qdb")
+            if self.sticky in ("qdm", "qdc"):  # r's first token and decode, and the fleet's half of
+                b = (view.running[cand] + view.waiting[cand]).astype(np.float64)  # the stall its
+                own = own + view.new[cand] * b.mean() / 2.0 + (  # recompute inflicts; qdc: r's decode
+                    decode_cost(req, view, cand, inflicted=False) if self.sticky == "qdm"  # on i's
+                    else decode_cost(req, view, cand, inflicted=False) - float(max(req.max_tokens, 1)) * b)  # context alone
+                exempt = (own <= own[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
+                exempt = (own <= own[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
             if self.sticky == "qn" and (view.last_chosen[cand][keep] < 0).any():
                 exempt[:] = False  # and no instance within the bound was never chosen (a cold one)
             keep |= exempt
@@ -250,6 +298,17 @@ VARIANTS = {
     "slackhalf-bl-stickyqn": Variant("slackhalf-bl-stickyqn", bound="seq", sticky="qn", slack="half"),
     "slackhalf-bl-stickyq-tkv": Variant("slackhalf-bl-stickyq-tkv", bound="seq", sticky="q", slack="half", tie="kv"),
     "slackhalf-bl-stickyq-tbkv": Variant("slackhalf-bl-stickyq-tbkv", bound="seq", sticky="q", slack="half", tie="bkv"),
+    "slackhalf-bl-stickyq-dec": Variant("slackhalf-bl-stickyq-dec", bound="seq", sticky="q", slack="half", dec="full"),
+    "slackhalf-bl-stickyq-decg": Variant("slackhalf-bl-stickyq-decg", bound="seq", sticky="q", slack="half", dec="gets"),
+    "slackhalf-bl-stickyqd": Variant("slackhalf-bl-stickyqd", bound="seq", sticky="qd", slack="half"),
+    "slackhalf-bl-stickyqdf": Variant("slackhalf-bl-stickyqdf", bound="seq", sticky="qdf", slack="half"),
+    "slackhalf-bl-stickyqdb": Variant("slackhalf-bl-stickyqdb", bound="seq", sticky="qdb", slack="half"),
+    "slackhalf-bl-stickyqdm": Variant("slackhalf-bl-stickyqdm", bound="seq", sticky="qdm", slack="half"),
+    "slackhalf-bl-stickyqdc": Variant("slackhalf-bl-stickyqdc", bound="seq", sticky="qdc", slack="half"),
+    "slackhalfcap-bl-stickyq": Variant("slackhalfcap-bl-stickyq", bound="seq", sticky="q", slack="halfcap"),
+    "slackhalfcap-bl-stickyqdm": Variant("slackhalfcap-bl-stickyqdm", bound="seq", sticky="qdm", slack="halfcap"),
+    "slackhalfq-bl-stickyq": Variant("slackhalfq-bl-stickyq", bound="seq", sticky="q", slack="halfq"),
+    "slackhalf-bl-stickyqd-dec": Variant("slackhalf-bl-stickyqd-dec", bound="seq", sticky="qdf", slack="half", dec="full"),
     "own-room": Variant("own-room", stall="none", bound="room"),
     "bl-room": Variant("bl-room", bound="seq+room"),
     "bl-stickyq-room": Variant("bl-stickyq-room", bound="seq+room", sticky="q"),
@@ -302,8 +361,8 @@ def main() -> int:
         core.POLICIES[policy[name]] = lambda cfg, rng, v=v: core.Policy(
             v, guards=[BoundGuard(v.bound, v.c, v.sticky)] if v.bound else [])
     goodput = {"ttft": 2000.0, "tpot": 100.0}
-    print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions | failed |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions | failed | mean batch, least loaded instance |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for wname in args.workloads.split(","):
         spec, n, skip = WORKLOADS[wname]
         n = args.requests or n
@@ -316,7 +375,8 @@ def main() -> int:
                 r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy[name]), goodput)
                 print(f"| {wname} | ×{load:g} | {name} | {r['mean_ttft_ms']:.0f} | {r['median_ttft_ms']:.0f} | "
                       f"{r['p99_ttft_ms']:.0f} | {r['p99_tpot_ms']:.1f} | {r['prefix_hit_ratio']:.3f} | "
-                      f"{r['request_goodput']:.2f} | {r.get('preemptions', 0)} | {r['failed']} |", flush=True)
+                      f"{r['request_goodput']:.2f} | {r.get('preemptions', 0)} | {r['failed']} | "
+                      f"{r['load_balance']['batch_size_mean_min']:.1f} |", flush=True)
                 print(f"  ({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
     return 0
 

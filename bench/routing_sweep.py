@@ -7,6 +7,8 @@ sim --compare` command; then the won/lost table.
                                   [--loads 0.5,1,2] [--requests 2000] [--out docs/results/routing]
     python -m bench.routing_sweep --table [--out docs/results/routing]   # tables only
     python -m bench.routing_sweep --goodput-detail [--out …]   # lost goodput: requests or span?
+                                                                # and each cell under both definitions
+    python -m bench.routing_sweep --out NEW --versus OLD   # the default of NEW against OLD's
 
 Workloads, split into the ones the default was chosen on (tuned) and the ones it is judged
 on (reported):
@@ -202,6 +204,85 @@ def goodput_detail(out: Path) -> str:
     return "\n".join(lines)
 
 
+def versus(out: Path, before: Path) -> str:
+    """The default of `out` against the default of `before` (same points, the same peers): the
+    won count per metric in each, the geomean of the default's value (out ÷ before) per metric,
+    and every cell whose verdict changed."""
+    import math
+
+    counts = {key: [0, 0] for key, *_ in METRICS}
+    logs = {key: [] for key, *_ in METRICS}
+    rows, changed = 0, []
+    for name in (n for n, w in WORKLOADS.items() if w[3] == "reported"):
+        for load in LOADS:
+            a, b = out / f"{name}_x{load:g}.json", before / f"{name}_x{load:g}.json"
+            if not (a.exists() and b.exists()):
+                continue
+            ra, rb = (json.loads(x.read_text())["policies"] for x in (a, b))
+            if DEFAULT not in ra or DEFAULT not in rb:
+                continue
+            rows += 1
+            for key, label, better, wins, fmt in METRICS:
+                va, vb = cell(ra, key, better, wins), cell(rb, key, better, wins)
+                counts[key][0] += vb[0] == "won"
+                counts[key][1] += va[0] == "won"
+                if vb[1] > 0 and va[1] > 0:
+                    logs[key].append(math.log(va[1] / vb[1]))
+                if va[0] != vb[0]:
+                    changed.append(f"* {label}: {name} ×{load:g} {vb[0]} → {va[0]} "
+                                   f"({fmt.format(vb[1])} → {fmt.format(va[1])} against {va[3]}'s {fmt.format(va[2])})")
+    lines = [f"| metric | won, {before} | won, {out} | geomean of the default's value, after ÷ before |",
+             "|---|---:|---:|---:|"]
+    for key, label, better, *_ in METRICS:
+        g = math.exp(sum(logs[key]) / len(logs[key])) - 1.0 if logs[key] else float("nan")
+        worse = (g > 0) if better is min else (g < 0)
+        lines.append(f"| {label} | {counts[key][0]} | {counts[key][1]} | {g:+.2%}{' (worse)' if worse and g != 0 else ''} |")
+    return "\n".join([*lines, "", f"{rows} rows; cells that changed verdict:", *changed])
+
+
+def attainment(r: dict) -> float:
+    """SLO attainment: the requests that met the SLO ÷ the requests sent (refused, expired and
+    failed ones count as missed) — DistServe's per-rate quantity (its goodput is the highest
+    rate at which attainment stays ≥ 90 %), independent of when the run's last request ends."""
+    o = r["outcomes"]["all"]
+    sent = sum(o[k] for k in ("refused", "expired", "met_slo", "missed_slo", "failed_other"))
+    return o["met_slo"] / sent if sent else 0.0
+
+
+def goodput_definitions(out: Path) -> str:
+    """Every reported cell's goodput verdict under two definitions, side by side: the figure's
+    (vLLM benchmark_serving's `--goodput`: requests within the SLO ÷ the run's duration, first
+    send to last completion) and SLO attainment (attainment() above). Where they disagree the
+    definition decides the cell."""
+    lines = ["| workload | load | goodput (req/s), default vs best peer | verdict | attainment, default vs best peer | verdict |",
+             "|---|---|---|---|---|---|"]
+    count = {"span": 0, "attain": 0, "cells": 0, "differ": 0}
+    for name in (n for n, w in WORKLOADS.items() if w[3] == "reported"):
+        for load in LOADS:
+            path = out / f"{name}_x{load:g}.json"
+            if not path.exists():
+                continue
+            res = json.loads(path.read_text())["policies"]
+            if DEFAULT not in res or not set(PEERS) & set(res):
+                continue
+            g, mine_g, best_g, who_g = cell(res, "request_goodput", max, lambda d, b: d >= b)
+            peers = {p: attainment(res[p]) for p in PEERS if p in res}
+            who_a = max(peers, key=peers.get)
+            mine_a = attainment(res[DEFAULT])
+            a = "won" if mine_a >= peers[who_a] else "lost"
+            g = "won" if g == "won" else "lost"
+            count["cells"] += 1
+            count["span"] += g == "won"
+            count["attain"] += a == "won"
+            count["differ"] += g != a
+            mark = {"won": "**won**", "lost": "lost"}
+            lines.append(f"| {name} | ×{load:g} | {mine_g:.3f} vs {best_g:.3f} ({who_g}) | {mark[g]} | "
+                         f"{mine_a:.3f} vs {peers[who_a]:.3f} ({who_a}) | {mark[a]} |")
+    lines += ["", f"won: {count['span']} of {count['cells']} by requests ÷ span (the figure's), "
+              f"{count['attain']} by SLO attainment; the definition decides {count['differ']} cells"]
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", default=str(TRACES),
@@ -217,10 +298,17 @@ def main() -> int:
     ap.add_argument("--table", action="store_true", help="print the tables of existing results only")
     ap.add_argument("--goodput-detail", action="store_true",
                     help="print, for each reported cell whose goodput the default loses, its requests and span against the best peer's")
+    ap.add_argument("--versus", metavar="DIR",
+                    help="compare the default in --out with the default in DIR (won counts, geomeans, changed cells)")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.versus:
+        print(versus(out, Path(args.versus)))
+        return 0
     if args.goodput_detail:
         print(goodput_detail(out))
+        print()
+        print(goodput_definitions(out))
         return 0
     if not args.table:
         names = [n.strip() for n in args.only.split(",") if n.strip()]

@@ -67,3 +67,56 @@ def test_goodput_detail_tells_lost_requests_from_a_later_last_completion(tmp_pat
     }}))
     rows = [line for line in sweep.goodput_detail(tmp_path).splitlines() if line.startswith("| api |")]
     assert rows == ["| api | ×1 | llmd | 970 vs 965 | 29 vs 30 | 142.33 vs 129.55 | 6.815 vs 7.449 |"]
+
+
+def test_goodput_under_both_definitions_says_where_the_definition_decides(tmp_path):
+    """The figure's goodput (met ÷ span, vLLM's) against SLO attainment (met ÷ sent,
+    DistServe's per-rate quantity): a default that serves more within the SLO but ends later
+    loses the one and wins the other; one that fails more but ends sooner the reverse."""
+    def point(met, refused, duration):
+        return metrics(50.0, 20.0, 0.9, met / duration) | {
+            "outcomes": {"all": {"met_slo": met, "refused": refused, "expired": 0, "missed_slo": 1000 - met - refused,
+                                 "failed_other": 0}},
+            "duration": duration}
+
+    (tmp_path / "api_x1.json").write_text(json.dumps({"policies": {
+        sweep.DEFAULT: point(970, 29, 142.33), "llmd": point(965, 34, 129.55)}}))
+    (tmp_path / "api_x3.json").write_text(json.dumps({"policies": {
+        sweep.DEFAULT: point(939, 61, 100.0), "llmd": point(949, 51, 110.0)}}))
+    text = sweep.goodput_definitions(tmp_path)
+    rows = [line for line in text.splitlines() if line.startswith("| api |")]
+    assert rows == ["| api | ×1 | 6.815 vs 7.449 (llmd) | lost | 0.970 vs 0.965 (llmd) | **won** |",
+                    "| api | ×3 | 9.390 vs 8.627 (llmd) | **won** | 0.939 vs 0.949 (llmd) | lost |"]
+    assert text.endswith("won: 1 of 2 by requests ÷ span (the figure's), 1 by SLO attainment; "
+                         "the definition decides 2 cells")
+
+
+def test_versus_counts_each_metrics_wins_before_and_after(tmp_path):
+    before, after = tmp_path / "before", tmp_path / "after"
+    for d, mine in ((before, metrics(95.0, 30.0, 0.90, 10.0)), (after, metrics(80.0, 18.0, 0.85, 10.0))):
+        d.mkdir()
+        (d / "api_x1.json").write_text(json.dumps({"policies": {
+            sweep.DEFAULT: mine, "dynamo": metrics(100.0, 20.0, 0.90, 10.0)}}))
+    text = sweep.versus(after, before)
+    assert "| TTFT mean (ms) | 0 | 1 | -15.79% |" in text  # 95 → 80 ms against 0.9 × 100
+    assert "| TPOT p99 (ms) | 0 | 1 | -40.00% |" in text
+    assert "| hit | 1 | 0 | -5.56% (worse) |" in text
+    assert "| goodput (req/s) | 1 | 1 | +0.00% |" in text
+    assert "* hit: api ×1 won → lost (0.900 → 0.850 against dynamo's 0.900)" in text
+
+
+def test_the_ttft_floor_is_below_every_policys_mean_ttft():
+    """bench/routing_floor.py's floor (each request alone, with the infinite cache) bounds the
+    simulator's mean TTFT from below, whatever the placement, where every request completes."""
+    from tokenyard.loadgen.workloads import open_workload
+    from tokenyard.simulator.cluster import SimConfig
+    from tokenyard.simulator.run import simulate
+
+    from bench.routing_floor import ttft_floor_ms
+
+    floor = ttft_floor_ms("api", 120, 0)
+    w = open_workload("api", num_requests=120, rate_scale=1.0)
+    for policy in (sweep.DEFAULT, "least-loaded", "round-robin"):
+        r = simulate(w, SimConfig(instances=4, profile="a100-llama3-8b", policy=policy), {"ttft": 2000.0})
+        assert r["failed"] == 0
+        assert 0.0 < floor <= r["mean_ttft_ms"], policy

@@ -86,7 +86,13 @@ in the sweep TTFT cells won 4 → 1 and hit 18 → 17 for TPOT p99 7 → 8 and g
 the sticky exemption withheld while an instance within the bound is idle, or only while one
 was never chosen (either puts ChatBot's three never-used instances to work at ×1; the first
 costs Mooncake's conversations, hit 0.182 → 0.147 at ×1, the second Mooncake's TPOT p99 at
-×1 and its mean TTFT at ×2 and ×3).
+×1 and its mean TTFT at ×2 and ×3). Round 6: r's decode priced in the exemption (max_tokens
+steps, each B_i + ρ_i·C_i prefill-token times dearer, ρ = the heartbeat's decode cost per
+context token ÷ its prefill cost per token, C_i the KV in use; with the fleet's half of r's
+recompute) or in the cost: it puts ChatBot's idle instances to work (TPOT p99 18.5 → 16.0 ms
+at ×1) but in the sweep took Azure conv's conversations off their holders (hit 0.39 → 0.37,
+hit ratio won 18 → 14, TTFT 4 → 3); the slack capped at the queue's budget beside the
+fleet's half kept whole (Mooncake's tuning half at ×3: mean TTFT 1,911 → 2,216 ms).
 """
 
 from __future__ import annotations

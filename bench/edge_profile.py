@@ -12,11 +12,11 @@ ordering check, the OpenAI rendering and aiohttp's write with its send() each ta
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import cProfile
 import io
 import pstats
-import sys
 import time
 
 import aiohttp
@@ -24,8 +24,18 @@ from nats.micro import add_service
 from tokenyard.services.edge.shell import EdgeConfig, EdgeShell
 from tokenyard.shared import codec, natsutil, schemas, subjects
 
-S = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-T = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+S, T = 100, 60  # streams, tokens per stream (set from the command line in main)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.edge_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("streams", type=int, nargs="?", default=100, help="concurrent SSE streams (default 100)")
+    p.add_argument("tokens", type=int, nargs="?", default=60, help="chunk events per stream (default 60)")
+    args = p.parse_args(argv)
+    if args.streams < 1 or args.tokens < 1:
+        p.error("streams and tokens must be at least 1")
+    return args
+
 
 async def main():
     server = await natsutil.NatsServer().start()
@@ -70,4 +80,6 @@ async def main():
     await nc_fake.close()
     server.stop()
 if __name__ == "__main__":
+    _args = parse_args()
+    S, T = _args.streams, _args.tokens
     asyncio.run(main())

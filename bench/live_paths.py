@@ -3,7 +3,7 @@ port and straight on NATS (no edge), one run after the other: what the edge adds
 
     python -m bench.live_paths [--load 3] [--paths nats,http] [--num-prompts 150] [--json FILE]
 
-The fleet is live_router's (4 simulated a100-llama3-8b workers at speed 0.1, the default
+The fleet is live_router's (4 simulated a100-llama3-8b workers at its speed, 0.25, the default
 router, chatbot at its rate × load × speed × workers / 16) with NATS security off, so the
 benchmark's NATS client needs no credentials; a fresh fleet per path. TTFT / TPOT in
 simulated ms (wall × speed), plus the fleet's own metrics (queue wait, router time) and the
@@ -27,7 +27,7 @@ from tokenyard.loadgen.serve import run_bench
 from tokenyard.loadgen.workloads.synthetic import SYNTHETIC
 
 from bench._out import write_result
-from bench.live_router import PROFILE, _scrape
+from bench.live_router import PROFILE, SPEED, _scrape
 from tokenyard.launcher import FleetProcesses
 
 KEYS = ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "p99_tpot_ms")
@@ -58,17 +58,24 @@ async def run(args) -> dict:
     return {"runs": rows}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.live_paths", description=__doc__.split("\n\n")[0])
     p.add_argument("--load", type=float, default=3.0)
     p.add_argument("--paths", type=lambda s: s.split(","), default=["nats", "http"])
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--speed", type=float, default=0.1)
+    p.add_argument("--speed", type=float, default=SPEED,
+                   help=f"simulated seconds per wall second, live_router's (default {SPEED}; at 0.1 admission "
+                        "refuses most requests: a simulated A100 decodes slower than the 100 ms TPOT SLO)")
     p.add_argument("--workload", default="chatbot", choices=list(SYNTHETIC))
     p.add_argument("--num-prompts", type=int, default=150)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default="/tmp/tokenyard-live-paths")
     p.add_argument("--json", default=None, metavar="FILE")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if bad := [x for x in args.paths if x not in ("nats", "http")]:
         p.error(f"unknown path(s) {bad}: nats, http")

@@ -51,6 +51,9 @@ from bench.baseline import baseline_env
 from tokenyard.launcher import FleetProcesses
 
 PROFILE = "a100-llama3-8b"
+SPEED = 0.25
+"""Simulated seconds per wall second of the live benches' workers: at 0.1 a simulated A100
+decodes slower than the default 100 ms TPOT SLO and admission refuses most requests."""
 KEYS = ("completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
         "request_throughput", "prefix_hit_ratio")
 TIME_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms")
@@ -228,7 +231,7 @@ def table(doc: dict[str, Any]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4, help="simulated workers behind each router (default 4)")
-    ap.add_argument("--speed", type=float, default=0.25, help="simulated seconds per wall second (default 0.25)")
+    ap.add_argument("--speed", type=float, default=SPEED, help=f"simulated seconds per wall second (default {SPEED})")
     ap.add_argument("--workload", default="chatbot", choices=list(SYNTHETIC), help="default chatbot")
     ap.add_argument("--base-rate", type=float, default=None,
                     help="req/s of ×1 on 16 real-time instances (default: the workload's own)")

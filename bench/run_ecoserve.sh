@@ -6,6 +6,10 @@
 # others is kept). NUM: requests per point (the document's runs: 600, on a shared 2-core machine).
 # Each run prints its table; bench/ecoserve_doc.py then refills the document's tables.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "run_ecoserve.sh: unknown option $1 (OUT_DIR is the only argument; --help)" >&2; exit 2 ;;
+esac
 out=${1:-docs/results/ecoserve}
 from=${FROM:-1}
 to=${TO:-99}

@@ -105,6 +105,10 @@ def checkout(rev: str, into: Path) -> str:
     return sha.stdout.strip()
 
 
+TARGET = 100
+"""Simulated seconds per wall second the simulator should reach at 128 instances (issue 16)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sim_speed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,8 +151,12 @@ def main(argv: list[str] | None = None) -> int:
             a = r["against"]
             line += f" {a['sim_speed']:>6.0f}× {a['sim_speed_cpu']:>9.0f}× {r['speedup_cpu']:>5.2f}"
         print(line)
-    fast = [r for r in rows if r["instances"] == 128]
-    return 0 if all(r["sim_speed"] >= 100 for r in fast) else 1
+    slow = [r for r in rows if r["instances"] == 128 and r["sim_speed"] < TARGET]
+    for r in slow:  # the exit status says so too; say why
+        print(f"below the {TARGET}× target: 128 instances at {r['rate_scale']:g}× load ran at {r['sim_speed']:.0f}× "
+              f"the wall clock ({r['sim_speed_cpu']:.0f}× per CPU second: on a busy machine the wall clock "
+              f"counts others' work)", file=sys.stderr)
+    return 1 if slow else 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ What this client guarantees on top: every stream ends with exactly one terminal 
     RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
   * Events that overtake `accepted` (admission answers once the request is queued) are held
     back until it arrives, so `accepted` always comes first.
+  * `close()` aborts every open stream's request and ends the stream with an `error`
+    CLIENT_CLOSED (499, the client closed it); a stream asked of a closed client ends so at once.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ that would have filled costs the whole request."""
 
 RECONNECT_GRACE_S = 8.0
 """After a reconnect, the silence that says the stream's end was lost in the outage."""
+
+CLIENT_CLOSED = 499
+"""The status of the `error` that ends a stream its own client closed (nginx's "client closed
+request"): not the fleet's doing, so no 5xx."""
 
 IDLE_TIMEOUT_S = 60.0
 """Default silence after which a stream ends with an error: above the queue's longest
@@ -186,22 +192,30 @@ class _Inbox:
     one wake-up) and one lazy timer, moved earlier when a wait needs it and otherwise left to
     fire (at most once a second: the stream's checks run then), never rescheduled per message."""
 
-    __slots__ = ("msgs", "waiter", "timer", "wake_at")
+    __slots__ = ("request_id", "msgs", "waiter", "timer", "wake_at", "closed")
 
-    def __init__(self) -> None:
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
         self.msgs: collections.deque = collections.deque()
         self.waiter: asyncio.Future | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.wake_at = math.inf
+        self.closed = False
+        """Its client was closed: the stream ends at its next wake-up."""
 
     def put(self, msg) -> None:
         self.msgs.append(msg)
         _ring(self.waiter)
 
+    def end(self) -> None:
+        self.closed = True
+        _ring(self.waiter)
+
     async def wait(self, loop: asyncio.AbstractEventLoop, until: float) -> None:
-        """Return once a message is pending, or at `until` (the loop's clock) at the latest
-        (possibly sooner: a timer set for an earlier wait wakes this one; the caller rechecks)."""
-        if self.msgs:
+        """Return once a message is pending or the stream is ended, or at `until` (the loop's
+        clock) at the latest (possibly sooner: a timer set for an earlier wait wakes this one;
+        the caller rechecks)."""
+        if self.msgs or self.closed:
             return
         if self.timer is None or self.wake_at > until:
             if self.timer is not None:
@@ -236,6 +250,7 @@ class TokenyardClient:
         """The open streams' inboxes, by subject."""
         self._mux = None
         self._mux_lock = asyncio.Lock()
+        self.closed = False
 
     @classmethod
     async def connect(cls, url: str, name: str = "tokenyard-client",
@@ -244,6 +259,18 @@ class TokenyardClient:
         return cls(await natsutil.connect(url, name, kind=nats_auth.CLIENT, creds=creds), owns_connection=True)
 
     async def close(self) -> None:
+        """Abort every open stream's request, end each of those streams with an `error`
+        CLIENT_CLOSED, stop the lease and (if this client opened it) drain the connection."""
+        self.closed = True
+        for box in list(self._inboxes.values()):
+            if not box.closed and not self.nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(subjects.ABORT, codec.encode(
+                        schemas.Abort(request_id=box.request_id, reason="client_closed")))
+            box.end()
+        if self._inboxes and not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.flush()
         if self._lease_task is not None:
             self._lease_task.cancel()
             self._lease_task = None
@@ -264,7 +291,7 @@ class TokenyardClient:
         # Under the connection's own inbox prefix (`_INBOX.<user>` when secured).
         return self.nc.new_inbox().rsplit(".", 1)[0]
 
-    async def _open_inbox(self) -> tuple[str, _Inbox]:
+    async def _open_inbox(self, request_id: str) -> tuple[str, _Inbox]:
         """A fresh inbox `<prefix>.<lease>.<n>` for one stream, on the client's one
         subscription `<prefix>.<lease>.*` (made on first use). One subscription for every
         stream: no SUB / UNSUB per request, and nats-py delivers a burst of events for many
@@ -281,7 +308,7 @@ class TokenyardClient:
                     self._mux = await self.nc.subscribe(f"{self._prefix()}.{self._mux_token}.*", cb=self._deliver,
                                                         pending_msgs_limit=0, pending_bytes_limit=0)
         subject = f"{self._prefix()}.{self._mux_token}.{uuid.uuid4().hex}"
-        box = self._inboxes[subject] = _Inbox()
+        box = self._inboxes[subject] = _Inbox(request_id)
         return subject, box
 
     async def _deliver(self, msg) -> None:
@@ -337,7 +364,10 @@ class TokenyardClient:
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         rid = request.request_id
-        inbox, box = await self._open_inbox()
+        if self.closed:
+            yield [self._closed_error(rid, -1)]
+            return
+        inbox, box = await self._open_inbox(rid)
         check = StreamCheck(rid)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
@@ -350,9 +380,9 @@ class TokenyardClient:
                 idle_until = loop.time() + idle_timeout_s
                 after_reconnect = False
                 # Wake at least every second to notice that the connection reconnected.
-                while not box.msgs and (now := loop.time()) < idle_until:
+                while not box.msgs and not box.closed and (now := loop.time()) < idle_until:
                     await box.wait(loop, min(idle_until, now + 1.0))
-                    if box.msgs:
+                    if box.msgs or box.closed:
                         break
                     if (gap := check.expired(loop.time())) is not None:
                         await self.abort(rid, reason="client_gap")
@@ -362,6 +392,9 @@ class TokenyardClient:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
                         idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
+                if box.closed:  # close() has aborted the request
+                    yield [self._closed_error(rid, check.next_seq)]
+                    return
                 if not box.msgs:
                     await self.abort(rid, reason="client_idle_timeout")
                     if after_reconnect:
@@ -402,6 +435,10 @@ class TokenyardClient:
         finally:
             box.close()
             self._inboxes.pop(inbox, None)
+
+    @staticmethod
+    def _closed_error(rid: str, seq: int) -> schemas.Error:
+        return schemas.Error(rid, CLIENT_CLOSED, "the client was closed while this stream was open", seq=seq)
 
     async def generate(self, request: schemas.GenerateRequest, **kwargs) -> Completion:
         """Submit and wait for the whole completion."""

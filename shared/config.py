@@ -20,8 +20,10 @@ DEFAULT_MAX_TOKENS = 16
 DEFAULT_CHAT_MAX_TOKENS = int(os.environ.get("TOKENYARD_DEFAULT_CHAT_MAX_TOKENS", "256"))
 
 HEARTBEAT_INTERVAL_S = float(os.environ.get("TOKENYARD_HEARTBEAT_S", "0.1"))
-STALE_AFTER_S = float(os.environ.get("TOKENYARD_STALE_S", "1.0"))
-"""A worker with no heartbeat for this long is out of the routing candidates."""
+STALE_AFTER_S = 1.0
+"""How old a queue replica's state may be before admission ignores it, and the Retry-After of
+a refusal for want of workers. A worker's staleness: shared/staleness.py (derived from the
+heartbeat interval it announces; `TOKENYARD_STALE_S` overrides that)."""
 
 
 EDGE_MAX_IN_FLIGHT = 4096

@@ -18,8 +18,8 @@ Where a connection's credentials come from, first match wins:
   3. `TOKENYARD_NATS_CREDS`: a creds file, or a directory holding `<kind>.creds` (what `up`
      hands its children, so a worker the macro-instance starts finds `worker.creds`);
   4. `TOKENYARD_NATS_USER` + `TOKENYARD_NATS_PASSWORD`;
-  5. for the `client` user of a loopback URL, the creds `tokenyard up` left for this machine's
-     users (`local_client_creds`: ~/.cache/tokenyard/nats-<port>/client.creds, mode 0600).
+  5. for the `client` and `observer` users of a loopback URL, the creds `tokenyard up` left for
+     this machine's users (`local_creds`: ~/.cache/tokenyard/nats-<port>/<user>.creds, 0600).
 A kind of None means the operator (`admin`): launchers, tests, benchmarks. Clients pass
 kind="client". The CLI flags `--nats-creds`, `--nats-user`, `--nats-password` set those
 variables (`apply_args`). A NATS JWT `.creds` file (`-----BEGIN NATS USER JWT-----`) is passed
@@ -50,6 +50,10 @@ LOG_FILE = "nats-server.log"
 """In the server's store dir: refused connections and permission violations are logged here."""
 ADMIN = "admin"
 CLIENT = "client"
+OBSERVER = "observer"
+"""`tokenyard top`: reads the fleet's state, sends no work."""
+LOCAL_USERS = (CLIENT, OBSERVER)
+"""The users whose creds `tokenyard up` leaves for the machine's other commands."""
 
 _P = subjects.PREFIX
 _SRV = "$SRV.>"  # nats.micro discovery: every service answers PING / INFO / STATS
@@ -117,6 +121,11 @@ ROLES: dict[str, Role] = {
         responses=1,
         why="the only publisher of heartbeats and KV events; streams tokens to the request's inbox; "
             "a spatial P/D prefill worker asks the router to place the decode leg",
+    ),
+    OBSERVER: Role(
+        ("$SRV.>",), (subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, "{inbox}.>"),
+        why="`tokenyard top`: asks every service for its stats, reads heartbeats and the queue's state; "
+            "sends no work",
     ),
 }
 SERVICE_KINDS = ("edge", "admission", "queue", "router", "macro", "worker")
@@ -190,10 +199,11 @@ class FleetAuth:
     @classmethod
     def generate(cls, dir: str | os.PathLike, clients: tuple[str, ...] = (CLIENT,),
                  tls: TlsFiles | None = None) -> FleetAuth:
-        """A fresh random password for admin, each service kind, and each named client user."""
+        """A fresh random password for admin, each service kind, the observer and each named
+        client user."""
         auth = cls(Path(dir), tls=tls)
         auth.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for kind in (ADMIN, *SERVICE_KINDS):
+        for kind in (ADMIN, *SERVICE_KINDS, OBSERVER):
             auth.users[kind] = (kind, secrets.token_urlsafe(24))
         for name in clients:
             if name in auth.users or not name.replace("-", "").replace("_", "").isalnum():
@@ -299,22 +309,27 @@ def resolve(url: str, kind: str | None = None) -> Credentials | None:
                            tls_ca=os.environ.get(TLS_CA_ENV, ""))
     if os.environ.get(TLS_CA_ENV):
         return Credentials(tls_ca=os.environ[TLS_CA_ENV])
-    local = local_client_creds(url)
-    if user == CLIENT and local is not None and local.exists():
+    local = local_creds(url, user) if user in LOCAL_USERS else None
+    if local is not None and local.exists():
         return load_creds(local)
     return None
 
 
 def local_client_creds(url: str) -> Path | None:
-    """Where `tokenyard up` leaves the `client` user's creds of a fleet on this machine, so a
-    client here (`tokenyard request`, `bench serve`, TokenyardClient) finds them with no flag:
-    $XDG_RUNTIME_DIR (else ~/.cache)/tokenyard/nats-<port>/client.creds. None for a remote URL."""
+    return local_creds(url, CLIENT)
+
+
+def local_creds(url: str, user: str) -> Path | None:
+    """Where `tokenyard up` leaves a LOCAL_USERS user's creds of a fleet on this machine, so a
+    command here (`tokenyard request`, `bench serve`, TokenyardClient as `client`; `tokenyard
+    top` as `observer`) finds them with no flag: $XDG_RUNTIME_DIR (else ~/.cache)/tokenyard/
+    nats-<port>/<user>.creds. None for a remote URL."""
     first = url.split(",")[0]
     host, _, port = first.rpartition("://")[2].rpartition(":")
     if host not in ("127.0.0.1", "localhost", "::1", "[::1]") or not port.isdigit():
         return None
     root = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache")
-    return root / "tokenyard" / f"nats-{port}" / f"{CLIENT}.creds"
+    return root / "tokenyard" / f"nats-{port}" / f"{user}.creds"
 
 
 def child_env(url: str, *users: str) -> dict[str, str]:

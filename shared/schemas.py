@@ -55,6 +55,8 @@ class Outcome(enum.StrEnum):
     DUPLICATE = "duplicate"
     REJECTED_DEADLINE = "rejected_deadline"
     """The queue let a request go once it could no longer meet its TTFT deadline (429)."""
+    ADMIT_FAILED = "admit_failed"
+    """Admitted, but JetStream did not store it (unavailable or full): answered 503."""
 
 
 class Phase(enum.StrEnum):

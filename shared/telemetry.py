@@ -112,10 +112,12 @@ def span(
     kind: SpanKind = SpanKind.CONSUMER,
     request_id: str | None = None,
     attributes: dict | None = None,
+    end_on_exit: bool = True,
 ) -> Iterator[Span]:
     """A messaging span for one hop, child of the context in `headers` if any. When spans are
     not recorded, only the incoming context is passed on (so a downstream hop that does
-    record still joins the trace) and no attributes are built."""
+    record still joins the trace) and no attributes are built. `end_on_exit=False`: the
+    caller ends it (`.end()`), e.g. once work it handed to a task has an outcome."""
     parent = propagate.extract(headers) if headers and "traceparent" in headers else None
     token = otel_context.attach(parent) if parent is not None else None
     try:
@@ -137,7 +139,8 @@ def span(
             attrs["messaging.message.id"] = request_id
         if attributes:
             attrs.update(attributes)
-        with tracer(service).start_as_current_span(f"{operation} {subject}", kind=kind, attributes=attrs) as s:
+        with tracer(service).start_as_current_span(f"{operation} {subject}", kind=kind, attributes=attrs,
+                                                   end_on_exit=end_on_exit) as s:
             if request_id:
                 with structlog.contextvars.bound_contextvars(request_id=request_id):
                     yield s

@@ -45,6 +45,16 @@ async def nats_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+async def plain_nats():
+    """An open nats-server (no users) of the test module's own: its fake services must not answer
+    other modules' fleets (a plain subscription on llm.v1.submit would), nor a real fleet answer
+    them."""
+    server = await natsutil.NatsServer().start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def spans() -> InMemorySpanExporter:
     return SPANS
@@ -111,18 +121,21 @@ async def start_inproc_fleet(url: str, workers: int = 2, profile: str = "zero", 
     return fleet
 
 
-async def until(condition, timeout_s: float = 10.0, poll_s: float = 0.005):
+async def until(condition, timeout_s: float = 10.0, poll_s: float = 0.005, what: str = ""):
     """Await a state of the services (checked as the event loop turns), not a guessed delay.
     `condition` may be a coroutine function (a NATS request, a scrape); the first truthy value
-    it gives is returned. TimeoutError after `timeout_s`."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            value = condition()
-            if inspect.isawaitable(value):
-                value = await value
-            if value:
-                return value
-            await asyncio.sleep(poll_s)
+    it gives is returned. TimeoutError after `timeout_s`, naming `what` it waited for."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                value = condition()
+                if inspect.isawaitable(value):
+                    value = await value
+                if value:
+                    return value
+                await asyncio.sleep(poll_s)
+    except TimeoutError:
+        raise TimeoutError(f"timed out after {timeout_s} s waiting for {what or condition}") from None
 
 
 @pytest.fixture

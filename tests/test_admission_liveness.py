@@ -21,7 +21,7 @@ from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.builders import hb
 from tests.conftest import until
-from tests.test_faults import crash_worker, start_fleet, stop_fleet
+from tests.fault_fleet import crash_worker, start_fleet, stop_fleet
 
 TICK = 0.1
 

@@ -311,3 +311,56 @@ def test_in_the_simulator_every_request_runs_where_it_was_placed():
     policy = sim.queue.policy
     assert isinstance(policy, BubblePlacement) and policy.splits >= 1 and len(policy.groups) >= 2
     assert math.isfinite(sum(policy.shares(4, sim.now)))
+
+
+# ── aging: a parked request climbs as it would have in the wrapped scheduler ──
+
+def test_a_parked_low_class_ages_past_a_stream_of_parked_higher_ones():
+    """A P3 short put back (released, not placed) is parked at its turn; every round parks
+    three new P1 shorts ahead of it and the short range's room takes three. It used to wait
+    for ever (parked requests kept their class); it ages as in the queue, P3 → P2 after 5 s
+    and P2 → P0 after 15 + 30 s, and leaves at 50 s."""
+    p = make_policy("bubble-placed")
+    assert isinstance(p, BubblePlacement)
+
+    def mid(rid: str, t: float):
+        return req(rid, prompt_len=996, max_tokens=4, arrival_s=t)
+
+    p.push(short("low", priority=3), 0.0)
+    p.push(mid("m0", 0.0), 0.0)
+    for i in range(3):
+        p.push(short(f"s0.{i}"), 0.0)
+    first = p.release(rooms("w0", "w1", room=5000), {}, size, 0.0)
+    assert len(first) == 5
+    for r, _ in first:
+        if r.request_id != "m0":
+            p.push(r, 0.0)  # the router found no room: each is parked at its turn
+    shorts_room = {"w0": WorkerRoom(300, 0), "w1": WorkerRoom(1000, 9000)}  # w0 the short range's
+    left_at = None
+    for t in range(1, 121):
+        for i in range(3):
+            p.push(short(f"s{t}.{i}", float(t)), float(t))
+        p.push(mid(f"m{t}", float(t)), float(t))
+        out = p.release(shorts_room, {}, size, float(t))
+        assert p.groups == [(0, 0), (1, 3)] and p.owner == {"w0": 0, "w1": 1}
+        if any(r.request_id == "low" for r, _ in out):
+            left_at = t
+            break
+        assert len(p.where) == 4  # three P1 shorts and the P3 parked after every round
+    assert left_at == 50
+
+
+@given(cls=st.integers(0, 3), now=st.floats(0, 200))
+@settings(max_examples=80, deadline=None)
+def test_a_parked_request_ages_by_the_schedulers_own_rule(cls, now):
+    """aged_class (what bubble placement applies to parked requests) gives the class the
+    hybrid scheduler itself has moved a waiting request into by `now`."""
+    from tokenyard.services.priority_queue.policies.base import aged_class
+    from tokenyard.services.priority_queue.policies.hybrid import hybrid
+
+    sched = hybrid()
+    r = req("r", arrival_s=0.0, priority=cls)
+    sched.push(r, 0.0)
+    popped = sched.pop_realtime(now)  # ages every waiting request up to now, takes P0
+    in_scheduler = 0 if popped is not None else sched.class_of("r")
+    assert aged_class(cls, 0.0, now, sched.ages_to)[0] == in_scheduler

@@ -27,3 +27,24 @@ def test_defaults_are_shown():
     assert "default: 4222 if free" in text  # said by the flag itself, not twice
     assert "(default: None)" not in text and "(default: False)" not in text
     assert isinstance(up.formatter_class(prog="x"), argparse.HelpFormatter)
+
+
+def test_every_help_fits_100_columns_and_keeps_names_whole(monkeypatch):
+    """argparse printed `{multiplicative,multiplicative-exact,…}` on one line of up to 180
+    columns (twice per flag); long choice lists are now a name in the usage and a wrapped list
+    in the flag's help, and a name such as `bubble-placed` is never split at its hyphen."""
+    from tokenyard.services.priority_queue.policies.registry import POLICY_NAMES
+    from tokenyard.services.router.core import POLICIES
+
+    for columns in ("100", "80"):
+        monkeypatch.setenv("COLUMNS", columns)
+        for p in _every_parser(build_parser()):
+            text = p.format_help()
+            assert max(map(len, text.splitlines())) <= 100, (p.prog, columns)
+            for name in (*POLICY_NAMES, *POLICIES):
+                if "-" in name:
+                    head = name.split("-")[0] + "-\n"
+                    assert head not in text, (p.prog, name)
+    up = next(p for p in _every_parser(build_parser()) if p.prog == "tokenyard up")
+    text = " ".join(up.format_help().split())
+    assert "--policy POLICY" in text and "(one of: multiplicative, multiplicative-exact," in text

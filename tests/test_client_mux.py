@@ -131,3 +131,48 @@ async def test_a_client_without_a_lease_has_none_in_its_inboxes(nats_server):
         await client.close()
         await nc.close()
         await op.close()
+
+
+async def test_close_ends_every_open_stream_with_a_clear_error_and_aborts_it(nats_server):
+    """A caller awaiting tokens when its client closes gets an `error` 499 at once (it used to
+    wait out the 60 s idle watchdog, then fail publishing the abort on a drained connection),
+    each open request is aborted, and a stream asked of the closed client ends the same way."""
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    fake = await Scripted(op).start()
+    aborts: list[schemas.Abort] = []
+
+    async def on_abort(msg) -> None:
+        aborts.append(codec.decode(msg.data, schemas.Abort))
+
+    await op.subscribe(subjects.ABORT, cb=on_abort)
+    await op.flush()
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        seen: dict[str, list] = {"open-a": [], "open-b": []}
+
+        async def read(rid: str) -> list:
+            async for e in client.stream(schemas.GenerateRequest(prompt="x", request_id=rid)):
+                seen[rid].append(e)
+                if isinstance(e, schemas.Accepted):
+                    await fake.send(rid, *chunks(rid, "ab"))
+            return seen[rid]
+
+        readers = [asyncio.create_task(read(rid)) for rid in seen]
+        await until(lambda: all(len(events) == 3 for events in seen.values()))  # both awaiting a third chunk
+        await client.close()
+        async with asyncio.timeout(5):
+            a, b = await asyncio.gather(*readers)
+        for rid, events in (("open-a", a), ("open-b", b)):
+            last = events[-1]
+            assert isinstance(last, schemas.Error) and last.status == 499 and "client was closed" in last.message
+            assert [type(e) for e in events[:-1]] == [schemas.Accepted, schemas.Chunk, schemas.Chunk]
+            assert last.request_id == rid and last.seq == 2
+        await until(lambda: len(aborts) == 2)
+        assert sorted((x.request_id, x.reason) for x in aborts) == [("open-a", "client_closed"),
+                                                                     ("open-b", "client_closed")]
+        assert client._inboxes == {}
+        late = await client.generate(schemas.GenerateRequest(prompt="x", request_id="late"))
+        assert late.error is not None and late.error.status == 499 and "late" not in fake.inbox
+    finally:
+        await client.close()
+        await op.close()

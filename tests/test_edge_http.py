@@ -13,7 +13,6 @@ import openai
 import pytest
 from tokenyard.services.edge.shell import EdgeConfig, EdgeShell, health_subject
 from tokenyard.shared import codec, config, natsutil, schemas, subjects
-from tokenyard.shared.natsutil import NatsServer
 from tokenyard.shared.service import ServiceHost
 
 MODEL = "m1"
@@ -77,12 +76,8 @@ class Edge:
 
 
 @pytest.fixture(scope="module")
-async def edge_nats():
-    """A nats-server of this module's own: the fake admission must not answer other modules'
-    fleets (a plain subscription on llm.v1.submit would), nor a real fleet answer here."""
-    srv = await NatsServer().start()
-    yield srv
-    srv.stop()
+async def edge_nats(plain_nats):
+    return plain_nats
 
 
 async def start_edge(url: str, **cfg) -> ServiceHost:

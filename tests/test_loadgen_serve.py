@@ -20,16 +20,11 @@ from tokenyard.loadgen.records import RequestRecord
 from tokenyard.loadgen.serve import drive, run_bench
 from tokenyard.loadgen.workload import BenchRequest, make_workload
 from tokenyard.shared import codec, schemas, subjects
-from tokenyard.shared.natsutil import NatsServer
 
 
 @pytest.fixture(scope="module")
-async def nats_url():
-    srv = await NatsServer().start()
-    try:
-        yield srv.url
-    finally:
-        srv.stop()
+async def nats_url(plain_nats):
+    return plain_nats.url
 
 
 @asynccontextmanager

@@ -25,7 +25,6 @@ from tokenyard.loadgen.serve import run_bench
 from tokenyard.loadgen.targets import HttpTarget
 from tokenyard.loadgen.workload import make_workload
 from tokenyard.shared import codec, schemas, subjects
-from tokenyard.shared.natsutil import NatsServer
 from tokenyard.shared.openai_api import Endpoint, parse_request
 
 MIX = ((50.0, 0.5), (200.0, 0.5))
@@ -135,12 +134,8 @@ def _body(req) -> dict:
 
 
 @pytest.fixture(scope="module")
-async def nats_url():
-    srv = await NatsServer().start()
-    try:
-        yield srv.url
-    finally:
-        srv.stop()
+async def nats_url(plain_nats):
+    return plain_nats.url
 
 
 async def test_each_request_arrives_with_its_slo_and_the_result_reports_each_group(nats_url, tmp_path):

@@ -5,7 +5,6 @@ a refusal by its reason, and the vLLM-named gauges of every worker."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 from tokenyard.shared import codec, metrics, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
+from tests.conftest import until
 from tokenyard.launcher import FleetProcesses
 
 PROMETHEUS = shutil.which("prometheus")
@@ -38,7 +38,7 @@ async def prometheus(config: str, tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
-            await until(lambda: ready(http, url), "prometheus ready")
+            await scraped(lambda: ready(http, url), "prometheus ready")
             yield http, url
     finally:
         proc.terminate()
@@ -62,14 +62,9 @@ async def query(http, url: str, promql: str) -> dict[str, float]:
             for s in body["data"]["result"]}
 
 
-async def until(check, what: str, timeout_s: float = 30.0):
+async def scraped(check, what: str):
     """Await a condition Prometheus reaches on its next scrapes (its clock, not ours)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not (result := await check()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.25)
-    return result
+    return await until(check, timeout_s=30.0, poll_s=0.25, what=what)
 
 
 async def test_prometheus_scrapes_the_fleet_and_answers_queries(tmp_path):
@@ -95,20 +90,20 @@ async def test_prometheus_scrapes_the_fleet_and_answers_queries(tmp_path):
                 up = await query(http, url, "up")
                 return up if len(up) == 7 and all(v == 1 for v in up.values()) else None
 
-            up = await until(scraped_all, "every target up")
+            up = await scraped(scraped_all, "every target up")
             assert {k.split("job=")[1] for k in up} == {"edge", "admission", "queue", "router", "macro", "worker"}
 
             async def value(promql: str, want: float) -> bool:
                 got = await query(http, url, promql)
                 return sum(got.values()) == want
 
-            await until(lambda: value('sum(tokenyard:admission_decisions_total{outcome="admitted"})', N), "admitted")
-            await until(lambda: value('sum(tokenyard:refusals_total{reason="invalid_value"})', 1), "refusal")
-            await until(lambda: value('sum(tokenyard:router_decisions_total{outcome="routed"})', N), "routed")
-            await until(lambda: value('sum(tokenyard:queue_dispatches_total{outcome="routed"})', N), "dispatched")
-            await until(lambda: value('sum(vllm:request_success_total{finished_reason="length"})', N), "finished")
-            await until(lambda: value("sum(vllm:generation_tokens_total)", 4 * N), "generation tokens")
-            await until(lambda: value("sum(vllm:time_to_first_token_seconds_count)", N), "ttft histogram")
+            await scraped(lambda: value('sum(tokenyard:admission_decisions_total{outcome="admitted"})', N), "admitted")
+            await scraped(lambda: value('sum(tokenyard:refusals_total{reason="invalid_value"})', 1), "refusal")
+            await scraped(lambda: value('sum(tokenyard:router_decisions_total{outcome="routed"})', N), "routed")
+            await scraped(lambda: value('sum(tokenyard:queue_dispatches_total{outcome="routed"})', N), "dispatched")
+            await scraped(lambda: value('sum(vllm:request_success_total{finished_reason="length"})', N), "finished")
+            await scraped(lambda: value("sum(vllm:generation_tokens_total)", 4 * N), "generation tokens")
+            await scraped(lambda: value("sum(vllm:time_to_first_token_seconds_count)", N), "ttft histogram")
             running = await query(http, url, "vllm:num_requests_running")
             assert sorted(k.split("worker_id=")[1].split(",")[0] for k in running) == ["w0", "w1"]
             assert set(running.values()) == {0.0}

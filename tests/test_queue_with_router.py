@@ -21,7 +21,7 @@ from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.service import ServiceHost
 
 from tests.conftest import until
-from tests.test_faults import TOK, Recorder, stop_fleet, worker
+from tests.fault_fleet import TOK, Recorder, stop_fleet, worker
 
 
 async def start(url: str, workers: list) -> tuple[list[ServiceHost], RouterShell]:

@@ -168,6 +168,11 @@ SERVICE_REFUSED = [
     ("worker", "publish", subjects.QUEUE),
     ("worker", "publish", subjects.macro_state("m0")),
     ("worker", "subscribe", subjects.SUBMIT),
+    ("observer", "publish", subjects.SUBMIT),
+    ("observer", "publish", subjects.heartbeat("tw0")),
+    ("observer", "publish", subjects.worker_generate("tw0")),
+    ("observer", "subscribe", "_INBOX.client.>"),
+    ("observer", "subscribe", subjects.SUBMIT),
 ]
 
 
@@ -188,7 +193,7 @@ async def test_each_service_only_where_its_role_allows(nats_server, user, verb, 
 
 
 def test_the_permission_table_names_every_kind_and_clients_only_submit_abort_and_renew_a_lease():
-    assert set(nats_auth.ROLES) == {nats_auth.ADMIN, nats_auth.CLIENT, *nats_auth.SERVICE_KINDS}
+    assert set(nats_auth.ROLES) == {nats_auth.ADMIN, nats_auth.CLIENT, nats_auth.OBSERVER, *nats_auth.SERVICE_KINDS}
     assert nats_auth.ROLES[nats_auth.CLIENT].publish == (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL)
     assert nats_auth.ROLES[nats_auth.CLIENT].subscribe == ("{inbox}.>",)
     senders_to_workers = {k for k, r in nats_auth.ROLES.items() if any(".worker.*.generate" in p for p in r.publish)}
@@ -402,3 +407,37 @@ def test_a_local_client_finds_the_creds_up_left_for_its_port_and_only_as_client(
     assert nats_auth.resolve(url, nats_auth.CLIENT) == nats_auth.Credentials("client", "pw")
     assert nats_auth.resolve("nats://127.0.0.1:14222,nats://127.0.0.1:14223", nats_auth.CLIENT).user == "client"
     assert nats_auth.resolve(url, "router") is None  # a service never borrows the client's login
+
+
+def test_top_finds_the_observer_creds_up_left_beside_the_clients(tmp_path, monkeypatch):
+    for var in (nats_auth.CREDS_ENV, nats_auth.USER_ENV, nats_auth.TLS_CA_ENV):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    url = "nats://127.0.0.1:14223"
+    local = nats_auth.local_creds(url, nats_auth.OBSERVER)
+    assert local == tmp_path / "tokenyard" / "nats-14223" / "observer.creds"
+    local.parent.mkdir(parents=True)
+    local.write_text('user = "observer"\npassword = "pw"\n')
+    assert nats_auth.resolve(url, nats_auth.OBSERVER) == nats_auth.Credentials("observer", "pw")
+    assert nats_auth.resolve(url, nats_auth.CLIENT) is None  # each finds only its own file
+    assert nats_auth.resolve(url) is None  # the operator's keys are never left behind
+
+
+def test_up_leaves_the_client_and_observer_creds_for_this_machine_and_takes_them_away(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from tokenyard import launcher
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    auth = nats_auth.FleetAuth.generate(tmp_path / "creds")
+    url = "nats://127.0.0.1:14224"
+    fleet = SimpleNamespace(server=SimpleNamespace(auth=auth), nats_url=url)
+    left = launcher._leave_local_creds(fleet)
+    folder = tmp_path / "run" / "tokenyard" / "nats-14224"
+    assert left == str(folder / "client.creds")
+    for user in (nats_auth.CLIENT, nats_auth.OBSERVER):
+        assert nats_auth.load_creds(folder / f"{user}.creds") == auth.credentials(user)
+        assert (folder / f"{user}.creds").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in folder.iterdir()) == ["client.creds", "observer.creds"]  # never the operator's
+    launcher._remove_local_creds(url)
+    assert not folder.exists()

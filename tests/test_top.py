@@ -4,10 +4,11 @@ fleet (in process, and as the `tokenyard top --once` command)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 
 from rich.console import Console
-from tokenyard.shared import nats_auth, schemas
+from tokenyard.shared import nats_auth, natsutil, schemas
 from tokenyard.shared.client import TokenyardClient
 
 from tests import builders
@@ -88,11 +89,13 @@ async def test_once_against_a_live_fleet(fleet):
 
 
 async def test_top_command_prints_one_snapshot(fleet, tmp_path):
+    """As the read-only `observer` (the creds `tokenyard up` leaves for this machine's commands;
+    `top` connected as the operator and died with a traceback on a secured fleet)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tokenyard.cli", "top", "--nats", fleet.nats_url, "--once", "--interval", "0.3",
         "--svg", str(tmp_path / "top.svg"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={"COLUMNS": "200", "PATH": "", **nats_auth.child_env(fleet.nats_url, "admin")},  # the operator's creds
+        env={"COLUMNS": "200", "PATH": "", **nats_auth.child_env(fleet.nats_url, nats_auth.OBSERVER)},
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
@@ -100,3 +103,20 @@ async def test_top_command_prints_one_snapshot(fleet, tmp_path):
     assert "tokenyard top" in text and "tw0" in text and "tw1" in text and "workers (heartbeats)" in text
     svg = (tmp_path / "top.svg").read_text()
     assert svg.startswith("<svg") and "tw0" in svg
+
+
+async def test_the_observer_reads_every_services_stats(fleet):
+    """What it may not do is in tests/test_security_nats.py (SERVICE_REFUSED)."""
+    nc = await natsutil.connect(fleet.nats_url, "observer-test", kind=nats_auth.OBSERVER)
+    try:
+        services = await natsutil.gather_replies(nc, "$SRV.STATS", 1.0)
+        assert {s["name"] for s in services} >= {"tokenyard-admission", "tokenyard-queue", "tokenyard-worker"}
+    finally:
+        await nc.close()
+
+
+def test_no_nats_is_one_line_not_a_traceback():
+    out = subprocess.run([sys.executable, "-m", "tokenyard.cli", "top", "--nats", "nats://127.0.0.1:1", "--once"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("tokenyard top: error: cannot reach NATS at nats://127.0.0.1:1"), out.stderr

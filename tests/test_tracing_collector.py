@@ -9,7 +9,6 @@ at $TOKENYARD_PHOENIX, or on PATH, and skips, saying so, where none is installed
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import natsutil
 
+from tests.conftest import until
 from tokenyard.launcher import FleetProcesses
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,15 +37,6 @@ pytestmark = pytest.mark.skipif(
     PHOENIX is None, reason="Arize Phoenix is not installed (deploy/bootstrap.sh puts it in .venv-phoenix; "
     "or set TOKENYARD_PHOENIX to a `phoenix` executable)")
 HOPS = {"edge", "admission", "queue", "router", "worker"}
-
-
-async def until(check, what: str, timeout_s: float):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not (result := await check()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.25)
-    return result
 
 
 async def test_phoenix_holds_one_trace_per_request_with_every_hop(tmp_path):
@@ -70,7 +61,7 @@ async def test_phoenix_holds_one_trace_per_request_with_every_hop(tmp_path):
                 except aiohttp.ClientError:
                     return False
 
-            await until(healthy, "phoenix to serve", 120)
+            await until(healthy, timeout_s=120, poll_s=0.25, what="phoenix to serve")
             await fleet.start()
             trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
             body = {"model": "tokenyard-sim", "prompt": "find my trace", "max_tokens": 3}
@@ -88,7 +79,7 @@ async def test_phoenix_holds_one_trace_per_request_with_every_hop(tmp_path):
                 services = {s["attributes"].get("tokenyard.service") for s in spans}
                 return spans if services >= HOPS and len(spans) >= 7 else None
 
-            spans = await until(trace_spans, "every hop's span in Phoenix", 60)
+            spans = await until(trace_spans, timeout_s=60, poll_s=0.25, what="every hop's span in Phoenix")
     finally:
         await fleet.stop()
         phoenix.terminate()

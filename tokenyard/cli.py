@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 
 
@@ -20,6 +21,10 @@ class HelpFormatter(argparse.HelpFormatter):
                 and not (isinstance(default, float) and default != default)):
             text += " (default: %(default)s)"
         return text
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # names such as bubble-placed or marginal-latency stay whole
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
 def _every_parser(parser: argparse.ArgumentParser):
@@ -52,12 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_nats_credentials(sub)
     for p in _every_parser(parser):
         p.formatter_class = HelpFormatter
+        _name_long_choices(p)
         for action in p._actions:  # a subcommand without a description shows its one-line help
             if isinstance(action, argparse._SubParsersAction):
                 for choice in action._choices_actions:
                     child = action.choices[choice.dest]
                     child.description = child.description or choice.help
     return parser
+
+
+def _name_long_choices(parser: argparse.ArgumentParser, longest: int = 30) -> None:
+    """A flag whose choices run long (`--policy`, `--profile`) shows a name in the usage and its
+    choices in its help text, which wraps: argparse would print `{a,b,…}` on one line of up to
+    180 columns, twice."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) or not action.choices or action.metavar is not None:
+            continue
+        names = ", ".join(map(str, action.choices))
+        if len(names) > longest:
+            action.metavar = action.dest.upper().replace("-", "_")
+            action.help = f"{action.help or ''} (one of: {names})".strip()
 
 
 def _add_nats_credentials(sub: argparse._SubParsersAction) -> None:

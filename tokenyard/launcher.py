@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -393,15 +394,28 @@ def _refusal(args) -> str | None:
 
 
 def _leave_local_creds(fleet: FleetProcesses) -> str | None:
-    """Copy the `client` creds where local clients look (nats_auth.local_client_creds), 0600."""
-    local = nats_auth.local_client_creds(fleet.nats_url)
-    if local is None:
+    """Copy the `client` and `observer` creds where this machine's commands look
+    (nats_auth.local_creds), 0600; the `client` copy's path."""
+    auth = fleet.server.auth if fleet.server is not None else None
+    if auth is None or nats_auth.local_client_creds(fleet.nats_url) is None:
         return None
-    local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(open(fleet.client_creds, "rb").read())  # noqa: SIM115
-    return str(local)
+    for user in nats_auth.LOCAL_USERS:
+        local = nats_auth.local_creds(fleet.nats_url, user)
+        local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(auth.path(user).read_bytes())
+    return str(nats_auth.local_client_creds(fleet.nats_url))
+
+
+def _remove_local_creds(url: str) -> None:
+    """Undo `_leave_local_creds`, the folder too once empty (one a port ever used piled up)."""
+    if nats_auth.local_client_creds(url) is None:
+        return
+    for user in nats_auth.LOCAL_USERS:
+        nats_auth.local_creds(url, user).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty: someone else's file is there
+        nats_auth.local_client_creds(url).parent.rmdir()
 
 
 async def _up(args) -> int:
@@ -468,6 +482,6 @@ async def _up(args) -> int:
             print(f"tokenyard up: {crashed.result()}", file=sys.stderr, flush=True)
     finally:
         print("stopping: draining services …", flush=True)
-        if fleet.client_creds and (local := nats_auth.local_client_creds(fleet.nats_url)) is not None:
-            local.unlink(missing_ok=True)
+        if fleet.client_creds:
+            _remove_local_creds(fleet.nats_url)
         await fleet.stop()

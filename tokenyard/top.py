@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from tokenyard.shared import codec, config, natsutil, schemas, subjects
+from tokenyard.shared import codec, config, nats_auth, natsutil, schemas, subjects
 
 
 @dataclass
@@ -147,7 +148,7 @@ class Watcher:
 
 
 async def run(url: str, once: bool, interval_s: float, console: Console, svg: str | None = None) -> int:
-    nc = await natsutil.connect(url, "tokenyard-top")
+    nc = await natsutil.connect(url, "tokenyard-top", kind=nats_auth.OBSERVER)
     try:
         watcher = await Watcher(nc).start()
         prev = await watcher.sample()
@@ -184,3 +185,6 @@ def main(args) -> int:
         return asyncio.run(run(args.nats, args.once, args.interval, console, args.svg if args.once else None))
     except KeyboardInterrupt:
         return 0
+    except (OSError, KeyError) as e:  # cannot reach NATS, credentials refused or missing: a line, not a traceback
+        print(f"tokenyard top: error: {e}", file=sys.stderr)
+        return 1

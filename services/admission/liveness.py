@@ -1,7 +1,8 @@
 """When admission counts a worker as gone: its silence against the heartbeat interval it
 announces and is observed at, measured on admission's own waking time.
 
-    bound_w    = max(MISSED_BEATS · interval_w,  LATE_FACTOR · gap_w)
+    bound_w    = max(MISSED_BEATS · interval_w,  LATE_FACTOR · gap_w)   (the first term is
+                 shared.staleness's rule, which the queue and the router apply alone)
     silence_w  = (now − seen_w) − (blind(now) − blind(seen_w))
     fresh      ⇔ silence_w ≤ bound_w
 
@@ -31,10 +32,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenyard.shared import config
+from tokenyard.shared import staleness
+from tokenyard.shared.staleness import MISSED_BEATS
 
-MISSED_BEATS = 10
-"""Announced heartbeat intervals of silence after which a worker counts as gone."""
+__all__ = ["MISSED_BEATS", "Liveness"]
 LATE_FACTOR = 3.0
 """A worker's silence within this many times its own longest recent gap is lateness."""
 GAP_DECAY = 0.95
@@ -74,7 +75,7 @@ class Liveness:
 
     def beat(self, worker_id: str, interval_s: float, now: float) -> None:
         """A heartbeat from `worker_id` arrives at `now` (after `awake(now)`)."""
-        interval = interval_s if interval_s > 0 else config.HEARTBEAT_INTERVAL_S
+        interval = staleness.announced_interval_s(interval_s)
         last = self.beats.get(worker_id)
         if last is None:
             self.beats[worker_id] = Beat(now, self.blind_s, interval)
@@ -91,7 +92,7 @@ class Liveness:
 
     def bound_s(self, worker_id: str) -> float:
         b = self.beats[worker_id]
-        return max(MISSED_BEATS * b.interval_s, LATE_FACTOR * b.gap_s)
+        return max(staleness.stale_after_s(b.interval_s), LATE_FACTOR * b.gap_s)
 
     def fresh(self, worker_id: str, now: float) -> bool:
         """Heard from within its bound, net of the observer's blind time; False: never heard."""

@@ -19,6 +19,7 @@ stall, which does not make the workers look silent (liveness.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -98,7 +99,11 @@ class AdmissionShell:
         headers = req.headers or {}
         json = codec.is_json(headers) or req.data[:1] == b"{"
         reply_to = req._msg.reply  # the request's stream: every later hop publishes here
-        with telemetry.span(self.kind, "process", subjects.SUBMIT, headers) as span:
+        # The span of an admitted request ends with its JetStream publish (`_publish`): its
+        # outcome is known only then (stored, a reused id, or not stored at all).
+        with telemetry.span(self.kind, "process", subjects.SUBMIT, headers, end_on_exit=False) as span, \
+                contextlib.ExitStack() as ends:
+            ends.callback(span.end)
             try:
                 body = codec.decode(req.data, schemas.GenerateRequest, json=json)
             except codec.DecodeError as e:
@@ -131,11 +136,11 @@ class AdmissionShell:
                 self.metrics.observe(outcome, verdict.code)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
                 return
-            span.set_attribute("tokenyard.outcome", schemas.Outcome.ADMITTED)  # the decision; JetStream may find a reused id
             if telemetry.recording():  # where admission's own work ends and JetStream's begins
                 span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
             trace = telemetry.inject()  # the queue's span is a child of this one
-        task = asyncio.create_task(self._publish(req, verdict, queued, json, trace))
+            task = asyncio.create_task(self._publish(req, verdict, queued, json, trace, span))
+            ends.pop_all()  # the task ends the span
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
@@ -152,24 +157,32 @@ class AdmissionShell:
             return ack, True
 
     async def _publish(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
-                       trace: dict[str, str]) -> None:
-        """An admitted request: into JetStream, then `accepted` (or 409 / 503, nothing queued)."""
+                       trace: dict[str, str], span) -> None:
+        """An admitted request: into JetStream, then `accepted` (or 409 / 503, nothing queued).
+        Its span (`_on_submit`'s) records what JetStream made of it, and ends here."""
         rid = verdict.request_id
+        outcome = schemas.Outcome.ADMIT_FAILED  # until JetStream has stored it
         try:
-            ack, retried = await self._enqueue(verdict, queued, trace)
-        except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
-            log.warning("enqueue_failed", request_id=rid, error=repr(e))
-            refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
-            await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
-            self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
-            return
-        if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
-            log.info("duplicate_request_id", request_id=rid)
-            refusal = schemas.Rejected(
-                rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
-            )
-            await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
-            return
-        accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
-        await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
-        self.metrics.observe(schemas.Outcome.ADMITTED)
+            try:
+                ack, retried = await self._enqueue(verdict, queued, trace)
+            except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
+                log.warning("enqueue_failed", request_id=rid, error=repr(e))
+                refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")
+                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+                self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
+                return
+            if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
+                outcome = schemas.Outcome.DUPLICATE
+                log.info("duplicate_request_id", request_id=rid)
+                refusal = schemas.Rejected(
+                    rid, 409, "duplicate_request_id", f"request id '{rid}' is already in use", param="request_id"
+                )
+                await req.respond(codec.encode(refusal, json=json), headers=codec.content_headers(json))
+                return
+            outcome = schemas.Outcome.ADMITTED
+            accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
+            await req.respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))
+            self.metrics.observe(schemas.Outcome.ADMITTED)
+        finally:
+            span.set_attribute("tokenyard.outcome", outcome)
+            span.end()

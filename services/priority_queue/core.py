@@ -75,7 +75,7 @@ from tokenyard.services.priority_queue.policies.base import (
     deadline,
     klass,
 )
-from tokenyard.shared import config
+from tokenyard.shared import staleness
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, Phase, QueueStats, Rejected
 from tokenyard.shared.slo import (
@@ -103,7 +103,9 @@ class QueueConfig:
     """Reject a waiting request once its TTFT deadline has passed (429 deadline_exceeded)."""
     slots_per_worker: int = 64
     """Flow control off: requests a worker may have waiting before the queue holds back more."""
-    stale_after_s: float = config.STALE_AFTER_S
+    stale_after_s: float | None = None
+    """None (the default): a worker is out after 10 of the heartbeat intervals it announces
+    (shared.staleness, the rule admission and the router apply); a number: a fixed bound."""
     retry_backoff_s: float = 0.05
     ack_wait_s: float = 30.0
     """JetStream redelivers a request this long after a queue died holding it."""
@@ -121,6 +123,8 @@ class _Worker:
     takes_new: bool
     """It would accept a new request: healthy, not draining, not in the decode phase."""
     seen_s: float
+    stale_s: float
+    """Silence after which it is out (shared.staleness)."""
     sent: int = 0
     running: int = 0
     queued_prefill: int = 0
@@ -185,8 +189,10 @@ class QueueCore:
     """Ids in flight that a placing policy released → the workers each may go to."""
     oldest_seen_s: float = math.inf
     """A lower bound of the latest heartbeat times of the workers that take new requests (a worker's only grows;
-    each heartbeat lowers the bound to its own time): while now − it ≤ stale_after_s, no
+    each heartbeat lowers the bound to its own time): while now − it ≤ the least bound, no
     such worker is stale."""
+    least_stale_s: float = math.inf
+    """A lower bound of those workers' `stale_s` (the same for a fleet that beats alike)."""
 
     def offer(self, req: AdmittedRequest, now: float) -> bool:
         """Queue a request; False if it is already here or on its way (a redelivery)."""
@@ -244,7 +250,7 @@ class QueueCore:
         s = hb.stats
         w = _Worker(
             waiting=s.waiting, takes_new=hb.healthy and not hb.draining and hb.phase != Phase.DECODE,
-            seen_s=now, running=s.running,
+            seen_s=now, stale_s=self._stale_s(hb), running=s.running,
             queued_prefill=s.queued_prefill_tokens, kv_free_tokens=s.kv_blocks_free * s.block_size,
             prefill_s_per_token=s.prefill_ms_per_token / 1000.0,
             tpot_slack_s=decode_slack_s(hb), phase=hb.phase, mode=hb.mode)
@@ -255,6 +261,16 @@ class QueueCore:
         self._count(w)
         if now < self.oldest_seen_s:
             self.oldest_seen_s = now
+        if w.stale_s < self.least_stale_s:
+            self.least_stale_s = w.stale_s
+
+    def _stale_s(self, hb: Heartbeat) -> float:
+        fixed = self.cfg.stale_after_s
+        return staleness.stale_after_s(hb.interval_s) if fixed is None else fixed
+
+    @staticmethod
+    def _is_fresh(w: _Worker, now: float) -> bool:
+        return w.takes_new and now - w.seen_s <= w.stale_s
 
     def on_keepalive(self, worker_id: str, now: float) -> bool:
         """The worker's latest heartbeat again, at `now`: the same as `on_heartbeat` with it,
@@ -279,7 +295,7 @@ class QueueCore:
         w.counted = counted
 
     def _fresh(self, now: float) -> list[_Worker]:
-        return [w for w in self.workers.values() if w.takes_new and now - w.seen_s <= self.cfg.stale_after_s]
+        return [w for w in self.workers.values() if self._is_fresh(w, now)]
 
     def _size(self, req: AdmittedRequest) -> int:
         """What a request takes off the headroom: its prompt tokens (flow control), else 1."""
@@ -288,13 +304,14 @@ class QueueCore:
     def headroom(self, now: float) -> int:
         """Flow control: prompt tokens the fleet may still take; off: requests."""
         if self.cfg.flow_control:  # no pass over the fleet while every worker that takes new requests is fresh
-            stale = self.cfg.stale_after_s
-            if now - self.oldest_seen_s > stale:  # some may be stale: the bound, exact again
-                self.oldest_seen_s = min((w.seen_s for w in self.workers.values() if w.takes_new), default=math.inf)
-            if now - self.oldest_seen_s <= stale:
+            if now - self.oldest_seen_s > self.least_stale_s:  # some may be stale: the bounds, exact again
+                takers = [w for w in self.workers.values() if w.takes_new]
+                self.oldest_seen_s = min((w.seen_s for w in takers), default=math.inf)
+                self.least_stale_s = min((w.stale_s for w in takers), default=math.inf)
+            if now - self.oldest_seen_s <= self.least_stale_s:
                 room = self.room_sum
             else:
-                room = sum(w.counted for w in self.workers.values() if w.takes_new and now - w.seen_s <= stale)
+                room = sum(w.counted for w in self.workers.values() if self._is_fresh(w, now))
             return room - sum(self._size(r) for r in self.in_flight.values())
         fresh = self._fresh(now)
         cap = self.cfg.batch_cap_per_worker
@@ -319,7 +336,7 @@ class QueueCore:
         release = getattr(self.policy, "release", None)  # a PlacingPolicy (base.py)
         if release is not None and self.cfg.flow_control and len(self.policy):
             rooms = {wid: WorkerRoom(w.room(), w.queued_prefill + w.sent_tokens) for wid, w in self.workers.items()
-                     if w.takes_new and now - w.seen_s <= self.cfg.stale_after_s}
+                     if self._is_fresh(w, now)}
             for req, workers in release(rooms, self.in_flight, self._size, now):
                 self._send(req, out)
                 self.placed_on[req.request_id] = workers

@@ -56,7 +56,6 @@ from tokenyard.services.router.policies.llmd import LlmdAffinityGuard, LlmdToken
 from tokenyard.services.router.policies.multiplicative import MultiplicativeScorer
 from tokenyard.services.router.policies.round_robin import RoundRobinScorer
 from tokenyard.services.router.policies.sglang import SglangCacheAwareScorer
-from tokenyard.shared import config
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch, MacroState
 
 INDEX_MODES = ("auto", "precise", "approximate")
@@ -69,7 +68,9 @@ imports (docs/results-routing.md shows why it is the default)."""
 @dataclass
 class RouterConfig:
     policy: str = DEFAULT_POLICY
-    stale_after_s: float = config.STALE_AFTER_S
+    stale_after_s: float | None = None
+    """None (the default): a worker is out after 10 of the heartbeat intervals it announces
+    (shared.staleness, the rule admission and the queue apply); a number: a fixed bound."""
     forget_after_s: float = 60.0
     index_mode: str = "auto"
     """auto: precise for workers that publish KV events, predicted (TTL) for the others;

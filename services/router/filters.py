@@ -1,6 +1,7 @@
 """Candidate filters every routing policy starts from.
 
-* Fresh and healthy: a heartbeat within `stale_after_s`, healthy, not draining.
+* Fresh and healthy: a heartbeat within the worker's bound (shared.staleness: 10 of the
+  intervals it announces; `stale_after_s`, if set, instead), healthy, not draining.
 * Accepting: the worker's macro-instance lets it take new requests now (every worker in
   NoDG; only those in their prefill phase under EcoServe, issue 8).
 * Same model as the request.
@@ -20,14 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.router.pipeline import Narrowed
-from tokenyard.shared import config
 from tokenyard.shared.ecoserve import EcoConfig, Refusal, refusals
 from tokenyard.shared.schemas import AdmittedRequest
 
 
 @dataclass
 class HealthyFilter:
-    stale_after_s: float = config.STALE_AFTER_S
+    stale_after_s: float | None = None
+    """None: each worker's own bound (shared.staleness); a number: this bound for every one."""
     name: str = "healthy"
 
     def keep(self, req: AdmittedRequest, view: FleetView, now: float) -> np.ndarray | bool:

@@ -13,7 +13,7 @@ uncached tokens there, new = max(len − hit, 1) (an engine always computes at l
 P = queued_prefill + new. `tree_blocks` (blocks the index holds per row) is built only for a
 pipeline that declares it (services/router/pipeline.py, `inputs`).
 Rows of workers silent for `forget_after_s` are dropped (bounded memory); a row is a
-candidate only while fresh (`stale_after_s`). `keepalive` repeats a row's latest heartbeat
+candidate only while fresh (heard from within its `stale_s`, shared.staleness). `keepalive` repeats a row's latest heartbeat
 (only its time moves) where no decision has corrected the row since: `hb_decision` is the
 decision count at the row's heartbeat, `last_chosen` that of the latest decision for it.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from tokenyard.shared import staleness
 from tokenyard.shared.schemas import EngineStats, Heartbeat, Phase
 
 PHASES = {Phase.MIXED: 0, Phase.PREFILL: 1, Phase.DECODE: 2}
@@ -45,6 +46,7 @@ class FleetView:
     _FLOAT = (
         "queued_prefill",
         "seen_s",
+        "stale_s",
         "step_ms",
         "p",
         "slack_ms",
@@ -74,7 +76,9 @@ class FleetView:
     the row's macro-instance runs EcoServe with this TTFT SLO; its decodes' saved TPOT slack
     (NaN: none decodes) and its prefill cost per token, from heartbeats. `absorb`: that slack
     in prefill tokens, slack_ms / ms_per_token (∞: none decodes; 0: no prefill cost reported),
-    the decode term of the default's stall (services/router/policies/latency.py)."""
+    the decode term of the default's stall (services/router/policies/latency.py). `stale_s`:
+    the silence after which the row is out (shared.staleness, from the interval its worker
+    announces)."""
 
     def __init__(self, capacity: int = 16):
         self.n = 0
@@ -95,6 +99,8 @@ class FleetView:
         self._all_healthy: bool | None = True
         self._all_accepting: bool | None = True
         self._min_seen: float | None = None
+        self._one_stale_s: float | None = None
+        """The `stale_s` every row shares (NaN: they differ)."""
         """Facts about rows 0…n−1 the filters ask on every decision (`has_eco`, `all_healthy`,
         `all_accepting`, `all_fresh`), kept by the writers below; None: to be looked up again.
         Whoever writes those columns directly calls `rows_written()`."""
@@ -141,6 +147,10 @@ class FleetView:
             self.healthy[i] = healthy
             self._all_healthy = None
         self.phase[i] = PHASES.get(hb.phase, 0)
+        stale = staleness.stale_after_s(hb.interval_s)
+        if self.stale_s[i] != stale:
+            self.stale_s[i] = stale
+            self._one_stale_s = None
         self._seen(i, now)
         self.hb_decision[i] = self.decisions
         self.macro[i] = hb.macro_id
@@ -172,7 +182,7 @@ class FleetView:
 
     def rows_written(self) -> None:
         """Forget the facts kept about the rows (after a direct write to their columns)."""
-        self._has_eco = self._all_healthy = self._all_accepting = self._min_seen = None
+        self._has_eco = self._all_healthy = self._all_accepting = self._min_seen = self._one_stale_s = None
 
     def all_healthy(self) -> bool:
         """`healthy[:n].all()`, kept between decisions."""
@@ -186,14 +196,24 @@ class FleetView:
             self._all_accepting = bool(self.accepting[: self.n].all())
         return self._all_accepting
 
-    def all_fresh(self, now: float, stale_after_s: float) -> bool:
-        """`fresh(now, stale_after_s).all()` from the oldest row's time alone: now − s is
-        monotone in s (IEEE rounding is), so every row is fresh exactly when the oldest is."""
+    def all_fresh(self, now: float, stale_after_s: float | None = None) -> bool:
+        """`fresh(now, stale_after_s).all()` from the oldest row's time alone where every row
+        has the same bound (the usual fleet): now − s is monotone in s (IEEE rounding is), so
+        every row is fresh exactly when the oldest is."""
         if self.n == 0:
             return True
+        bound = stale_after_s if stale_after_s is not None else self._shared_stale_s()
+        if bound != bound:  # the rows' bounds differ: each row against its own
+            return bool(self.fresh(now).all())
         if self._min_seen is None:
             self._min_seen = float(self.seen_s[: self.n].min())
-        return (now - self._min_seen) <= stale_after_s
+        return (now - self._min_seen) <= bound
+
+    def _shared_stale_s(self) -> float:
+        if self._one_stale_s is None:
+            col = self.stale_s[: self.n]
+            self._one_stale_s = float(col[0]) if bool((col == col[0]).all()) else math.nan
+        return self._one_stale_s
 
     def stats_of(self, worker_id: str) -> EngineStats | None:
         """The engine stats the worker last reported; None: no row for it."""
@@ -240,8 +260,10 @@ class FleetView:
         """BS = running + routed since the last heartbeat."""
         return self.bs[rows]
 
-    def fresh(self, now: float, stale_after_s: float) -> np.ndarray:
-        return (now - self.seen_s[: self.n]) <= stale_after_s
+    def fresh(self, now: float, stale_after_s: float | None = None) -> np.ndarray:
+        """Rows heard from within their bound (`stale_s`), or within `stale_after_s` if given."""
+        bound = self.stale_s[: self.n] if stale_after_s is None else stale_after_s
+        return (now - self.seen_s[: self.n]) <= bound
 
     def forget_silent(self, now: float, forget_after_s: float) -> list[str]:
         """Drop rows of workers silent for longer than `forget_after_s` (swap-remove)."""

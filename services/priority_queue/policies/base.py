@@ -13,7 +13,8 @@ Shared vocabulary of the class-aware policies (DESIGN.md §3.2-§3.3):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from tokenyard.shared.schemas import AdmittedRequest
@@ -26,6 +27,24 @@ TARGET_S = TTFT_TARGET_S
 """The class SLO table (shared.slo); P3 has none (infinity), so its line stays FIFO."""
 AGING_S: tuple[float, ...] = (float("inf"), 30.0, 15.0, 5.0)
 """Time in class P1, P2, P3 after which a waiting request moves up one class."""
+
+
+Promotions = Sequence[tuple[int, float]]
+"""Per class c: (the class a request ages into, after how long in c); (c, inf) where it stays.
+A ClassScheduler's `ages_to`: the one aging rule, which a policy wrapping it applies too."""
+
+
+def aged_class(cls: int, arrival_s: float, now: float, ages_to: Promotions) -> tuple[int, float]:
+    """The class a request of class `cls` that arrived at `arrival_s` has aged into by `now`
+    (each class's clock starting when the request was promoted into it, as in the scheduler),
+    and when it is next promoted (inf: never)."""
+    entered = arrival_s
+    while True:
+        to, limit = ages_to[cls]
+        due = entered + limit
+        if to == cls or due > now:
+            return cls, due if to != cls else math.inf
+        cls, entered = to, due
 
 
 def cost(req: AdmittedRequest) -> int:

@@ -42,7 +42,9 @@ Release (QueueCore's flow control, per group instead of over the fleet):
 
     room_g = Σ_{w ∈ g} max(0, room_w) − Σ size(r) over the requests in flight charged to g
 
-  1. parked requests, each group in (class, pop order), while room_g > 0;
+  1. parked requests, each group in (class, pop order), while room_g > 0 — the class a parked
+     request has aged into by now (the wrapped scheduler's aging rule, `ages_to`), so a low
+     class parked behind a stream of parked higher ones climbs as it would have in the queue;
   2. the wrapped policy's pops (its order: the bubble queues'), each released into its group
      while room_g > 0, else parked there — until it is empty or no group has room;
   3. a group with nothing parked lends its room to shorter groups that have parked requests
@@ -62,7 +64,15 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from tokenyard.services.priority_queue.policies.base import QueuePolicy, WorkerRoom, cost, klass
+from tokenyard.services.priority_queue.policies.base import (
+    NUM_CLASSES,
+    Promotions,
+    QueuePolicy,
+    WorkerRoom,
+    aged_class,
+    cost,
+    klass,
+)
 from tokenyard.services.priority_queue.policies.bubble import BASE_BOUNDS
 from tokenyard.services.priority_queue.policies.bubble_partitions import range_of
 from tokenyard.shared.schemas import AdmittedRequest
@@ -123,8 +133,11 @@ class BubblePlacement:
     """A queue policy (the wrapped one's order) whose releases are placed by length group."""
 
     def __init__(self, inner: QueuePolicy, bounds: Sequence[float] = BASE_BOUNDS,
-                 half_life_s: float = HALF_LIFE_S) -> None:
+                 half_life_s: float = HALF_LIFE_S, ages_to: Promotions | None = None) -> None:
         self.inner = inner
+        self.ages_to: Promotions = ages_to or [(c, math.inf) for c in range(NUM_CLASSES)]
+        """The wrapped scheduler's aging rule (ClassScheduler.ages_to), applied to parked
+        requests too; None: no aging."""
         self.name = inner.name
         self.bounds = tuple(bounds)
         self.ranges = len(self.bounds) - 1
@@ -138,8 +151,10 @@ class BubblePlacement:
         """worker id → its group's index in `groups`."""
         self.parked: list[list[tuple[int, int, str]]] = [[] for _ in range(self.ranges)]
         """Per range: (class, pop order, id) heaps of parked requests (lazy deletion)."""
-        self.where: dict[str, tuple[int, int, AdmittedRequest]] = {}
-        """Parked request id → (range, pop order, request)."""
+        self.where: dict[str, tuple[int, int, AdmittedRequest, int]] = {}
+        """Parked request id → (range, pop order, request, the class it has aged into)."""
+        self.aging: list[tuple[float, int, str]] = []
+        """(next promotion time, pop order, id) of parked requests (lazy deletion)."""
         self.parked_work = [0] * self.ranges
         self.charged: dict[str, tuple[int, int]] = {}
         """Released request id → (the group whose room it took, its pop order)."""
@@ -155,7 +170,7 @@ class BubblePlacement:
             return
         back = self.charged.pop(rid, None)
         if back is not None:  # released, not placed: it had its turn, so it heads its range
-            self._park(req, back[1])
+            self._park(req, back[1], now)
             return
         if rid not in self._counted:
             self._counted[rid] = None
@@ -166,12 +181,14 @@ class BubblePlacement:
         self.inner.push(req, now)
 
     def pop(self, now: float) -> AdmittedRequest | None:
+        self._age_until(now)
         best = min(self._heads(range(self.ranges)), default=None)
         if best is not None:
             return self._unpark(best[2])
         return self.inner.pop(now)
 
     def pop_realtime(self, now: float) -> AdmittedRequest | None:
+        self._age_until(now)
         for k in range(self.ranges):
             for cls, _, rid in self._heads([k]):
                 if cls == 0:
@@ -196,6 +213,7 @@ class BubblePlacement:
         """What may go to the router now, each with the workers it may go to (module doc)."""
         if not rooms:
             return []
+        self._age_until(now)
         self._split(rooms, now)
         members: list[list[str]] = [[] for _ in self.groups]
         for wid in rooms:
@@ -231,7 +249,7 @@ class BubblePlacement:
             if room[g] > 0:
                 send(req, g, self.seq, own[g])
             else:
-                self._park(req, self.seq)
+                self._park(req, self.seq, now)
         for g in range(len(self.groups)):  # 3. lent downwards
             for lender in range(len(self.groups) - 1, g, -1):
                 if room[lender] <= 0 or any(True for _ in self._heads(self._ranges_of(lender))):
@@ -326,18 +344,35 @@ class BubblePlacement:
             while heap:
                 cls, seq, rid = heap[0]
                 home = self.where.get(rid)
-                if home is not None and home[1] == seq:
+                if home is not None and home[1] == seq and home[3] == cls:
                     yield heap[0]
                     break
                 heapq.heappop(heap)
 
-    def _park(self, req: AdmittedRequest, seq: int) -> None:
+    def _park(self, req: AdmittedRequest, seq: int, now: float) -> None:
         k = self.range_of(req)
-        self.where[req.request_id] = (k, seq, req)
+        cls, due = aged_class(klass(req), req.arrival_s, now, self.ages_to)
+        self.where[req.request_id] = (k, seq, req, cls)
         self.parked_work[k] += cost(req)
-        heapq.heappush(self.parked[k], (klass(req), seq, req.request_id))
+        heapq.heappush(self.parked[k], (cls, seq, req.request_id))
+        if due < math.inf:
+            heapq.heappush(self.aging, (due, seq, req.request_id))
+
+    def _age_until(self, now: float) -> None:
+        """Move each parked request due for promotion to the class it has aged into."""
+        while self.aging and self.aging[0][0] <= now:
+            _, seq, rid = heapq.heappop(self.aging)
+            home = self.where.get(rid)
+            if home is None or home[1] != seq:
+                continue  # released, or parked again since
+            k, _, req, _ = home
+            cls, due = aged_class(klass(req), req.arrival_s, now, self.ages_to)
+            self.where[rid] = (k, seq, req, cls)
+            heapq.heappush(self.parked[k], (cls, seq, rid))
+            if due < math.inf:
+                heapq.heappush(self.aging, (due, seq, rid))
 
     def _unpark(self, rid: str) -> AdmittedRequest:
-        k, _, req = self.where.pop(rid)
+        k, _, req, _ = self.where.pop(rid)
         self.parked_work[k] -= cost(req)
         return req

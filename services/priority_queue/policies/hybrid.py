@@ -128,6 +128,11 @@ class ClassScheduler:
     def __len__(self) -> int:
         return len(self._where)
 
+    @property
+    def ages_to(self) -> list[tuple[int, float]]:
+        """Per class: (the class a request ages into, after how long in this one)."""
+        return list(self._ages_to)
+
     def class_of(self, request_id: str) -> int | None:
         where = self._where.get(request_id)
         return None if where is None else where[0]

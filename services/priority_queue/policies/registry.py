@@ -64,7 +64,7 @@ def make_policy(
     elif name in ("bubble", "bubble-placed"):
         inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS), name, weights)
         if name == "bubble-placed":
-            return BubblePlacement(KeepsTurn(inner))
+            return BubblePlacement(KeepsTurn(inner), ages_to=inner.ages_to)
     elif name == "fixed":
         inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS, False), "fixed", weights)
     elif name == "sjf":

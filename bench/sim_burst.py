@@ -7,7 +7,8 @@ fleet's messaging and a loaded machine add.
                               [--long-prefill-token-threshold N]
 
 Prints when admission first refused (after the first arrival), how many it refused and the
-queue expired, and the served requests' TTFT per class against their targets.
+queue expired, and the served requests' TTFT per class against their targets (and how many
+served requests missed their own deadline, class target + own prefill).
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             p99 = float(np.percentile(ttft, 99))
             target = ttft_target_s(c)
             vs = f"= {p99 / target:.2f} × target" if np.isfinite(target) else "(no target)"
-            print(f"P{c} served {len(ttft)}  p50 {np.median(ttft):.2f} s  p99 {p99:.2f} s  {vs}")
+            late = sum(1 for st in states if st.item.priority == c and st.finished and len(st.tokens)
+                       and st.ttft_budget_s > 0 and st.tokens[0] - st.item.arrival_s > st.ttft_budget_s)
+            print(f"P{c} served {len(ttft)} ({late} past their deadline)  p50 {np.median(ttft):.2f} s  "
+                  f"p99 {p99:.2f} s  {vs}")
     return 0
 
 

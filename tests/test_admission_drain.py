@@ -3,6 +3,8 @@ up once the requests it routes run their decodes, priced from the workers' heart
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,17 +33,21 @@ def test_a_fresh_engines_drain_is_capped_at_what_the_fleet_sustains_once_the_dec
     sustained = 2 * 1100 / 0.215
     assert c.fleet.sustainable_drain(100.0) == pytest.approx(sustained)
     c.on_queue_stats(stats(work=(0, 33_000, 0, 0), drain=20_000.0), 100.0)  # the fresh rate measured
-    # by default a measured drain is trusted (the cap over-refuses short overloads) ...
+    # The fresh rate is capped at what the fleet sustains over a P1's wait (4.75 s): its decodes
+    # (a lone one lives L = 100 steps of 1.15 ms) reach 1 − L/2w of their steady state by then.
+    within = 2 * 1100 / (0.1 + 0.1150 * (1 - 0.115 / (2 * 4.75)))
+    assert c.fleet.sustainable_drain(100.0, 4.75) == pytest.approx(within)
+    assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(33_000 / within)  # 3.2 s, not 1.65 s
+    # (off: the measured drain is trusted)
+    c.fleet.cap_at_sustainable = False
     assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(33_000 / 20_000)
-    # ... and with the cap on, the fresh rate is capped at what the fleet sustains
     c.fleet.cap_at_sustainable = True
-    assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(33_000 / sustained)  # 3.2 s, not 1.65 s
     # a measured drain below it is what the fleet does: kept
     c.on_queue_stats(stats(work=(0, 33_000, 0, 0), drain=8_000.0), 100.0)
     assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(33_000 / 8_000)
     # nothing measured (a burst after a quiet spell): the sustainable drain
     c.on_queue_stats(stats(work=(0, 33_000, 0, 0), drain=0.0), 100.0)
-    assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(33_000 / sustained)
+    assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(33_000 / within)
 
 
 def test_cached_prompt_tokens_cost_no_prefill_in_the_sustainable_drain():
@@ -104,7 +110,7 @@ def test_the_sustainable_drain_never_computes_faster_than_the_engines(workers, s
         assert isinstance(admit(c, GenerateRequest(prompt=[1] * p, max_tokens=m)), AdmittedRequest)
     drain = c.fleet.sustainable_drain(100.0)
     p, m = c.fleet.shape
-    computed = p * (1 - hits / queries) if queries else p
+    computed = min(p * (1 - hits / queries) if queries else p, c.fleet.new_prompt)
     assert drain * (computed + m) / (p + m) <= sum(1000.0 / a for a, *_ in workers) * (1 + 1e-9)
 
 
@@ -116,3 +122,79 @@ def test_the_decodes_are_priced_at_the_share_of_max_tokens_the_fleet_runs():
     c.on_queue_stats(stats(headroom=10**6), 100.0)
     admit(c, GenerateRequest(prompt="a" * 1000, max_tokens=100))
     assert c.fleet.sustainable_drain(100.0) == pytest.approx(1100 / (0.1 + 0.025 * (0.1 + 1.0125)))
+
+
+def test_the_share_of_todays_decodes_still_running_over_a_horizon():
+    from tokenyard.services.admission.feasibility import still_decoding
+
+    assert still_decoding(math.inf, 5000.0) == 0.0  # the steady state
+    assert still_decoding(4750.0, 0.0) == 0.0
+    assert still_decoding(2500.0, 5000.0) == pytest.approx(0.75)  # w = L/2: 1 − 1/4
+    assert still_decoding(5000.0, 5000.0) == pytest.approx(0.5)
+    assert still_decoding(10_000.0, 5000.0) == pytest.approx(0.25)  # w = 2L: L/2w
+
+
+def test_decodes_running_now_take_their_share_of_the_horizon():
+    """20 decodes run, each step 50 ms: a decode takes 1.15 ms of each, so they hold 46 % of the
+    engine now; a new one lives L = 100 × 50 ms = 5 s. Over 4.75 s (x = 0.95) today's decodes
+    still run k = 1 − 0.475 = 52.5 % of the time, the new ones reach 47.5 % of their steady
+    state: (1 − 20 · 1.15/50 · 0.525) · 1100 / (0.1 + 0.115 · 0.475) work tokens per second."""
+    c = core()
+    c.on_heartbeat(hb("w0", ts=100.0, running=20, step_time_ms=50.0, prefill_ms_per_token=0.1,
+                      decode_ms_per_ctx_token=0.001), 100.0)
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    admit(c, GenerateRequest(prompt="a" * 1000, max_tokens=100))
+    free = 1 - 20 * 1.15 / 50 * 0.525
+    assert c.fleet.sustainable_drain(100.0, 4.75) == pytest.approx(free * 1100 / (0.1 + 0.115 * 0.475))
+    # in the steady state the running decodes are the new ones' (none is counted twice)
+    assert c.fleet.sustainable_drain(100.0) == pytest.approx(1100 / 0.215)
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=st.floats(0.01, 2.0), d=st.floats(0.0, 0.01), p=st.integers(1, 3000), m=st.integers(1, 1000),
+       step=st.floats(0.0, 200.0), w1=st.floats(0.01, 100.0), w2=st.floats(0.01, 100.0))
+def test_with_nothing_decoding_a_longer_horizon_never_sustains_more(a, d, p, m, step, w1, w2):
+    """Nothing runs now: over a longer horizon more of the new decodes run, so the fleet sustains
+    no more, and never less than in the steady state."""
+    c = core()
+    c.on_heartbeat(hb("w0", ts=100.0, running=0, step_time_ms=step, prefill_ms_per_token=a,
+                      decode_ms_per_ctx_token=d), 100.0)
+    c.on_queue_stats(stats(headroom=10**9), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt=[1] * p, max_tokens=m)), AdmittedRequest)
+    short, long = sorted((w1, w2))
+    f = c.fleet
+    assert f.sustainable_drain(100.0, short) >= f.sustainable_drain(100.0, long) * (1 - 1e-12)
+    assert f.sustainable_drain(100.0, long) >= f.sustainable_drain(100.0) * (1 - 1e-12)
+
+
+def test_a_prompt_a_recent_one_shared_counts_only_its_new_tokens():
+    """Admission remembers the prompts it admitted (every 4th block hash; block size 4 here): a
+    follow-up of a 1,000-token prompt with 200 new tokens is priced at its ~200 new ones."""
+    c = core()
+    decoding_worker(c, "w0", d=0.0)
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    admit(c, GenerateRequest(prompt="ab" * 500, max_tokens=10))
+    assert c.fleet.new_prompt == 1000.0
+    admit(c, GenerateRequest(prompt="ab" * 500 + "c" * 200, max_tokens=10))
+    # 992 shared: 62 sampled hashes of 250 blocks, the last 2 blocks fall between samples
+    assert c.fleet.new_prompt == pytest.approx(1000 + (1200 - 992 - 1000) / 32)
+    admit(c, GenerateRequest(prompt="x" * 1000, max_tokens=10))  # nothing shared
+    assert c.fleet.new_prompt == pytest.approx(975.25 + (1000 - 975.25) / 32)
+
+
+def test_the_block_memory_is_bounded_by_the_fleets_kv_and_needs_a_worker():
+    c = core()
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    admit(c, GenerateRequest(prompt="ab" * 500, max_tokens=10))
+    assert not c.fleet.recent_blocks  # no worker heard from: no cache known to exist
+    c.on_heartbeat(hb("w0", ts=100.0, prefill_ms_per_token=0.1, used=0, free=100), 100.0)
+    for i in range(10):  # 10 prompts of 250 blocks, 62 of them remembered each
+        admit(c, GenerateRequest(prompt=chr(ord("a") + i) * 1000, max_tokens=10))
+        assert len(c.fleet.recent_blocks) <= 100 // 4
+    # the newest prompt's head is remembered (its tail forgotten first), the older ones are not
+    before = c.fleet.new_prompt
+    admit(c, GenerateRequest(prompt="j" * 1000, max_tokens=10))
+    assert c.fleet.new_prompt == pytest.approx(before + (1000 - 25 * 16 - before) / 32)
+    before = c.fleet.new_prompt
+    admit(c, GenerateRequest(prompt="a" * 1000, max_tokens=10))  # the first prompt: forgotten
+    assert c.fleet.new_prompt == pytest.approx(before + (1000 - before) / 32)

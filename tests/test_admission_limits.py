@@ -413,18 +413,28 @@ def test_the_fastest_fresh_worker_counts_and_stale_ones_do_not():
 
 
 def test_a_burst_spends_the_reported_headroom_then_waits_at_the_workers_prefill_rate():
+    """Nothing measured: the rate the worker sustains over a P1's 4.75 s of wait. A request of
+    100 prompt and 1,000 output tokens costs 0.1 s of prefill and 1,000 decode tokens of 1 ms,
+    a decode lives L = 1 s, and over 4.75 s the decodes of what it takes reach 1 − L/2w of their
+    steady state: 1,100 work tokens per 0.1 + 1.0·(1 − 1/9.5) s (at w = ∞, 1,100 per 1.1 s)."""
     c = core()
     fresh_worker(c, "w0", a=1.0)  # 1000 prompt tokens per second
     c.on_queue_stats(stats(work=(0, 0, 0, 0), drain=0.0, headroom=150), 100.0)
-    big = GenerateRequest(prompt="a" * 100, max_tokens=1000, priority=1)
-    for _ in range(2):  # 100 then 200 prompt tokens admitted: the second spends the headroom
-        assert isinstance(admit(c, big, now=100.0), AdmittedRequest)
-    for _ in range(2):  # 2200 then 3300 work ahead at 1000 tokens/s, + 0.25 s: fits 5 s
-        assert isinstance(admit(c, big, now=100.0), AdmittedRequest)
-    out = admit(c, big, now=100.0)  # 4400 + 0.25 → 4.65 s fits; the next does not
+
+    def big(i):  # prompts that share no prefix (a shared one would be cached)
+        return GenerateRequest(prompt=chr(ord("a") + i) * 100, max_tokens=1000, priority=1)
+
+    for i in range(2):  # 100 then 200 prompt tokens admitted: the second spends the headroom
+        assert isinstance(admit(c, big(i), now=100.0), AdmittedRequest)
+    drain = 1100 / (0.1 + 1.0 * (1 - 1 / 9.5))
+    assert c.fleet.sustainable_drain(100.0, 4.75) == pytest.approx(drain)
+    assert c.fleet.sustainable_drain(100.0) == pytest.approx(1000.0)
+    for i in range(2, 4):  # 2200 then 3300 work ahead at 1105 tokens/s, + 0.25 s: fits 5 s
+        assert isinstance(admit(c, big(i), now=100.0), AdmittedRequest)
+    out = admit(c, big(4), now=100.0)  # 4400 → 3.98 s + 0.25 fits; the next does not
     assert isinstance(out, AdmittedRequest)
-    out = admit(c, big, now=100.0)
-    assert (out.status, out.code, out.retry_after_s) == (503, "overloaded", pytest.approx(5.5 + 0.25 - 5.0))
+    out = admit(c, big(5), now=100.0)
+    assert (out.status, out.code, out.retry_after_s) == (503, "overloaded", pytest.approx(5500 / drain + 0.25 - 5.0))
 
 
 def test_a_prompt_whose_prefill_no_workers_decodes_can_absorb_is_refused():

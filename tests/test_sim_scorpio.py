@@ -13,6 +13,7 @@ from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.sim.core import Seq, SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.services.worker.sim.scorpio import KeyedLine, ScorpioPolicy, estimated_tpot_ms, ldf_key
+from tokenyard.services.worker.sim.ttft_guard import PrefillClock
 from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.tokenizer import ByteTokenizer
 
@@ -173,11 +174,16 @@ def test_scorpio_rejects_a_request_it_kept_waiting_past_its_ttft_deadline():
     core.add(areq("p1", 10.0, arrival=0.0))  # P1: arrival + 5 s
     core.step()
     assert {s.rid for s in core.waiting} == {"late", "p1"}  # the VBS check keeps them waiting
-    assert core.expire(2.0) == []  # not yet past
-    assert core.expire(2.5) == ["late"] and "late" not in core.seqs
+    # "tight" leaves after its 30 tokens to come (nothing fits beside it), then a 64-token prefill
+    wait = PrefillClock(core).seconds(64)
+    assert 30 * PROF.step_ms(1, 1, 64, 0.0) / 1000 < wait < 0.6
+    assert core.expire(2.0 - wait - 1e-6) == []  # it could still make it
+    assert core.expire(2.0 - wait + 1e-6) == ["late"] and "late" not in core.seqs  # once it cannot
     outs = core.step().outputs
     assert EngineOutput("late", [], True, "deadline", 0) in outs
-    assert core.expire(5.5) == ["p1"] and [s.rid for s in core.waiting] == []
+    wait = PrefillClock(core).seconds(64)
+    assert core.expire(5.0 - wait - 1e-6) == [] and core.expire(5.0 - wait + 1e-6) == ["p1"]
+    assert [s.rid for s in core.waiting] == []
     assert core.expire(99.0) == []  # the running one is never rejected
 
 
@@ -186,3 +192,28 @@ def test_vllms_policy_and_scorpio_without_the_path_keep_late_requests():
         core = SimEngineCore(PROF, 16, policy=pol)
         core.add(areq("a", 10.0, arrival=0.0))
         assert core.expire(100.0) == [] and "a" in core.seqs
+
+
+def test_an_engine_that_guards_tpot_itself_reports_no_slack_for_flow_control_to_protect():
+    """SCORPIO's budget keeps every step within its decodes' SLOs, so its engine reports no TPOT
+    slack: the upstream decode term (the worker's `saturated` refusal, the queue's flow control,
+    admission) holds prefill back only by the backlog, not by a slack the engine itself guards.
+    vLLM's FCFS has no such guard: its slack still bounds what it is sent."""
+    from tokenyard.services.worker.sim.kv_priority import PriorityKVPolicy
+    from tokenyard.shared.slo import ENGINE_BACKLOG_S
+
+    for pol, guards in ((None, False), (ScorpioPolicy(PROF), True), (PriorityKVPolicy(ScorpioPolicy(PROF)), True)):
+        core = SimEngineCore(PROF, 16, policy=pol)
+        core.add(areq("a", 50.0, out=4))  # near its end: little slack to come (shared.ecoserve.saved_slack_ms)
+        core.step()
+        core.step()
+        stats = core.stats()
+        assert (stats.tpot_slack_ms is None) is guards
+        if not guards:
+            assert 0 < stats.tpot_slack_ms < ENGINE_BACKLOG_S * 1000
+        # a backlog of prefill longer than the decode's slack, shorter than the engine's backlog bound
+        slack_s = 0.0 if guards else stats.tpot_slack_ms / 1000
+        backlog_s = (slack_s + ENGINE_BACKLOG_S) / 2 if not guards else ENGINE_BACKLOG_S / 2
+        queued = int(backlog_s * 1000 / stats.prefill_ms_per_token)
+        assert WorkerCore.saturated(builders.stats(**{**{f: getattr(stats, f) for f in ("tpot_slack_ms", "prefill_ms_per_token")},
+                                                      "queued": queued})) is not guards

@@ -1,22 +1,28 @@
 """SCORPIO's two guards in the simulated engine, as the seed states them: the TPOT guard holds
 every decode's SLO step by step (the token budget priced on the batch the step really runs),
 and the TTFT guard (ttft_guard.py) rejects a waiting request as soon as its first token can no
-longer come by its deadline — for vLLM's FCFS with the same rejection too."""
+longer come by its deadline — for vLLM's FCFS with the same rejection too — and errs on keeping:
+no request it rejects would have made its deadline kept."""
 
 from __future__ import annotations
 
+import copy
+
+import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.services.worker.sim.replay import replay
 from tokenyard.services.worker.sim.scheduler import VllmPolicy
 from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
-from tokenyard.services.worker.sim.ttft_guard import full_step_rate, unattainable
+from tokenyard.services.worker.sim.ttft_guard import PrefillClock, full_step, unattainable, uncached
 from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.slo import request_deadline_s
 
 from bench.scorpio_goodput import LOOSE_MS, TIGHT_MS, simulate, workload
+from tests.builders import req
 
 PROF = profile("a100-llama3-8b")
 
@@ -33,8 +39,9 @@ def fcfs_with_rejection() -> VllmPolicy:
 
 def test_the_guard_predicts_from_the_work_ahead_and_does_not_count_whom_it_rejects():
     core = SimEngineCore(PROF, 16, policy=fcfs_with_rejection())
-    rate = full_step_rate(core)  # nothing running: a full 2,048-token step
-    assert rate == pytest.approx(2048 / PROF.step_ms(2048, 0, 0, PROF.chunk_attn_ms(2048, 0)) * 1000)
+    n, tau = full_step(core, [])  # nothing running: a full 2,048-token step
+    assert (n, tau) == (2048, pytest.approx(PROF.step_ms(2048, 0, 0, PROF.chunk_attn_ms(2048, 0)) / 1000))
+    rate = n / tau
     one = 2000 / rate  # seconds to prefill one 2,000-token prompt
     core.add(areq("a", 2000, deadline=10.0))           # first token at 1·one
     core.add(areq("b", 2000, deadline=1.5 * one))       # at 2·one: too late
@@ -46,20 +53,106 @@ def test_the_guard_predicts_from_the_work_ahead_and_does_not_count_whom_it_rejec
     assert {(o.request_id, o.finish_reason) for o in outs if o.finish_reason == "deadline"} == {("b", "deadline"), ("d", "deadline")}
 
 
-def test_a_policy_without_the_path_keeps_everyone_and_an_engine_that_cannot_prefill_waits_for_the_deadline():
+def test_a_policy_without_the_path_keeps_everyone_and_the_guard_waits_out_decodes_that_leave_no_room():
     core = SimEngineCore(PROF, 16)
     core.add(areq("a", 2000, deadline=0.001))
     assert core.expire(5.0) == []
-    # SCORPIO with a 10 ms decode running: a decode alone takes longer, so no prompt token fits
-    # a step (rate 0) and a waiting request goes only once its deadline has passed
+    # SCORPIO beside a 10 ms decode: a decode alone takes longer, so no prompt token fits a step
+    # while it runs; a waiting request is served once it has left
+    for out, kept in ((500, False), (40, True)):
+        pol = ScorpioPolicy(PROF)
+        core = SimEngineCore(PROF, 16, policy=pol)
+        core.add(areq("tight", 64, deadline=99.0, stp=10.0, out=out))
+        core.step()
+        core.add(areq("w", 64, deadline=2.0, stp=10.0))
+        core.step()
+        decodes = [s for s in core.running if s.computed >= s.target]
+        assert pol.prefill_step(core, decodes)[0] == 0
+        leaves = PrefillClock(core).seconds(1)  # out − 2 decode steps, then an empty engine's
+        assert (leaves < 2.0) is kept
+        assert core.expire(0.0) == ([] if kept else ["w"])
+
+
+def run_forward(core: SimEngineCore, rid: str, now: float) -> float:
+    """When `rid` gets its first token if the engine runs on from here, rejecting no one and
+    taking no new request."""
+    core.policy.rejects_past_deadline = False
+    while rid in core.seqs:
+        res = core.step()
+        now += res.duration_s
+        if any(o.request_id == rid and o.new_token_ids for o in res.outputs):
+            return now
+        assert res.duration_s > 0 or res.outputs
+    raise AssertionError(f"{rid} finished without a token")
+
+
+def false_rejections(policy: str, n: int, rate: float, seed: int, checked: int = 10) -> tuple[int, list[tuple[str, float]]]:
+    """(rejections, those of the first `checked` that kept — the others rejected as the guard
+    did — would have had their first token by their deadline, with the margin)."""
+    reqs = workload(n, rate, seed=seed)
+    core = SimEngineCore(PROF, 16, policy=ScorpioPolicy(PROF) if policy == "scorpio" else fcfs_with_rejection())
+    now, k, total, false = 0.0, 0, 0, []
+    while k < len(reqs) or core.has_work():
+        while k < len(reqs) and reqs[k].arrival_s <= now:
+            core.add(reqs[k])
+            k += 1
+        if not core.has_work():
+            now = reqs[k].arrival_s
+            continue
+        late = unattainable(core, now) if core.waiting else []
+        for seq in late:
+            total += 1
+            if total > checked:
+                break
+            kept = copy.deepcopy(core)
+            for other in late:
+                if other is not seq:
+                    kept.abort(other.rid)
+            first = run_forward(kept, seq.rid, now)
+            if first <= request_deadline_s(seq.req):
+                false.append((seq.rid, request_deadline_s(seq.req) - first))
+        assert core.expire(now) == [s.rid for s in late]
+        res = core.step()
+        if res.duration_s <= 0 and not res.outputs:
+            now = reqs[k].arrival_s if k < len(reqs) else now
+            continue
+        now += res.duration_s
+    return total, false
+
+
+@settings(max_examples=4, deadline=None, phases=(Phase.explicit, Phase.generate))
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["scorpio", "fcfs+reject"]))
+def test_no_request_the_guard_rejects_would_have_made_its_deadline_kept(seed, policy):
+    """It errs on keeping: each rejected request, kept on a copy of the engine (the others it
+    rejected with it gone, nothing new arriving), gets its first token after its deadline
+    (the first ten of each run checked: each is a run forward; 40 req/s is far past both policies'
+    capacity, so the line builds up and the guard acts)."""
+    total, false = false_rejections(policy, 300, 40.0, seed)
+    assert total > 0  # the load rejects: the property is exercised
+    assert false == []
+
+
+def test_decodes_about_to_leave_do_not_make_a_waiting_request_look_late():
+    """The case a one-step rate gets wrong: a 3,000-token prompt beside 8 decodes of a 16 ms SLO
+    (120 prompt tokens fit beside them a step). Priced at that step for the whole prompt it
+    looks late; they leave after 19 steps, then empty steps prefill the rest — the guard keeps
+    it, and kept it makes its deadline."""
     pol = ScorpioPolicy(PROF)
     core = SimEngineCore(PROF, 16, policy=pol)
-    core.add(areq("tight", 64, deadline=99.0, stp=10.0, out=500))
+    for i in range(8):
+        core.add(areq(f"d{i}", 64, deadline=99.0, stp=16.0, out=20))
     core.step()
-    core.add(areq("w", 64, deadline=2.0, stp=10.0))
-    core.step()
-    assert pol.prefill_rate(core) == 0.0
-    assert core.expire(1.9) == [] and core.expire(2.1) == ["w"]
+    decodes = [s for s in core.running if s.computed >= s.target]
+    assert len(decodes) == 8
+    core.add(areq("big", 3000, deadline=0.0, stp=16.0))
+    first = run_forward(copy.deepcopy(core), "big", 0.0)
+    n, tau = pol.prefill_step(core, decodes)
+    at_todays_step = 3000 / n * tau
+    assert n == 120 and first < at_todays_step  # the step beside all 8 decodes is too slow to be the price
+    big = core.seqs["big"]
+    for deadline, late in ((first, False), (0.5 * PrefillClock(core).seconds(3000), True)):
+        big.req = msgspec.structs.replace(big.req, deadline_s=deadline)
+        assert (unattainable(core, 0.0) == [big]) is late
 
 
 @settings(max_examples=12, deadline=None)
@@ -109,6 +202,56 @@ def test_a_live_engines_step_overhead_comes_off_the_tpot_bound():
         ctx = sum(s.req.prompt_len + s.generated for s in core.running)
         model_ms = PROF.step_ms(d + n, d, ctx, PROF.chunk_attn_ms(n, 0))
         assert model_ms + over_s * 1000 <= 30.0 < PROF.step_ms(d + n + 1, d, ctx, PROF.chunk_attn_ms(n + 1, 0)) + over_s * 1000
-        assert pol.prefill_rate(core) == pytest.approx(n / (model_ms + over_s * 1000) * 1000)
+        decodes = [s for s in core.running if s.computed >= s.target]
+        n_best, tau = pol.prefill_step(core, decodes)  # the guard's step: its time counts the overhead too
+        assert tau == pytest.approx((PROF.step_ms(8 + n_best, 8, ctx, PROF.chunk_attn_ms(n_best, 0)) + over_s * 1000) / 1000)
+        assert PROF.step_ms(8 + n_best, 8, ctx, PROF.chunk_attn_ms(n_best, 0)) + over_s * 1000 <= 30.0
         budgets[over_s] = budget
     assert budgets[0.010] < budgets[0.0]
+
+
+def host_tier_engine(policy) -> tuple[SimEngineCore, list[int]]:
+    """An engine whose host tier holds a 1,024-token prefix the GPU evicted: A ran and was cached,
+    B (2,064 tokens) took the GPU's room, and A's blocks went down to the host tier."""
+    core = SimEngineCore(PROF, 16, num_blocks=130, host_blocks=200, policy=policy)
+    a = list(range(1, 1025))
+    for rid, tokens in (("A", a), ("B", list(range(5001, 7065)))):
+        core.add(req(rid, tokens=tokens, max_tokens=2, tpot_slo_ms=200.0, deadline_s=99.0))
+        while rid in core.seqs:
+            core.step()
+    assert core.pool.match_prefix(req("x", tokens=a).block_hashes) == 0 and len(core.host.lru) >= 64
+    return core, a
+
+
+@pytest.mark.parametrize("policy", ["scorpio", "fcfs+reject"])
+def test_a_host_tier_prefix_is_priced_as_its_copy_not_as_prefill(policy):
+    """A prefix hit in the host tier is not prefilled: admission copies it back at the host
+    link's rate (admit.py). The guard prices that copy — not the prefill of those tokens, which
+    would reject a request that makes its deadline, and not nothing."""
+    core, a = host_tier_engine(ScorpioPolicy(PROF) if policy == "scorpio" else fcfs_with_rejection())
+    core.add(req("C", tokens=[*a, *range(9001, 9101)], max_tokens=4, tpot_slo_ms=50.0, deadline_s=99.0))
+    c = core.seqs["C"]
+    assert uncached(core, c) == (100, 1024)  # 64 blocks in the host tier, 100 tokens to prefill
+    clock = PrefillClock(core)
+    copy_s = PROF.transfer_s(1024)
+    kept_by = clock.seconds(100) + copy_s
+    assert clock.seconds(1124) > kept_by  # priced as prefill it would look later
+    for deadline, late in ((kept_by + 1e-6, False), (kept_by - 1e-6, True)):
+        c.req = msgspec.structs.replace(c.req, deadline_s=deadline)
+        assert (unattainable(core, 0.0) == [c]) is late
+    assert run_forward(copy.deepcopy(core), "C", 0.0) >= kept_by  # so the one it rejected would have missed
+
+
+def test_a_host_tier_copy_stays_inside_the_tightest_tpot():
+    """The copy lengthens the step that admits the request (its transfer time is part of the
+    step): SCORPIO's budget takes the window's copies off its bound, so the step still ends
+    within the tight decodes' SLO."""
+    core, a = host_tier_engine(ScorpioPolicy(PROF))
+    for i in range(6):
+        core.add(req(f"d{i}", prompt_len=64, max_tokens=200, tpot_slo_ms=40.0, deadline_s=99.0))
+    core.step()
+    assert sum(s.computed >= s.target for s in core.running) == 6
+    core.add(req("C", tokens=[*a, *range(9001, 9601)], max_tokens=4, tpot_slo_ms=40.0, deadline_s=99.0))
+    res = core.step()
+    assert core.step_transfer_s == pytest.approx(PROF.transfer_s(1024))  # C came in, its prefix copied
+    assert res.duration_s * 1000 <= 40.0

@@ -187,7 +187,7 @@ class AdmissionCore:
         if refusal is not None:
             return refusal
         self._charge(tenant, policy, price, now)
-        self.fleet.on_admitted(int(priority), price, prompt_len, now)
+        self.fleet.on_admitted(int(priority), price, prompt_len, now, chain, self.cfg.block_size)
 
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
         return schemas.AdmittedRequest(

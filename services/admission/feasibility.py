@@ -1,6 +1,6 @@
 """SLO feasibility: will a request of class c meet its TTFT deadline if admitted now?
 
-    wait(c)   = ahead(c) / D
+    wait(c)   = min( ahead(c) / (D − λ(c)),  (ahead(c) + λ(c)·T) / D )     (λ(c) = 0: ahead(c) / D)
     refuse    ⇔ wait(c) + H > budget (the class target: P0 0.5 s, P1 5 s, P2 60 s — a
                 request's own prefill is added to its deadline, not charged to the wait; P3
                 has none and is never refused here; or the client's ttft_slo_ms, whose own
@@ -9,13 +9,14 @@
     Retry-After = wait(c) + H − budget   (when, at this drain rate, the backlog would fit)
 
 D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue routed per
-second over its last few seconds, summed over fresh queue replicas (capped at what the fleet
-can sustain, D_s below, only with FleetView.cap_at_sustainable, off by default): the queue releases work only into the headroom its flow control
-judges from the workers' heartbeats, so the measured D is what the fleet absorbs. While the
+second over its last few seconds, summed over fresh queue replicas, no more than what the
+fleet sustains over the wait the request may have, D_s(budget − H) below (on by default,
+FleetView.cap_at_sustainable): the queue releases work only into the headroom its flow control
+judges from the workers' heartbeats, so the measured D is what the fleet absorbs now. While the
 headroom the queues report (their flow control's room, in prompt tokens; 0 while a queue
 pauses after a refused route) exceeds the prompt tokens admitted since, the queue is not the
 bottleneck: what waits is about to leave, wait = 0. Without headroom and with no drain
-measured (a burst after a quiet spell), D = D_s; with neither, nothing is predicted (wait =
+measured (a burst after a quiet spell), D = D_s(budget − H); with neither, nothing is predicted (wait =
 0). With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
 
 The sustainable drain D_s foresees the decodes a backlog's requests will run. The queue
@@ -23,23 +24,56 @@ routes a request once its prompt is prefilled at the rate the engines' flow cont
 and counts its whole work then; its decode is still to come. Early in a burst the engines
 prefill at a fresh engine's rate (few decodes beside; their TPOT slack spans their whole
 output) and the measured D is that rate; as the burst's decodes accumulate, every step carries
-them and D falls. What the fleet sustains is what each request costs an engine in all:
+them and D falls. What the fleet sustains in the long run is what each request costs an engine
+in all, its prefill c_p and its M' decode tokens of c_d each:
 
-    cost_w   = a_w·P' + b_w·P'²  +  M'·(a_w + d_w·(P + M'/2))      ms per request on worker w
-    D_s      = Σ_w (P + M) / cost_w                               work tokens per second
+    c_p      = a_w·P' + b_w·P'²,   c_d = a_w + d_w·(P + M'/2)      ms, on worker w
+    D_s      = Σ_w (P + M) / (c_p + M'·c_d)                        work tokens per second
+
+but a request waits for no longer than its budget, and a decode lives L_w = M'·step_w (step_w
+its worker's reported step time, at least c_d), seconds to tens of seconds: over a wait w the
+decodes of the requests routed from now on reach only part of their steady state, while the
+n_w decodes running now (Heartbeat running) finish. With remaining lives uniform on [0, L],
+over w the share of today's decodes still running is k = 1 − w/2L (w ≤ L), L/2w (w > L), and
+the new ones reach 1 − k of their steady state on average, so
+
+    D_s(w)   = Σ_w (1 − n_w·(c_d/step_w)·k) · (P + M) / (c_p + M'·c_d·(1 − k))
+               (n_w·c_d/step_w: the share of the engine today's decodes hold; D_s(∞) = D_s)
+
+and admission caps the measured drain at D_s(w) with w = the request's budget − H, the longest
+it may wait (P1: 4.75 s; P2: 59.75 s, about the steady state). A short overload (a 20-request
+coder burst; ChatBot ×9's peak) is judged by what the fleet does over the wait, not by a steady
+state it never reaches; a burst that keeps coming meets the decodes it piles up.
     P, M     the mean prompt and max_tokens of the requests admitted lately (EWMA);
     M'       = M·s, s the share of max_tokens the fleet's requests actually run (the mean of the
                fresh workers' Heartbeat.output_share; 1 before any reports one): a request that
                stops at EOS long before its max_tokens costs the engines only what it ran, while
                the queue's work counts its max_tokens;
-    P'       = P·(1 − h), h the fleet's prefix-cache hit share (Σ prefix_hits / Σ prefix_queries
-               over the fresh workers): cached prompt tokens are not prefilled
+    P'       = min(P·(1 − h), N): cached prompt tokens are not prefilled. h is the fleet's
+               prefix-cache hit share (Σ prefix_hits / Σ prefix_queries over the fresh workers),
+               which trails a burst whose own prompts share prefixes (a coder session's turns);
+               N, the mean of the prompt tokens that no prompt admitted lately shared (EWMA):
+               admission remembers every PREFIX_STRIDE-th block hash of what it admitted, no
+               more blocks than the fleet's KV holds (Σ kv_blocks_used + kv_blocks_free),
+               forgetting a chain's tail before its head as an engine does
     a_w, b_w its reported prefill costs (prefill_ms_per_token, prefill_ms_per_token2): a decode
                token rides a mixed step at a prompt token's linear cost
     d_w      its reported decode attention per context token (decode_ms_per_ctx_token; 0:
                unknown, the linear part alone), at a decode's mean context P + M'/2
 D_s is known only while every fresh, healthy worker reports a prefill cost (a vLLM worker
 reports one once it has measured a prefill); else no cap (None).
+
+λ(c), the work that arrives after a class-c request and still leaves before it: the work per
+second admitted lately in the classes that overtake c (`overtaking`: under strict priority every
+higher class; under the hybrid family and hybrid-wfq, P0, the strict tier — the fair tier orders
+P1 and P2 by release time, so a later P1 does not pass a waiting P2 whose release is due first;
+fcfs, wfq, drr: none). Admission measures it from what it admits (it sees every arrival first):
+over the last T = ARRIVAL_WINDOW_S (the queue's drain window), since the oldest admission in
+it, over no less than ARRIVAL_MIN_SPAN_S. The drain left for class c is D − λ(c), the textbook
+priority-queue wait; but a rate measured over T says nothing of the overload beyond T (a burst
+of P0 may end in a second), so the overtaking work is counted for at most T: the second term,
+equal to the first at wait = T and the smaller beyond it. λ(c) ≥ D therefore means a long but
+finite wait, not an infinite one. Without overtaking arrivals the prediction is ahead(c) / D.
 
 ahead(c), the work that leaves before a class-c request, follows the queue's policy over the
 waiting work W_k per class (weights w = 16/8/4/2; aging ignored, so it errs against the low
@@ -72,6 +106,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenyard.services.admission.liveness import Liveness
@@ -83,9 +118,53 @@ NUM_CLASSES = 4
 WEIGHTS = (16.0, 8.0, 4.0, 2.0)
 TARGET_S = TTFT_TARGET_S
 HYBRID_FAMILY = ("hybrid", "bubble", "bubble-placed", "fixed", "sjf")
+ARRIVAL_WINDOW_S = 2.0
+"""T: λ is measured over the admissions of the last T seconds (the queue's drain window, so λ
+and D cover the same span), and overtaking work is counted for at most T of a wait."""
+ARRIVAL_MIN_SPAN_S = ENGINE_BACKLOG_S
+"""λ is never measured over less than this (H, what one release fills): a request or a handful
+admitted at one instant is not a rate."""
+PREFIX_STRIDE = 4
+"""Admission remembers every 4th block hash of a prompt's chain (a chain hash names its whole
+prefix): a shared prefix is found to within 4 blocks, at a quarter of the memory."""
 SHAPE_WEIGHT = 1 / 32
 """The weight of each admitted request in the mean request shape (P, M) of the sustainable
 drain: the shape of about the last 32 requests, what a queue's backlog is made of."""
+
+
+def overtaking(policy: str, c: int) -> range:
+    """The classes whose later arrivals still go before a waiting class-c request: strict
+    priority, every higher class; the hybrid family (and hybrid-wfq), P0, its strict tier (its
+    fair tier orders P1 and P2 by release time, so a P1 that arrives later does not pass a
+    waiting P2 whose release comes first; P3 has no deadline to judge); fcfs, wfq, drr: none
+    counted (fcfs: nothing passes; wfq, drr: a later arrival passes only up to its share,
+    which `work_ahead` already counts for the work waiting)."""
+    if policy == "strict":
+        return range(c)
+    if policy in HYBRID_FAMILY or policy == "hybrid-wfq":
+        return range(min(c, 1))
+    return range(0)
+
+
+def still_decoding(horizon_ms: float, life_ms: float) -> float:
+    """k: over a horizon w, the mean share of today's decodes still running (each has a uniform
+    share of its life L left: 1 − τ/L at τ) = 1 − w/2L (w ≤ L), L/2w (w > L); 1 − k is the mean
+    share of its steady state that the decode population of the requests routed from now on has
+    reached (min(τ, L)/L). w = ∞ or L = 0: 0 (the steady state)."""
+    if math.isinf(horizon_ms) or life_ms <= 0:
+        return 0.0
+    x = max(horizon_ms, 0.0) / life_ms
+    return 1.0 - x / 2 if x <= 1.0 else 1.0 / (2 * x)
+
+
+def priority_wait(ahead: float, drain: float, overtaking_rate: float) -> float:
+    """The wait behind `ahead` work at `drain` > 0 while `overtaking_rate` work per second keeps
+    arriving ahead of it, that arrival counted for no more than ARRIVAL_WINDOW_S (the module's
+    formula)."""
+    if overtaking_rate <= 0 or ahead <= 0:  # nothing ahead: released before anything can pass it
+        return max(ahead, 0.0) / drain
+    passed_by = ahead / (drain - overtaking_rate) if drain > overtaking_rate else math.inf
+    return min(passed_by, (ahead + overtaking_rate * ARRIVAL_WINDOW_S) / drain)
 
 
 def work_ahead(policy: str, work: list[float], c: int) -> float:
@@ -123,13 +202,11 @@ class Verdict:
 @dataclass
 class FleetView:
     stale_after_s: float = config.STALE_AFTER_S
-    cap_at_sustainable: bool = False
-    """Cap a measured drain at D_s too (not only use D_s when nothing is measured). Off by
-    default: it moves the simulated burst's first refusal from 1.40 to 1.16 s and expires none
-    of what it admits, but on a short overload it refuses what the fleet would have served in
-    time (ChatBot ×9 on 8 instances: 139 refused, 128 fewer met their deadline; a 20-request
-    coder burst on 2 instances: 6 refused, all 20 served without it), because D_s assumes the
-    overload lasts as long as the wait it predicts (docs/results-priorities.md §3, §5)."""
+    cap_at_sustainable: bool = True
+    """Cap a measured drain at D_s(w) over the request's wait budget (not only use it when
+    nothing is measured); off: the measured drain alone, which early in a burst is a fresh
+    engine's rate and admits requests that then expire (docs/results-priorities.md §3). Round
+    4's cap at the steady state D_s(∞) over-refused short overloads and was off by default."""
     queues: dict[str, tuple[float, QueueStats]] = field(default_factory=dict)
     """queue replica → (seen at, its latest state); a state older than stale_after_s is ignored."""
     workers: dict[str, tuple[float, bool]] = field(default_factory=dict)
@@ -155,6 +232,21 @@ class FleetView:
     """worker id → its (prefix_hits, prefix_queries), counted since it started."""
     output_share: dict[str, float] = field(default_factory=dict)
     """worker id → its Heartbeat.output_share, workers that report one."""
+    arrivals: deque[tuple[float, int, float]] = field(default_factory=deque)
+    """(time, class, cost) of every request admitted within the last ARRIVAL_WINDOW_S, oldest
+    first: the work arriving per class (λ_k), which admission sees first."""
+    arrival_work: list[float] = field(default_factory=lambda: [0.0] * NUM_CLASSES)
+    """Σ cost per class over `arrivals`."""
+    decoding: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """worker id → (its running decodes, its last step time in ms), as it reported them."""
+    kv_blocks: dict[str, int] = field(default_factory=dict)
+    """worker id → the KV blocks its GPU holds (used + free): bounds admission's block memory."""
+    recent_blocks: dict[int, None] = field(default_factory=dict)
+    """Every PREFIX_STRIDE-th block hash of the prompts admitted lately, oldest first, no more
+    than the fleet's KV holds (÷ PREFIX_STRIDE): the prefixes the engines may still have cached."""
+    new_prompt: float | None = None
+    """The prompt tokens of the requests admitted lately that no recent prompt shared (EWMA,
+    SHAPE_WEIGHT per request): P' as admission sees it; None until one is admitted."""
     shape: tuple[float, float] | None = None
     """(mean prompt tokens, mean max_tokens) of the requests admitted lately: an EWMA, weight
     SHAPE_WEIGHT per request; None until one is admitted."""
@@ -190,6 +282,8 @@ class FleetView:
             self.prefill_cost[hb.worker_id] = (s.prefill_ms_per_token, s.prefill_ms_per_token2)
         self.decode_cost[hb.worker_id] = s.decode_ms_per_ctx_token
         self.prefix[hb.worker_id] = (s.prefix_hits, s.prefix_queries)
+        self.decoding[hb.worker_id] = (s.running, s.step_time_ms)
+        self.kv_blocks[hb.worker_id] = s.kv_blocks_used + s.kv_blocks_free
         if hb.output_share > 0:
             self.output_share[hb.worker_id] = hb.output_share
         self.tpot_slack_s[hb.worker_id] = decode_slack_s(hb)
@@ -219,11 +313,21 @@ class FleetView:
                  if self.up(w, now)]
         return min(times) / 1000.0 if times else None
 
-    def on_admitted(self, c: int, cost: float, prompt_len: int, now: float) -> None:
+    def on_admitted(self, c: int, cost: float, prompt_len: int, now: float,
+                    chain: Sequence[int] = (), block_size: int = config.BLOCK_SIZE) -> None:
+        """Count an admitted request (class c, cost = prompt + max_tokens): in the work the queues
+        have not taken in yet, the overtaking rate λ, the request shape, and — from its block-hash
+        chain — how much of its prompt a recent prompt shared."""
+        shared = self._remember(chain)
+        new = max(prompt_len - shared * block_size, 0)
+        self.new_prompt = float(new) if self.new_prompt is None else self.new_prompt + SHAPE_WEIGHT * (new - self.new_prompt)
         self.admitted.append((now, c, cost, prompt_len))
         self.admitted_work[c] += cost
         self.admitted_depth += 1
         self.admitted_prompt += prompt_len
+        self.arrivals.append((now, c, cost))
+        self.arrival_work[c] += cost
+        self._forget_arrivals(now)
         out = cost - prompt_len
         if self.shape is None:
             self.shape = (float(prompt_len), out)
@@ -231,10 +335,47 @@ class FleetView:
             p, m = self.shape
             self.shape = (p + SHAPE_WEIGHT * (prompt_len - p), m + SHAPE_WEIGHT * (out - m))
 
-    def sustainable_drain(self, now: float) -> float | None:
-        """D_s (the module's formula): the work per second the fresh, healthy workers sustain
-        once the requests they take run their decodes too; None: unknown (no request admitted
-        yet, no fresh worker, or one that reports no prefill cost)."""
+    def _remember(self, chain: Sequence[int]) -> int:
+        """The blocks of `chain` whose prefix a recent prompt shared (to within PREFIX_STRIDE);
+        then remembers the chain's sampled hashes as the newest."""
+        sampled = chain[PREFIX_STRIDE - 1::PREFIX_STRIDE]
+        memory = self.recent_blocks
+        shared = 0
+        for h in sampled:
+            if h not in memory:
+                break
+            shared += PREFIX_STRIDE
+        bound = sum(self.kv_blocks.values()) // PREFIX_STRIDE
+        if bound <= 0:  # no worker heard from: nothing known to hold a cache
+            return shared
+        for h in reversed(sampled):  # the prefix newest: the deepest blocks are forgotten first,
+            memory.pop(h, None)      # as an engine's LRU frees a chain's tail before its head
+            memory[h] = None
+        while len(memory) > bound:
+            del memory[next(iter(memory))]
+        return shared
+
+    def _forget_arrivals(self, now: float) -> None:
+        while self.arrivals and self.arrivals[0][0] <= now - ARRIVAL_WINDOW_S:
+            _, k, cost = self.arrivals.popleft()
+            self.arrival_work[k] -= cost
+        if not self.arrivals:  # exact zeros, whatever the float sums drifted to
+            self.arrival_work = [0.0] * NUM_CLASSES
+
+    def arrival_rate(self, classes: range, now: float) -> float:
+        """λ: the work per second admitted in `classes` over the last ARRIVAL_WINDOW_S, measured
+        since the oldest admission in it and over no less than ARRIVAL_MIN_SPAN_S."""
+        self._forget_arrivals(now)
+        if not classes or not self.arrivals:
+            return 0.0
+        work = max(sum(self.arrival_work[k] for k in classes), 0.0)
+        return work / max(ARRIVAL_MIN_SPAN_S, now - self.arrivals[0][0])
+
+    def sustainable_drain(self, now: float, horizon_s: float = math.inf) -> float | None:
+        """D_s(w) (the module's formula): the work per second the fresh, healthy workers sustain
+        over the next `horizon_s` while the decodes running now and those of the requests they
+        take run too (w = ∞: the steady state); None: unknown (no request admitted yet, no fresh
+        worker, or one that reports no prefill cost)."""
         if self.shape is None:
             return None
         fresh = [w for w in self.workers if self.up(w, now)]
@@ -244,14 +385,21 @@ class FleetView:
         hits = sum(self.prefix.get(w, (0, 0))[0] for w in fresh)
         queries = sum(self.prefix.get(w, (0, 0))[1] for w in fresh)
         computed = p * (1.0 - hits / queries) if queries > 0 else p
+        if self.new_prompt is not None:
+            computed = min(computed, self.new_prompt)
         shares = [self.output_share[w] for w in fresh if w in self.output_share]
         ran = m * (sum(shares) / len(shares) if shares else 1.0)
         total = 0.0
         for w in fresh:
             a, b = self.prefill_cost[w]
-            cost_ms = a * computed + b * computed * computed + ran * (a + self.decode_cost.get(w, 0.0) * (p + ran / 2))
-            total += (p + m) * 1000.0 / cost_ms
-        return total
+            c_p = a * computed + b * computed * computed
+            c_d = a + self.decode_cost.get(w, 0.0) * (p + ran / 2)
+            running, step = self.decoding.get(w, (0, 0.0))
+            step = max(step, c_d)  # a step carries at least one decode token
+            k = still_decoding(horizon_s * 1000.0, ran * step)
+            free = max(0.0, 1.0 - running * (c_d / step) * k)
+            total += free * (p + m) * 1000.0 / (c_p + ran * c_d * (1.0 - k))
+        return total if total > 0 else None
 
     def _fresh_queues(self, now: float) -> list[QueueStats]:
         return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
@@ -282,16 +430,17 @@ class FleetView:
         elif ahead <= 0 or sum(s.headroom for s in qs) > self.admitted_prompt:
             wait = 0.0
         else:
-            drain = self.drain(qs, now)
-            wait = ahead / drain if drain > 0 else 0.0  # no rate known at all: nothing to predict from
+            drain = self.drain(qs, now, deadline - ENGINE_BACKLOG_S)
+            wait = 0.0 if drain <= 0 else priority_wait(ahead, drain, self.arrival_rate(overtaking(qs[0].policy, c), now))
+            # (drain 0: no rate known at all, nothing to predict from)
         return Verdict(wait, deadline, depth)
 
-    def drain(self, qs: list[QueueStats], now: float) -> float:
-        """D: the measured drain (capped at the sustainable one with `cap_at_sustainable`);
-        nothing routed lately (a burst after a quiet spell): the sustainable one; 0: neither
-        is known."""
+    def drain(self, qs: list[QueueStats], now: float, horizon_s: float = math.inf) -> float:
+        """D: the measured drain, capped (`cap_at_sustainable`) at what the fleet sustains over
+        the wait a request may have (`horizon_s`: its deadline less H); nothing routed lately (a
+        burst after a quiet spell): the sustainable one; 0: neither is known."""
         measured = sum(s.drain_tokens_per_s for s in qs)
-        sustainable = self.sustainable_drain(now)
+        sustainable = self.sustainable_drain(now, horizon_s)
         if sustainable is None:
             return measured
         if measured <= 0:

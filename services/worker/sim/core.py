@@ -86,9 +86,10 @@ class SimEngineCore:
         self.seqs: dict[str, Seq] = {}
         self.last_step_s = 0.0
         self.step_overhead_s = 0.0
-        """Wall-clock time a step costs beyond its modelled duration, as the live engine's loop
-        measures it between two deliveries (an EWMA; the simulator's virtual clock has none):
-        SCORPIO's TPOT guard keeps it out of its SLO bound."""
+        """Time a step costs beyond its modelled duration, as the live engine's loop measures it
+        between two deliveries (the median of the last steps', overhead.py; the simulator's
+        virtual clock has none): SCORPIO's TPOT guard keeps it out of its SLO bound, the TTFT
+        guard adds it to every step."""
         self.prefix_hits = 0
         self.prefix_queries = 0
         self.host_hits = 0
@@ -184,7 +185,7 @@ class SimEngineCore:
         """With a policy that rejects what it cannot serve in time (SCORPIO's rejection path):
         take out every waiting request that never started and whose first token can no longer
         come by its TTFT deadline (its own, else arrival + its class target) — predicted from
-        the work ahead of it at the policy's prefill rate (ttft_guard.py), so no later than
+        the work ahead of it at the best the policy's steps can do (ttft_guard.py), so no later than
         once the deadline has passed; each ends at the next step with finish reason `deadline`
         and no token. Returns their ids."""
         if not self.policy.rejects_past_deadline or not self.waiting:

@@ -25,12 +25,11 @@ from collections.abc import AsyncIterator
 
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.services.worker.sim.core import SimEngineCore
+from tokenyard.services.worker.sim.overhead import StepOverhead
 from tokenyard.shared.schemas import AdmittedRequest, KVEvent
 
 EXPIRE_POLL_S = 0.1
 """How often an idle engine holding requests back checks their deadlines (the simulator's tick)."""
-OVERHEAD_WEIGHT = 0.1
-"""EWMA weight of one step's measured wall-clock overhead (SimEngineCore.step_overhead_s)."""
 HANDED_OFF = "handed_off"
 """The end of a stream on a P/D prefill worker: the request went on to a decode worker."""
 
@@ -46,6 +45,8 @@ class SimEngine:
         self._streams: dict[str, asyncio.Queue[EngineOutput]] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self.overhead = StepOverhead()
+        """What a step costs here beyond its model (overhead.py); its estimate is the core's step_overhead_s."""
         self.handed: dict[str, int] = {}
         """Requests handed off (spatial P/D) and not yet collected: id → num_cached_tokens."""
 
@@ -140,8 +141,8 @@ class SimEngine:
             await asyncio.sleep(delay if delay > 0 else 0)
             now = time.monotonic()
             if delivered is not None:  # what a step costs on this machine beyond its modelled time
-                extra = max(0.0, now - delivered - result.duration_s / self.speed)
-                self.core.step_overhead_s += OVERHEAD_WEIGHT * (extra - self.core.step_overhead_s)
+                extra = (now - delivered - result.duration_s / self.speed) * self.speed
+                self.core.step_overhead_s = self.overhead.add(extra)
             delivered = now
             for out in result.outputs:
                 queue = self._streams.get(out.request_id)

@@ -2,7 +2,8 @@
 
     queued_prefill_tokens  Σ (target − computed) over the waiting and the running still prefilling
     tpot_slack_ms          the tightest decode's saved slack (slack.py), paced by a decode step
-                           of the batch decoding now: step_ms(n, n, Σ context, 0)
+                           of the batch decoding now: step_ms(n, n, Σ context, 0); None under a
+                           policy that guards TPOT itself (SCORPIO: scheduler.guards_tpot)
     compute_util           tokens of the last step ÷ the step token budget; 0 when idle
     prefill_ms_per_token   one full-budget fresh chunk's step time ÷ the budget
     prefill_ms_per_token2  p3 / 2 (Σ over a prompt of p3 × context ≈ p3 · L² / 2)
@@ -49,7 +50,7 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
         preemptions=core.preemptions,
         kv_host_blocks_used=core.host.capacity - host_free,
         kv_host_blocks_free=host_free,
-        tpot_slack_ms=core.slack.min_slack_ms(decode_ms),
+        tpot_slack_ms=None if core.policy.guards_tpot else core.slack.min_slack_ms(decode_ms),
         # an idle engine computes nothing, whatever its last step was
         compute_util=core.last_tokens / core.prof.max_num_batched_tokens if core.has_work() else 0.0,
         prefill_ms_per_token=core.prefill_ms_per_token,

@@ -51,6 +51,7 @@ class PriorityKVPolicy(SchedulingPolicy):
         self.reclaims = 0
         """Claims that marked victims."""
         self.rejects_past_deadline = self.inner.rejects_past_deadline
+        self.guards_tpot = self.inner.guards_tpot
 
     def new_waiting_line(self) -> KeyedLine:
         by_deadline = isinstance(self.inner, ScorpioPolicy)
@@ -114,5 +115,5 @@ class PriorityKVPolicy(SchedulingPolicy):
     def token_budget(self, core: SimEngineCore) -> int:
         return self.inner.token_budget(core)
 
-    def prefill_rate(self, core: SimEngineCore) -> float:
-        return self.inner.prefill_rate(core)
+    def prefill_step(self, core: SimEngineCore, decodes: list[Seq]) -> tuple[int, float]:
+        return self.inner.prefill_step(core, decodes)

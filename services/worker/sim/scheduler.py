@@ -27,11 +27,12 @@ The one preemption rule, every policy's (vLLM V1's priority mode,
 
 from __future__ import annotations
 
+import copy
 import heapq
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from tokenyard.services.worker.sim.ttft_guard import full_step_rate
+from tokenyard.services.worker.sim.ttft_guard import full_step
 from tokenyard.shared.schemas import Phase
 from tokenyard.shared.slo import klass
 
@@ -86,6 +87,18 @@ class KeyedLine:
         self._live: dict[int, int] = {}
         """id(seq) → the stamp of its live entry."""
         self._stamp = 0
+
+    def __deepcopy__(self, memo: dict) -> KeyedLine:
+        """A working copy (a whole engine's, to run it forward from here): `_live` is keyed by
+        the requests' ids, which the copy's requests do not share."""
+        new = KeyedLine.__new__(KeyedLine)
+        memo[id(self)] = new
+        new.key, new.gate = copy.deepcopy(self.key, memo), copy.deepcopy(self.gate, memo)
+        new.lookahead, new._stamp = self.lookahead, self._stamp
+        new._heap = copy.deepcopy(self._heap, memo)
+        live = self._live
+        new._live = {id(n[3]): n[2] for o, n in zip(self._heap, new._heap, strict=True) if live.get(id(o[3])) == o[2]}
+        return new
 
     def _push(self, seq: Seq, preempted: bool) -> None:
         self._stamp += 1
@@ -155,6 +168,13 @@ class SchedulingPolicy(Protocol):
     can no longer come by its TTFT deadline (SimEngineCore.expire, ttft_guard.py; SCORPIO's
     rejection path), instead of keeping it."""
 
+    guards_tpot: bool = False
+    """Whether the policy itself keeps every step within its running decodes' TPOT SLOs (SCORPIO's
+    token budget). Its engine then reports no TPOT slack (engine_stats.py): a prefill backlog
+    there delays no decode past its SLO, so the upstream decode term (the queue's flow control,
+    the worker's `saturated` refusal, admission's decode term, shared.slo.prefill_budget_s) has
+    nothing to protect — holding prefill upstream would only starve the engine's own guard."""
+
     def new_waiting_line(self) -> WaitingLine: ...
 
     def admit(self, seq: Seq, core: SimEngineCore) -> bool:
@@ -188,10 +208,10 @@ class SchedulingPolicy(Protocol):
         """Extra EngineStats fields the policy reports (SCORPIO's VBS for the router). Default: none."""
         return {}
 
-    def prefill_rate(self, core: SimEngineCore) -> float:
-        """Prompt tokens per second the engine prefills now, for the TTFT guard (ttft_guard.py).
-        Default: a full step's beside the running decodes (vLLM's step)."""
-        return full_step_rate(core)
+    def prefill_step(self, core: SimEngineCore, decodes: list[Seq]) -> tuple[int, float]:
+        """The TTFT guard's optimistic step beside `decodes` (ttft_guard.py): (prompt tokens it
+        prefills, its seconds). Default: vLLM's full step beside every decode."""
+        return full_step(core, decodes)
 
 
 class VllmPolicy(SchedulingPolicy):

@@ -10,8 +10,10 @@ engine (scheduler.py's seam).
     EstimatedTPOT(v, L) is the latency profile's decode step of v sequences of context L
     (linear between ⌊v⌋ and ⌈v⌉). A request whose SLO cannot be met waits rather than slow
     everyone; an empty engine always admits (someone must run). The seed rejects the requests
-    it cannot serve in time: one still waiting, never started, once its TTFT deadline has
-    passed leaves the engine rejected (finish reason `deadline`; SimEngineCore.expire).
+    it cannot serve in time: one still waiting, never started, whose first token can no longer
+    come by its TTFT deadline leaves the engine rejected (finish reason `deadline`;
+    SimEngineCore.expire; the prediction, which errs on keeping, is ttft_guard.py's with this
+    policy's `prefill_step`).
   * Credit-based batching: each step every decoding request earns TRP(r) credit and runs in
     the step when its credit reaches 1, paying 1; so a request with twice the tightest SLO
     runs every other step, and the step's batch holds ≈ VBS decodes. Steps longer than min
@@ -19,8 +21,8 @@ engine (scheduler.py's seam).
     time since its last token pass its SLO (step_batch). Prefill chunks always run. When
     every running request has the same STP everyone runs every step (`folds`: the engine
     may fold such steps, core.advance).
-  * Token budget: a step's tokens are capped so that the step, with its ≈ VBS decodes, fits
-    the tightest running SLO (at least `min_budget`): prefill chunks shrink rather than
+  * Token budget: a step's tokens are capped so that the step, with the decodes its credit
+    batch runs, fits the tightest running SLO (no minimum): prefill chunks shrink rather than
     stretch the tight requests' TPOT (the core asks `token_budget` before each step).
 """
 
@@ -64,6 +66,9 @@ def estimated_tpot_ms(prof: LatencyProfile, vbs: float, l_avg: float) -> float:
 
 
 class ScorpioPolicy:
+    guards_tpot = True
+    """Its token budget keeps every step within the running decodes' SLOs (SchedulingPolicy)."""
+
     def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, reject: bool = True) -> None:
         self.prof = prof
         self.rejects_past_deadline = reject
@@ -72,8 +77,6 @@ class ScorpioPolicy:
         self.default_stp_ms = default_stp_ms
         self._plan: tuple[list[int], tuple[list[Seq], dict[str, float], dict[str, float]]] | None = None
         """(ids of the running set, its credit batch) between `token_budget` and `step_batch`."""
-        self._rate: float | None = None
-        """This step's prefill rate (tokens/s) at its budget; None: a full step's."""
         self.credits: dict[str, float] = {}
         self.gap_ms: dict[str, float] = {}
         """Per decoding request: time since its last token, as far as the engine's steps tell."""
@@ -112,8 +115,8 @@ class ScorpioPolicy:
         the tokens can make (the running prefills', and the waiting requests' smallest whole
         prompts that fit, and one more). A live engine's measured per-step overhead
         (`SimEngineCore.step_overhead_s`) comes off the bound and onto each step's time. A step
-        with no decode takes the full budget. Also the prefill rate the TTFT guard predicts with
-        (`prefill_rate`)."""
+        with no decode takes the full budget. A prefix the window's requests would copy back from
+        the host tier lengthens the step by the copy (admit.py): it comes off the bound too."""
         over = core.step_overhead_s * 1000.0  # live: what a step costs beyond its modelled time
         self._last_step_ms = core.last_step_s * 1000.0 + over
         self._core = core
@@ -123,19 +126,19 @@ class ScorpioPolicy:
         batch, _, gaps = ((running, {}, {}) if self.folds(running) else self._planned(running))
         decodes = [r for r in batch if r.computed >= r.target]
         if not decodes:
-            self._rate = None  # the vLLM rate of a full step (SchedulingPolicy.prefill_rate)
             return full
         d = len(decodes)
         ctx = sum(self.context(r) for r in decodes)
-        bound = min(self.stp(r) - gaps.get(r.rid, 0.0) for r in decodes) - over
         prefilling = [r for r in running if r.computed < r.target]
         # a step admits from the line's first `lookahead` (its gate's window, which moves on by
         # one per admission): twice that covers every request it can start
         window = core.waiting.ordered()[: 2 * core.waiting.lookahead] if core.waiting else []
-        todo = [(ttft_guard.uncached(core, w), w.target) for w in window]
-        waiting = sorted(u for u, _ in todo)
+        todo = [(*ttft_guard.uncached(core, w), w.target) for w in window]
+        waiting = sorted(u for u, _, _ in todo)
+        copies = sum(prof.transfer_s(h) for _, h, _ in todo if h) * 1000.0
+        bound = min(self.stp(r) - gaps.get(r.rid, 0.0) for r in decodes) - over - copies
         # the longest context a chunk may sit on: a prefilling request's, or a waiting one's cached prefix
-        k = max([r.computed for r in prefilling] + [t - u for u, t in todo], default=0)
+        k = max([r.computed for r in prefilling] + [t - u for u, _, t in todo], default=0)
 
         def cost(n: int, chunks: int) -> float:
             # m chunks of n tokens in all cost at most m·p0 + p1·n + p2·n²/2 + p3·n·k (Σ n_i² ≤ n²)
@@ -173,14 +176,34 @@ class ScorpioPolicy:
         while (need := chunks_for(lo)) > chunks:  # more chunks, fewer tokens: it settles
             chunks = need
             lo = largest(chunks)
-        self._rate = lo / (cost(lo, chunks) + over) * 1000.0 if lo else 0.0
         return d + lo
 
-    def prefill_rate(self, core: SimEngineCore) -> float:
-        """Prompt tokens per second the engine prefills at this step's budget (ttft_guard)."""
-        if self._rate is None:
-            return ttft_guard.full_step_rate(core)
-        return self._rate
+    def prefill_step(self, core: SimEngineCore, decodes: list[Seq]) -> tuple[int, float]:
+        """The TTFT guard's optimistic step beside `decodes` (ttft_guard.py): the most prompt
+        tokens of one chunk on no cached context that fit min STP(decodes) beside ⌊VBS⌋ decodes
+        at their TRP-weighted mean context (credit batching runs ≈ VBS a step, each in proportion
+        to its TRP), and the step's seconds, the live overhead in — no gap, no copy, no second
+        chunk: as fast as a step beside these decodes can prefill. None: vLLM's full step."""
+        if not decodes:
+            return ttft_guard.full_step(core, decodes)
+        prof = self.prof
+        over = core.step_overhead_s * 1000.0
+        vbs, tight = self.vbs(decodes)
+        d = max(1, math.floor(vbs + 1e-9))
+        ctx = sum(tight / self.stp(r) * self.context(r) for r in decodes) * d / vbs
+        bound = tight - over
+
+        def step(n: int) -> float:
+            return prof.step_ms(d + n, d, ctx, prof.chunk_attn_ms(n, 0) if n else 0.0)
+
+        lo, hi = 0, max(0, prof.max_num_batched_tokens - d)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if step(mid) <= bound:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo, (step(lo) + over) / 1000.0
 
     def _planned(self, running: list[Seq]) -> tuple[list[Seq], dict[str, float], dict[str, float]]:
         """The credit batch of `running` for the coming step (computed once a step, kept for

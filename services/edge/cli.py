@@ -77,8 +77,11 @@ def child_command(nats: str, host: str, http_port: int, models: list[str], *extr
 
 def _supervise(args: argparse.Namespace, processes: int) -> int:
     from tokenyard.services.edge.supervisor import EdgeSupervisor
-    from tokenyard.shared.natsutil import free_port
+    from tokenyard.shared.natsutil import free_port, port_taken
 
+    if args.http_port and port_taken(args.host, args.http_port):  # the children's binds would share it
+        print(f"tokenyard edge: port {args.http_port} is in use", file=sys.stderr, flush=True)
+        return 1
     port = args.http_port or free_port()  # one port for all: each child binding 0 would get its own
     cmd = child_command(args.nats, args.host, port, args.models or [config.DEFAULT_MODEL],
                         "--request-timeout", str(args.request_timeout), "--max-in-flight", str(args.max_in_flight))

@@ -132,7 +132,8 @@ def forget_dead_processes(path: str) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            multiprocess.mark_process_dead(pid, path)
+            with contextlib.suppress(FileNotFoundError):  # the supervisor (or another child) dropped it first
+                multiprocess.mark_process_dead(pid, path)
         except PermissionError:  # alive, someone else's
             pass
 

@@ -23,6 +23,7 @@ it reports each like any other service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -108,10 +109,11 @@ class EdgeSupervisor:
         for i, child in enumerate(self.children):
             if (rc := child.proc.poll()) is None:
                 continue
-            multiprocess.mark_process_dead(child.proc.pid, self.dir)
+            with contextlib.suppress(FileNotFoundError):  # a child's scrape may have dropped it first
+                multiprocess.mark_process_dead(child.proc.pid, self.dir)
             if time.monotonic() - child.started < self.start_grace_s:
                 self._say(f"edge process {child.index} exited with code {rc} during start-up; stopping")
-                return rc or 1
+                return rc if rc > 0 else 128 - rc if rc < 0 else 1  # killed by signal n: 128 + n, as a shell says
             self._say(f"edge process {child.index} exited with code {rc}; starting it again")
             await asyncio.sleep(RESTART_DELAY_S)
             self.children[i] = self._spawn(child.index)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -108,7 +107,10 @@ class QueueShell:
         """request id → what `take` returned for it, until its first offer is on its way (or
         it waits for room, or its route ended)."""
         self._peers: dict[str, float] = {}
-        """Other queue replicas → when their QueueStats were last heard."""
+        """Other queue replicas → when their QueueStats were last heard. One never heard counts
+        as heard when this queue started: a replica that has just started has not heard its
+        peers yet, and would otherwise take every copy a live peer handed over (and place it twice)."""
+        self._started = time.time()
         self._received_ns: dict[str, int] = {}
         """request id → when its message came (only while spans are recorded: the hop profile)."""
         self._wake = asyncio.Event()
@@ -217,7 +219,7 @@ class QueueShell:
                 await msg.ack()
             return
         taker = (msg.headers or {}).get(subjects.TAKEN_BY_HEADER)
-        if taker and taker != self.instance_id and time.time() - self._peers.get(taker, -math.inf) < PEER_SILENT_S:
+        if taker and taker != self.instance_id and time.time() - self._peers.get(taker, self._started) < PEER_SILENT_S:
             await msg.nak(delay=TAKEN_RETRY_S)  # the replica admission handed it to places it (and acks it)
             return
         self._was_seen(req.request_id, time.time())

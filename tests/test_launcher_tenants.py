@@ -10,7 +10,8 @@ import tomllib
 from tokenyard.services.admission.tenants import load_tenants
 from tokenyard.shared.schemas import PriorityClass
 
-from tokenyard.launcher import FleetProcesses, _up, register
+from tokenyard.launcher import FleetProcesses
+from tokenyard.up import _up, register
 
 TENANTS = """
 [default]
@@ -56,7 +57,7 @@ def test_up_passes_the_simulated_workers_scheduling_policy():
 
 
 def test_up_with_macro_scale_passes_the_scheduling_policy_to_the_workers_the_macro_starts():
-    from tokenyard.launcher import _macro_args
+    from tokenyard.up import _macro_args
 
     p = argparse.ArgumentParser()
     register(p.add_subparsers())

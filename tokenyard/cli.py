@@ -36,7 +36,7 @@ def _every_parser(parser: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tokenyard import launcher, request, top
+    from tokenyard import request, top, up
     from tokenyard.loadgen import cli as loadgen_cli
     from tokenyard.services.admission import cli as admission_cli
     from tokenyard.services.edge import cli as edge_cli
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="tokenyard", description="Control plane of an LLM serving fleet.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    launcher.register(sub)
+    up.register(sub)
     request.register(sub)
     top.register(sub)
     for module in (edge_cli, admission_cli, queue_cli, router_cli, macro_cli, worker_cli, loadgen_cli, sim_cli, tune_cli):

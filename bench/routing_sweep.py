@@ -37,6 +37,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -174,6 +175,19 @@ def tables(out: Path) -> str:
     return "\n".join(lines)
 
 
+def reported_cells(out: Path) -> Iterator[tuple[str, float, dict]]:
+    """(workload, load, the policies' results) for each reported cell swept into `out` that holds
+    the default and at least one peer."""
+    for name in (n for n, w in WORKLOADS.items() if w[3] == "reported"):
+        for load in LOADS:
+            path = out / f"{name}_x{load:g}.json"
+            if not path.exists():
+                continue
+            res = json.loads(path.read_text())["policies"]
+            if DEFAULT in res and set(PEERS) & set(res):
+                yield name, load, res
+
+
 def goodput_detail(out: Path) -> str:
     """For each reported cell whose goodput the default loses: whether it lost requests (met
     the SLO fewer times, or was refused more: admission's refusals and the queue's expiries)
@@ -181,26 +195,19 @@ def goodput_detail(out: Path) -> str:
     completion, so a later last completion lowers it with every request served)."""
     lines = ["| workload | load | best peer | met SLO | refused + expired | span (s) | goodput (req/s) |",
              "|---|---|---|---:|---:|---:|---:|"]
-    for name in (n for n, w in WORKLOADS.items() if w[3] == "reported"):
-        for load in LOADS:
-            path = out / f"{name}_x{load:g}.json"
-            if not path.exists():
-                continue
-            res = json.loads(path.read_text())["policies"]
-            if DEFAULT not in res or not set(PEERS) & set(res):
-                continue
-            verdict, _, _, who = cell(res, "request_goodput", max, lambda d, b: d >= b)
-            if verdict == "won":
-                continue
-            mine, peer = res[DEFAULT], res[who]
+    for name, load, res in reported_cells(out):
+        verdict, _, _, who = cell(res, "request_goodput", max, lambda d, b: d >= b)
+        if verdict == "won":
+            continue
+        mine, peer = res[DEFAULT], res[who]
 
-            def pair(f, mine=mine, peer=peer) -> str:
-                return f"{f(mine)} vs {f(peer)}"
+        def pair(f, mine=mine, peer=peer) -> str:
+            return f"{f(mine)} vs {f(peer)}"
 
-            lines.append(
-                f"| {name} | ×{load:g} | {who} | {pair(lambda r: r['outcomes']['all']['met_slo'])} | "
-                f"{pair(lambda r: r['outcomes']['all']['refused'] + r['outcomes']['all']['expired'])} | "
-                f"{pair(lambda r: format(r['duration'], '.2f'))} | {pair(lambda r: format(r['request_goodput'], '.3f'))} |")
+        lines.append(
+            f"| {name} | ×{load:g} | {who} | {pair(lambda r: r['outcomes']['all']['met_slo'])} | "
+            f"{pair(lambda r: r['outcomes']['all']['refused'] + r['outcomes']['all']['expired'])} | "
+            f"{pair(lambda r: format(r['duration'], '.2f'))} | {pair(lambda r: format(r['request_goodput'], '.3f'))} |")
     return "\n".join(lines)
 
 
@@ -257,27 +264,20 @@ def goodput_definitions(out: Path) -> str:
     lines = ["| workload | load | goodput (req/s), default vs best peer | verdict | attainment, default vs best peer | verdict |",
              "|---|---|---|---|---|---|"]
     count = {"span": 0, "attain": 0, "cells": 0, "differ": 0}
-    for name in (n for n, w in WORKLOADS.items() if w[3] == "reported"):
-        for load in LOADS:
-            path = out / f"{name}_x{load:g}.json"
-            if not path.exists():
-                continue
-            res = json.loads(path.read_text())["policies"]
-            if DEFAULT not in res or not set(PEERS) & set(res):
-                continue
-            g, mine_g, best_g, who_g = cell(res, "request_goodput", max, lambda d, b: d >= b)
-            peers = {p: attainment(res[p]) for p in PEERS if p in res}
-            who_a = max(peers, key=peers.get)
-            mine_a = attainment(res[DEFAULT])
-            a = "won" if mine_a >= peers[who_a] else "lost"
-            g = "won" if g == "won" else "lost"
-            count["cells"] += 1
-            count["span"] += g == "won"
-            count["attain"] += a == "won"
-            count["differ"] += g != a
-            mark = {"won": "**won**", "lost": "lost"}
-            lines.append(f"| {name} | ×{load:g} | {mine_g:.3f} vs {best_g:.3f} ({who_g}) | {mark[g]} | "
-                         f"{mine_a:.3f} vs {peers[who_a]:.3f} ({who_a}) | {mark[a]} |")
+    for name, load, res in reported_cells(out):
+        g, mine_g, best_g, who_g = cell(res, "request_goodput", max, lambda d, b: d >= b)
+        peers = {p: attainment(res[p]) for p in PEERS if p in res}
+        who_a = max(peers, key=peers.get)
+        mine_a = attainment(res[DEFAULT])
+        a = "won" if mine_a >= peers[who_a] else "lost"
+        g = "won" if g == "won" else "lost"
+        count["cells"] += 1
+        count["span"] += g == "won"
+        count["attain"] += a == "won"
+        count["differ"] += g != a
+        mark = {"won": "**won**", "lost": "lost"}
+        lines.append(f"| {name} | ×{load:g} | {mine_g:.3f} vs {best_g:.3f} ({who_g}) | {mark[g]} | "
+                     f"{mine_a:.3f} vs {peers[who_a]:.3f} ({who_a}) | {mark[a]} |")
     lines += ["", f"won: {count['span']} of {count['cells']} by requests ÷ span (the figure's), "
               f"{count['attain']} by SLO attainment; the definition decides {count['differ']} cells"]
     return "\n".join(lines)

@@ -94,11 +94,11 @@ ROLES: dict[str, Role] = {
         ("_INBOX.>", subjects.ROUTE, subjects.QUEUE_STATE, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}",
          f"$JS.API.STREAM.UPDATE.{_Q}", f"$JS.API.STREAM.INFO.{_Q}", f"$JS.API.CONSUMER.CREATE.{_Q}.>",
          f"$JS.API.CONSUMER.DURABLE.CREATE.{_Q}.>", f"$JS.API.CONSUMER.INFO.{_Q}.>",
-         f"$JS.API.CONSUMER.MSG.NEXT.{_Q}.>", f"$JS.ACK.{_Q}.>"),
+         f"$JS.API.CONSUMER.MSG.NEXT.{_Q}.>", f"$JS.ACK.{_Q}.>", f"$JS.API.STREAM.MSG.DELETE.{_Q}"),
         (subjects.HEARTBEAT_ALL, subjects.ABORT, subjects.QUEUE_STATS, subjects.QUEUE_STATE, "{inbox}.>", _SRV),
         responses=1,
-        why="consumes the stream; ends a request it drops on the request's inbox; hears which other "
-            "replicas live",
+        why="consumes the stream; deletes a routed request's stored copy; ends a request it drops on "
+            "the request's inbox; hears which other replicas live",
     ),
     "router": Role(
         (f"{_P}.worker.*.generate", f"{_P}.worker.*.status", subjects.ABORT, "_INBOX.>"),

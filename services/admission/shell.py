@@ -13,7 +13,8 @@ fails, the client gets `rejected` 503. A worker's first chunk can in principle o
 With a queue in the same process (`tokenyard queue --with-admission`, the default of
 `tokenyard up`), an admitted request is handed to it by a call (`LocalQueue.take`): its offer
 to a worker leaves first, then its JetStream publish and, right behind it on the same
-connection, `accepted` (`_hand_over`); the queue acks the stored copy once it is routed. A
+connection, `accepted` (`_hand_over`); the store's ack gives the queue the copy's sequence
+(`stored`), and the queue deletes (or acks) the stored copy once it is routed. A
 store that then fails, or finds the id a duplicate, ends the stream with an error (503 / 409)
 after `accepted`, and the queue gives the request back (`withdraw`); one already on a worker
 is aborted there. A reused id this process's queue has seen (JetStream's window) is not handed
@@ -62,6 +63,8 @@ class LocalQueue(Protocol):
     def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> asyncio.Future | None: ...
 
     def withdraw(self, request_id: str) -> bool: ...
+
+    def stored(self, request_id: str, seq: int) -> None: ...
 
 
 class AdmissionShell:
@@ -271,6 +274,7 @@ class AdmissionShell:
                 await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
                 return
             outcome = schemas.Outcome.ADMITTED
+            self.queue.stored(rid, ack.seq)  # its copy is deleted once it is routed: no other replica places it again
             self.metrics.observe(schemas.Outcome.ADMITTED)
         finally:
             span.set_attribute("tokenyard.outcome", outcome)

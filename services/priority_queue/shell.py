@@ -27,6 +27,16 @@ when it comes, is recognised by id: held, to be acked once the request is routed
 at once if it was routed (or ended) already — never queued a second time. Durability is
 JetStream's as before: what was not yet routed when this process dies is redelivered. If the
 store fails, or finds the id a duplicate, admission takes the request back (`withdraw`).
+
+Once such a request is routed AND admission has its store's ack (`stored`: the ack carries
+the copy's stream sequence), the copy is deleted by that sequence (JetStream's message
+delete) unless it came here already (then it is acked): with several replicas, the copy may
+sit with another replica (handed back, `TAKEN_RETRY_S`) or wait for redelivery, and if this
+replica then died or went silent for PEER_SILENT_S, that replica would place it a second
+time. What remains: a replica that dies between the offer and the delete reaching the server
+(the store's round trip plus the delete's, ~ms) leaves its copy to be placed again; and one
+silent for PEER_SILENT_S while a handed request still waits here unrouted (a GC pause) lets
+another replica place the copy while this one, once it resumes, places its own.
 """
 
 from __future__ import annotations
@@ -68,6 +78,9 @@ TAKEN_RETRY_S = 0.5
 SEEN_REMEMBERED = 50_000
 """Request ids a queue remembers for `take`'s duplicate check (as many as a router or a worker
 remembers): past that many within JetStream's window, a reused id is the worker's to answer."""
+DELETE_SUBJECT = f"$JS.API.STREAM.MSG.DELETE.{subjects.QUEUE_STREAM}"
+"""JetStream's message delete: a routed request's stored copy, by its sequence (`_settle`)."""
+DELETE_TIMEOUT_S = 2.0
 PULL_GRACE_S = 1.0
 """A pull whose end (its 408) never came is renewed this long after it expired: a NATS
 restart forgets pull requests, and so does a failover to another node."""
@@ -99,7 +112,12 @@ class QueueShell:
         self.held: dict[str, Msg] = {}
         self._local: dict[str, tuple[bytes, dict[str, str]]] = {}
         """request id → (the request encoded, its trace headers) for each request admission
-        handed over in this process (`take`) whose JetStream copy has not come yet."""
+        handed over in this process (`take`), until its JetStream copy comes or it is routed."""
+        self._stored: dict[str, int] = {}
+        """request id → its stored copy's stream sequence (`stored`), for each request handed
+        over here whose store admission saw acked while it still waits or is being placed: the
+        copy is deleted once it is routed (`_settle`)."""
+        self._deletes: set[asyncio.Task] = set()
         self._seen: OrderedDict[str, float] = OrderedDict()
         """request id → when this queue first had it, for JetStream's duplicate window (at most
         SEEN_REMEMBERED): `take` hands a seen id to JetStream's duplicate check instead of placing it."""
@@ -167,6 +185,8 @@ class QueueShell:
                 await t
         if self._routes:  # let routes in flight finish, so their acks go out
             await asyncio.gather(*self._routes, return_exceptions=True)
+        if self._deletes:
+            await asyncio.gather(*self._deletes, return_exceptions=True)
         # Hand back what was never routed: a standby replica gets it at once. (After a crash
         # instead, JetStream redelivers the unacked messages once ack_wait has passed.)
         for msg in self.held.values():
@@ -212,13 +232,15 @@ class QueueShell:
             log.error("undecodable_message", error=str(e))
             await msg.term()
             return
-        if self._local.pop(req.request_id, None) is not None:  # handed over here already (`take`)
+        taker = (msg.headers or {}).get(subjects.TAKEN_BY_HEADER)
+        handed = self._local.pop(req.request_id, None) is not None
+        self._stored.pop(req.request_id, None)
+        if handed or taker == self.instance_id:  # handed over here (`take`): never queued a second time
             if req.request_id in self.core.in_flight or req.request_id in self.core.policy:
                 self.held[req.request_id] = msg  # acked once routed, as any other
-            else:  # routed or ended before its copy came: nothing left to do with it
+            else:  # routed or ended before its copy came (or while its delete was on its way)
                 await msg.ack()
             return
-        taker = (msg.headers or {}).get(subjects.TAKEN_BY_HEADER)
         if taker and taker != self.instance_id and time.time() - self._peers.get(taker, self._started) < PEER_SILENT_S:
             await msg.nak(delay=TAKEN_RETRY_S)  # the replica admission handed it to places it (and acks it)
             return
@@ -248,6 +270,47 @@ class QueueShell:
         self._wake.set()
         return placing
 
+    def stored(self, request_id: str, seq: int) -> None:
+        """Admission's store of a request it handed over (`take`) was acked: `seq` is its copy's
+        stream sequence. Routed (or ended) already: the copy is deleted now; else once routed."""
+        if request_id in self.core.in_flight or request_id in self.core.policy:
+            if request_id in self._local:  # its copy has not come here yet
+                self._stored[request_id] = seq
+        else:
+            self._delete(seq)
+
+    def _settle(self, request_id: str) -> asyncio.Future | None:
+        """A request leaves this queue (routed, or ended): its stored copy goes — acked if it came
+        here (returned: the ack to await), else deleted by its sequence if its store's ack came
+        (else when it comes: `stored`)."""
+        self._local.pop(request_id, None)
+        seq = self._stored.pop(request_id, None)
+        msg = self.held.pop(request_id, None)
+        if msg is not None:
+            return asyncio.ensure_future(msg.ack())
+        if seq is not None:
+            self._delete(seq)
+        return None
+
+    def _delete(self, seq: int) -> None:
+        task = asyncio.create_task(self._delete_copy(seq))
+        self._deletes.add(task)
+        task.add_done_callback(self._deletes.discard)
+
+    async def _delete_copy(self, seq: int) -> None:
+        """Not awaited by anyone: a delete that fails leaves the copy to be acked when it comes
+        back here (or, if this replica dies first, placed by another, as before deletes)."""
+        body = msgspec.json.encode({"seq": seq, "no_erase": True})
+        try:
+            reply = await self.nc.request(DELETE_SUBJECT, body, timeout=DELETE_TIMEOUT_S)
+            answer = msgspec.json.decode(reply.data)
+        except Exception as e:
+            log.warning("stored_copy_not_deleted", seq=seq, error=repr(e))
+            return
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if error and error.get("err_code") != 10057:  # 10057: no such message (it came here and was acked)
+            log.warning("stored_copy_not_deleted", seq=seq, error=error)
+
     def _placed(self, request_id: str) -> None:
         """`take`'s future for this request is done (its first offer left, or it waits, or it ended)."""
         placing = self._placing.pop(request_id, None)
@@ -269,6 +332,7 @@ class QueueShell:
         or found a duplicate id. True: it was still waiting, and nothing of it ran; False: it
         is on its way to a worker, or there already."""
         self._local.pop(request_id, None)
+        self._stored.pop(request_id, None)
         self._received_ns.pop(request_id, None)
         self._placed(request_id)
         return self.core.abort(request_id) is not None
@@ -334,9 +398,8 @@ class QueueShell:
         self.metrics.observe_dispatch(outcome, req.priority, time.time() - req.arrival_s)
         if decision is not None and decision.outcome == schemas.Outcome.ROUTED:
             self.core.on_routed(req.request_id, decision.worker_id, time.time())
-            msg = self.held.pop(req.request_id, None)
-            if msg is not None:
-                await msg.ack()
+            if (acked := self._settle(req.request_id)) is not None:
+                await acked
         elif decision is not None and decision.outcome == schemas.Outcome.ABORTED:
             self.core.on_not_routed(req.request_id, time.time(), aborted=True)
             await self._finish_aborted(req)
@@ -388,9 +451,8 @@ class QueueShell:
         (the edge answers 429), its message is acked (it is not redelivered)."""
         log.info("deadline_exceeded", request_id=req.request_id, waited_s=time.time() - req.arrival_s)
         self.metrics.observe_dispatch(schemas.Outcome.REJECTED_DEADLINE, req.priority, time.time() - req.arrival_s)
-        msg = self.held.pop(req.request_id, None)
-        if msg is not None:
-            await msg.ack()
+        if (acked := self._settle(req.request_id)) is not None:
+            await acked
         await self.nc.publish(req.reply_to, codec.encode(rejected, json=req.json), headers=codec.content_headers(req.json))
 
     async def _deadline_loop(self) -> None:
@@ -405,9 +467,8 @@ class QueueShell:
 
     async def _finish_aborted(self, req: schemas.AdmittedRequest) -> None:
         """An aborted request that never reached a worker: end its stream here, drop its message."""
-        msg = self.held.pop(req.request_id, None)
-        if msg is not None:
-            await msg.ack()
+        if (acked := self._settle(req.request_id)) is not None:
+            await acked
         usage = schemas.Usage(prompt_tokens=req.prompt_len, completion_tokens=0, total_tokens=req.prompt_len)
         done = schemas.Finished(request_id=req.request_id, seq=0, finish_reason="abort", usage=usage)
         await self.nc.publish(req.reply_to, codec.encode(done, json=req.json), headers=codec.content_headers(req.json))

@@ -1,0 +1,131 @@
+"""Two queue replicas, admission in the first's process: the stored copy of a request handed
+over there must not be placed again by the other replica once it is routed — not when the
+copy sits with the other replica while the first goes silent (a pause, a crash) — and a
+request not yet routed when the first goes silent is placed by the other (nothing admitted
+lost). Against a real nats-server; the first replica is made to never pull, so that every
+stored copy reaches the other one (which hands it back while the first is heard)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tokenyard.services.admission.core import AdmissionConfig
+from tokenyard.services.admission.shell import AdmissionShell
+from tokenyard.services.priority_queue.core import QueueConfig
+from tokenyard.services.priority_queue.policies.fcfs import FCFS
+from tokenyard.services.priority_queue.shell import PEER_SILENT_S, QueueShell
+from tokenyard.services.router.core import RouterConfig
+from tokenyard.services.router.shell import RouterShell
+from tokenyard.shared import natsutil, schemas, subjects
+from tokenyard.shared.client import TokenyardClient
+from tokenyard.shared.service import ServiceHost
+
+from tests.conftest import until
+from tests.fault_fleet import TOK, Recorder, stop_fleet, worker
+
+
+class Pair:
+    """Replica `a` (router, queue that never pulls, admission) and replica `b` (router, queue)."""
+
+    def __init__(self, hosts, admission, a, a_router, b, b_router):
+        self.hosts, self.admission = hosts, admission
+        self.a, self.a_router, self.b, self.b_router = a, a_router, b, b_router
+
+    def silence_a(self) -> None:
+        """`a` stops publishing its QueueStats, as a paused or dead replica does."""
+        for task in self.a._tasks:
+            if task.get_coro().__name__ == "_stats_loop":
+                task.cancel()
+
+
+async def start_pair(url: str) -> Pair:
+    nc = await natsutil.connect(url, "replicas-setup")
+    await natsutil.ensure_queue_stream(nc)
+    await nc.jetstream().purge_stream(subjects.QUEUE_STREAM)
+    await nc.drain()
+    workers = [worker("rw0"), worker("rw1")]
+    hosts = [await ServiceHost(w, url).start() for w in workers]
+    a_router, b_router = RouterShell(RouterConfig(policy="least-loaded")), RouterShell(RouterConfig(policy="least-loaded"))
+    a, b = QueueShell(QueueConfig(), FCFS(), router=a_router), QueueShell(QueueConfig(), FCFS(), router=b_router)
+
+    async def never_pulls() -> None:
+        return None
+
+    a._pull_loop = never_pulls  # every stored copy reaches `b`
+    admission = AdmissionShell(AdmissionConfig(), TOK, queue=a)
+    for shell in (a_router, a, admission, b_router, b):
+        hosts.append(await ServiceHost(shell, url).start())
+    ids = {w.core.cfg.worker_id for w in workers}
+    await until(lambda: ids <= set(a_router.core.view.ids) and ids <= set(b_router.core.view.ids)
+                and ids <= set(a.core.workers) and ids <= set(b.core.workers)
+                and ids <= set(admission.core.fleet.workers) and a.instance_id in b._peers)
+    return Pair(hosts, admission, a, a_router, b, b_router)
+
+
+async def stream_state(url: str) -> tuple[int, int]:
+    """(messages in the queue's stream, deliveries its consumer waits to see acked)."""
+    nc = await natsutil.connect(url, "replicas-check")
+    try:
+        js = nc.jetstream()
+        messages = (await js.stream_info(subjects.QUEUE_STREAM)).state.messages
+        pending = (await js.consumer_info(subjects.QUEUE_STREAM, subjects.QUEUE_CONSUMER)).num_ack_pending
+        return messages, pending
+    finally:
+        await nc.drain()
+
+
+async def test_a_routed_requests_stored_copy_is_not_placed_again_by_another_replica_when_its_taker_goes_silent(
+        nats_server):
+    pair = await start_pair(nats_server.url)
+    client = await TokenyardClient.connect(nats_server.url)
+    rec = Recorder()
+    try:
+        running = asyncio.create_task(rec.run(client, schemas.GenerateRequest(prompt="long " * 4, max_tokens=600)))
+        await until(lambda: rec.tokens() > 0 and not pair.admission._handing)  # routed, and its store acked
+        rid = rec.events[0].request_id
+        assert [k[0] for k in pair.a_router.reask.placed] == [rid]
+        pair.silence_a()
+        # The copy is gone from the stream while the request still runs: no replica can place it.
+        state = {}
+
+        async def copy_gone() -> bool:
+            state["now"] = await stream_state(nats_server.url)
+            return state["now"] == (0, 0)
+
+        async with asyncio.timeout(10):
+            while not await copy_gone():
+                await asyncio.sleep(0.05)
+        assert not running.done()  # still generating on its worker: the copy went while it ran
+        assert not pair.b_router.reask.placed and not pair.b.held and len(pair.b.core) == 0
+        assert not pair.a._local and not pair.a._stored and not pair.a.held  # nothing kept for it here
+        await asyncio.wait_for(running, 30)
+        assert isinstance(rec.last, schemas.Finished) and rec.tokens() == 600 and rec.seqs() == list(range(len(rec.seqs())))
+        assert not pair.b_router.reask.placed  # not placed by `b` while it ran, nor after
+    finally:
+        await client.close()
+        await stop_fleet(pair.hosts)
+
+
+async def test_a_handed_request_not_yet_routed_when_its_taker_goes_silent_is_placed_by_another_replica(nats_server):
+    pair = await start_pair(nats_server.url)
+    stuck = asyncio.Event()
+
+    async def never_answers(*args, **kwargs):
+        stuck.set()
+        await asyncio.Event().wait()  # `a`'s router never places it: `a` stalls with it in flight
+
+    pair.a_router.route = never_answers
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        done = asyncio.create_task(client.generate(schemas.GenerateRequest(prompt="orphan", max_tokens=5)))
+        await stuck.wait()
+        await until(lambda: not pair.admission._handing)  # stored and acked, not routed
+        pair.silence_a()
+        got = await asyncio.wait_for(done, 10 + PEER_SILENT_S)
+        assert got.finish_reason == "length" and len(got.token_ids) == 5, got
+        assert [k[0] for k in pair.b_router.reask.placed] == [got.request_id]  # placed once, by `b`
+    finally:
+        for task in pair.a._routes:  # `a`'s stalled route, which its stop would wait for
+            task.cancel()
+        await client.close()
+        await stop_fleet(pair.hosts)

@@ -163,6 +163,7 @@ async def test_a_child_that_dies_is_started_again_and_the_port_keeps_serving(nat
         await _generate(f"http://127.0.0.1:{port}", 6)  # the other one takes every connection meanwhile
         await until(lambda: sup.restarts == 1, timeout_s=30)
         assert sup.children[0].proc is not first
+        assert not [n for n in os.listdir(sup.dir) if n.endswith(f"_{first.pid}.db")]  # folded, not kept
         await _edges_up(nc, before + 2)
         await _generate(f"http://127.0.0.1:{port}", 6)
     finally:

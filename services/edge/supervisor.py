@@ -8,12 +8,18 @@ watched by this one (which serves no request itself and holds no NATS connection
                `/metrics` on the HTTP port, and on `--metrics-port` here, is the sum over them
     signals    SIGINT / SIGTERM go on to every child, which drains; this process exits once
                they have
-    a death    reported on stderr with its exit code. During a child's first START_GRACE_S it
-               is a start-up failure (the port taken, a bad option): the others are stopped and
-               this process exits with that code. Later the child is started again after
-               RESTART_DELAY_S; its open requests are lost (their clients see the connection
-               close; their workers' routers abort them when its lease lapses), the other
-               children's keep streaming.
+    a death    reported on stderr with its exit code. During a child's first START_GRACE_S
+               after the edge started it is a start-up failure (the port taken, a bad option):
+               the others are stopped and this process exits with that code. Later the child
+               is started again, after RESTART_DELAY_S · 2^(k-1) (at most RESTART_DELAY_MAX_S)
+               for its k-th death in a row that came within STEADY_S of its start (one that
+               lived STEADY_S starts the count again); the others are watched meanwhile. Its
+               open requests are lost (their clients see the connection close; their workers'
+               routers abort them when its lease lapses), the other children's keep streaming.
+               Its metric files are folded (`fold_dead_process`): its counters and histograms
+               added into one archive file per type, so the sums never go back, and its gauges
+               dropped, so the directory holds the live children's files and one archive, not
+               a file set per child ever started.
 
 Each child dies with this process (shared.procs), so a SIGKILL here leaves no edge behind.
 `tokenyard up --edge-processes N` starts the same children itself (tokenyard/launcher.py), so
@@ -34,6 +40,7 @@ import time
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, multiprocess
+from prometheus_client.mmap_dict import MmapedDict
 from tokenyard.services.edge.shell import MULTIPROC_ENV, forget_dead_processes
 from tokenyard.shared import config, metrics
 from tokenyard.shared.procs import die_with_parent
@@ -41,13 +48,52 @@ from tokenyard.shared.procs import die_with_parent
 START_GRACE_S = 10.0
 """A child that exits sooner than this after its start failed to start: no restart."""
 RESTART_DELAY_S = 1.0
+"""The wait before a dead child is started again, doubled for each death in a row ..."""
+RESTART_DELAY_MAX_S = 30.0
+"""... up to this."""
+STEADY_S = 10.0
+"""A child that lived this long died of something new: its next restart waits RESTART_DELAY_S again."""
+SUMMED_TYPES = ("counter", "histogram", "summary")
+"""Metric files whose values add up over processes (a gauge's do not)."""
 
 
 @dataclass
 class _Child:
     index: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None
+    """None while it waits to be started again (at `due`)."""
     started: float
+    deaths: int = 0
+    """Its deaths in a row, each within STEADY_S of its start."""
+    due: float = 0.0
+
+
+def fold_dead_process(pid: int, path: str) -> None:
+    """A gone process's metric files in `path` (prometheus_client's multiprocess directory):
+    the values of its counters, histograms and summaries are added into `<type>_archive.db`
+    (the collector reads it as one more process, so totals never go back), its gauges are
+    dropped (a dead process's in-flight is not in flight), and its files are removed. One
+    process folds (the supervisor): the archive has one writer. A scrape in the instant
+    between the archive's write and the file's removal counts the dead one twice."""
+    suffix = f"_{pid}.db"
+    for name in os.listdir(path):
+        if not name.endswith(suffix):
+            continue
+        file = os.path.join(path, name)
+        kind = name.split("_", 1)[0]
+        if kind in SUMMED_TYPES:
+            try:
+                values = list(MmapedDict.read_all_values_from_file(file))
+            except FileNotFoundError:
+                continue
+            archive = MmapedDict(os.path.join(path, f"{kind}_archive.db"))
+            try:
+                for key, value, _timestamp, _pos in values:
+                    archive.write_value(key, archive.read_value(key)[0] + value, 0.0)
+            finally:
+                archive.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(file)
 
 
 class EdgeSupervisor:
@@ -66,10 +112,11 @@ class EdgeSupervisor:
         self.env = {**os.environ, MULTIPROC_ENV: self.dir, "PYTHONMALLOC": os.environ.get("PYTHONMALLOC", "malloc")}
         self.env.pop(config.METRICS_PORT_ENV, None)  # the children's metrics are served here, summed
         self.children: list[_Child] = []
+        self._started = time.monotonic()
 
-    def _spawn(self, index: int) -> _Child:
+    def _spawn(self, index: int, deaths: int = 0) -> _Child:
         proc = subprocess.Popen(self.child_cmd, env=self.env, preexec_fn=die_with_parent())
-        return _Child(index, proc, time.monotonic())
+        return _Child(index, proc, time.monotonic(), deaths)
 
     def _say(self, text: str) -> None:
         print(f"tokenyard edge: {text}", file=sys.stderr, flush=True)
@@ -84,6 +131,7 @@ class EdgeSupervisor:
         code = 0
         try:
             self.children = [self._spawn(i) for i in range(self.processes)]
+            self._started = time.monotonic()
             if self.metrics_port is not None:
                 registry = CollectorRegistry()
                 multiprocess.MultiProcessCollector(registry, self.dir)
@@ -105,28 +153,36 @@ class EdgeSupervisor:
         return code
 
     async def _reap(self) -> int:
-        """Handle the children that exited: 0 to go on, else the exit code to stop with."""
+        """Handle the children that exited, and start those whose restart is due: 0 to go on,
+        else the exit code to stop with."""
+        now = time.monotonic()
         for i, child in enumerate(self.children):
+            if child.proc is None:
+                if now >= child.due:
+                    self.children[i] = self._spawn(child.index, child.deaths)
+                    self.restarts += 1
+                continue
             if (rc := child.proc.poll()) is None:
                 continue
-            with contextlib.suppress(FileNotFoundError):  # a child's scrape may have dropped it first
-                multiprocess.mark_process_dead(child.proc.pid, self.dir)
-            if time.monotonic() - child.started < self.start_grace_s:
+            fold_dead_process(child.proc.pid, self.dir)
+            if now - self._started < self.start_grace_s:
                 self._say(f"edge process {child.index} exited with code {rc} during start-up; stopping")
                 return rc if rc > 0 else 128 - rc if rc < 0 else 1  # killed by signal n: 128 + n, as a shell says
-            self._say(f"edge process {child.index} exited with code {rc}; starting it again")
-            await asyncio.sleep(RESTART_DELAY_S)
-            self.children[i] = self._spawn(child.index)
-            self.restarts += 1
+            deaths = child.deaths + 1 if now - child.started < STEADY_S else 1
+            delay = min(RESTART_DELAY_MAX_S, RESTART_DELAY_S * 2 ** (deaths - 1))
+            self._say(f"edge process {child.index} exited with code {rc}; starting it again in {delay:g} s")
+            self.children[i] = _Child(child.index, None, child.started, deaths, due=now + delay)
         return 0
 
     async def _stop_all(self, timeout_s: float = 35.0) -> None:
         """SIGTERM every child (each drains its streams, up to its shutdown timeout), then wait."""
         for child in self.children:
-            if child.proc.poll() is None:
+            if child.proc is not None and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for child in self.children:
+            if child.proc is None:
+                continue
             while child.proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             if child.proc.poll() is None:

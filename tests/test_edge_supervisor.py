@@ -1,0 +1,101 @@
+"""The edge supervisor's care of its children, with real processes: a child that keeps dying
+is started again after a wait that doubles up to a cap and starts over once a child has
+lived a while; a dead child's metric files are folded, so `/metrics` keeps its totals, drops
+its gauges, and the directory does not grow with every child ever started."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from prometheus_client import CollectorRegistry
+from tokenyard.services.edge import supervisor
+from tokenyard.services.edge.shell import MULTIPROC_ENV, scrape
+from tokenyard.services.edge.supervisor import RESTART_DELAY_MAX_S, STEADY_S, EdgeSupervisor, fold_dead_process
+
+from tests.test_edge_processes import sample
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_child_that_keeps_dying_is_restarted_after_a_doubling_capped_wait_reset_by_a_steady_life(
+        monkeypatch, capsys):
+    clock = Clock()
+    monkeypatch.setattr(supervisor.time, "monotonic", clock)
+    sup = EdgeSupervisor(["/bin/true"], processes=2, start_grace_s=0.0)
+    sup.children = [sup._spawn(i) for i in range(2)]
+    waits = []
+    try:
+        for _ in range(8):  # each death at once: 1, 2, 4, … s, at most RESTART_DELAY_MAX_S
+            for child in sup.children:
+                child.proc.wait()
+            assert await sup._reap() == 0
+            assert all(c.proc is None for c in sup.children)  # none started before its wait is over
+            waits.append(sup.children[0].due - clock.now)
+            clock.now = sup.children[0].due - 0.001
+            assert await sup._reap() == 0 and all(c.proc is None for c in sup.children)
+            clock.now += 0.001
+            assert await sup._reap() == 0 and all(c.proc is not None for c in sup.children)
+        assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, RESTART_DELAY_MAX_S, RESTART_DELAY_MAX_S, RESTART_DELAY_MAX_S]
+        assert sup.restarts == 16
+        clock.now += STEADY_S  # these lived a while before dying: the wait starts over
+        for child in sup.children:
+            child.proc.wait()
+        await sup._reap()
+        assert sup.children[0].due - clock.now == 1.0
+        assert "exited with code 0; starting it again in 30 s" in capsys.readouterr().err
+    finally:
+        await sup._stop_all()
+
+
+async def test_a_child_failing_at_the_edges_start_still_stops_it(tmp_path):
+    sup = EdgeSupervisor([sys.executable, "-c", "import sys; sys.exit(4)"], processes=2)
+    assert await sup.run(__import__("asyncio").Event()) == 4
+    assert sup.restarts == 0
+
+
+def test_a_dead_processs_metric_files_are_folded_totals_kept_gauges_dropped(tmp_path, monkeypatch):
+    """Three processes wrote the directory; two die, one after the other. After each fold the
+    sums are the same, the dead one's in-flight is gone, and its files are gone: the live
+    process's files and one archive per summed type remain."""
+    writer = (
+        "import sys; from prometheus_client import Counter, Gauge, Histogram\n"
+        "n = int(sys.argv[1])\n"
+        "Counter('tokenyard:edge_requests', 'r', ['kind']).labels('a').inc(n)\n"
+        "Histogram('tokenyard:edge_ttft_seconds', 't', buckets=(1.0,)).observe(0.5 * n)\n"
+        "Gauge('tokenyard:edge_in_flight_requests', 'f', multiprocess_mode='livesum').set(n)\n"
+        "print('ok', flush=True); sys.stdin.read()\n"
+    )
+    env = {**os.environ, MULTIPROC_ENV: str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", writer, str(n)], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE) for n in (1, 2, 3)]
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    try:
+        assert all(p.stdout.readline() == b"ok\n" for p in procs)
+        live = 6.0
+        for gone in procs[1:]:
+            gone.kill()
+            gone.wait()
+            fold_dead_process(gone.pid, str(tmp_path))
+            live -= float(procs.index(gone) + 1)
+            text = scrape(CollectorRegistry()).decode()
+            assert sample(text, 'tokenyard:edge_requests_total{kind="a"}') == 6.0
+            assert sample(text, "tokenyard:edge_ttft_seconds_count") == 3.0
+            assert sample(text, "tokenyard:edge_ttft_seconds_sum") == 3.0
+            assert sample(text, 'tokenyard:edge_ttft_seconds_bucket{le="1.0"}') == 2.0  # 0.5 and 1.0
+            assert sample(text, "tokenyard:edge_in_flight_requests") == live
+            assert not [n for n in os.listdir(tmp_path) if n.endswith(f"_{gone.pid}.db")]
+        assert sorted(os.listdir(tmp_path)) == sorted([
+            "counter_archive.db", "histogram_archive.db",
+            f"counter_{procs[0].pid}.db", f"histogram_{procs[0].pid}.db", f"gauge_livesum_{procs[0].pid}.db"])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

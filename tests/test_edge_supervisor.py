@@ -5,6 +5,7 @@ its gauges, and the directory does not grow with every child ever started."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -12,7 +13,12 @@ import sys
 from prometheus_client import CollectorRegistry
 from tokenyard.services.edge import supervisor
 from tokenyard.services.edge.shell import MULTIPROC_ENV, scrape
-from tokenyard.services.edge.supervisor import RESTART_DELAY_MAX_S, STEADY_S, EdgeSupervisor, fold_dead_process
+from tokenyard.services.edge.supervisor import (
+    RESTART_DELAY_MAX_S,
+    STEADY_S,
+    EdgeSupervisor,
+    fold_dead_process,
+)
 
 from tests.test_edge_processes import sample
 
@@ -57,7 +63,7 @@ async def test_a_child_that_keeps_dying_is_restarted_after_a_doubling_capped_wai
 
 async def test_a_child_failing_at_the_edges_start_still_stops_it(tmp_path):
     sup = EdgeSupervisor([sys.executable, "-c", "import sys; sys.exit(4)"], processes=2)
-    assert await sup.run(__import__("asyncio").Event()) == 4
+    assert await sup.run(asyncio.Event()) == 4
     assert sup.restarts == 0
 
 

@@ -318,7 +318,7 @@ class FleetView:
         """Count an admitted request (class c, cost = prompt + max_tokens): in the work the queues
         have not taken in yet, the overtaking rate λ, the request shape, and — from its block-hash
         chain — how much of its prompt a recent prompt shared."""
-        shared = self._remember(chain)
+        shared = self._remember(chain, now)
         new = max(prompt_len - shared * block_size, 0)
         self.new_prompt = float(new) if self.new_prompt is None else self.new_prompt + SHAPE_WEIGHT * (new - self.new_prompt)
         self.admitted.append((now, c, cost, prompt_len))
@@ -335,9 +335,10 @@ class FleetView:
             p, m = self.shape
             self.shape = (p + SHAPE_WEIGHT * (prompt_len - p), m + SHAPE_WEIGHT * (out - m))
 
-    def _remember(self, chain: Sequence[int]) -> int:
+    def _remember(self, chain: Sequence[int], now: float) -> int:
         """The blocks of `chain` whose prefix a recent prompt shared (to within PREFIX_STRIDE);
-        then remembers the chain's sampled hashes as the newest."""
+        then remembers the chain's sampled hashes as the newest, no more than the KV of the
+        workers heard from lately holds (a worker gone silent caches nothing for the fleet)."""
         sampled = chain[PREFIX_STRIDE - 1::PREFIX_STRIDE]
         memory = self.recent_blocks
         shared = 0
@@ -345,8 +346,8 @@ class FleetView:
             if h not in memory:
                 break
             shared += PREFIX_STRIDE
-        bound = sum(self.kv_blocks.values()) // PREFIX_STRIDE
-        if bound <= 0:  # no worker heard from: nothing known to hold a cache
+        bound = sum(b for w, b in self.kv_blocks.items() if self.live.fresh(w, now)) // PREFIX_STRIDE
+        if bound <= 0:  # no worker heard from lately: nothing known to hold a cache
             return shared
         for h in reversed(sampled):  # the prefix newest: the deepest blocks are forgotten first,
             memory.pop(h, None)      # as an engine's LRU frees a chain's tail before its head
@@ -375,7 +376,9 @@ class FleetView:
         """D_s(w) (the module's formula): the work per second the fresh, healthy workers sustain
         over the next `horizon_s` while the decodes running now and those of the requests they
         take run too (w = ∞: the steady state); None: unknown (no request admitted yet, no fresh
-        worker, or one that reports no prefill cost)."""
+        worker, or one that reports no prefill cost). 0: a full fleet — on every fresh worker the
+        decodes running now hold the whole engine over the horizon (free = 0), which is known,
+        not unknown: the limit of D_s as the free shares go to 0."""
         if self.shape is None:
             return None
         fresh = [w for w in self.workers if self.up(w, now)]
@@ -399,7 +402,7 @@ class FleetView:
             k = still_decoding(horizon_s * 1000.0, ran * step)
             free = max(0.0, 1.0 - running * (c_d / step) * k)
             total += free * (p + m) * 1000.0 / (c_p + ran * c_d * (1.0 - k))
-        return total if total > 0 else None
+        return total
 
     def _fresh_queues(self, now: float) -> list[QueueStats]:
         return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
@@ -431,18 +434,20 @@ class FleetView:
             wait = 0.0
         else:
             drain = self.drain(qs, now, deadline - ENGINE_BACKLOG_S)
-            wait = 0.0 if drain <= 0 else priority_wait(ahead, drain, self.arrival_rate(overtaking(qs[0].policy, c), now))
-            # (drain 0: no rate known at all, nothing to predict from)
+            wait = 0.0 if drain is None else math.inf if drain <= 0 else priority_wait(
+                ahead, drain, self.arrival_rate(overtaking(qs[0].policy, c), now))
+            # (None: no rate known at all, nothing to predict from; 0: a full fleet drains nothing in time)
         return Verdict(wait, deadline, depth)
 
-    def drain(self, qs: list[QueueStats], now: float, horizon_s: float = math.inf) -> float:
+    def drain(self, qs: list[QueueStats], now: float, horizon_s: float = math.inf) -> float | None:
         """D: the measured drain, capped (`cap_at_sustainable`) at what the fleet sustains over
         the wait a request may have (`horizon_s`: its deadline less H); nothing routed lately (a
-        burst after a quiet spell): the sustainable one; 0: neither is known."""
+        burst after a quiet spell): the sustainable one; None: neither is known; 0: a full fleet
+        (the sustainable drain is 0) — whatever was measured before it filled."""
         measured = sum(s.drain_tokens_per_s for s in qs)
         sustainable = self.sustainable_drain(now, horizon_s)
         if sustainable is None:
-            return measured
+            return measured if measured > 0 else None
         if measured <= 0:
             return sustainable
         return min(measured, sustainable) if self.cap_at_sustainable else measured

@@ -11,6 +11,10 @@ Probes (`--probe NAME`, repeatable; default all):
   queue-kill       SIGKILL the queue holding ≥ 1,000 queued requests while a standby runs (kills.py)
   overload-rss     10× the fleet's measured capacity over HTTP for --overload-s from
                    several generator processes, bad input mixed in; every process's RSS  (overload.py)
+  edge-kill        SIGKILL one of a standalone edge's 2 processes under 40 HTTP streams: its
+                   clients end with an error, the other's complete, the supervisor restarts it (replicas.py)
+  queue-replica-kill  two queues with admission and router in-process, SIGKILL one mid-load
+                   (400 P3 streams): nothing admitted lost, nothing placed twice           (replicas.py)
 
     python -m bench.faults [--probe worker-kill ...] [--json docs/results-faults.json]
 """

@@ -14,6 +14,7 @@ from bench._out import write_result
 from bench.faults.kills import probe_queue_kill, probe_worker_kill
 from bench.faults.nats_restart import probe_nats_restart
 from bench.faults.overload import probe_overload_rss
+from bench.faults.replicas import probe_edge_kill, probe_queue_replica_kill
 
 PROBES = {
     "worker-kill": lambda args: probe_worker_kill(args, True),
@@ -21,6 +22,8 @@ PROBES = {
     "nats-restart": probe_nats_restart,
     "queue-kill": probe_queue_kill,
     "overload-rss": probe_overload_rss,
+    "edge-kill": probe_edge_kill,
+    "queue-replica-kill": probe_queue_replica_kill,
 }
 COLUMNS = ("probe", "sent", "completed", "failed_clean", "hung", "duplicated", "gaps", "silent_short")
 
@@ -48,6 +51,9 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overload-speed", type=float, default=0.1,
                     help="overload-rss: the simulated workers' speed (small: a capacity this machine can offer 10× of)")
     ap.add_argument("--capacity-concurrency", type=int, default=128)
+    ap.add_argument("--edge-streams", type=int, default=40, help="edge-kill: concurrent HTTP streams")
+    ap.add_argument("--replica-streams", type=int, default=400, help="queue-replica-kill: P3 streams")
+    ap.add_argument("--replica-tokens", type=int, default=64, help="queue-replica-kill: tokens per stream")
     ap.add_argument("--deadline-s", type=float, default=90.0, help="after the fault: later = hung")
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--json", default=None)

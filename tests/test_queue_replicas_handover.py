@@ -8,6 +8,7 @@ stored copy reaches the other one (which hands it back while the first is heard)
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from tokenyard.services.admission.core import AdmissionConfig
 from tokenyard.services.admission.shell import AdmissionShell
@@ -129,3 +130,50 @@ async def test_a_handed_request_not_yet_routed_when_its_taker_goes_silent_is_pla
             task.cancel()
         await client.close()
         await stop_fleet(pair.hosts)
+
+
+async def test_a_reused_id_placed_by_another_replica_before_its_409_is_stopped_and_the_first_runs_on(nats_server):
+    """The first request of an id runs on rw0, handed over by replica `a`'s admission; the same
+    id then reaches replica `b`'s admission, whose queue never saw it: it is placed (on rw1, the
+    idle one) before its store finds the id taken. Its 409 stops that generation alone."""
+    url = nats_server.url
+    nc = await natsutil.connect(url, "replicas-setup")
+    await natsutil.ensure_queue_stream(nc)
+    await nc.jetstream().purge_stream(subjects.QUEUE_STREAM)
+    await nc.drain()
+    rw0, rw1 = worker("rw0"), worker("rw1")
+    hosts = [await ServiceHost(w, url).start() for w in (rw0, rw1)]
+
+    async def replica() -> tuple[AdmissionShell, RouterShell, list[ServiceHost]]:
+        router = RouterShell(RouterConfig(policy="least-loaded"))
+        queue = QueueShell(QueueConfig(), FCFS(), router=router)
+        admission = AdmissionShell(AdmissionConfig(), TOK, queue=queue)
+        started = [await ServiceHost(s, url).start() for s in (router, queue, admission)]
+        await until(lambda: {"rw0", "rw1"} <= set(router.core.view.ids) and {"rw0", "rw1"} <= set(queue.core.workers)
+                    and {"rw0", "rw1"} <= set(admission.core.fleet.workers))
+        return admission, router, started
+
+    _, a_router, a_hosts = await replica()
+    hosts += a_hosts
+    client = await TokenyardClient.connect(url)
+    rid = f"reused-{uuid.uuid4().hex}"
+    first = Recorder()
+    try:
+        running = asyncio.create_task(first.run(client, schemas.GenerateRequest(
+            prompt="first " * 4, max_tokens=500, request_id=rid)))
+        await first.first_chunk.wait()
+        assert set(rw0._streams) == {rid}
+        await a_hosts[2].stop()  # `a`'s admission leaves the submit group: `b`'s gets the next request
+        _, b_router, b_hosts = await replica()
+        hosts += b_hosts
+        newcomer = await asyncio.wait_for(client.generate(schemas.GenerateRequest(
+            prompt="second " * 4, max_tokens=2000, request_id=rid)), 10)
+        assert newcomer.error is not None and newcomer.error.status == 409, newcomer
+        await until(lambda: list(b_router.reask.placed.values()) == ["rw1"])  # `b` did place it, on rw1
+        await until(lambda: not rw1._streams, timeout_s=5)  # stopped there by its 409
+        assert set(rw0._streams) == {rid}  # the first runs on
+        await asyncio.wait_for(running, 30)
+        assert isinstance(first.last, schemas.Finished) and first.tokens() == 500
+    finally:
+        await client.close()
+        await stop_fleet(hosts)

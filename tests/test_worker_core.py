@@ -223,3 +223,23 @@ def test_the_heartbeat_reports_the_share_of_max_tokens_the_finished_requests_ran
     assert c.output_share() == pytest.approx((25 * 31 / 32 + 100) / (100 * 31 / 32 + 100))
     # a changed share is news: the simulator sends a heartbeat, not a keep-alive
     assert not c.repeats(beat, beat.stats)
+
+
+def test_an_abort_for_one_reply_subject_stops_that_generation_alone():
+    """A reused id's newcomer is stopped by an abort naming its reply subject: the first request
+    of the id, running here or offered later, runs on; the newcomer, running or still on its
+    way, is stopped; a later plain abort still stops any."""
+    c = core()
+    c.offer(req(reply_to="_INBOX.first"), stats())
+    assert c.on_abort("r1", "duplicate_request_id", reply_to="_INBOX.newcomer") is False  # not the one here
+    assert list(c.streams) == ["r1"] and not c.streams["r1"].silenced
+    other = core()
+    assert other.on_abort("r1", "duplicate_request_id", reply_to="_INBOX.newcomer") is False  # overtook its offer
+    assert other.offer(req(reply_to="_INBOX.newcomer"), stats()) == (GenerateReply("r1", False, "aborted"), False)
+    assert other.offer(req(reply_to="_INBOX.first"), stats()) == (GenerateReply("r1", True), True)  # the first: runs
+    third = core()
+    third.offer(req(reply_to="_INBOX.newcomer"), stats())
+    assert third.on_abort("r1", "duplicate_request_id", reply_to="_INBOX.newcomer") is True
+    assert other.on_abort("r1") is True  # a plain abort: any generation of the id
+    assert other.on_abort("r1", "x", reply_to="_INBOX.elsewhere") is False
+    assert other.offer(req(reply_to="_INBOX.first"), stats())[1] is False  # still aborted for every subject

@@ -267,11 +267,13 @@ class AdmissionShell:
             if ack.duplicate and not retried:
                 outcome = schemas.Outcome.DUPLICATE
                 log.info("duplicate_request_id", request_id=rid)
-                # Not aborted if it left already: the id is the first request's too; its worker (or
-                # the router) knows the id and answers the newcomer 409 as well.
-                self.queue.withdraw(rid)
+                left = not self.queue.withdraw(rid)
                 error = schemas.Error(rid, 409, f"request id '{rid}' is already in use", seq=0)
                 await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                if left:  # placed already (the first request of the id is another replica's, its queue
+                    # never saw the id): stop this generation alone — the first request runs on
+                    await self.nc.publish(subjects.ABORT, codec.encode(
+                        schemas.Abort(rid, reason="duplicate_request_id", reply_to=req._msg.reply or "")))
                 return
             outcome = schemas.Outcome.ADMITTED
             self.queue.stored(rid, ack.seq)  # its copy is deleted once it is routed: no other replica places it again

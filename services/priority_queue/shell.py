@@ -442,6 +442,8 @@ class QueueShell:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
             return
+        if abort.reply_to:  # one generation of a reused id, already out of its queue (admission's
+            return          # `withdraw` said so): what waits here of that id is another request
         req = self.core.abort(abort.request_id)
         if req is not None:
             await self._finish_aborted(req)

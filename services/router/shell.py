@@ -112,6 +112,9 @@ class RouterShell:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
             return
+        tracked = self.migration.tracked.get(abort.request_id)
+        if abort.reply_to and tracked is not None and tracked.req.reply_to != abort.reply_to:
+            return  # another request of the id (a reused id's newcomer is stopped): this one runs on
         if abort.reason != MIGRATED:
             await self._drop(abort.request_id)
 

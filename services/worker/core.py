@@ -85,7 +85,8 @@ class WorkerCore:
         self.streams: dict[str, _Stream] = {}
         self._seen: OrderedDict[str, tuple[str, int]] = OrderedDict()
         """request id → (reply subject, migrations) of the generations started here."""
-        self._aborted: OrderedDict[str, None] = OrderedDict()
+        self._aborted: OrderedDict[str, str | None] = OrderedDict()
+        """request id → the reply subject of the one generation of it aborted (None: any)."""
         self._hb_seq = 0
         self._ran = 0.0
         self._asked = 0.0
@@ -101,7 +102,7 @@ class WorkerCore:
     def offer(self, req: AdmittedRequest, stats: EngineStats) -> tuple[schemas.GenerateReply, bool]:
         """The reply to the router, and whether to start generating."""
         rid = req.request_id
-        if rid in self._aborted:
+        if rid in self._aborted and self._aborted[rid] in (None, req.reply_to):
             return schemas.GenerateReply(rid, False, Outcome.ABORTED), False
         seen = self._seen.get(rid)
         if seen is not None and seen[0] != req.reply_to:
@@ -142,16 +143,24 @@ class WorkerCore:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""
         return schemas.Error(req.request_id, 409, f"request id '{req.request_id}' is already in use")
 
-    def on_abort(self, request_id: str, reason: str = "client") -> bool:
+    def on_abort(self, request_id: str, reason: str = "client", reply_to: str = "") -> bool:
         """True if the request is running here (the shell aborts it in the engine). A
-        `migrated` abort silences the stream but leaves the id open: the request lives on."""
+        `migrated` abort silences the stream but leaves the id open: the request lives on. One
+        with `reply_to` stops only the generation streaming there (Abort.reply_to): another
+        request of the id, here or offered later, runs on."""
+        st = self.streams.get(request_id)
         if reason == MIGRATED:
-            st = self.streams.get(request_id)
             if st is not None:
                 st.silenced = True
             return st is not None
+        if reply_to:
+            if st is not None and st.req.reply_to != reply_to:
+                return False
+            if self._aborted.get(request_id, "") is not None:  # not if every generation of it is aborted already
+                self._remember(self._aborted, request_id, reply_to)
+            return st is not None
         self._remember(self._aborted, request_id)
-        return request_id in self.streams
+        return st is not None
 
     def on_output(self, out: EngineOutput) -> list[schemas.Chunk | schemas.Finished | schemas.Rejected]:
         """The stream events one engine output makes, numbered; a request the engine

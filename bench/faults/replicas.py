@@ -72,13 +72,18 @@ async def probe_edge_kill(args) -> dict:
     edge = subprocess.Popen([*BASE, "edge", "--nats", fleet.nats_url, "--http-port", str(port), "--model",
                              fleet.model, "--processes", "2"], env=env_as(fleet, "edge"),
                             stdout=subprocess.DEVNULL, stderr=log_file(args, "edge-supervised"))
-    started = time.monotonic()
     base_url = f"http://127.0.0.1:{port}"
     try:
         nc = await natsutil.connect(fleet.nats_url, "bench-faults")
         async with asyncio.timeout(60):
-            while (await ping(nc))["tokenyard-edge"] < 3 or len(children_of(edge.pid)) < 2:  # the fleet's + 2
+            while len(children_of(edge.pid)) < 2:
+                await asyncio.sleep(0.05)
+            started = time.monotonic()  # the supervisor's start-up grace began before this
+            while (await ping(nc))["tokenyard-edge"] < 3:  # the fleet's edge and the 2
                 await asyncio.sleep(0.1)
+        # Past the supervisor's start-up grace (from its children's start, which comes after its
+        # own imports), so the kill is a death to restart from, not a failed start.
+        await asyncio.sleep(max(0.0, SUPERVISOR_GRACE_S + 1 - (time.monotonic() - started)))
         # A connection each, so the kernel spreads the streams over both processes.
         conn = aiohttp.TCPConnector(force_close=True, limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
@@ -86,7 +91,6 @@ async def probe_edge_kill(args) -> dict:
                        for i in range(args.edge_streams)]
             async with asyncio.timeout(60):
                 await asyncio.gather(*(s.first_chunk.wait() for s in streams))
-            await asyncio.sleep(max(0.0, SUPERVISOR_GRACE_S + 1 - (time.monotonic() - started)))
             before = set(children_of(edge.pid))
             running = set()
             for w in ("w0", "w1"):

@@ -167,7 +167,8 @@ async def probe_queue_replica_kill(args) -> dict:
                     accepted=sum(s.accepted for s in streams),
                     lost_accepted=len(lost),
                     never_answered=sum(1 for s in streams if not s.accepted and not s.terminal),
-                    placed_twice=sum(1 for s in streams if s.dup) + sum(v > 1 for v in finishes.values()),
+                    placed_twice=sum(1 for s in streams if s.dup or s.after_end) + sum(v > 1 for v in finishes.values()),
+                    events_after_end=sum(s.after_end for s in streams),
                     rejected=sum(1 for s in streams if s.terminal == "rejected"))
         await nc.drain()
         return row

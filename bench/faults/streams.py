@@ -48,11 +48,16 @@ class Stream:
     worker_id: str = ""
     message: str = ""
     end_s: float = 0.0
+    after_end: int = 0
+    """Chunks and ends that came after the stream's terminal event (a second placement of a
+    request that finished shows only here)."""
     first_chunk: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def on_event(self, e: schemas.StreamEvent) -> None:
         if self.terminal:
+            if isinstance(e, schemas.Chunk | schemas.Finished):
+                self.after_end += 1  # a generation that went on (or a second one) after the stream's end
             return
         match e:
             case schemas.Accepted():

@@ -103,7 +103,9 @@ def admission_answered(records, log_dir: str, clock: float) -> dict[str, Any]:
         return {}
     r = min(refused, key=lambda r: r.end_s)
     suffix = f'-{r.index}"'
-    with open(os.path.join(log_dir, "admission.log")) as f:
+    # admission logs in the queue's process by default (`up --admission in-queue`)
+    name = "admission.log" if os.path.exists(os.path.join(log_dir, "admission.log")) else "queue.log"
+    with open(os.path.join(log_dir, name)) as f:
         line = next((x for x in f if '"rejected"' in x and suffix in x), None)
     if line is None:
         return {}

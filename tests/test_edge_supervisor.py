@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 from prometheus_client import CollectorRegistry
-from tokenyard.services.edge import supervisor
 from tokenyard.services.edge.shell import MULTIPROC_ENV, scrape
 from tokenyard.services.edge.supervisor import (
     RESTART_DELAY_MAX_S,
@@ -31,11 +30,9 @@ class Clock:
         return self.now
 
 
-async def test_a_child_that_keeps_dying_is_restarted_after_a_doubling_capped_wait_reset_by_a_steady_life(
-        monkeypatch, capsys):
+async def test_a_child_that_keeps_dying_is_restarted_after_a_doubling_capped_wait_reset_by_a_steady_life(capsys):
     clock = Clock()
-    monkeypatch.setattr(supervisor.time, "monotonic", clock)
-    sup = EdgeSupervisor(["/bin/true"], processes=2, start_grace_s=0.0)
+    sup = EdgeSupervisor(["/bin/true"], processes=2, start_grace_s=0.0, clock=clock)
     sup.children = [sup._spawn(i) for i in range(2)]
     waits = []
     try:

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, multiprocess
@@ -98,7 +99,9 @@ def fold_dead_process(pid: int, path: str) -> None:
 
 class EdgeSupervisor:
     def __init__(self, child_cmd: list[str], processes: int, metrics_port: int | None = None,
-                 metrics_host: str = "0.0.0.0", start_grace_s: float = START_GRACE_S) -> None:
+                 metrics_host: str = "0.0.0.0", start_grace_s: float = START_GRACE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: the time the restart waits are counted in (a test's own)."""
         if processes < 2:
             raise ValueError("a supervisor runs at least 2 edge processes")
         self.child_cmd = child_cmd
@@ -106,17 +109,18 @@ class EdgeSupervisor:
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self.start_grace_s = start_grace_s
+        self.clock = clock
         self.metrics_url: str | None = None
         self.restarts = 0
         self.dir = tempfile.mkdtemp(prefix="tokenyard-edge-metrics-")
         self.env = {**os.environ, MULTIPROC_ENV: self.dir, "PYTHONMALLOC": os.environ.get("PYTHONMALLOC", "malloc")}
         self.env.pop(config.METRICS_PORT_ENV, None)  # the children's metrics are served here, summed
         self.children: list[_Child] = []
-        self._started = time.monotonic()
+        self._started = self.clock()
 
     def _spawn(self, index: int, deaths: int = 0) -> _Child:
         proc = subprocess.Popen(self.child_cmd, env=self.env, preexec_fn=die_with_parent())
-        return _Child(index, proc, time.monotonic(), deaths)
+        return _Child(index, proc, self.clock(), deaths)
 
     def _say(self, text: str) -> None:
         print(f"tokenyard edge: {text}", file=sys.stderr, flush=True)
@@ -131,7 +135,7 @@ class EdgeSupervisor:
         code = 0
         try:
             self.children = [self._spawn(i) for i in range(self.processes)]
-            self._started = time.monotonic()
+            self._started = self.clock()
             if self.metrics_port is not None:
                 registry = CollectorRegistry()
                 multiprocess.MultiProcessCollector(registry, self.dir)
@@ -155,7 +159,7 @@ class EdgeSupervisor:
     async def _reap(self) -> int:
         """Handle the children that exited, and start those whose restart is due: 0 to go on,
         else the exit code to stop with."""
-        now = time.monotonic()
+        now = self.clock()
         for i, child in enumerate(self.children):
             if child.proc is None:
                 if now >= child.due:

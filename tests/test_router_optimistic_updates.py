@@ -4,7 +4,7 @@ guess; a refused choice adds nothing."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.router.fleet import FleetView
 
@@ -85,6 +85,7 @@ def test_an_unanswered_offer_counts_only_its_uncached_tokens_once_per_heartbeat(
     assert r.view.decisions == 2  # adding back is no decision (the tiebreak's recency is unchanged)
 
 
+@settings(max_examples=100, deadline=None)  # a loaded machine: no per-example time limit
 @given(st.lists(st.tuples(st.sampled_from(["offer", "answer", "heartbeat"]), st.integers(0, 5),
                           st.integers(1, 3000), st.integers(0, 4000)), max_size=40))
 def test_after_any_heartbeat_the_row_is_it_plus_the_offers_out(steps):

@@ -203,10 +203,16 @@ class RouterCore:
             hit[:] = 0
             new[:] = max(req.prompt_len, 1)
         else:
+            # hit = min(blocks · B, len), new = max(len − hit, 1); a row's blocks never exceed
+            # the chain's, so each bound can bind only where the chain reaches the prompt's end
+            # (the hot path skips the call otherwise)
+            plen, most = req.prompt_len, len(req.block_hashes) * req.block_size
             np.multiply(blocks, req.block_size, out=hit)
-            np.minimum(hit, req.prompt_len, out=hit)
-            np.subtract(req.prompt_len, hit, out=new)
-            np.maximum(new, 1, out=new)
+            if most > plen:
+                np.minimum(hit, plen, out=hit)
+            np.subtract(plen, hit, out=new)
+            if most >= plen:
+                np.maximum(new, 1, out=new)
         np.add(view.queued_prefill[:n], new, out=view.p[:n])
         key, holders, warned = None, 0, False
         if det is not None:

@@ -155,7 +155,7 @@ class RouterCore:
         guards = [self.ecoserve, *spec.guards]  # EcoServe first: a no-op on a fleet without it
         self.pipeline = Pipeline(cfg.policy, filters, spec.scorer, spec.picker, guards)
         self.fallback = Pipeline("round-robin", filters, RoundRobinScorer(), ArgminPicker(), guards)
-        self._row_slot = np.zeros(0, dtype=np.int64)
+        self._row_slot: np.ndarray | None = None
         self._row_slot_key = (-1, -1)
         self._last_event: dict[str, float] = {}
 
@@ -189,7 +189,8 @@ class RouterCore:
         if not chain or self.index.holders.get(chain[0]) is None:
             return None
         per_slot = self.index.match(chain, pad=1)  # the padding entry (0): rows with no slot
-        return per_slot[self._rows_to_slots()]
+        rows = self._rows_to_slots()
+        return per_slot[: self.view.n] if rows is None else per_slot[rows]
 
     def route(self, req: AdmittedRequest, now: float, exclude: frozenset[str] = frozenset()) -> Choice:
         view, det = self.view, self.detector
@@ -223,7 +224,9 @@ class RouterCore:
                 warned = det.warning(key, holders, n)
         pipeline = self.fallback if det is not None and det.fallback(now) else self.pipeline
         if TREE_BLOCKS in pipeline.inputs:
-            view.tree_blocks[:n] = np.append(self.index.blocks_held(), 0)[self._rows_to_slots()]
+            rows = self._rows_to_slots()
+            held = np.append(self.index.blocks_held(), 0)
+            view.tree_blocks[:n] = held[:n] if rows is None else held[rows]
         choice = pipeline.choose(req, view, now, exclude)
         choice.hot_warning = warned
         choice.fallback = "round-robin" if pipeline is self.fallback else ""
@@ -261,12 +264,15 @@ class RouterCore:
         mode = self.cfg.index_mode
         return mode == "approximate" or (mode == "auto" and worker_id not in self.index.reported)
 
-    def _rows_to_slots(self) -> np.ndarray:
-        """Row → index slot, −1 (the padding entry) for a worker the index does not know."""
+    def _rows_to_slots(self) -> np.ndarray | None:
+        """Row → index slot, −1 (the padding entry) for a worker the index does not know; None
+        where row i is slot i for every row (workers heard from in the same order by both: a
+        per-slot array's first n entries are then the rows', no gather needed)."""
         key = (self.view.layout, self.index.version)
         if key != self._row_slot_key:
             get = self.index.slot_of.get
-            self._row_slot = np.fromiter((get(w, -1) for w in self.view.ids), np.int64, self.view.n)
+            rows = np.fromiter((get(w, -1) for w in self.view.ids), np.int64, self.view.n)
+            self._row_slot = None if bool((rows == np.arange(self.view.n)).all()) else rows
             self._row_slot_key = key
         return self._row_slot
 

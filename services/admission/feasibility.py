@@ -301,7 +301,7 @@ class FleetView:
         if seen is None:
             return False
         self.live.awake(now)
-        self.live.beat(worker_id, self.live.beats[worker_id].interval_s, now)
+        self.live.repeat(worker_id, now)
         self.workers[worker_id] = (now, seen[1])
         self.beats_heard += 1
         return True

@@ -86,6 +86,18 @@ class Liveness:
             stale = staleness.stale_after_s(interval)
             self.beats[worker_id] = Beat(now, self.blind_s, interval, 0.0, max(stale, 0.0), stale)
             return
+        self._again(last, interval, now)
+
+    def repeat(self, worker_id: str, now: float) -> bool:
+        """`beat` at the interval the worker announced last (a keep-alive repeats its latest
+        heartbeat); False for a worker never heard from."""
+        last = self.beats.get(worker_id)
+        if last is None:
+            return False
+        self._again(last, last.interval_s, now)
+        return True
+
+    def _again(self, last: Beat, interval: float, now: float) -> None:
         gap = self._silence(last, now)  # its own lateness, not the observer's
         # A silence past its bound was an absence (it counted as gone), not lateness: it comes
         # back with a fresh record, or a worker back from a long outage would be kept "up" for

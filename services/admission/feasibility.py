@@ -242,8 +242,10 @@ class FleetView:
     beats_heard: int = 0
     """Heartbeats and keep-alives taken so far: with the time and the observer's blind time,
     the key of `up_at`'s kept answer."""
-    _up_key: tuple[float, float, int] | None = field(default=None, init=False, repr=False)
-    _up: frozenset[str] = field(default=frozenset(), init=False, repr=False)
+    # up_at's kept answer: a memo of what the state above gives, not state itself (a refused
+    # request may fill it, and still changes nothing: it is left out of equality)
+    _up_key: tuple[float, float, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _up: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
     kv_blocks: dict[str, int] = field(default_factory=dict)
     """worker id → the KV blocks its GPU holds (used + free): bounds admission's block memory."""
     recent_blocks: dict[int, None] = field(default_factory=dict)

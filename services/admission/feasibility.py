@@ -239,9 +239,11 @@ class FleetView:
     """Σ cost per class over `arrivals`."""
     decoding: dict[str, tuple[int, float]] = field(default_factory=dict)
     """worker id → (its running decodes, its last step time in ms), as it reported them."""
-    beats_heard: int = 0
+    beats_heard: int = field(default=0, repr=False, compare=False)
     """Heartbeats and keep-alives taken so far: with the time and the observer's blind time,
-    the key of `up_at`'s kept answer."""
+    the key of `up_at`'s kept answer (a memo's key, not state: left out of equality and repr,
+    so a run that folds across ticks and one stepped one by one, which take different numbers
+    of keep-alives into the same state, compare equal)."""
     # up_at's kept answer: a memo of what the state above gives, not state itself (a refused
     # request may fill it, and still changes nothing: it is left out of equality)
     _up_key: tuple[float, float, int] | None = field(default=None, init=False, repr=False, compare=False)

@@ -37,6 +37,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -68,6 +69,37 @@ PEERS = {  # name → (module run with `python -m`, pip package, arguments)
     "sglang": ("sglang_router.launch_router", "sglang-router", ["--policy", "cache_aware"]),
     "vllm": ("vllm_router.launch_router", "vllm-router", ["--policy", "cache_aware"]),
 }
+
+
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(procs: list[tuple[str, subprocess.Popen]]) -> dict[str, float]:
+    """User + system CPU seconds each named group of processes has used so far (/proc/PID/stat;
+    every thread of a process counts: sglang-router's Rust workers too); `client` is this
+    process (`tokenyard bench serve`'s load generator)."""
+    out: dict[str, float] = {}
+    for name, proc in procs:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        key = "workers" if "worker" in name else name
+        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) * TICK_S
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["client"] = usage.ru_utime + usage.ru_stime
+    return out
+
+
+async def measured(bench: BenchConfig, procs: list[tuple[str, subprocess.Popen]]) -> dict[str, Any]:
+    """run_bench, with each process group's CPU milliseconds per request over the run
+    (`cpu_ms_per_request`: what the fleet and the client cost on the shared CPUs)."""
+    before = cpu_s(procs)
+    res = await run_bench(bench)
+    after = cpu_s(procs)
+    n = max(1, bench.num_prompts)
+    res["cpu_ms_per_request"] = {k: round((after[k] - before.get(k, 0.0)) * 1000 / n, 2) for k in after}
+    return res
 
 
 def _wait_http(url: str, procs: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
@@ -127,7 +159,14 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
         await asyncio.sleep(0)  # the router checks its workers' health before it listens
         _wait_http(f"http://127.0.0.1:{rport}/v1/models", procs[-1:], timeout_s=120.0)
         bench.target = f"http://127.0.0.1:{rport}"
-        return await run_bench(bench)
+        named = [("nats-server", server.proc), *[(f"worker-{i}", p) for i, p in enumerate(procs[:-1])],
+                 ("router", procs[-1])]
+        res = await measured(bench, named)
+        res["worker_metrics"] = {f"w{i}": await asyncio.to_thread(_scrape, {"w": f"{u}/metrics"})
+                                 for i, u in enumerate(urls)}
+        res["fleet_metrics"] = {k: sum(m.get(k, 0.0) for m in res["worker_metrics"].values())
+                                for k in {k for m in res["worker_metrics"].values() for k in m}}
+        return res
     finally:
         _stop(procs)
         for f in files:
@@ -138,12 +177,17 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
 FLEET_SERIES = ("tokenyard:queue_wait_seconds_sum", "tokenyard:queue_wait_seconds_count", "tokenyard:queue_dispatches_total",
                 "tokenyard:router_decisions_total", "tokenyard:router_decision_seconds_sum",
                 "tokenyard:router_decision_seconds_count", "tokenyard:edge_ttft_seconds_sum",
-                "tokenyard:edge_ttft_seconds_count", "vllm:time_to_first_token_seconds_sum",
-                "vllm:time_to_first_token_seconds_count")
+                "tokenyard:edge_ttft_seconds_count", "tokenyard:edge_ttft_seconds_bucket",
+                "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+                "vllm:time_to_first_token_seconds_bucket", "vllm:prefix_cache_hits_total",
+                "vllm:prefix_cache_queries_total", "vllm:request_success_total")
 """What the fleet's own metrics say about a run (where a request waited): the queue's wait from
 arrival to routed and its dispatches by outcome (a `no_capacity` is a request put back), the
 router's decisions by outcome and its time from request in to worker accepted, the edge's TTFT
-(HTTP request in → first chunk at the edge) and the workers' (engine start → first chunk)."""
+(HTTP request in → first chunk at the edge) and the workers' (engine start → first chunk), with
+the TTFT histograms' buckets (where the tail is: the engines or the hops). A peer router's run
+has its workers' series (their /metrics on the HTTP face: prefix-cache counters and requests
+finished, no TTFT histogram), kept per worker (`worker_metrics`)."""
 
 
 def fleet_series(text: str, out: dict[str, float]) -> dict[str, float]:
@@ -156,9 +200,9 @@ def fleet_series(text: str, out: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _scrape(fleet: FleetProcesses) -> dict[str, float]:
+def _scrape(targets: dict[str, str]) -> dict[str, float]:
     out: dict[str, float] = {}
-    for url in fleet.scrape_targets().values():
+    for url in targets.values():
         try:
             with urllib.request.urlopen(url, timeout=5.0) as r:
                 fleet_series(r.read().decode(), out)
@@ -176,18 +220,21 @@ async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] |
                            router_args=["--flow-control", "off"] if name == "tokenyard-noflow" else [])
     async with fleet:
         bench.target = fleet.http_url
-        res = await run_bench(bench)
-        res["fleet_metrics"] = await asyncio.to_thread(_scrape, fleet)
+        res = await measured(bench, [("nats-server", fleet.server.proc), *fleet.procs])
+        res["fleet_metrics"] = await asyncio.to_thread(_scrape, fleet.scrape_targets())
         return res
 
 
 def _row(res: dict[str, Any], speed: float) -> dict[str, Any]:
     row = {k: res.get(k) for k in KEYS}
-    if "fleet_metrics" in res:
-        row["fleet_metrics"] = res["fleet_metrics"]
+    for k in ("cpu_ms_per_request", "fleet_metrics", "worker_metrics"):
+        if k in res:
+            row[k] = res[k]
     for k in TIME_KEYS:  # wall ms → simulated ms
         if row[k] is not None:
             row[k] = row[k] * speed
+    row["requests"] = [{**r, "ttft_ms": None if r["ttft_ms"] is None else round(r["ttft_ms"] * speed, 2)}
+                       for r in res.get("requests", [])]
     return row
 
 
@@ -201,7 +248,7 @@ async def main_async(args) -> dict[str, Any]:
             rate = base * load * args.speed * args.workers / 16
             for router in args.routers:
                 bench = BenchConfig(workload=args.workload, num_prompts=args.num_prompts, rate=rate, seed=args.seed,
-                                    progress=False, request_timeout_s=args.timeout)
+                                    progress=False, request_timeout_s=args.timeout, per_request=True)
                 t, load_avg = time.monotonic(), os.getloadavg()[0]
                 head = {"round": rnd, "router": router, "load": load, "rate": rate}
                 try:
@@ -221,7 +268,7 @@ async def main_async(args) -> dict[str, Any]:
                 row = {**head, "wall_s": round(time.monotonic() - t, 1),
                        "load_avg": [round(load_avg, 1), round(os.getloadavg()[0], 1)], **_row(res, args.speed)}
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if k != "requests"}), flush=True)
     return {"config": {k: v for k, v in vars(args).items() if k != "func"}, "runs": rows}
 
 
@@ -237,6 +284,46 @@ def table(doc: dict[str, Any]) -> str:
         start, end = r.get("load_avg", ("?", "?"))
         out.append(f"{head} | {start} → {end} | {r['completed']} | {r['failed']} | {r['median_ttft_ms']:.1f} | "
                    f"{r['p99_ttft_ms']:.1f} | {r['mean_ttft_ms']:.1f} | {r['p99_tpot_ms']:.1f} | {r['request_throughput']:.2f} |")
+    return "\n".join(out)
+
+
+def engine_ttft(fleet_metrics: dict[str, float]) -> tuple[float | None, list[int]]:
+    """The workers' own mean TTFT (engine start → first chunk, wall s) and their request
+    counts, least first, from their `vllm:time_to_first_token_seconds` series."""
+    total = sum(v for k, v in fleet_metrics.items() if k.startswith("vllm:time_to_first_token_seconds_sum"))
+    counts = sorted(int(v) for k, v in fleet_metrics.items() if k.startswith("vllm:time_to_first_token_seconds_count"))
+    return (total / sum(counts) if sum(counts) else None), counts
+
+
+def breakdown(doc: dict[str, Any]) -> str:
+    """Where each run's time and CPU went: the client's mean TTFT against the engines' own
+    (their difference is what the router and its hops add, simulated ms), the requests each
+    worker served, and each process group's CPU ms per request (the edge's processes summed)."""
+    speed = doc["config"]["speed"]
+    out = ["| round | load | router | TTFT mean | engine TTFT mean | difference | prefix hit ratio | "
+           "requests per worker | CPU ms per request |", "|---|---|---|---:|---:|---:|---:|---|---|"]
+    for r in doc["runs"]:
+        if "error" in r:
+            continue
+        fm = r.get("fleet_metrics", {})
+        engine, counts = engine_ttft(fm)
+        if not counts and r.get("worker_metrics"):  # a peer's workers: requests finished, by worker
+            counts = sorted(int(sum(v for k, v in m.items() if k.startswith("vllm:request_success_total")))
+                            for m in r["worker_metrics"].values())
+        queries = sum(v for k, v in fm.items() if k.startswith("vllm:prefix_cache_queries_total"))
+        hits = sum(v for k, v in fm.items() if k.startswith("vllm:prefix_cache_hits_total"))
+        cpu: dict[str, float] = {}
+        for k, v in (r.get("cpu_ms_per_request") or {}).items():
+            key = "edge" if k.startswith("edge") else k
+            cpu[key] = cpu.get(key, 0.0) + v
+        engine_ms = None if engine is None else engine * 1000 * speed
+        cells = [f"{r.get('round', 1)}", f"×{r['load']:g}", r["router"], f"{r['mean_ttft_ms']:.1f}",
+                 "–" if engine_ms is None else f"{engine_ms:.1f}",
+                 "–" if engine_ms is None else f"{r['mean_ttft_ms'] - engine_ms:.1f}",
+                 f"{hits / queries:.3f}" if queries else "–",
+                 " / ".join(map(str, counts)) or "–",
+                 ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + (f" (fleet {sum(v for k, v in cpu.items() if k != 'client'):.1f})" if cpu else "")]
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -270,6 +357,7 @@ def main() -> int:
         ap.error("router tokenyard-ref needs --baseline REF")
     doc = asyncio.run(main_async(args))
     print(table(doc))
+    print(breakdown(doc))
     write_result(args.json, doc, prog="python -m bench.live_router")
     return 0
 

@@ -53,6 +53,9 @@ class BenchConfig:
     """Write the run's figures here (loadgen/plots.py)."""
     fleet_nats: str | None = None
     """Where to read the workers' heartbeats for the per-worker plot; None: the target if NATS."""
+    per_request: bool = False
+    """Also return each request's own figures (`requests`: index, prompt tokens, TTFT ms or
+    None, error), for pairing the same seeded request across runs (bench/live_router.py)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option."""

@@ -68,6 +68,9 @@ async def run_bench(config: BenchConfig) -> dict[str, Any]:
     result.update(config.describe())
     result["arrival_span_s"] = requests[-1].arrival_s if requests else 0.0
     result["max_send_lag_ms"] = max(((r.dispatched_s - r.scheduled_s) * 1000 for r in records), default=0.0)
+    if config.per_request:
+        result["requests"] = [{"index": r.index, "prompt_len": r.prompt_len,
+                               "ttft_ms": r.ttft * 1000 if r.success else None, "error": r.error} for r in records]
     return result
 
 

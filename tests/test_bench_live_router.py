@@ -1,9 +1,14 @@
 """bench/live_router.py's pure parts: the fleet metrics it keeps from each service's
-Prometheus page, and its table (rounds, load averages, skipped runs)."""
+Prometheus page, its tables (rounds, load averages, skipped runs; where the time and CPU
+went), and the CPU it reads per process group."""
 
 from __future__ import annotations
 
-from bench.live_router import fleet_series, table
+import subprocess
+import sys
+import time
+
+from bench.live_router import breakdown, cpu_s, engine_ttft, fleet_series, table
 
 QUEUE_PAGE = """# HELP tokenyard:queue_wait_seconds Arrival to routed, by priority class.
 # TYPE tokenyard:queue_wait_seconds histogram
@@ -43,3 +48,50 @@ def test_the_table_shows_each_round_its_load_average_and_a_skipped_run():
     assert lines[2] == "| 2 | ×3 | tokenyard | 15.8 → 16.7 | 150 | 0 | 110.4 | 297.0 | 126.4 | 19.5 | 1.00 |"
     assert lines[3].startswith("| 2 | ×3 | vllm | | — | — | skipped: vllm-router is not installed")
     assert all(line.count("|") == lines[0].count("|") for line in lines)  # every row has every column
+
+
+def test_the_breakdown_shows_engine_time_hits_spread_and_cpu_per_request():
+    ours = {"round": 1, "router": "tokenyard", "load": 1.0, "mean_ttft_ms": 50.0,
+            "cpu_ms_per_request": {"nats-server": 20.0, "edge-0": 10.0, "edge-1": 8.5, "queue": 30.0, "client": 21.0},
+            "fleet_metrics": {
+                'vllm:time_to_first_token_seconds_sum{model_name="m",worker_id="w0"}': 30.0,
+                'vllm:time_to_first_token_seconds_count{model_name="m",worker_id="w0"}': 200.0,
+                'vllm:time_to_first_token_seconds_sum{model_name="m",worker_id="w1"}': 10.0,
+                'vllm:time_to_first_token_seconds_count{model_name="m",worker_id="w1"}': 100.0,
+                'vllm:prefix_cache_hits_total{model_name="m",worker_id="w0"}': 300.0,
+                'vllm:prefix_cache_queries_total{model_name="m",worker_id="w0"}': 1000.0}}
+    peer = {"round": 1, "router": "sglang", "load": 1.0, "mean_ttft_ms": 40.0,
+            "cpu_ms_per_request": {"router": 17.0, "workers": 48.0, "client": 22.0},
+            "worker_metrics": {"w0": {'vllm:request_success_total{model_name="m",finished_reason="length"}': 180.0},
+                               "w1": {'vllm:request_success_total{model_name="m",finished_reason="length"}': 120.0}},
+            "fleet_metrics": {}}
+    assert engine_ttft(ours["fleet_metrics"]) == (40.0 / 300, [100, 200])
+    lines = breakdown({"config": {"speed": 0.25}, "runs": [ours, peer, {"router": "vllm", "load": 1.0, "error": "x"}]})
+    rows = lines.splitlines()
+    # engine mean 40/300 s = 133.3 wall ms = 33.3 simulated; the edge's two processes summed
+    assert rows[2] == ("| 1 | ×1 | tokenyard | 50.0 | 33.3 | 16.7 | 0.300 | 100 / 200 | nats-server 20.0, edge 18.5, "
+                       "queue 30.0, client 21.0 (fleet 68.5) |")
+    assert rows[3] == "| 1 | ×1 | sglang | 40.0 | – | – | – | 120 / 180 | router 17.0, workers 48.0, client 22.0 (fleet 65.0) |"
+    assert len(rows) == 4  # a skipped run has no breakdown
+
+
+def test_cpu_seconds_are_read_per_group_and_this_process_is_the_client():
+    me = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        busy = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+        try:
+            first = cpu_s([("worker-0", me), ("worker-1", busy)])
+            deadline = time.monotonic() + 30.0
+            while (second := cpu_s([("worker-0", me), ("worker-1", busy)]))["workers"] <= first["workers"]:
+                assert time.monotonic() < deadline, "a busy process spent no CPU in 30 s"
+                time.sleep(0.01)  # a clock tick is 10 ms: read again until one has passed
+        finally:
+            busy.kill()
+            busy.wait()
+    finally:
+        me.kill()
+        me.wait()
+    assert set(first) == {"workers", "client"}  # both workers in one group
+    assert second["client"] >= first["client"] > 0.0
+    gone = cpu_s([("router", me)])  # a process that has exited (and been reaped) is left out
+    assert set(gone) == {"client"}

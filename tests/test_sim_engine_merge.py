@@ -19,6 +19,11 @@ async def test_a_reader_that_fell_behind_gets_the_steps_it_missed_as_one_output(
         gen = engine.generate(req("r1", tokens=list(range(40)), max_tokens=20))
         first = await anext(gen)
         await until(lambda: "r1" not in engine.core.seqs)  # the engine ran the rest while nobody read
+        # A step's outputs go out after its modelled time: r1's last ones are delivered once a
+        # request started after it has its first token (a later step's output).
+        later = engine.generate(req("r2", tokens=list(range(40)), max_tokens=1))
+        assert (await anext(later)).finished
+        await later.aclose()
         rest = [out async for out in gen]
         assert len(rest) == 1 and rest[0].finished and rest[0].finish_reason == "length"
         tokens = first.new_token_ids + rest[0].new_token_ids

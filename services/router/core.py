@@ -158,10 +158,34 @@ class RouterCore:
         self._row_slot: np.ndarray | None = None
         self._row_slot_key = (-1, -1)
         self._last_event: dict[str, float] = {}
+        self.unanswered: dict[str, dict[str, tuple[int, int]]] = {}
+        """Worker → request → (prompt tokens, KV blocks) route added for it, for each offer out
+        to that worker with no answer yet (offer_out / offer_answered)."""
 
     # ── inputs ──
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
-        self.view.upsert(hb, now)
+        """The worker's row := its heartbeat, plus the offers to it still unanswered
+        (`offer_out`): a heartbeat the worker built before it took a request does not count
+        it, and without them the row would forget that request until the next heartbeat."""
+        i = self.view.upsert(hb, now)
+        for new, blocks in self.unanswered.get(hb.worker_id, {}).values():
+            self.view.add_routed(i, new, blocks)
+
+    def offer_out(self, worker_id: str, req: AdmittedRequest, choice: Choice) -> None:
+        """`choice` (route's, for `req`) is being offered to `worker_id`: until `offer_answered`,
+        every heartbeat of that worker's is taken to predate it (see on_heartbeat). The live
+        router's (the simulator's offers are answered in the same call: none is ever out)."""
+        new = max(req.prompt_len - choice.hit_tokens, 1)  # route's own N and blocks
+        self.unanswered.setdefault(worker_id, {})[req.request_id] = (new, -(-new // max(req.block_size, 1)))
+
+    def offer_answered(self, worker_id: str, request_id: str) -> None:
+        """The offer's answer came (or none will): the worker's next heartbeat counts the
+        request if it took it."""
+        out = self.unanswered.get(worker_id)
+        if out is not None:
+            out.pop(request_id, None)
+            if not out:
+                del self.unanswered[worker_id]
 
     def on_keepalive(self, worker_id: str, now: float) -> bool:
         """The worker's latest heartbeat again, at `now` (FleetView.keepalive); False where it

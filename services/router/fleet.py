@@ -263,13 +263,18 @@ class FleetView:
             self.pd_decode[i] = on
 
     def note_routed(self, i: int, new_tokens: int, new_blocks: int = 0) -> None:
+        self.add_routed(i, new_tokens, new_blocks)
+        self.last_chosen[i] = self.decisions
+        self.decisions += 1
+
+    def add_routed(self, i: int, new_tokens: int, new_blocks: int = 0) -> None:
+        """A request on its way to row i's worker, on top of its heartbeat's figures (no
+        decision counted: RouterCore.on_heartbeat adds back the offers still unanswered)."""
         self.waiting[i] += 1
         self.load[i] += 1
         self.bs[i] += 1
         self.queued_prefill[i] += new_tokens
         self.kv_used[i] += new_blocks
-        self.last_chosen[i] = self.decisions
-        self.decisions += 1
 
     def batch_size(self, rows: np.ndarray | slice) -> np.ndarray:
         """BS = running + routed since the last heartbeat."""

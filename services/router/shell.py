@@ -248,7 +248,11 @@ class RouterShell:
         while (choice := placement.next(time.time())) is not None:
             if span is not None:
                 span.set_attributes(span_attributes(choice))
-            reply = await self._offer(ar, choice.worker_id, data, offered)
+            self.core.offer_out(choice.worker_id, ar, choice)
+            try:
+                reply = await self._offer(ar, choice.worker_id, data, offered)
+            finally:
+                self.core.offer_answered(choice.worker_id, rid)
             if reply is None and settle:
                 return self._unsure(key, choice.worker_id), None
             if reply is not None and (decision := await self._answered(ar, choice.worker_id, reply, fresh, ours)):

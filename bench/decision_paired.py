@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     # into the fleet view is put back after each, so every decision sees the same fleet.
     ref_core = copy.copy(core)
     ref_core.index, ref_core.pipeline = ref_index, ref_pipe
-    routed_cols = ("waiting", "bs", "queued_prefill", "kv_used", "last_chosen")
+    routed_cols = tuple(c for c in ("waiting", "load", "bs", "queued_prefill", "kv_used", "last_chosen") if hasattr(view, c))
     saved = {c: getattr(view, c).copy() for c in routed_cols}
     decisions = view.decisions
 

@@ -47,6 +47,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import reduce
+from itertools import accumulate
+from operator import add
 
 from tokenyard.loadgen.workloads.blocks import TraceRequest
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
@@ -304,12 +307,12 @@ class ClusterSim:
             inst.busy_s += res.duration_s
             end = now + res.duration_s
         else:
-            times, end, busy_s = [], now, inst.busy_s
-            for d in res.step_durations:  # the clock and the busy time, added step by step
-                end += d
-                busy_s += d
-                times.append(end)
-            inst.busy_s = busy_s
+            # the clock and the busy time, added step by step (left to right, as one step at a
+            # time adds them: the same floats), each in one C-level pass
+            times = list(accumulate(res.step_durations, add, initial=now))
+            end = times[-1]
+            del times[0]
+            inst.busy_s = reduce(add, res.step_durations, inst.busy_s)
             inst.fold_times = times
         inst.busy = True
         inst.dirty = True

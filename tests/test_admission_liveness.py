@@ -190,6 +190,26 @@ def test_blind_time_never_exceeds_the_time_that_passed(seen, gaps):
         assert b.seen_s == now + t and b.blind_s == live.blind_s
 
 
+@settings(max_examples=80, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["beat", "sick", "keep", "awake", "ask"]),
+                                 st.sampled_from(["w0", "w1", "w2"]), st.floats(0.0, 0.8)),
+                       min_size=1, max_size=40))
+def test_the_kept_up_set_is_every_worker_up_now(events):
+    """FleetView.up_at keeps the workers up at a time until a heartbeat, a keep-alive or the
+    observer's blind time changes; asked after any sequence of them it is `up` worker by worker."""
+    f = FleetView(live=Liveness(tick_s=TICK))
+    now = 0.0
+    for kind, w, dt in events:
+        now += dt
+        if kind in ("beat", "sick"):
+            f.on_heartbeat(hb(w, healthy=kind == "beat"), now)
+        elif kind == "keep":
+            f.on_keepalive(w, now)
+        elif kind == "awake":
+            f.awake(now)
+        assert f.up_at(now) == {x for x in f.workers if f.up(x, now)}
+
+
 # ───────────────────────────── live ─────────────────────────────
 
 

@@ -239,6 +239,15 @@ class FleetView:
     """Σ cost per class over `arrivals`."""
     decoding: dict[str, tuple[int, float]] = field(default_factory=dict)
     """worker id → (its running decodes, its last step time in ms), as it reported them."""
+    beats_heard: int = field(default=0, repr=False, compare=False)
+    """Heartbeats and keep-alives taken so far: with the time and the observer's blind time,
+    the key of `up_at`'s kept answer (a memo's key, not state: left out of equality and repr,
+    so a run that folds across ticks and one stepped one by one, which take different numbers
+    of keep-alives into the same state, compare equal)."""
+    # up_at's kept answer: a memo of what the state above gives, not state itself (a refused
+    # request may fill it, and still changes nothing: it is left out of equality)
+    _up_key: tuple[float, float, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _up: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
     kv_blocks: dict[str, int] = field(default_factory=dict)
     """worker id → the KV blocks its GPU holds (used + free): bounds admission's block memory."""
     recent_blocks: dict[int, None] = field(default_factory=dict)
@@ -277,6 +286,7 @@ class FleetView:
         self.live.awake(now)
         self.live.beat(hb.worker_id, hb.interval_s, now)
         self.workers[hb.worker_id] = (now, hb.healthy and not hb.draining)
+        self.beats_heard += 1
         s = hb.stats
         if s.prefill_ms_per_token > 0:
             self.prefill_cost[hb.worker_id] = (s.prefill_ms_per_token, s.prefill_ms_per_token2)
@@ -295,22 +305,25 @@ class FleetView:
         if seen is None:
             return False
         self.live.awake(now)
-        self.live.beat(worker_id, self.live.beats[worker_id].interval_s, now)
+        self.live.repeat(worker_id, now)
         self.workers[worker_id] = (now, seen[1])
+        self.beats_heard += 1
         return True
 
     def decode_room_s(self, now: float) -> float | None:
         """The longest prefill some fresh, healthy worker can take without pushing its running
         decodes past their TPOT SLO: the largest slack over the workers (∞ where nothing
         decodes); None when no worker reports one (nothing known: nothing refused)."""
+        up = self.up_at(now)
         rooms = [math.inf if slack is None else slack for w, slack in self.tpot_slack_s.items()
-                 if self.up(w, now) and w in self.prefill_cost]
+                 if w in up and w in self.prefill_cost]
         return max(rooms) if rooms else None
 
     def own_prefill_s(self, prompt_len: int, now: float) -> float | None:
         """The request's prefill alone on the fastest fresh, healthy worker; None: unknown."""
+        up = self.up_at(now)
         times = [prompt_len * a + prompt_len * prompt_len * b for w, (a, b) in self.prefill_cost.items()
-                 if self.up(w, now)]
+                 if w in up]
         return min(times) / 1000.0 if times else None
 
     def on_admitted(self, c: int, cost: float, prompt_len: int, now: float,
@@ -381,7 +394,8 @@ class FleetView:
         not unknown: the limit of D_s as the free shares go to 0."""
         if self.shape is None:
             return None
-        fresh = [w for w in self.workers if self.up(w, now)]
+        up = self.up_at(now)
+        fresh = [w for w in self.workers if w in up]
         if not fresh or any(w not in self.prefill_cost for w in fresh):
             return None
         p, m = self.shape
@@ -411,6 +425,16 @@ class FleetView:
         """Healthy, not draining, and heard from within its liveness bound (liveness.py)."""
         seen = self.workers.get(worker_id)
         return seen is not None and seen[1] and self.live.fresh(worker_id, now)
+
+    def up_at(self, now: float) -> frozenset[str]:
+        """The workers `up` at `now`, kept until the time, a heartbeat or keep-alive, or the
+        observer's blind time (the only inputs of `up`) changes: admission asks at every
+        arrival in two or three passes over the fleet (own prefill, decode room, drain)."""
+        key = (now, self.live.blind_s, self.beats_heard)
+        if key != self._up_key:
+            self._up = frozenset(w for w in self.workers if self.up(w, now))
+            self._up_key = key
+        return self._up
 
     def fleet_down(self, now: float) -> bool:
         """Workers have been seen and none is up: every class with a deadline is refused."""

@@ -53,6 +53,11 @@ class Beat:
     """The interval it announces."""
     gap_s: float = 0.0
     """Its longest gap between heartbeats lately (decayed maximum)."""
+    bound_s: float = 0.0
+    """bound_w from the two above, kept at each heartbeat: admission asks `fresh` for every
+    worker at every arrival (its passes over the fleet), far more often than beats come."""
+    stale_s: float = 0.0
+    """shared.staleness's bound for `interval_s` (the first term of bound_w)."""
 
 
 @dataclass
@@ -78,23 +83,38 @@ class Liveness:
         interval = staleness.announced_interval_s(interval_s)
         last = self.beats.get(worker_id)
         if last is None:
-            self.beats[worker_id] = Beat(now, self.blind_s, interval)
+            stale = staleness.stale_after_s(interval)
+            self.beats[worker_id] = Beat(now, self.blind_s, interval, 0.0, max(stale, 0.0), stale)
             return
+        self._again(last, interval, now)
+
+    def repeat(self, worker_id: str, now: float) -> bool:
+        """`beat` at the interval the worker announced last (a keep-alive repeats its latest
+        heartbeat); False for a worker never heard from."""
+        last = self.beats.get(worker_id)
+        if last is None:
+            return False
+        self._again(last, last.interval_s, now)
+        return True
+
+    def _again(self, last: Beat, interval: float, now: float) -> None:
         gap = self._silence(last, now)  # its own lateness, not the observer's
         # A silence past its bound was an absence (it counted as gone), not lateness: it comes
         # back with a fresh record, or a worker back from a long outage would be kept "up" for
         # LATE_FACTOR × that outage after it died for good.
-        last.gap_s = 0.0 if gap > self.bound_s(worker_id) else max(gap, last.gap_s * GAP_DECAY)
-        last.seen_s, last.blind_s, last.interval_s = now, self.blind_s, interval
+        last.gap_s = 0.0 if gap > last.bound_s else max(gap, last.gap_s * GAP_DECAY)
+        if interval != last.interval_s:
+            last.interval_s, last.stale_s = interval, staleness.stale_after_s(interval)
+        last.seen_s, last.blind_s = now, self.blind_s
+        last.bound_s = max(last.stale_s, LATE_FACTOR * last.gap_s)
 
     def _silence(self, b: Beat, now: float) -> float:
         return (now - b.seen_s) - (self.blind_s - b.blind_s)
 
     def bound_s(self, worker_id: str) -> float:
-        b = self.beats[worker_id]
-        return max(staleness.stale_after_s(b.interval_s), LATE_FACTOR * b.gap_s)
+        return self.beats[worker_id].bound_s
 
     def fresh(self, worker_id: str, now: float) -> bool:
         """Heard from within its bound, net of the observer's blind time; False: never heard."""
         b = self.beats.get(worker_id)
-        return b is not None and self._silence(b, now) <= self.bound_s(worker_id)
+        return b is not None and (now - b.seen_s) - (self.blind_s - b.blind_s) <= b.bound_s

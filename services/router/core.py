@@ -155,7 +155,7 @@ class RouterCore:
         guards = [self.ecoserve, *spec.guards]  # EcoServe first: a no-op on a fleet without it
         self.pipeline = Pipeline(cfg.policy, filters, spec.scorer, spec.picker, guards)
         self.fallback = Pipeline("round-robin", filters, RoundRobinScorer(), ArgminPicker(), guards)
-        self._row_slot = np.zeros(0, dtype=np.int64)
+        self._row_slot: np.ndarray | None = None
         self._row_slot_key = (-1, -1)
         self._last_event: dict[str, float] = {}
         self.unanswered: dict[str, dict[str, tuple[int, int]]] = {}
@@ -213,7 +213,8 @@ class RouterCore:
         if not chain or self.index.holders.get(chain[0]) is None:
             return None
         per_slot = self.index.match(chain, pad=1)  # the padding entry (0): rows with no slot
-        return per_slot[self._rows_to_slots()]
+        rows = self._rows_to_slots()
+        return per_slot[: self.view.n] if rows is None else per_slot[rows]
 
     def route(self, req: AdmittedRequest, now: float, exclude: frozenset[str] = frozenset()) -> Choice:
         view, det = self.view, self.detector
@@ -227,10 +228,16 @@ class RouterCore:
             hit[:] = 0
             new[:] = max(req.prompt_len, 1)
         else:
+            # hit = min(blocks · B, len), new = max(len − hit, 1); a row's blocks never exceed
+            # the chain's, so each bound can bind only where the chain reaches the prompt's end
+            # (the hot path skips the call otherwise)
+            plen, most = req.prompt_len, len(req.block_hashes) * req.block_size
             np.multiply(blocks, req.block_size, out=hit)
-            np.minimum(hit, req.prompt_len, out=hit)
-            np.subtract(req.prompt_len, hit, out=new)
-            np.maximum(new, 1, out=new)
+            if most > plen:
+                np.minimum(hit, plen, out=hit)
+            np.subtract(plen, hit, out=new)
+            if most >= plen:
+                np.maximum(new, 1, out=new)
         np.add(view.queued_prefill[:n], new, out=view.p[:n])
         key, holders, warned = None, 0, False
         if det is not None:
@@ -241,7 +248,9 @@ class RouterCore:
                 warned = det.warning(key, holders, n)
         pipeline = self.fallback if det is not None and det.fallback(now) else self.pipeline
         if TREE_BLOCKS in pipeline.inputs:
-            view.tree_blocks[:n] = np.append(self.index.blocks_held(), 0)[self._rows_to_slots()]
+            rows = self._rows_to_slots()
+            held = np.append(self.index.blocks_held(), 0)
+            view.tree_blocks[:n] = held[:n] if rows is None else held[rows]
         choice = pipeline.choose(req, view, now, exclude)
         choice.hot_warning = warned
         choice.fallback = "round-robin" if pipeline is self.fallback else ""
@@ -279,12 +288,15 @@ class RouterCore:
         mode = self.cfg.index_mode
         return mode == "approximate" or (mode == "auto" and worker_id not in self.index.reported)
 
-    def _rows_to_slots(self) -> np.ndarray:
-        """Row → index slot, −1 (the padding entry) for a worker the index does not know."""
+    def _rows_to_slots(self) -> np.ndarray | None:
+        """Row → index slot, −1 (the padding entry) for a worker the index does not know; None
+        where row i is slot i for every row (workers heard from in the same order by both: a
+        per-slot array's first n entries are then the rows', no gather needed)."""
         key = (self.view.layout, self.index.version)
         if key != self._row_slot_key:
             get = self.index.slot_of.get
-            self._row_slot = np.fromiter((get(w, -1) for w in self.view.ids), np.int64, self.view.n)
+            rows = np.fromiter((get(w, -1) for w in self.view.ids), np.int64, self.view.n)
+            self._row_slot = None if bool((rows == np.arange(self.view.n)).all()) else rows
             self._row_slot_key = key
         return self._row_slot
 

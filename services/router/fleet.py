@@ -2,7 +2,7 @@
 scorer computes over all instances at once (no per-instance Python loop on the hot path).
 
 Rows are set from heartbeats and corrected optimistically at each decision:
-    routed to i  ⇒  waiting[i] += 1, bs[i] += 1, queued_prefill[i] += new tokens,
+    routed to i  ⇒  waiting[i] += 1, load[i] += 1, bs[i] += 1, queued_prefill[i] += new tokens,
                     kv_used[i] += new blocks
 so requests between two heartbeats do not herd onto one instance; the next heartbeat
 overwrites the guess with the truth. `bs` is the batch size the KV-aware scorers use:
@@ -70,6 +70,7 @@ class FleetView:
         "block_size",
         "tree_blocks",
         "hb_decision",
+        "load",
     )
     _BOOL = ("healthy", "accepting", "eco", "pd_decode")
     """`eco`, `eco_ttft_ms`, `slack_ms`, `ms_per_token`: EcoServe's constraint check (issue 8):
@@ -78,7 +79,9 @@ class FleetView:
     in prefill tokens, slack_ms / ms_per_token (∞: none decodes; 0: no prefill cost reported),
     the decode term of the default's stall (services/router/policies/latency.py). `stale_s`:
     the silence after which the row is out (shared.staleness, from the interval its worker
-    announces)."""
+    announces). `load`: running + waiting, the sequences on the row (the default's bound and
+    stall, least-loaded, SGLang's balance), kept by the writers below instead of added up
+    per decision."""
 
     def __init__(self, capacity: int = 16):
         self.n = 0
@@ -92,6 +95,7 @@ class FleetView:
         self.model_codes: dict[str, int] = {}
         """model name → the code stored in the `model` column."""
         self._alloc(capacity)
+        self._every_row = np.arange(0)
         self.decisions = 0
         self.layout = 0
         """Bumped whenever rows are added or moved (callers cache row maps on it)."""
@@ -137,6 +141,7 @@ class FleetView:
         self.queued_prefill[i] = s.queued_prefill_tokens
         self.running[i] = s.running
         self.waiting[i] = s.waiting
+        self.load[i] = s.running + s.waiting
         self.kv_used[i] = s.kv_blocks_used
         self.kv_free[i] = s.kv_blocks_free
         self.block_size[i] = s.block_size
@@ -159,6 +164,15 @@ class FleetView:
         self.absorb[i] = absorb_tokens(s)
         self.vbs[i], self.min_stp_ms[i], self.vbs_limit[i] = s.vbs, s.min_tpot_slo_ms, s.vbs_limit
         return i
+
+    def every_row(self) -> np.ndarray:
+        """Rows 0…n−1 as an index array (the candidates when no filter narrows), kept between
+        decisions while n stays and read-only, so no holder can change it for the next."""
+        rows = self._every_row
+        if len(rows) != self.n:
+            rows = self._every_row = np.arange(self.n)
+            rows.flags.writeable = False
+        return rows
 
     def keepalive(self, worker_id: str, now: float) -> bool:
         """The row's latest heartbeat again, at `now`: the same as `upsert` with it, where no
@@ -257,6 +271,7 @@ class FleetView:
         """A request on its way to row i's worker, on top of its heartbeat's figures (no
         decision counted: RouterCore.on_heartbeat adds back the offers still unanswered)."""
         self.waiting[i] += 1
+        self.load[i] += 1
         self.bs[i] += 1
         self.queued_prefill[i] += new_tokens
         self.kv_used[i] += new_blocks

@@ -163,7 +163,7 @@ class Pipeline:
         masks = [f.keep(req, view, now) for f in self.filters]
         arrays = [m for m in masks if m is not True and m is not np.True_]
         if not arrays:  # every filter kept every row (the usual fleet)
-            mask, cand = None, np.arange(view.n)
+            mask, cand = None, view.every_row()
         else:
             mask = arrays[0].copy()
             for m in arrays[1:]:

@@ -112,17 +112,19 @@ class MarginalLatencyScorer:
     inputs: frozenset[str] = frozenset()
 
     def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
-        n = view.new[cand].astype(np.float64)
-        q = view.queued_prefill[cand]
-        own = q + n
+        # The decision's hot path: each numpy call on a few hundred rows costs about as much as
+        # its arithmetic, so the steps are few and in place. N stays int64 where it meets a
+        # float (the same IEEE values as a float64 copy of it: exact below 2⁵³).
+        n = view.new[cand]
+        own = view.queued_prefill[cand] + n
         # tokens stalled = N − A, A = max(0, S/t − Q) (FleetView.absorb = S/t): Q + N − S/t
         # within [0, N]
         stalled = own - view.absorb[cand]
         np.maximum(stalled, 0.0, out=stalled)
         np.minimum(stalled, n, out=stalled)
-        b = view.running[cand] + view.waiting[cand]
-        # own + (n · b̄ + stalled · b) / 2, in place: fewer temporaries (the decision's hot
-        # path); b̄ as sum / count, the value ndarray.mean gives without its Python-level steps
+        b = view.load[cand]
+        # own + (n · b̄ + stalled · b) / 2; b̄ as sum / count, the value ndarray.mean gives
+        # without its Python-level steps
         cost = stalled * b
         cost += n * (int(np.add.reduce(b)) / len(b))
         cost /= 2.0
@@ -172,15 +174,17 @@ class BoundedLoadGuard:
     inputs: frozenset[str] = frozenset()
 
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
-        load = view.running[cand] + view.waiting[cand]
-        cap = math.ceil(self.c * (int(load.sum()) + 1) / len(cand))
+        load = view.load[cand]
+        cap = math.ceil(self.c * (int(np.add.reduce(load)) + 1) / len(cand))
         keep = load < cap  # L + 1 ≤ cap, in integers
-        assert keep.any(), "the least loaded candidate is always within the bound"
-        if not self.sticky or keep.all():
+        kept = np.count_nonzero(keep)  # one call answers both "any" and "all" (the hot path)
+        assert kept, "the least loaded candidate is always within the bound"
+        if not self.sticky or kept == len(keep):
             return Narrowed(keep)
         queued = view.queued_prefill[cand]
-        exempt = ~keep & (view.hit[cand] > queued)
-        if not exempt.any():  # the common case: nothing beyond the bound holds more than it queues
+        exempt = view.hit[cand] > queued
+        exempt &= ~keep
+        if not np.count_nonzero(exempt):  # the common case: nothing beyond the bound holds more than it queues
             return Narrowed(keep)
         own = queued + view.new[cand]
         exempt &= own <= own[keep].min()

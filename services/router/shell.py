@@ -246,7 +246,7 @@ class RouterShell:
                 return decision, None
             placement.refused(first, reply.reason)
         while (choice := placement.next(time.time())) is not None:
-            if span is not None:
+            if span is not None and telemetry.recording():  # not built for a span that keeps nothing
                 span.set_attributes(span_attributes(choice))
             reply = await self._offer(ar, choice.worker_id, data, offered)
             if reply is None and settle:

@@ -110,8 +110,8 @@ def priorities(n: int, instances: int, load: float, workload: str = "chatbot", m
             runs[f"{pol}{'' if fc else ' (flow control off)'}"] = r
             o = res["outcomes"]["all"]
             print(f"{pol:10} flow_control={fc!s:5} P0 p95 all {r['p0_p95_ttft_all_ms']:8.0f} ms  served "
-                  f"{r['p95_ttft_ms_by_class'].get('P0', math.nan):6.0f} ms  P0 served {r['p0_served_share']:.1%}  "
-                  f"output {r['output_throughput']:8.0f} tok/s  refused {o['refused']} expired {o['expired']}  "
+                  f"{r['p95_ttft_ms_by_class'].get('P0', math.nan):6.0f} ms  P0 served {r['p0_served_share']:.1%}\n"
+                  f"{'':10} output {r['output_throughput']:8.0f} tok/s  refused {o['refused']} expired {o['expired']}  "
                   f"met {o['met_slo']} missed {o['missed_slo']}", flush=True)
     h, f = runs["hybrid"], runs["fcfs"]
     ha, fa = h["p0_p95_ttft_all_ms"], f["p0_p95_ttft_all_ms"]
@@ -139,7 +139,7 @@ def overload(workload: str, loads: list[float], instances: int, n: int, mix: str
         o = r["outcomes"]["all"]
         print(f"x{load:<5g} goodput@2s {r['request_goodput']:7.2f} req/s  @deadline "
               f"{r['request_goodput_deadline']:7.2f}  served {r['completed']}  refused "
-              f"{o['refused']}  expired {o['expired']}  met {o['met_slo']}  missed {o['missed_slo']}  "
+              f"{o['refused']}  expired {o['expired']}\n{'':6} met {o['met_slo']}  missed {o['missed_slo']}  "
               f"worst TTFT/target {o['max_ttft_over_target']:.2f}  /deadline {o['max_ttft_over_deadline']:.2f}",
               flush=True)
     return {"loads": rows}

@@ -37,8 +37,8 @@ def cells(text: str) -> dict[str, list[str]]:
     """Table rows by their first cell."""
     out = {}
     for line in text.splitlines():
-        if line.startswith("│"):
-            row = [c.strip() for c in line.strip().strip("│").split("│")]
+        if "│" in line:  # a body row (the tables have inner rules only)
+            row = [c.strip() for c in line.split("│")]
             out[row[0]] = row
     return out
 
@@ -72,6 +72,23 @@ def test_render_shows_services_workers_and_queue():
     assert rows["hybrid"] == ["hybrid", "0", "2", "5", "0", "3", "7.5"]
 
 
+def test_a_plain_fleet_fits_80_columns_uncut():
+    """No macro-instance and every worker mixed: those two columns are left out, and nothing in
+    the three tables is cut short at a plain terminal's 80 columns."""
+    plain = {f"worker-{i}": hb(f"worker-{i}", macro_id=None, phase=schemas.Phase.MIXED, running=12, queued=40960)
+             for i in range(4)}
+    queue = schemas.QueueStats("queue-1", 100.0, "hybrid", [0, 2, 5, 0], [0, 100, 900, 0], in_flight=3,
+                               drain_requests_per_s=7.5)
+    cur = top.Sample(100.0, [admission({"admitted": 3}, {}, 12345)], plain, queue)
+    console = Console(record=True, width=80)
+    console.print(top.render(cur, None))
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    rows = cells(text)
+    assert rows["worker-3"] == ["worker-3", "sim", "12", "1", "40960", "30.0%", "25%", "0", "0.5"]
+    assert rows["admission"] == ["admission", "admission-1", "0.1.0", "submit", "12345", "0", "0.25"]
+
+
 async def test_once_against_a_live_fleet(fleet):
     client = TokenyardClient(fleet.nats)
     for i in range(3):
@@ -100,7 +117,7 @@ async def test_top_command_prints_one_snapshot(fleet, tmp_path):
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     text = out.decode()
-    assert "tokenyard top" in text and "tw0" in text and "tw1" in text and "workers (heartbeats)" in text
+    assert "tokenyard top" in text and "tw0" in text and "tw1" in text and "workers (heartbeats;" in text
     svg = (tmp_path / "top.svg").read_text()
     assert svg.startswith("<svg") and "tw0" in svg
 

@@ -81,9 +81,11 @@ def render(cur: Sample, prev: Sample | None = None) -> Group:
             refused.values()) else ""),
     )
 
-    services = Table(title="services ($SRV.STATS)", title_justify="left", expand=True)
-    for col in ("service", "instance", "version", "endpoint", "requests", "errors", "avg ms"):
-        services.add_column(col, justify="right" if col in ("requests", "errors", "avg ms") else "left")
+    # Headers short and cells padded by one space so the tables fit a plain 80-column terminal.
+    services = Table(title="services ($SRV.STATS)", title_justify="left", padding=(0, 1), show_edge=False)
+    for col in ("service", "instance", "version", "endpoint", "calls", "errors", "avg ms"):
+        services.add_column(col, justify="right" if col in ("calls", "errors", "avg ms") else "left",
+                            no_wrap=col in ("service", "instance"))
     for svc in sorted(cur.services, key=lambda s: (s["name"], (s.get("metadata") or {}).get("instance", ""))):
         instance = (svc.get("metadata") or {}).get("instance", svc.get("id", ""))
         for ep in svc.get("endpoints") or [{}]:
@@ -91,21 +93,29 @@ def render(cur: Sample, prev: Sample | None = None) -> Group:
                              ep.get("name", ""), str(ep.get("num_requests", 0)), str(ep.get("num_errors", 0)),
                              f"{ep.get('average_processing_time', 0) / 1e6:.2f}")
 
-    workers = Table(title="workers (heartbeats)", title_justify="left", expand=True)
-    for col in ("worker", "engine", "macro", "phase", "BS (running)", "waiting", "P tokens", "KV use",
-                "prefix hit", "preempt", "age s"):
-        workers.add_column(col, justify="left" if col in ("worker", "engine", "macro", "phase") else "right")
-    for wid, hb in sorted(cur.heartbeats.items()):
+    # The macro and phase columns only where some worker has one (a plain fleet: no macro, all mixed).
+    hbs = sorted(cur.heartbeats.items())
+    show_macro = any(hb.macro_id for _, hb in hbs)
+    show_phase = any(str(hb.phase) != str(schemas.Phase.MIXED) for _, hb in hbs)
+    workers = Table(title="workers (heartbeats; P tok: prefill tokens queued; age in s)",
+                    title_justify="left", padding=(0, 1), show_edge=False)
+    cols = ("worker", "engine", *(("macro",) if show_macro else ()), *(("phase",) if show_phase else ()),
+            "run", "wait", "P tok", "KV", "hit", "preempt", "age")
+    for col in cols:
+        workers.add_column(col, justify="left" if col in ("worker", "engine", "macro", "phase") else "right",
+                           no_wrap=col == "worker")
+    for wid, hb in hbs:
         s = hb.stats
         total = s.kv_blocks_used + s.kv_blocks_free
         hit = s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0
         state = "draining" if hb.draining else ("" if hb.healthy else "unhealthy")
-        workers.add_row(wid + (f" ({state})" if state else ""), hb.engine, hb.macro_id or "-", str(hb.phase),
+        workers.add_row(wid + (f" ({state})" if state else ""), hb.engine,
+                        *((hb.macro_id or "-",) if show_macro else ()), *((str(hb.phase),) if show_phase else ()),
                         str(s.running), str(s.waiting), str(s.queued_prefill_tokens),
                         f"{s.kv_blocks_used / total:.1%}" if total else "-", f"{hit:.0%}", str(s.preemptions),
                         f"{max(0.0, cur.at - hb.ts):.1f}")
 
-    queue = Table(title="priority queue (depth by class)", title_justify="left")
+    queue = Table(title="priority queue (depth by class)", title_justify="left", padding=(0, 1), show_edge=False)
     classes = [f"P{c.value}" for c in schemas.PriorityClass]
     for col in ("policy", *classes, "in flight", "drain req/s"):
         queue.add_column(col, justify="left" if col == "policy" else "right")

@@ -5,7 +5,7 @@ the admitted requests' TTFTs per class against their targets (shared.slo), and h
 queue's intake trailed admission (`queue_intake`, from the queue states seen during the burst).
 
     python -m bench.live_burst [--workers 2] [--factor 10] [--seconds 4] [--input-len 2000]
-                               [--output-len 100] [--mix 0,0.6,0.3,0.1] [--out FILE.json]
+                               [--output-len 100] [--mix 5,60,30,5] [--out FILE.json]
                                [--log-dir DIR]
 
 With `--log-dir`, `first_refusal_answer` splits the first refusal's answer time: admission's
@@ -14,9 +14,10 @@ generator's reading it after that.
 
 The fleet's capacity C (requests/s) is measured first by the cluster simulator on the same
 fleet and request shape (same cores, same profile), offered far above what it serves; the
-burst then sends factor × C requests/s (Poisson) for `seconds`. Classes are asked for with
-vLLM's `priority` field, so P0 is not in the default mix: admission caps a tenant at P1
-unless its tenant policy allows P0 (DESIGN §3.2).
+burst then sends factor × C requests/s (Poisson) for `seconds`. The default class mix is the
+design's, P0/P1/P2/P3 = 5/60/30/5 (DESIGN §3.2): the load goes in as tenant `burst`, whose
+policy (`tokenyard up --tenants`, the file below) lets it ask for P0 — admission caps a tenant
+without one at P1.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from typing import Any
 import numpy as np
 
 from bench._out import write_result
+
+TENANT = "burst"
+TENANTS = f'[tenants.{TENANT}]\nceiling = "P0"\n'
+"""The burst's tenant may ask for any class (the default policy caps at P1, DESIGN §3.2)."""
 
 
 def capacity(workers: int, input_len: int, output_len: int, profile: str) -> float:
@@ -66,7 +71,7 @@ async def burst(url: str, creds_dir: str, rate: float, seconds: float, input_len
     from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects
 
     cfg = BenchConfig(target=url, num_prompts=int(rate * seconds), input_len=input_len, output_len=output_len,
-                      rate=rate, priority_mix=mix, request_timeout_s=120.0, progress=False)
+                      rate=rate, priority_mix=mix, request_timeout_s=120.0, progress=False, tenant=TENANT)
     clock = time.time() - time.perf_counter()  # perf_counter → wall clock (the services' log timestamps)
     requests = sorted(make_workload(cfg).requests(), key=lambda r: (r.arrival_s, r.index))
     states: list[tuple[float, float, int]] = []
@@ -78,7 +83,7 @@ async def burst(url: str, creds_dir: str, rate: float, seconds: float, input_len
 
     nc = await natsutil.connect(url, "live-burst-observer", creds=nats_auth.load_creds(os.path.join(creds_dir, "admin.creds")))
     await nc.subscribe(subjects.QUEUE_STATE, cb=on_state)
-    target = await open_target(cfg.target, cfg.model, cfg.request_timeout_s, None, None, cfg.connect_timeout_s)
+    target = await open_target(cfg.target, cfg.model, cfg.request_timeout_s, None, cfg.tenant, cfg.connect_timeout_s)
     try:
         records, _ = await drive(requests, target, cfg)
     finally:
@@ -98,7 +103,9 @@ def admission_answered(records, log_dir: str, clock: float) -> dict[str, Any]:
         return {}
     r = min(refused, key=lambda r: r.end_s)
     suffix = f'-{r.index}"'
-    with open(os.path.join(log_dir, "admission.log")) as f:
+    # admission logs in the queue's process by default (`up --admission in-queue`)
+    name = "admission.log" if os.path.exists(os.path.join(log_dir, "admission.log")) else "queue.log"
+    with open(os.path.join(log_dir, name)) as f:
         line = next((x for x in f if '"rejected"' in x and suffix in x), None)
     if line is None:
         return {}
@@ -154,13 +161,22 @@ def report(records) -> dict[str, Any]:
         lag = [x.send_s - x.scheduled_s for x in records if x.send_s <= first]
         out["send_lag_before_first_refusal_ms"] = {"p50": 1000 * float(np.median(lag)), "max": 1000 * max(lag)}
     for c in range(4):
-        ok = [r.ttft for r in records if r.priority == c and r.success]
-        if not ok:
+        sent = [r for r in records if r.priority == c]
+        if not sent:
             continue
-        p99 = float(np.percentile(ok, 99))
-        out["by_class"][f"P{c}"] = {"served": len(ok), "sent": sum(r.priority == c for r in records),
-                                    "p50_ttft_s": float(np.median(ok)), "p99_ttft_s": p99,
-                                    "p99_over_target": p99 / ttft_target_s(c), "max_ttft_s": max(ok)}
+        ok = [r.ttft for r in sent if r.success]
+        lost = [r for r in sent if r.error and r.error.startswith("status_")]
+        row: dict[str, Any] = {
+            "sent": len(sent), "served": len(ok),
+            "refused": {e: sum(r.error == e for r in lost) for e in sorted({r.error for r in lost})},
+            "first_refusal_after_s": min((r.end_s for r in lost), default=None)}
+        if row["first_refusal_after_s"] is not None:
+            row["first_refusal_after_s"] -= t0
+        if ok:
+            p99 = float(np.percentile(ok, 99))
+            row.update({"p50_ttft_s": float(np.median(ok)), "p99_ttft_s": p99,
+                        "p99_over_target": p99 / ttft_target_s(c), "max_ttft_s": max(ok)})
+        out["by_class"][f"P{c}"] = row
     return out
 
 
@@ -201,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--input-len", type=int, default=2000)
     p.add_argument("--output-len", type=int, default=100)
-    p.add_argument("--mix", default="0,0.6,0.3,0.1")
+    p.add_argument("--mix", default="5,60,30,5", help="P0,P1,P2,P3 shares (default: the design's)")
     p.add_argument("--out", default=None)
     p.add_argument("--log-dir", default=None, help="keep every service's log here (tokenyard up --log-dir)")
     args = p.parse_args(argv)
@@ -212,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     rate = args.factor * cap
     print(f"capacity {cap:.1f} req/s (simulator); burst {rate:.1f} req/s for {args.seconds:g} s", flush=True)
     creds_dir = tempfile.mkdtemp(prefix="tokenyard-burst-")
-    up, url = start_up(args.workers, args.profile, creds_dir, *(["--log-dir", args.log_dir] if args.log_dir else []))
+    tenants = os.path.join(creds_dir, "tenants.toml")
+    with open(tenants, "w") as f:
+        f.write(TENANTS)
+    up, url = start_up(args.workers, args.profile, creds_dir, "--tenants", tenants,
+                       *(["--log-dir", args.log_dir] if args.log_dir else []))
     try:
         records, states, clock = asyncio.run(burst(url, creds_dir, rate, args.seconds, args.input_len,
                                                    args.output_len, mix))

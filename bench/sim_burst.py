@@ -3,12 +3,14 @@ transport delay, so it separates what admission's prediction decides from what t
 fleet's messaging and a loaded machine add.
 
     python -m bench.sim_burst [--workers 2] [--rate 115] [--seconds 4] [--input-len 2000]
-                              [--output-len 100] [--mix 0,0.6,0.3,0.1] [--seed 0]
+                              [--output-len 100] [--mix 5,60,30,5] [--seed 0]
                               [--long-prefill-token-threshold N]
 
 Prints when admission first refused (after the first arrival), how many it refused and the
-queue expired, and the served requests' TTFT per class against their targets (and how many
-served requests missed their own deadline, class target + own prefill).
+queue expired, and per class: when its first refusal came, how many were refused and expired,
+and the served requests' TTFT against the class target (and how many served requests missed
+their own deadline, class target + own prefill). The default mix is the design's (5/60/30/5,
+as bench.live_burst's); `--mix 0,60,30,10` is the burst of rounds 3-6.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--input-len", type=int, default=2000)
     p.add_argument("--output-len", type=int, default=100)
-    p.add_argument("--mix", default="0,0.6,0.3,0.1")
+    p.add_argument("--mix", default="5,60,30,5", help="P0,P1,P2,P3 shares (default: the design's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
                    help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     n = int(args.rate * args.seconds)
     arrivals = np.cumsum(rng.exponential(1 / args.rate, n))
-    classes = rng.choice(4, size=n, p=parse_priority_mix(args.mix))
+    mix = np.array(parse_priority_mix(args.mix))
+    classes = rng.choice(4, size=n, p=mix / mix.sum())
     items = [TraceRequest(i, float(arrivals[i]), args.input_len, args.output_len, int(classes[i]),
                           tuple(int(x) for x in rng.integers(1 << 40, size=args.input_len // 16))) for i in range(n)]
     sim = ClusterSim(SimConfig(instances=args.workers, long_prefill_token_threshold=args.long_prefill_token_threshold), 16)
@@ -55,16 +58,22 @@ def main(argv: list[str] | None = None) -> int:
         print("no refusal")
     print(f"refused {len(refused)}  expired {sum(st.expired for st in states)}  of {n}")
     for c in range(4):
-        ttft = [st.tokens[0] - st.item.arrival_s for st in states
-                if st.item.priority == c and st.finished and len(st.tokens)]
+        mine = [st for st in states if st.item.priority == c]
+        if not mine:
+            continue
+        lost = sorted(st.item.arrival_s - t0 for st in mine if st.error and not st.expired)
+        first = f"first refused {lost[0]:.3f} s" if lost else "none refused"
+        line = (f"P{c} sent {len(mine)}  refused {len(lost)}  expired {sum(st.expired for st in mine)}  {first}")
+        ttft = [st.tokens[0] - st.item.arrival_s for st in mine if st.finished and len(st.tokens)]
         if ttft:
             p99 = float(np.percentile(ttft, 99))
             target = ttft_target_s(c)
             vs = f"= {p99 / target:.2f} × target" if np.isfinite(target) else "(no target)"
-            late = sum(1 for st in states if st.item.priority == c and st.finished and len(st.tokens)
+            late = sum(1 for st in mine if st.finished and len(st.tokens)
                        and st.ttft_budget_s > 0 and st.tokens[0] - st.item.arrival_s > st.ttft_budget_s)
-            print(f"P{c} served {len(ttft)} ({late} past their deadline)  p50 {np.median(ttft):.2f} s  "
-                  f"p99 {p99:.2f} s  {vs}")
+            line += (f"  served {len(ttft)} ({late} past their deadline)  p50 {np.median(ttft):.2f} s  "
+                     f"p99 {p99:.2f} s  {vs}")
+        print(line)
     return 0
 
 

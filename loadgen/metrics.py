@@ -24,6 +24,7 @@ population std, linear-interpolated percentile; 0 for an empty set, as vllm).
     by_tpot_slo["50", …]         the same block over the requests that sent one TPOT SLO (ms;
                                  "none" for those that sent none); only when some sent one
     errors                       failed requests counted by reason label
+    error_messages               the first failed request's message per reason label
 """
 
 from __future__ import annotations
@@ -123,6 +124,12 @@ def compute_metrics(
             groups.setdefault(f"{r.tpot_slo_ms:g}" if r.tpot_slo_ms is not None else "none", []).append(r)
         result["by_tpot_slo"] = {name: block(rs, duration_s, goodput_ms) for name, rs in groups.items()}
     result["errors"] = dict(sorted(Counter(r.error or NO_OUTPUT for r in records if not r.success).items()))
+    # The first failure's message per reason: a 503 says which rule refused it (admission's
+    # predicted wait and queue depth, the decode room, no live worker, the global budget), which
+    # the count alone cannot tell apart.
+    result["error_messages"] = {reason: next((r.message for r in records if not r.success
+                                              and (r.error or NO_OUTPUT) == reason), "")
+                                for reason in result["errors"]}
     return result
 
 

@@ -107,8 +107,10 @@ def print_result(result: dict[str, Any], console: Console | None = None) -> None
         table = Table(title="Failures by reason")
         table.add_column("reason")
         table.add_column("requests", justify="right")
+        table.add_column("first message")
+        messages = result.get("error_messages") or {}
         for reason, count in errors.items():
-            table.add_row(reason, str(count))
+            table.add_row(reason, str(count), messages.get(reason, ""))
         console.print(table)
 
 

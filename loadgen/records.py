@@ -35,7 +35,7 @@ class RequestRecord:
     send_s: float = 0.0
     """When it went on the wire (after waiting for a concurrency slot, as vllm)."""
     accepted_s: float | None = None
-    """NATS only: when admission's Accepted arrived."""
+    """NATS only: when the client had the acceptance: admission's Accepted, or the first chunk carrying it."""
     chunk_s: list[float] = field(default_factory=list)
     """Arrival time of every token chunk, the first included."""
     end_s: float | None = None

@@ -25,8 +25,10 @@ What this client guarantees on top: every stream ends with exactly one terminal 
   * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
     inbox was resubscribed after they went by): a stream that then stays silent for
     RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
-  * Events that overtake `accepted` (admission answers once the request is queued) are held
-    back until it arrives, so `accepted` always comes first.
+  * `accepted` always comes first, once. A stream's first chunk carries the acceptance
+    (Chunk.accepted: the worker sends it, admission's `accepted` may arrive after it); the
+    client yields that acceptance, then the chunk, and drops admission's copy when it comes.
+    Other events that overtake `accepted` are held back until it arrives.
   * `close()` aborts every open stream's request and ends the stream with an `error`
     CLIENT_CLOSED (499, the client closed it); a stream asked of a closed client ends so at once.
 """
@@ -83,7 +85,8 @@ class Completion:
 
 
 class StreamCheck:
-    """The receiving end of one stream, pure: orders `accepted` first, drops repeated seqs,
+    """The receiving end of one stream, pure: orders `accepted` first (a first chunk that
+    carries it counts; a later copy is dropped), drops repeated seqs,
     holds what comes after a gap until the gap fills, and turns a gap that stays open for
     GAP_WAIT_S into an error.
 
@@ -117,19 +120,27 @@ class StreamCheck:
         self._now = now
         if self.done:
             return []
+        if type(event) is schemas.Accepted and self.accepted:
+            return []  # the first chunk brought the acceptance already (or a repeat)
+        if not self.accepted and type(event) is schemas.Chunk and event.accepted is not None:
+            return self._release_held(event.accepted, event)  # the first chunk stands for `accepted`
         if isinstance(event, schemas.Accepted | schemas.Rejected) or (
             isinstance(event, schemas.Error) and not self.accepted
         ):
-            self.accepted = True
-            held, self.held = self.held, []
-            out: list[schemas.StreamEvent] = [event]
-            for e in held:
-                out.extend(self._check(e))
-            return out
+            return self._release_held(event)
         if not self.accepted:
             self.held.append(event)
             return []
         return self._check(event)
+
+    def _release_held(self, first: schemas.StreamEvent, chunk: schemas.Chunk | None = None) -> list[schemas.StreamEvent]:
+        """The stream is accepted (or refused): `first`, then what waited for it, in order."""
+        self.accepted = True
+        held, self.held = self.held, []
+        out: list[schemas.StreamEvent] = [first]
+        for e in held if chunk is None else [chunk, *held]:
+            out.extend(self._check(e))
+        return out
 
     def _check(self, event: schemas.StreamEvent) -> list[schemas.StreamEvent]:
         if self.done:

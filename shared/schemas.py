@@ -140,12 +140,18 @@ class Rejected(msgspec.Struct, tag="rejected", tag_field="type"):
     """Requests waiting in the priority queue when admission refused (429 / 503)."""
 
 
-class Chunk(msgspec.Struct, tag="chunk", tag_field="type"):
+class Chunk(msgspec.Struct, tag="chunk", tag_field="type", omit_defaults=True):
     request_id: str
     seq: int
     """0, 1, 2 … per request, so a receiver can order and drop duplicates."""
     text: str
     token_ids: list[int]
+    accepted: Accepted | None = None
+    """On a stream's first chunk (seq 0) only: the `accepted` admission sends, as the worker
+    knows it (class, prompt tokens). The first chunk and admission's `accepted` leave two
+    processes on two connections, so either may arrive first; a receiver that has only the
+    chunk holds the request as accepted by it (TokenyardClient does) instead of holding the
+    first token until `accepted` comes. Absent on every other chunk (omitted on the wire)."""
 
 
 class Finished(msgspec.Struct, tag="finished", tag_field="type"):

@@ -78,3 +78,43 @@ def test_whatever_arrives_the_stream_is_gapless_or_ends_in_one_error(seqs, end):
     assert len(terminals) == 1 and out[-1] is terminals[0]  # it always ends, exactly once
     if isinstance(terminals[0], Finished):
         assert terminals[0].seq == len(got)  # a finished stream is complete
+
+
+def first_chunk() -> Chunk:
+    """A worker's first chunk: it carries the acceptance (Chunk.accepted)."""
+    return Chunk("r", 0, "x", [0], accepted=ACC)
+
+
+def test_a_first_chunk_that_carries_the_acceptance_is_not_held_for_admissions_copy():
+    check = StreamCheck("r")
+    assert check.on_event(first_chunk()) == [ACC, first_chunk()]  # at once: the first token waits for nothing
+    assert check.on_event(chunk(1)) == [chunk(1)]
+    assert check.on_event(ACC) == []  # admission's `accepted`, late: dropped, the stream has it
+    assert check.on_event(fin(2)) == [fin(2)]
+
+
+def test_admissions_accepted_first_then_the_carrying_chunk_yields_one_acceptance():
+    assert feed([ACC, first_chunk(), fin(1)]) == [ACC, first_chunk(), fin(1)]
+
+
+def test_an_error_after_the_carrying_chunk_ends_the_stream():
+    """A handed-over request whose store then failed: `accepted` (from the chunk), the chunk, the
+    503 that ends it (services/admission/shell.py `_hand_over`); admission's late copy changes nothing."""
+    err = Error("r", 503, "queue unavailable", seq=0)
+    assert feed([first_chunk(), err, ACC]) == [ACC, first_chunk(), err]
+
+
+def test_a_later_chunk_that_overtook_the_first_waits_behind_it():
+    assert feed([chunk(1), first_chunk(), fin(2)]) == [ACC, first_chunk(), chunk(1), fin(2)]
+
+
+@given(st.permutations([0, 1, 2, 3]), st.booleans())
+def test_in_any_arrival_order_one_acceptance_leads_and_the_tokens_follow_in_order(order, admission_sends):
+    """Admission's `accepted`, the carrying first chunk, a second chunk and the end, in any order
+    (admission's copy possibly lost): exactly one acceptance, first; both chunks in order; the end last."""
+    events = [ACC, first_chunk(), chunk(1), fin(2)]
+    arriving = [events[i] for i in order if admission_sends or i != 0]
+    out = feed(arriving)
+    assert out[0] == ACC and sum(isinstance(e, Accepted) for e in out) == 1
+    assert [e.seq for e in out if isinstance(e, Chunk)] == [0, 1]
+    assert out[-1] == fin(2)

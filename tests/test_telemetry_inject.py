@@ -21,3 +21,16 @@ def test_with_spans_off_an_incoming_context_is_passed_on(monkeypatch):
     with telemetry.span("queue", "process", "llm.v1.queue", headers={"traceparent": PARENT}):
         out = telemetry.inject()
     assert out["traceparent"].split("-")[1] == PARENT.split("-")[1]  # the same trace
+
+
+def test_a_log_line_inside_a_span_carries_its_request_id_and_one_outside_does_not(monkeypatch):
+    for recording in (False, True):
+        monkeypatch.setattr(telemetry, "_recording", recording)
+        line = telemetry._add_request_id
+        with telemetry.span("router", "process", "llm.v1.route", request_id="r1"):
+            assert line(None, "info", {"event": "x"}) == {"event": "x", "request_id": "r1"}
+            with telemetry.span("router", "send", "llm.v1.worker.w0.generate", request_id="r2"):
+                assert line(None, "info", {})["request_id"] == "r2"
+            assert line(None, "info", {})["request_id"] == "r1"  # the inner span's ended: the outer's again
+            assert line(None, "info", {"request_id": "own"})["request_id"] == "own"  # one given explicitly wins
+        assert line(None, "info", {}) == {}

@@ -8,6 +8,7 @@ from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.shared.schemas import (
     REOFFERED,
+    Accepted,
     Chunk,
     Finished,
     GenerateReply,
@@ -113,9 +114,9 @@ def test_remembered_ids_are_bounded():
 
 def test_outputs_become_numbered_chunks_then_finished_with_usage():
     c = core()
-    c.offer(req(prompt_len=20), stats())
-    assert c.on_output(EngineOutput("r1", [104, 105], num_cached_tokens=16)) == [
-        Chunk("r1", 0, "hi", [104, 105])
+    c.offer(req(prompt_len=20, priority=2), stats())
+    assert c.on_output(EngineOutput("r1", [104, 105], num_cached_tokens=16)) == [  # the first carries the acceptance
+        Chunk("r1", 0, "hi", [104, 105], accepted=Accepted("r1", 2, 20))
     ]
     assert c.on_output(EngineOutput("r1", [], num_cached_tokens=16)) == []  # nothing new, no chunk
     assert c.on_output(EngineOutput("r1", [33], num_cached_tokens=16)) == [Chunk("r1", 1, "!", [33])]

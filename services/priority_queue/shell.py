@@ -267,7 +267,10 @@ class QueueShell:
         placing = self._placing[rid] = asyncio.get_running_loop().create_future()
         if telemetry.recording():
             self._received_ns[rid] = time.time_ns()
-        self._wake.set()
+        due = self.core.next_expiry()
+        if due is None or due >= now:  # nothing to reject first: release in this turn, so with room its
+            self._release(now)  # route starts on the loop's next step, not after the dispatch loop's turn
+        self._wake.set()  # the loop does the rest (expiry; a request that waits for room is stored at once)
         return placing
 
     def stored(self, request_id: str, seq: int) -> None:
@@ -311,6 +314,13 @@ class QueueShell:
         if error and error.get("err_code") != 10057:  # 10057: no such message (it came here and was acked)
             log.warning("stored_copy_not_deleted", seq=seq, error=error)
 
+    def _release(self, now: float) -> None:
+        """Start a route for each request the core releases now."""
+        for req in self.core.dispatchable(now):
+            task = asyncio.create_task(self._route(req))
+            self._routes.add(task)
+            task.add_done_callback(self._routes.discard)
+
     def _placed(self, request_id: str) -> None:
         """`take`'s future for this request is done (its first offer left, or it waits, or it ended)."""
         placing = self._placing.pop(request_id, None)
@@ -344,10 +354,7 @@ class QueueShell:
             now = time.time()
             for req, rejected in self.core.expire(now):
                 await self._finish_rejected(req, rejected)
-            for req in self.core.dispatchable(now):
-                task = asyncio.create_task(self._route(req))
-                self._routes.add(task)
-                task.add_done_callback(self._routes.discard)
+            self._release(now)
             for rid in [rid for rid in self._placing if rid not in self.core.in_flight]:
                 self._placed(rid)  # waits for room (or was taken out): stored without waiting for it
             if (len(self.core) or self.core.unsure) and self.core.paused_until > now:

@@ -249,7 +249,7 @@ class RouterShell:
                 return decision, None
             placement.refused(first, reply.reason)
         while (choice := placement.next(time.time())) is not None:
-            if span is not None:
+            if span is not None and telemetry.recording():  # not built for a span that keeps nothing
                 span.set_attributes(span_attributes(choice))
             self.core.offer_out(choice.worker_id, ar, choice)
             try:

@@ -13,7 +13,9 @@
   `resume_seq`, and usage counts the resumed tokens as completion tokens, so the client's
   stream reads as one. An abort with reason `migrated` (the router moved the request away
   from a worker it believed dead) stops the generation without a word to the client.
-* Per request, chunk numbering (seq 0, 1, …) and the finished event with usage.
+* Per request, chunk numbering (seq 0, 1, …) and the finished event with usage; the first
+  chunk carries the request's acceptance (Chunk.accepted), so its client need not wait for
+  admission's `accepted` to show the first token.
 * heartbeat(stats) → the Heartbeat published every ~100 ms.
 Remembered ids are bounded (LRU of `remember` entries).
 """
@@ -182,7 +184,10 @@ class WorkerCore:
         events: list[schemas.Chunk | schemas.Finished] = []
         st.cached_tokens = out.num_cached_tokens
         if out.new_token_ids:
-            events.append(schemas.Chunk(out.request_id, st.seq, self.tokenizer.decode(out.new_token_ids), list(out.new_token_ids)))
+            chunk = schemas.Chunk(out.request_id, st.seq, self.tokenizer.decode(out.new_token_ids), list(out.new_token_ids))
+            if st.seq == 0:  # the stream's first: it carries the acceptance (Chunk.accepted)
+                chunk.accepted = schemas.Accepted(out.request_id, st.req.priority, st.req.prompt_len)
+            events.append(chunk)
             st.seq += 1
             st.tokens += len(out.new_token_ids)
         if out.finished:

@@ -9,9 +9,10 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 
 from prometheus_client import CollectorRegistry
-from tokenyard.services.edge.shell import MULTIPROC_ENV, scrape
+from tokenyard.services.edge.shell import MULTIPROC_ENV, fold_lock, scrape
 from tokenyard.services.edge.supervisor import (
     RESTART_DELAY_MAX_S,
     STEADY_S,
@@ -95,10 +96,26 @@ def test_a_dead_processs_metric_files_are_folded_totals_kept_gauges_dropped(tmp_
             assert sample(text, 'tokenyard:edge_ttft_seconds_bucket{le="1.0"}') == 2.0  # 0.5 and 1.0
             assert sample(text, "tokenyard:edge_in_flight_requests") == live
             assert not [n for n in os.listdir(tmp_path) if n.endswith(f"_{gone.pid}.db")]
-        assert sorted(os.listdir(tmp_path)) == sorted([
+        assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".db")) == sorted([
             "counter_archive.db", "histogram_archive.db",
             f"counter_{procs[0].pid}.db", f"histogram_{procs[0].pid}.db", f"gauge_livesum_{procs[0].pid}.db"])
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_scrape_waits_while_a_dead_process_is_folded(tmp_path, monkeypatch):
+    """The fold holds the directory's lock exclusive: a scrape started meanwhile (another edge
+    process serving /metrics) reads only once the fold is done, never a file listed and then
+    gone (prometheus_client raises on that) nor a folded process counted twice."""
+    monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+    done = threading.Event()
+    pages = []
+    with fold_lock(str(tmp_path), exclusive=True):
+        reader = threading.Thread(target=lambda: (pages.append(scrape(CollectorRegistry())), done.set()))
+        reader.start()
+        assert not done.wait(0.3)  # held back by the fold
+    assert done.wait(10)
+    reader.join()
+    assert pages == [b""]  # nothing written in this directory yet: an empty page, not an error

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import gc
 import os
 import time
@@ -138,16 +139,31 @@ def forget_dead_processes(path: str) -> None:
             pass
 
 
+@contextlib.contextmanager
+def fold_lock(path: str, exclusive: bool):
+    """The metrics directory's lock: a scrape reads under it shared, the supervisor folds a dead
+    process's files into the archive under it exclusive — so no scrape sees a file vanish
+    between listing and reading it (prometheus_client then raises) or counts a folded process
+    twice (a counter that goes up and back down reads as a reset)."""
+    with open(os.path.join(path, ".fold.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def scrape(registry: CollectorRegistry) -> bytes:
     """The Prometheus page: this process's registry, or, in multiprocess mode, the sum over
     every edge process writing to the shared directory."""
     path = metrics_dir()
     if path is None:
         return generate_latest(registry)
-    forget_dead_processes(path)
-    merged = CollectorRegistry()
-    multiprocess.MultiProcessCollector(merged, path)
-    return generate_latest(merged)
+    with fold_lock(path, exclusive=False):
+        forget_dead_processes(path)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path)
+        return generate_latest(merged)
 
 
 class EdgeMetrics:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.mmap_dict import MmapedDict
-from tokenyard.services.edge.shell import MULTIPROC_ENV, forget_dead_processes
+from tokenyard.services.edge.shell import MULTIPROC_ENV, fold_lock, forget_dead_processes
 from tokenyard.shared import config, metrics
 from tokenyard.shared.procs import die_with_parent
 
@@ -74,8 +74,14 @@ def fold_dead_process(pid: int, path: str) -> None:
     the values of its counters, histograms and summaries are added into `<type>_archive.db`
     (the collector reads it as one more process, so totals never go back), its gauges are
     dropped (a dead process's in-flight is not in flight), and its files are removed. One
-    process folds (the supervisor): the archive has one writer. A scrape in the instant
-    between the archive's write and the file's removal counts the dead one twice."""
+    process folds (the supervisor): the archive has one writer; it folds under the directory's
+    lock held exclusive (`fold_lock`), so a scrape sees the dead process either before the fold or
+    after it, never half-way."""
+    with fold_lock(path, exclusive=True):
+        _fold(pid, path)
+
+
+def _fold(pid: int, path: str) -> None:
     suffix = f"_{pid}.db"
     for name in os.listdir(path):
         if not name.endswith(suffix):

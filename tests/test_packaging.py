@@ -52,3 +52,20 @@ def test_every_data_file_is_package_data():
         pkg = installed_name(f.parent, d.package_dir)
         assert pkg in d.packages, f
         assert any(fnmatch.fnmatch(f.name, g) for g in d.package_data.get(pkg, ())), f
+
+
+def test_no_file_names_a_path_outside_the_repository():
+    """The repository stands alone: no tracked file points at a folder beside it (`../shared`,
+    the design's sources) or at the machine it was built on (`/work/…`)."""
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    offenders = []
+    for name in filter(None, files):
+        path = ROOT / name.decode()
+        if name == b"tests/test_packaging.py" or not path.is_file() or path.suffix in (".gz", ".png", ".db"):
+            continue
+        text = path.read_bytes()
+        if b"../shared/" in text or b"/work/" in text:
+            offenders.append(name.decode())
+    assert offenders == [], offenders

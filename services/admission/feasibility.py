@@ -389,9 +389,11 @@ class FleetView:
         """D_s(w) (the module's formula): the work per second the fresh, healthy workers sustain
         over the next `horizon_s` while the decodes running now and those of the requests they
         take run too (w = ∞: the steady state); None: unknown (no request admitted yet, no fresh
-        worker, or one that reports no prefill cost). 0: a full fleet — on every fresh worker the
-        decodes running now hold the whole engine over the horizon (free = 0), which is known,
-        not unknown: the limit of D_s as the free shares go to 0."""
+        worker, or one that reports no prefill cost), and also where the model leaves nothing
+        free on any worker (the running decodes' modelled cost fills every step over the
+        horizon): the model is priced with the newcomer's shape, not the running decodes' own
+        contexts, so a 0 there is as likely its error as a full fleet, and refusing every
+        request with work ahead on it would be an over-refusal — the measured drain decides."""
         if self.shape is None:
             return None
         up = self.up_at(now)
@@ -416,7 +418,7 @@ class FleetView:
             k = still_decoding(horizon_s * 1000.0, ran * step)
             free = max(0.0, 1.0 - running * (c_d / step) * k)
             total += free * (p + m) * 1000.0 / (c_p + ran * c_d * (1.0 - k))
-        return total
+        return total if total > 0 else None
 
     def _fresh_queues(self, now: float) -> list[QueueStats]:
         return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
@@ -458,16 +460,15 @@ class FleetView:
             wait = 0.0
         else:
             drain = self.drain(qs, now, deadline - ENGINE_BACKLOG_S)
-            wait = 0.0 if drain is None else math.inf if drain <= 0 else priority_wait(
+            wait = 0.0 if drain is None else priority_wait(
                 ahead, drain, self.arrival_rate(overtaking(qs[0].policy, c), now))
-            # (None: no rate known at all, nothing to predict from; 0: a full fleet drains nothing in time)
+            # (None: no rate known at all, nothing to predict from)
         return Verdict(wait, deadline, depth)
 
     def drain(self, qs: list[QueueStats], now: float, horizon_s: float = math.inf) -> float | None:
         """D: the measured drain, capped (`cap_at_sustainable`) at what the fleet sustains over
         the wait a request may have (`horizon_s`: its deadline less H); nothing routed lately (a
-        burst after a quiet spell): the sustainable one; None: neither is known; 0: a full fleet
-        (the sustainable drain is 0) — whatever was measured before it filled."""
+        burst after a quiet spell): the sustainable one; None: neither is known."""
         measured = sum(s.drain_tokens_per_s for s in qs)
         sustainable = self.sustainable_drain(now, horizon_s)
         if sustainable is None:

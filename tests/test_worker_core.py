@@ -241,6 +241,10 @@ def test_an_abort_for_one_reply_subject_stops_that_generation_alone():
     third = core()
     third.offer(req(reply_to="_INBOX.newcomer"), stats())
     assert third.on_abort("r1", "duplicate_request_id", reply_to="_INBOX.newcomer") is True
+    third.streams.pop("r1")  # (its engine ended the stopped generation)
+    # the first request, migrated here from a worker that died, is not a duplicate of the stopped one
+    assert third.offer(req(reply_to="_INBOX.first", migrations=1), stats()) == (GenerateReply("r1", True), True)
+    assert third.offer(req(reply_to="_INBOX.newcomer"), stats()) == (GenerateReply("r1", False, "aborted"), False)
     assert other.on_abort("r1") is True  # a plain abort: any generation of the id
     assert other.on_abort("r1", "x", reply_to="_INBOX.elsewhere") is False
     assert other.offer(req(reply_to="_INBOX.first"), stats())[1] is False  # still aborted for every subject

@@ -160,6 +160,9 @@ class WorkerCore:
                 return False
             if self._aborted.get(request_id, "") is not None:  # not if every generation of it is aborted already
                 self._remember(self._aborted, request_id, reply_to)
+            seen = self._seen.get(request_id)
+            if seen is not None and seen[0] == reply_to:  # the stopped newcomer no longer holds the id
+                del self._seen[request_id]                # here: the first request may come (migrated)
             return st is not None
         self._remember(self._aborted, request_id)
         return st is not None

@@ -150,7 +150,9 @@ def span(
                                                    end_on_exit=end_on_exit) as s:
             yield s
     finally:
-        if rid_token is not None:
-            _request_id.reset(rid_token)
-        if token is not None:
-            otel_context.detach(token)
+        try:
+            if rid_token is not None:
+                _request_id.reset(rid_token)
+        finally:
+            if token is not None:
+                otel_context.detach(token)

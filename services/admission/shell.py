@@ -8,7 +8,8 @@ publish is dropped as a duplicate).
 duplicate (a reused request id, within the stream's duplicate window), which is answered
 with `rejected` 409 instead of silence (the first request keeps running). If the publish
 fails, the client gets `rejected` 503. A worker's first chunk can in principle overtake
-`accepted` (it is caused by the same publish); TokenyardClient holds such events back.
+`accepted` (it is caused by the same publish); a stream's first chunk carries the acceptance
+itself (`Chunk.accepted`), so TokenyardClient takes it as such and drops the later `accepted`.
 
 With a queue in the same process (`tokenyard queue --with-admission`, the default of
 `tokenyard up`), an admitted request is handed to it by a call (`LocalQueue.take`): its offer

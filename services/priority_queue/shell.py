@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -60,6 +61,7 @@ from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
+from tokenyard.services.priority_queue.stored_copies import StoredCopies
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.metrics import QueueMetrics
 from tokenyard.shared.service import new_instance_id
@@ -78,9 +80,6 @@ TAKEN_RETRY_S = 0.5
 SEEN_REMEMBERED = 50_000
 """Request ids a queue remembers for `take`'s duplicate check (as many as a router or a worker
 remembers): past that many within JetStream's window, a reused id is the worker's to answer."""
-DELETE_SUBJECT = f"$JS.API.STREAM.MSG.DELETE.{subjects.QUEUE_STREAM}"
-"""JetStream's message delete: a routed request's stored copy, by its sequence (`_settle`)."""
-DELETE_TIMEOUT_S = 2.0
 PULL_GRACE_S = 1.0
 """A pull whose end (its 408) never came is renewed this long after it expired: a NATS
 restart forgets pull requests, and so does a failover to another node."""
@@ -117,7 +116,7 @@ class QueueShell:
         """request id → its stored copy's stream sequence (`stored`), for each request handed
         over here whose store admission saw acked while it still waits or is being placed: the
         copy is deleted once it is routed (`_settle`)."""
-        self._deletes: set[asyncio.Task] = set()
+        self.copies = StoredCopies()  # deletes of stored copies by sequence (`_settle`)
         self._seen: OrderedDict[str, float] = OrderedDict()
         """request id → when this queue first had it, for JetStream's duplicate window (at most
         SEEN_REMEMBERED): `take` hands a seen id to JetStream's duplicate check instead of placing it."""
@@ -139,6 +138,7 @@ class QueueShell:
         self._pull_over = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._routes: set[asyncio.Task] = set()
+        self._route_context = contextvars.copy_context()  # (start's, once started)
         self._running = False
         self.router_down_backoff_s = 0.0
         """The current pause while no router answers; 0 while routers do."""
@@ -146,7 +146,10 @@ class QueueShell:
         self.metrics = QueueMetrics(lambda: self.core.stats(self.instance_id, time.time()))
 
     async def start(self, nc: Client, service: Service) -> None:
-        self.nc = nc
+        self.nc = self.copies.nc = nc
+        # the context every route task starts from: `take` runs inside admission's span for one
+        # request, and a route it starts for another must not carry that request's trace
+        self._route_context = contextvars.copy_context()
         await natsutil.ensure_queue_stream(nc)
         js = nc.jetstream()
         cfg = self.core.cfg
@@ -185,8 +188,7 @@ class QueueShell:
                 await t
         if self._routes:  # let routes in flight finish, so their acks go out
             await asyncio.gather(*self._routes, return_exceptions=True)
-        if self._deletes:
-            await asyncio.gather(*self._deletes, return_exceptions=True)
+        await self.copies.close()
         # Hand back what was never routed: a standby replica gets it at once. (After a crash
         # instead, JetStream redelivers the unacked messages once ack_wait has passed.)
         for msg in self.held.values():
@@ -280,7 +282,7 @@ class QueueShell:
             if request_id in self._local:  # its copy has not come here yet
                 self._stored[request_id] = seq
         else:
-            self._delete(seq)
+            self.copies.delete(seq)
 
     def _settle(self, request_id: str) -> asyncio.Future | None:
         """A request leaves this queue (routed, or ended): its stored copy goes — acked if it came
@@ -292,32 +294,13 @@ class QueueShell:
         if msg is not None:
             return asyncio.ensure_future(msg.ack())
         if seq is not None:
-            self._delete(seq)
+            self.copies.delete(seq)
         return None
-
-    def _delete(self, seq: int) -> None:
-        task = asyncio.create_task(self._delete_copy(seq))
-        self._deletes.add(task)
-        task.add_done_callback(self._deletes.discard)
-
-    async def _delete_copy(self, seq: int) -> None:
-        """Not awaited by anyone: a delete that fails leaves the copy to be acked when it comes
-        back here (or, if this replica dies first, placed by another, as before deletes)."""
-        body = msgspec.json.encode({"seq": seq, "no_erase": True})
-        try:
-            reply = await self.nc.request(DELETE_SUBJECT, body, timeout=DELETE_TIMEOUT_S)
-            answer = msgspec.json.decode(reply.data)
-        except Exception as e:
-            log.warning("stored_copy_not_deleted", seq=seq, error=repr(e))
-            return
-        error = answer.get("error") if isinstance(answer, dict) else None
-        if error and error.get("err_code") != 10057:  # 10057: no such message (it came here and was acked)
-            log.warning("stored_copy_not_deleted", seq=seq, error=error)
 
     def _release(self, now: float) -> None:
         """Start a route for each request the core releases now."""
         for req in self.core.dispatchable(now):
-            task = asyncio.create_task(self._route(req))
+            task = asyncio.create_task(self._route(req), context=self._route_context.copy())
             self._routes.add(task)
             task.add_done_callback(self._routes.discard)
 

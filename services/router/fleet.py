@@ -80,8 +80,7 @@ class FleetView:
     the decode term of the default's stall (services/router/policies/latency.py). `stale_s`:
     the silence after which the row is out (shared.staleness, from the interval its worker
     announces). `load`: running + waiting, the sequences on the row (the default's bound and
-    stall, least-loaded, SGLang's balance), kept by the writers below instead of added up
-    per decision."""
+    stall), kept by the writers below instead of added up per decision."""
 
     def __init__(self, capacity: int = 16):
         self.n = 0

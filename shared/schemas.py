@@ -295,6 +295,11 @@ class Abort(msgspec.Struct, omit_defaults=True):
     reply_to: str = ""
     """Only the generation streaming to this subject ('': any of the id): a reused id's newcomer,
     placed before its store found the id taken, while the first request of the id runs on."""
+    before_migration: int = -1
+    """A MIGRATED fence: only generations started before this migration (their `migrations`
+    below it) stop — not the re-issue it fences for, which a worker may have taken before this
+    abort reached it (the abort and the offer arrive on two subscriptions, handled in either
+    order). -1: every generation of the id."""
 
 
 MIGRATED = "migrated"

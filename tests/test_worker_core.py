@@ -248,3 +248,21 @@ def test_an_abort_for_one_reply_subject_stops_that_generation_alone():
     assert other.on_abort("r1") is True  # a plain abort: any generation of the id
     assert other.on_abort("r1", "x", reply_to="_INBOX.elsewhere") is False
     assert other.offer(req(reply_to="_INBOX.first"), stats())[1] is False  # still aborted for every subject
+
+
+def test_a_migration_fence_stops_the_old_generation_not_the_reissue_it_fences_for():
+    """The router fences a re-issue with an abort `migrated` before it offers the request again;
+    abort and offer reach a worker on two subscriptions, so the worker taking the re-issue may
+    see the fence after the offer. The fence names the migration it is for: a generation started
+    before it (the worker thought dead) is silenced, the re-issue (migrations = that number) runs on."""
+    from tokenyard.shared.schemas import MIGRATED
+
+    old = core()
+    old.offer(req(reply_to="_INBOX.c"), stats())  # migrations 0: the first placement
+    assert old.on_abort("r1", MIGRATED, before_migration=1) is True and old.streams["r1"].silenced
+    new = core()
+    new.offer(req(reply_to="_INBOX.c", migrations=1), stats())  # the re-issue, taken before the fence came
+    assert new.on_abort("r1", MIGRATED, before_migration=1) is False and not new.streams["r1"].silenced
+    anyone = core()
+    anyone.offer(req(reply_to="_INBOX.c", migrations=1), stats())
+    assert anyone.on_abort("r1", MIGRATED) is True and anyone.streams["r1"].silenced  # an unnumbered fence: any

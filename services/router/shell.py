@@ -404,7 +404,8 @@ class RouterShell:
     async def _reissue(self, effect: Reissue) -> None:
         ar = effect.req
         # Fence: a worker wrongly thought dead stops sending (it keeps the id open).
-        await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(ar.request_id, reason=MIGRATED)))
+        await self.nc.publish(subjects.ABORT, codec.encode(
+            schemas.Abort(ar.request_id, reason=MIGRATED, before_migration=ar.migrations)))
         decision, _ = await self._place(ar, exclude=effect.exclude)
         log.info("migrated", request_id=ar.request_id, from_worker=effect.old_worker, outcome=decision.outcome,
                  to_worker=decision.worker_id, resume_tokens=len(ar.resume_token_ids), migrations=ar.migrations)

@@ -145,16 +145,19 @@ class WorkerCore:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""
         return schemas.Error(req.request_id, 409, f"request id '{req.request_id}' is already in use")
 
-    def on_abort(self, request_id: str, reason: str = "client", reply_to: str = "") -> bool:
+    def on_abort(self, request_id: str, reason: str = "client", reply_to: str = "",
+                 before_migration: int = -1) -> bool:
         """True if the request is running here (the shell aborts it in the engine). A
-        `migrated` abort silences the stream but leaves the id open: the request lives on. One
+        `migrated` abort silences the stream but leaves the id open: the request lives on; it
+        spares a generation started by the migration it fences for (`before_migration`). One
         with `reply_to` stops only the generation streaming there (Abort.reply_to): another
         request of the id, here or offered later, runs on."""
         st = self.streams.get(request_id)
         if reason == MIGRATED:
-            if st is not None:
-                st.silenced = True
-            return st is not None
+            if st is None or 0 <= before_migration <= st.req.migrations:
+                return False  # the re-issue the fence is for, taken here before the fence came
+            st.silenced = True
+            return True
         if reply_to:
             if st is not None and st.req.reply_to != reply_to:
                 return False

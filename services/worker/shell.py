@@ -223,7 +223,7 @@ class WorkerShell:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
             return
-        if self.core.on_abort(abort.request_id, abort.reason, abort.reply_to):
+        if self.core.on_abort(abort.request_id, abort.reason, abort.reply_to, abort.before_migration):
             self.metrics.observe_abort(abort.reason)
             await self.engine.abort(abort.request_id)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -31,6 +32,18 @@ def proc(fleet: FleetProcesses, name: str) -> subprocess.Popen:
 async def running_on(nc: Client, worker_id: str) -> set[str]:
     msg = await nc.request(subjects.worker_status(worker_id), b"", timeout=2)
     return set(msgspec.msgpack.decode(msg.data, type=list[str]))
+
+
+async def stop_process(p: subprocess.Popen | None, wait_s: float) -> None:
+    """SIGTERM, up to `wait_s` for it to exit, then SIGKILL; nothing for a process already gone."""
+    if p is None or p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    for _ in range(round(wait_s / 0.05)):
+        if p.poll() is not None:
+            return
+        await asyncio.sleep(0.05)
+    p.kill()
 
 
 def rss_mb(pid: int) -> float:

@@ -19,7 +19,7 @@ from collections import Counter
 from nats.aio.client import Client
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects
 
-from bench.faults.fleet import fleet_for, proc, running_on
+from bench.faults.fleet import fleet_for, proc, running_on, stop_process
 from bench.faults.streams import note, submit, tally, wait_all
 from tokenyard.launcher import ping
 
@@ -105,13 +105,5 @@ async def probe_queue_kill(args) -> dict:
         return row
     finally:
         for p in (standby, late):
-            if p is None:
-                continue
-            p.send_signal(signal.SIGTERM)
-            for _ in range(300):
-                if p.poll() is not None:
-                    break
-                await asyncio.sleep(0.05)
-            if p.poll() is None:
-                p.kill()
+            await stop_process(p, 15.0)
         await fleet.stop()

@@ -26,7 +26,7 @@ from collections import Counter
 import aiohttp
 from tokenyard.shared import nats_auth, natsutil
 
-from bench.faults.fleet import fleet_for, proc, running_on
+from bench.faults.fleet import fleet_for, proc, running_on, stop_process
 from bench.faults.kills import env_as, log_file
 from bench.faults.streams import note, submit, submit_via_http, tally, wait_all
 from tokenyard.launcher import ping
@@ -39,17 +39,6 @@ SUPERVISOR_GRACE_S = 10.0
 def children_of(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(p) for p in f.read().split()]
-
-
-async def _stop(p: subprocess.Popen | None) -> None:
-    if p is None or p.poll() is not None:
-        return
-    p.send_signal(signal.SIGTERM)
-    for _ in range(400):
-        if p.poll() is not None:
-            return
-        await asyncio.sleep(0.05)
-    p.kill()
 
 
 async def _until(cond, timeout_s: float, every_s: float = 0.05) -> float | None:
@@ -129,7 +118,7 @@ async def probe_edge_kill(args) -> dict:
         await nc.drain()
         return row
     finally:
-        await _stop(edge)
+        await stop_process(edge, 20.0)
         await fleet.stop()
 
 
@@ -173,5 +162,5 @@ async def probe_queue_replica_kill(args) -> dict:
         await nc.drain()
         return row
     finally:
-        await _stop(second)
+        await stop_process(second, 20.0)
         await fleet.stop()

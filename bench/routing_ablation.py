@@ -46,6 +46,9 @@ candidates' mean of B, all on instance i; lower cost wins):
     slackhalf-bl-stickyqdc            qdm with r's decode priced on i's context alone, O·ρ_i·C_i
                                       (the per-sequence t_i of the convention left out)
     slackhalf-bl-stickyqd-dec         qdf and -dec
+  round 8:
+    slackhalf-bl-stickyqm             the exemption compares r's TTFT + the fleet's half of its
+                                      recompute, Q_i + N_i·(1 + B̄/2) (qdm without r's decode)
     slackhalfcap-bl-stickyq           the fleet's half whole, i's beyond the slack capped at
                                       ENGINE_BACKLOG_S;  slackhalfcap-bl-stickyqdm: and qdm
     slackhalfq-bl-stickyq             the slack absorbs only where a queue is (Q_i > 0)
@@ -223,7 +226,7 @@ class BoundGuard:
         if self.sticky and keep.any() and not keep.all():
             own = view.queued_prefill[cand] + view.new[cand]
             exempt = own <= own[keep].min()
-            if self.sticky in ("q", "qw", "qi", "qn", "qd", "qdf", "qdb", "qdm", "qdc"):
+            if self.sticky in ("q", "qw", "qi", "qn", "qd", "qdf", "qdb", "qdm", "qdc", "qm"):
                 exempt &= view.hit[cand] > view.queued_prefill[cand]
             if self.sticky == "qw":  # and nothing waits there: r is admitted at once
                 exempt &= view.waiting[cand] == 0
@@ -240,6 +243,10 @@ class BoundGuard:
                     decode_cost(req, view, cand, inflicted=False) if self.sticky == "qdm"  # on i's
                     else decode_cost(req, view, cand, inflicted=False) - float(max(req.max_tokens, 1)) * b)  # context alone
                 exempt = (own <= own[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
+                exempt = (own <= own[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
+            if self.sticky == "qm":  # r's first token and the fleet's half of the stall its
+                b = (view.running[cand] + view.waiting[cand]).astype(np.float64)  # recompute inflicts
+                own = own + view.new[cand] * b.mean() / 2.0
                 exempt = (own <= own[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
             if self.sticky == "qn" and (view.last_chosen[cand][keep] < 0).any():
                 exempt[:] = False  # and no instance within the bound was never chosen (a cold one)
@@ -305,6 +312,7 @@ VARIANTS = {
     "slackhalf-bl-stickyqdb": Variant("slackhalf-bl-stickyqdb", bound="seq", sticky="qdb", slack="half"),
     "slackhalf-bl-stickyqdm": Variant("slackhalf-bl-stickyqdm", bound="seq", sticky="qdm", slack="half"),
     "slackhalf-bl-stickyqdc": Variant("slackhalf-bl-stickyqdc", bound="seq", sticky="qdc", slack="half"),
+    "slackhalf-bl-stickyqm": Variant("slackhalf-bl-stickyqm", bound="seq", sticky="qm", slack="half"),
     "slackhalfcap-bl-stickyq": Variant("slackhalfcap-bl-stickyq", bound="seq", sticky="q", slack="halfcap"),
     "slackhalfcap-bl-stickyqdm": Variant("slackhalfcap-bl-stickyqdm", bound="seq", sticky="qdm", slack="halfcap"),
     "slackhalfq-bl-stickyq": Variant("slackhalfq-bl-stickyq", bound="seq", sticky="q", slack="halfq"),

@@ -4,11 +4,22 @@ went), and the CPU it reads per process group."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 
-from bench.live_router import breakdown, cpu_s, engine_ttft, fleet_series, table
+from bench.live_router import (
+    breakdown,
+    choice_summary,
+    cpu_s,
+    engine_ttft,
+    fleet_series,
+    placements,
+    route_choices,
+    route_table,
+    table,
+)
 
 QUEUE_PAGE = """# HELP tokenyard:queue_wait_seconds Arrival to routed, by priority class.
 # TYPE tokenyard:queue_wait_seconds histogram
@@ -95,3 +106,54 @@ def test_cpu_seconds_are_read_per_group_and_this_process_is_the_client():
     assert second["client"] >= first["client"] > 0.0
     gone = cpu_s([("router", me)])  # a process that has exited (and been reaped) is left out
     assert set(gone) == {"client"}
+
+
+def _choice(rid, worker, plen, hit, load=(3, 5), queued=(0.0, 100.0), notes=()):
+    return {"event": "route_choice", "request_id": rid, "worker": worker, "prompt_tokens": plen,
+            "notes": list(notes), "workers": ["w0", "w1"], "hit": list(hit), "load": list(load), "queued": list(queued)}
+
+
+def test_route_choices_are_read_from_the_queue_log_after_the_runs_start(tmp_path):
+    log = tmp_path / "queue.log"
+    log.write_text(json.dumps(_choice("old", "w0", 10, (0, 0))) + "\n")
+    start = log.stat().st_size
+    with open(log, "a") as f:
+        f.write('{"event": "worker_forgotten", "worker": "w9"}\n')
+        f.write(json.dumps(_choice("a", "w1", 100, (64, 0))) + "\n")
+        f.write("not json at all, but \"route_choice\" in it\n")
+    assert [c["request_id"] for c in route_choices(log, start)] == ["a"]
+    assert route_choices(tmp_path / "absent.log", 0) == []
+
+
+def test_the_summary_counts_each_requests_last_offer_and_lists_what_the_policy_gave_up():
+    choices = [
+        _choice("a", "w0", 100, (96, 0)),           # on its holder
+        _choice("b", "w0", 200, (64, 160)),         # refused by w0 …
+        _choice("b", "w1", 200, (64, 160)),         # … and taken by the holder
+        _choice("c", "w1", 300, (288, 32), notes=("sticky",)),  # away from its holder: 256 tokens given up
+    ]
+    s = choice_summary(choices)
+    assert (s["offers"], s["chosen_hit"], s["best_hit"]) == (4, 96 + 160 + 32, 96 + 160 + 288)
+    assert [(a["request_id"], a["lost"], a["notes"]) for a in s["away"]] == [("c", 256, ["sticky"])]
+
+
+def test_placements_pair_the_log_with_the_benchs_requests_by_prompt_length_in_order():
+    requests = [{"index": 0, "prompt_len": 100}, {"index": 1, "prompt_len": 200}, {"index": 2, "prompt_len": 100}]
+    choices = [_choice("x", "w1", 100, (0, 96), load=(2, 7), queued=(0.0, 4.0)),
+               _choice("y", "w0", 200, (0, 0)), _choice("y", "w1", 200, (0, 0)),
+               _choice("z", "w0", 100, (96, 0)), _choice("q", "w0", 999, (0, 0))]  # q: not the bench's
+    placements(choices, requests)
+    assert requests[0] | {} == {"index": 0, "prompt_len": 100, "worker": "w1", "hit": 96, "best_hit": 96, "load": 7,
+                                "queued": 4.0, "notes": [], "offers": 1}
+    assert (requests[1]["worker"], requests[1]["offers"]) == ("w1", 2)
+    assert (requests[2]["worker"], requests[2]["hit"]) == ("w0", 96)
+
+
+def test_the_route_table_puts_the_three_hit_shares_side_by_side():
+    run = {"round": 1, "router": "tokenyard", "load": 1.0,
+           "route_choices": {"offers": 3, "chosen_hit": 600, "best_hit": 700, "away": [{"lost": 100}]},
+           "fleet_metrics": {'vllm:prefix_cache_hits_total{worker_id="w0"}': 590.0,
+                             'vllm:prefix_cache_queries_total{worker_id="w0"}': 1000.0}}
+    rows = route_table({"runs": [run, {"router": "sglang", "load": 1.0, "fleet_metrics": {}}]}).splitlines()
+    assert rows[2] == "| 1 | ×1 | tokenyard | 3 | 0.600 | 0.700 | 0.590 | 1 |"
+    assert len(rows) == 3  # a run without the log has no row

@@ -269,6 +269,14 @@ class RouterCore:
             self.index.predict(choice.worker_id, req.block_hashes, now + self.cfg.approx_ttl_s)
         return choice
 
+    def rows(self) -> dict[str, list]:
+        """The latest decision's inputs, row by row (a debug log line's: which instance held
+        how much of the request, and how loaded each looked): worker ids, hit tokens, load
+        (running + waiting + routed since the heartbeat), queued prefill tokens."""
+        v, n = self.view, self.view.n
+        return {"workers": list(v.ids[:n]), "hit": v.hit[:n].tolist(), "load": v.load[:n].tolist(),
+                "queued": v.queued_prefill[:n].tolist()}
+
     def housekeeping(self, now: float) -> list[str]:
         """Forget workers silent for `forget_after_s` (rows and index entries) and expire
         predicted blocks; returns the forgotten workers."""

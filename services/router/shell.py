@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -251,6 +252,9 @@ class RouterShell:
         while (choice := placement.next(time.time())) is not None:
             if span is not None and telemetry.recording():  # not built for a span that keeps nothing
                 span.set_attributes(span_attributes(choice))
+            if log.is_enabled_for(logging.DEBUG):  # TOKENYARD_LOG_LEVEL=debug: where each request went, and why
+                log.debug("route_choice", request_id=rid, worker=choice.worker_id, prompt_tokens=ar.prompt_len,
+                          notes=list(choice.notes), **self.core.rows())
             self.core.offer_out(choice.worker_id, ar, choice)
             try:
                 reply = await self._offer(ar, choice.worker_id, data, offered)

@@ -402,6 +402,17 @@ def breakdown(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def sim_twin(workload: str, base_rate: float, load: float, speed: float, workers: int, num_prompts: int,
+             seed: int) -> str:
+    """The `tokenyard sim` command that replays a run's workload in simulated time: the bench
+    hands the client its wall rate, and a synthetic workload's content follows its base rate
+    (ChatBot's conversation slots are rate × 30 s), so the twin keeps that rate as the base
+    (`--rate`) and speeds the clock up by 1 / speed (`--rate-scale`), on as many instances."""
+    rate = base_rate * load * speed * workers / 16
+    return (f"tokenyard sim --workload {workload} --instances {workers} --profile {PROFILE} --rate {rate:g} "
+            f"--rate-scale {1 / speed:g} --num-requests {num_prompts} --seed {seed} --compare {DEFAULT_POLICY},sglang")
+
+
 def route_table(doc: dict[str, Any]) -> str:
     """Where the prefix hits went (`--route-log` runs): of the prompt tokens the engines were
     asked for (their prefix-cache queries), the share the router's index said the chosen
@@ -459,6 +470,10 @@ def main() -> int:
     print(breakdown(doc))
     if any("route_choices" in r for r in doc["runs"]):
         print(route_table(doc))
+    base = args.base_rate or SYNTHETIC[args.workload].DEFAULT_RATE
+    for load in args.loads:  # the same requests at the same simulated times, in the simulator
+        print(f"×{load:g} in the simulator: " + sim_twin(args.workload, base, load, args.speed, args.workers,
+                                                           args.num_prompts, args.seed))
     write_result(args.json, doc, prog="python -m bench.live_router")
     return 0
 

@@ -18,6 +18,7 @@ from bench.live_router import (
     placements,
     route_choices,
     route_table,
+    sim_twin,
     table,
 )
 
@@ -157,3 +158,19 @@ def test_the_route_table_puts_the_three_hit_shares_side_by_side():
     rows = route_table({"runs": [run, {"router": "sglang", "load": 1.0, "fleet_metrics": {}}]}).splitlines()
     assert rows[2] == "| 1 | ×1 | tokenyard | 3 | 0.600 | 0.700 | 0.590 | 1 |"
     assert len(rows) == 3  # a run without the log has no row
+
+
+def test_the_sim_twin_replays_the_live_runs_requests_at_their_simulated_times():
+    from tokenyard.loadgen.config import BenchConfig
+    from tokenyard.loadgen.workload import make_workload
+    from tokenyard.loadgen.workloads import open_workload
+
+    cmd = sim_twin("chatbot", 60.0, 3.0, 0.25, 4, 300, 0)
+    assert cmd == ("tokenyard sim --workload chatbot --instances 4 --profile a100-llama3-8b --rate 11.25 "
+                   "--rate-scale 4 --num-requests 300 --seed 0 --compare marginal-latency,sglang")
+    live = list(make_workload(BenchConfig(workload="chatbot", num_prompts=300, rate=11.25, seed=0)).requests())
+    twin = open_workload("chatbot", num_requests=300, rate=11.25, rate_scale=4.0, seed=0).items()
+    assert [r.prompt_len for r in live] == [t.prompt_len for t in twin]  # the same requests …
+    assert all(abs(r.arrival_s / 4.0 - t.arrival_s) < 1e-9 for r, t in zip(live, twin, strict=True))  # … 4× sooner
+    rescaled = open_workload("chatbot", num_requests=300, rate_scale=0.25, seed=0).items()  # round 7's
+    assert sum(t.prompt_len for t in twin) == 261_977 != sum(t.prompt_len for t in rescaled)  # other conversations

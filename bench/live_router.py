@@ -423,7 +423,7 @@ def route_table(doc: dict[str, Any]) -> str:
            "engines' hit | taken from the best holder |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in doc["runs"]:
         rc = r.get("route_choices")
-        if not rc:
+        if not rc or not rc["offers"]:  # no log line: a baseline whose router does not write them
             continue
         fm = r.get("fleet_metrics", {})
         queries = sum(v for k, v in fm.items() if k.startswith("vllm:prefix_cache_queries_total"))

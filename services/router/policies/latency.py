@@ -186,7 +186,8 @@ class BoundedLoadGuard:
         exempt &= ~keep
         if not np.count_nonzero(exempt):  # the common case: nothing beyond the bound holds more than it queues
             return Narrowed(keep)
-        own = queued + view.new[cand]
+        n = view.new[cand]
+        own = queued + n + n * (int(np.add.reduce(load)) / len(load) / 2.0)
         exempt &= own <= own[keep].min()
         if not exempt.any():
             return Narrowed(keep)

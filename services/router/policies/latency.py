@@ -138,6 +138,14 @@ c = 1 + ε; ε = 0.25 is the value of its deployments, e.g. HAProxy's `hash-bala
 125`). A fixed ratio to the fleet's own mean, not a per-workload threshold."""
 
 
+def exempt_cost(queued, new, mean_load: float):
+    """What the sticky exemption compares (BoundedLoadGuard): r's first token on i, Q_i + N_i,
+    plus the fleet's half of the stall r's uncached tokens inflict, N_i · B̄ / 2 — the
+    scorer's price of a recomputed token, the part of it that does not depend on i's own
+    decodes. Arrays or numbers alike (bench.route_why replays the guard from a log)."""
+    return queued + new * (1.0 + mean_load / 2.0)
+
+
 @dataclass
 class BoundedLoadGuard:
     """Consistent hashing with bounded loads, made relative (SGLang's balance thresholds with
@@ -186,9 +194,8 @@ class BoundedLoadGuard:
         exempt &= ~keep
         if not np.count_nonzero(exempt):  # the common case: nothing beyond the bound holds more than it queues
             return Narrowed(keep)
-        n = view.new[cand]
-        own = queued + n + n * (int(np.add.reduce(load)) / len(load) / 2.0)
-        exempt &= own <= own[keep].min()
+        cost = exempt_cost(queued, view.new[cand], int(np.add.reduce(load)) / len(load))
+        exempt &= cost <= cost[keep].min()
         if not exempt.any():
             return Narrowed(keep)
         return Narrowed(keep | exempt, "sticky")

@@ -62,8 +62,7 @@ def reason(offers: list[dict[str, Any]]) -> tuple[int, str] | None:
         return lost, "within the bound"
     if hit[holder] <= queued[holder]:
         return lost, "queue >= hit"
-    mean = sum(load[i] for i in cand) / len(cand)
-    cost = [exempt_cost(queued[i], max(plen - hit[i], 1), mean) for i in range(len(workers))]
+    cost = [exempt_cost(queued[i], max(plen - hit[i], 1)) for i in range(len(workers))]
     if cost[holder] > min(cost[i] for i in within):
         return lost, "sooner elsewhere"
     return lost, "exempt"

@@ -28,7 +28,8 @@ def test_a_holder_beyond_the_bound_with_a_queue_longer_than_its_hit_is_not_exemp
 
 
 def test_beyond_the_bound_with_more_cached_than_queued_but_dearer_than_within_it():
-    # w3: Q 700 < hit 800, its cost 700 + 200·(1 + 6/2) = 1,500 against w0's 0 + 300·4 = 1,200
+    # w3: Q 700 < hit 800, but r's first token there comes after 700 + 200 = 900 tokens, on w0
+    # (its own 300 taken back) after 0 + 300
     line = _line("a", "w0", 1000, (700, 0, 0, 800), (5, 4, 4, 12), (300, 0, 0, 700))
     assert reason([line]) == (100, "sooner elsewhere")
     within = _line("b", "w0", 1000, (0, 600, 0, 0), (5, 4, 4, 4), (1000, 0, 0, 0))  # w1 within the bound

@@ -10,7 +10,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from tokenyard.services.router.core import DEFAULT_POLICY, POLICIES, RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
-from tokenyard.services.router.policies.latency import BoundedLoadGuard, MarginalLatencyScorer
+from tokenyard.services.router.policies.latency import BoundedLoadGuard, MarginalLatencyScorer, exempt_cost
 from tokenyard.shared.hashing import ids_chain
 from tokenyard.shared.schemas import BlockStored, KVEventBatch
 
@@ -254,7 +254,7 @@ def test_an_exempt_instance_gives_r_its_soonest_first_token_and_caches_more_than
     bare = np.asarray(BoundedLoadGuard(sticky=False).narrow(req(prompt_len=prompt), v, cand).keep)
     keep = np.asarray(BoundedLoadGuard().narrow(req(prompt_len=prompt), v, cand).keep)
     assert (keep >= bare).all()  # the exemption only adds
-    own = v.queued_prefill[: v.n] + v.new[: v.n]
+    cost = exempt_cost(v.queued_prefill[: v.n], v.new[: v.n])
     event("exempt" if (keep & ~bare).any() else "none exempt")
     for i in np.flatnonzero(keep & ~bare):
-        assert v.hit[i] > v.queued_prefill[i] and own[i] <= own[bare].min()
+        assert v.hit[i] > v.queued_prefill[i] and cost[i] <= cost[bare].min()

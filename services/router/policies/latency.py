@@ -138,12 +138,14 @@ c = 1 + ε; ε = 0.25 is the value of its deployments, e.g. HAProxy's `hash-bala
 125`). A fixed ratio to the fleet's own mean, not a per-workload threshold."""
 
 
-def exempt_cost(queued, new, mean_load: float):
-    """What the sticky exemption compares (BoundedLoadGuard): r's first token on i, Q_i + N_i,
-    plus the fleet's half of the stall r's uncached tokens inflict, N_i · B̄ / 2 — the
-    scorer's price of a recomputed token, the part of it that does not depend on i's own
-    decodes. Arrays or numbers alike (bench.route_why replays the guard from a log)."""
-    return queued + new * (1.0 + mean_load / 2.0)
+def exempt_cost(queued, new):
+    """What the sticky exemption compares (BoundedLoadGuard): r's first token on i, Q_i + N_i.
+    Arrays or numbers alike (bench.route_why replays the guard from a log). Round 8 measured
+    adding the fleet's half of the stall r's uncached tokens inflict, N_i · B̄ / 2 (the
+    scorer's price of a recomputed token; bench.routing_ablation's `stickyqm`): level in the
+    sweep, better on the live run's simulator twin at ×1 and worse at ×3, mixed on the
+    tuning workloads (docs/results-routing.md, round 8), so not the default."""
+    return queued + new
 
 
 @dataclass
@@ -194,7 +196,7 @@ class BoundedLoadGuard:
         exempt &= ~keep
         if not np.count_nonzero(exempt):  # the common case: nothing beyond the bound holds more than it queues
             return Narrowed(keep)
-        cost = exempt_cost(queued, view.new[cand], int(np.add.reduce(load)) / len(load))
+        cost = exempt_cost(queued, view.new[cand])
         exempt &= cost <= cost[keep].min()
         if not exempt.any():
             return Narrowed(keep)

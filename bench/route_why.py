@@ -12,9 +12,8 @@ For each request whose last offer went to a worker holding less of it than the b
 * `within the bound`: the holder was within the bound and the scorer priced it higher;
 * `queue >= hit`: the holder was beyond the bound, L_i + 1 > ⌈c·(ΣL + 1)/n⌉, and not exempt
   because its queued prefill was at least what r has cached there (hit_i ≤ Q_i);
-* `sooner elsewhere`: beyond the bound, hit_i > Q_i, but the exemption's comparison of r's
-  cost there (the default's own, BoundedLoadGuard.exempt_cost) was higher than within the
-  bound;
+* `sooner elsewhere`: beyond the bound, hit_i > Q_i, but r's first token would come later
+  there than within the bound (the exemption's own comparison, latency.exempt_cost);
 * `exempt`: exempt, and the scorer priced it higher.
 
 A line's load and queue on the chosen worker already count the request (the router's

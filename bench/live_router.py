@@ -232,10 +232,11 @@ def placements(choices: list[dict[str, Any]], requests: list[dict[str, Any]]) ->
     """Put on each of the bench's requests where the router placed it (`--route-log`): the
     worker its last offer went to, the prefix tokens the router's index said that worker held
     (`hit`), the most any worker held (`best_hit`), the load and queued prefill the router saw
-    there, and how many offers it took. The log names the edge's request ids, which the client
-    does not see; a request is paired by its prompt tokens, in order: the router sees requests
-    in arrival order give or take the few that overtake each other in the hops, and of two
-    requests with the same prompt length the earlier is taken first."""
+    there, how many offers it took and the workers that refused it (`refused_by`). The log
+    names the edge's request ids, which the client does not see; a request is paired by its
+    prompt tokens, in order: the router sees requests in arrival order give or take the few
+    that overtake each other in the hops, and of two requests with the same prompt length
+    the earlier is taken first."""
     waiting: dict[int, list[dict[str, Any]]] = {}
     for r in sorted(requests, key=lambda r: r["index"]):
         waiting.setdefault(r["prompt_len"], []).append(r)
@@ -250,6 +251,8 @@ def placements(choices: list[dict[str, Any]], requests: list[dict[str, Any]]) ->
         workers, hits = c.get("workers", []), c.get("hit", [])
         if c.get("worker") not in workers or not hits:
             continue
+        if "worker" in req:  # an earlier offer of this request was refused
+            req["refused_by"] = [*req.get("refused_by", []), req["worker"]]
         i = workers.index(c["worker"])
         req.update(worker=c["worker"], hit=hits[i], best_hit=max(hits), load=c["load"][i], queued=c["queued"][i],
                    notes=c.get("notes", []), offers=req.get("offers", 0) + 1)

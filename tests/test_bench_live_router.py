@@ -146,7 +146,8 @@ def test_placements_pair_the_log_with_the_benchs_requests_by_prompt_length_in_or
     placements(choices, requests)
     assert requests[0] | {} == {"index": 0, "prompt_len": 100, "worker": "w1", "hit": 96, "best_hit": 96, "load": 7,
                                 "queued": 4.0, "notes": [], "offers": 1}
-    assert (requests[1]["worker"], requests[1]["offers"]) == ("w1", 2)
+    assert (requests[1]["worker"], requests[1]["offers"], requests[1]["refused_by"]) == ("w1", 2, ["w0"])
+    assert "refused_by" not in requests[0]
     assert (requests[2]["worker"], requests[2]["hit"]) == ("w0", 96)
 
 

@@ -24,9 +24,9 @@ import time
 from collections import Counter
 
 import aiohttp
-from tokenyard.shared import nats_auth, natsutil
+from tokenyard.shared import natsutil
 
-from bench.faults.fleet import fleet_for, proc, running_on, stop_process
+from bench.faults.fleet import fleet_for, proc, queue_replica, running_on, stop_process
 from bench.faults.kills import env_as, log_file
 from bench.faults.streams import note, submit, submit_via_http, tally, wait_all
 from tokenyard.launcher import ping
@@ -129,11 +129,7 @@ async def _edges_answer(nc, n: int) -> bool:
 async def probe_queue_replica_kill(args) -> dict:
     fleet = fleet_for(args)
     await fleet.start()
-    second = subprocess.Popen(
-        [*BASE, "queue", "--nats", fleet.nats_url, "--with-router", "--router-policy", fleet.router_policy,
-         "--with-admission", "--model", fleet.model],
-        env={**os.environ, **nats_auth.child_env(fleet.nats_url, "queue", "router", "admission")},
-        stdout=subprocess.DEVNULL, stderr=log_file(args, "queue-second"))
+    second = queue_replica(fleet, log_file(args, "queue-second"))
     try:
         nc = await natsutil.connect(fleet.nats_url, "bench-faults")
         async with asyncio.timeout(60):

@@ -107,6 +107,7 @@ async def test_a_withdrawn_newcomer_that_the_router_places_nowhere_leaves_the_qu
         assert got == []  # admission ended its stream (409): the queue adds nothing after that end
     finally:
         await nc.drain()
+        router.answer.set()
         router.closing.set()
         await host.stop()
 
@@ -125,6 +126,7 @@ async def test_an_abort_naming_another_reply_subject_leaves_the_generation_on_it
         await until(lambda: len(router.asked) == 2, what="the first asked about again")
         assert "dup" in queue.core.in_flight and queue.core.in_flight["dup"].reply_to == "_INBOX.first"
     finally:
+        router.answer.set()
         router.closing.set()
         await host.stop()
 
@@ -143,6 +145,7 @@ async def test_a_client_abort_during_the_route_ends_the_stream_when_the_router_p
         assert router.asked == ["gone"] and len(queue.core) == 0 and not queue.core.in_flight
     finally:
         await nc.drain()
+        router.answer.set()
         router.closing.set()
         await host.stop()
 
@@ -159,5 +162,6 @@ async def test_a_request_placed_after_an_abort_reached_it_on_its_way_is_the_work
         await until(lambda: not queue.core.in_flight, what="routed")
         assert queue.core.stopping == {} and len(queue.core) == 0 and router.asked == ["placed"]
     finally:
+        router.answer.set()
         router.closing.set()
         await host.stop()

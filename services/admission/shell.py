@@ -199,7 +199,7 @@ class AdmissionShell:
         attempt that landed."""
         try:
             return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
-                                         timeout=2.0), False
+                                         timeout=natsutil.ENQUEUE_ATTEMPT_S), False
         except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError) as first:
             try:
                 ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)

@@ -127,6 +127,20 @@ def test_not_routed_because_aborted_drops_the_request():
     assert len(q) == 0 and q.in_flight == {} and q.paused_until == 0.0
 
 
+def test_an_abort_in_flight_for_one_reply_subject_stops_that_generation_and_remembers_its_end():
+    q = make()
+    q.on_heartbeat(hb("w0"), 0.0)
+    a = req("a", reply_to="_INBOX.new")
+    q.offer(a, 0.0)
+    q.dispatchable(0.0)
+    assert q.stop("a", reply_to="_INBOX.first") is False and q.stopping == {}  # another generation's
+    assert q.stop("a", reply_to="_INBOX.new") is True and q.stopping == {"a": True}  # its end was admission's
+    assert q.stop("a") is True and q.stopping == {"a": True}  # a later plain abort: still ended
+    assert q.on_not_routed("a", 0.1) is a  # handed back to be dropped, not put back in line
+    assert len(q) == 0 and q.in_flight == {} and q.stopping == {}
+    assert q.stop("a") is False  # gone
+
+
 def test_not_routed_for_an_unknown_request_changes_nothing():
     q = make()
     q.on_not_routed("ghost", 1.0)

@@ -259,7 +259,8 @@ class QueueCore:
         req = self.in_flight.get(request_id)
         if req is None or (reply_to and req.reply_to != reply_to):
             return False
-        self.stopping[request_id] = ended or bool(reply_to)
+        # a later plain abort (admission's own, after its error) does not make an ended stream unended
+        self.stopping[request_id] = self.stopping.get(request_id, False) or ended or bool(reply_to)
         return True
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:

@@ -173,3 +173,16 @@ def test_the_kernels_load_once_and_are_bound_in_the_module():
     kernels.load()
     assert kernels.marginal_cost is first
     assert all(hasattr(kernels, name) for name in kernels.KERNELS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(slots=st.integers(1, 300), runs=st.lists(st.tuples(st.integers(1, 2**300), st.integers(1, 10_000)),
+                                                 min_size=1, max_size=5, unique_by=lambda r: r[0]))
+def test_the_runs_kernel_is_round_7s_unpacked_product(slots, runs):
+    size, nbytes = slots + 1, (slots + 8) // 8
+    runs = {mask & ((1 << slots) - 1) or 1: count for mask, count in runs}
+    masks = np.frombuffer(b"".join(m.to_bytes(nbytes, "little") for m in runs), np.uint8)
+    counts = np.fromiter(runs.values(), np.int64, len(runs))
+    bits = np.unpackbits(masks, bitorder="little").reshape(len(runs), 8 * nbytes)
+    want = counts @ bits[:, :size]  # round 7's _counts
+    assert kernels.spread_runs(masks, counts, size).tolist() == want.tolist()

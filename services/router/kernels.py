@@ -3,13 +3,14 @@ dozen numpy calls: at 256 instances a numpy call costs about as much as its arit
 (1–3 µs each, mostly call overhead), and the bounded-load guard and the marginal-latency
 scorer were ~25 of them a decision.
 
+    spread_runs(masks, counts, size)                           → hit in blocks per slot
     prefix_rows(blocks, n, B, plen, most, queued, hit, new, p)  fills hit, new, P in place
     bounded_load(load, queued, hit, new, cand, c, sticky)      → (keep, sticky_used)
     marginal_cost(new, queued, absorb, load, cand)             → (cost, own)
     argmin_tied(scores, tiebreak, last_chosen, cand)           → the rows still tied
 
-The formulas are the ones services/router/core.py (hit, new, P), policies/latency.py and
-pipeline.py's ArgminPicker state; these loops compute
+The formulas are the ones services/router/index.py (the runs' count), core.py (hit, new, P),
+policies/latency.py and pipeline.py's ArgminPicker state; these loops compute
 them candidate by candidate with the same IEEE operations in the same order as the numpy
 expressions they replace (int64 → float64 where an int meets a float, exact below 2⁵³; no
 fused multiply-add: numba compiles without fast-math), so every decision is bit-identical —
@@ -28,7 +29,7 @@ import math
 
 import numpy as np
 
-KERNELS = ("prefix_rows", "bounded_load", "marginal_cost", "argmin_tied")
+KERNELS = ("spread_runs", "prefix_rows", "bounded_load", "marginal_cost", "argmin_tied")
 
 
 def load() -> None:
@@ -46,7 +47,9 @@ def load() -> None:
     i, f = (types.Array(t, 1, "C", readonly=True) for t in (types.int64, types.float64))
     ia, fa = (types.Array(t, 1, "A", readonly=True) for t in (types.int64, types.float64))
     i_out, f_out, b_out = (types.Array(t, 1, "C") for t in (types.int64, types.float64, types.boolean))
+    u8 = types.Array(types.uint8, 1, "C", readonly=True)
     signatures = {
+        "spread_runs": i_out(u8, i, types.int64),
         "prefix_rows": types.none(ia, types.int64, types.int64, types.int64, types.int64, f, i_out, i_out, f_out),
         "bounded_load": types.Tuple((b_out, types.boolean))(i, f, i, i, ia, types.float64, types.boolean),
         "marginal_cost": types.Tuple((f_out, f_out))(i, f, f, i, ia),
@@ -66,6 +69,24 @@ def __getattr__(name: str):
         load()
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _spread_runs(masks: np.ndarray, counts: np.ndarray, size: int) -> np.ndarray:
+    """BlockIndex._counts: hit(s) = Σ_r counts[r] × bit s of run r's mask, for slots 0…size−1;
+    the masks are little-endian byte strings, one after the other, (size + 7) // 8 bytes each.
+    Zero bytes are skipped (a run's holders are a few of the slots, or all of them)."""
+    out = np.zeros(size, dtype=np.int64)
+    nbytes = (size + 7) // 8
+    for r in range(len(counts)):
+        count = counts[r]
+        base = r * nbytes
+        for b in range(nbytes):
+            v = masks[base + b]
+            if v:
+                for bit in range(8):
+                    if v >> bit & 1:
+                        out[8 * b + bit] += count
+    return out
 
 
 def _prefix_rows(

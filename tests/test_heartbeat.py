@@ -14,7 +14,7 @@ from tokenyard.services.router.core import RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.shared import codec
-from tokenyard.shared.schemas import EngineStats, Heartbeat
+from tokenyard.shared.schemas import EngineStats, Heartbeat, Int64
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.builders import hb
@@ -42,7 +42,7 @@ def distinct_stats() -> EngineStats:
     """Every field a value no other field and no default has: ints 1001, 1002, …; floats 2001.25, …"""
     values = {}
     for k, f in enumerate(FIELDS, start=1):
-        if f.type is int:
+        if f.type in (int, Int64):  # Int64: an int bounded where it is decoded (shared/schemas.py)
             values[f.name] = 1000 + k
         elif f.type in (float, float | None):
             values[f.name] = 2000 + k + 0.25

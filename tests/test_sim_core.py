@@ -284,6 +284,25 @@ def test_the_newest_request_is_preempted_when_blocks_run_out_and_still_finishes(
     assert (core.pool.used, core.pool.available) == (0, 4)
 
 
+def test_a_step_that_preempts_admits_no_waiting_request():
+    """vLLM V1 (`schedule`: the waiting line is scheduled only `if not preempted_reqs`): a
+    step whose running requests preempted one for blocks takes no new request, though budget
+    and blocks for it are left."""
+    core = engine(blocks=6)
+    core.add(req("a", tokens=list(range(7)), max_tokens=6))
+    core.add(req("b", tokens=list(range(50, 57)), max_tokens=6))
+    core.step()
+    core.step()  # a, b: 2 blocks each; 2 free
+    core.add(req("c", tokens=[90], max_tokens=2, priority=0))  # one block; it waits, its line's head
+    core.pool.allocate(1)  # one block held elsewhere: a's third block (token 9, this step) fits, b's does not
+    r = core.step()
+    assert core.preemptions == 1 and [s.rid for s in core.running] == ["a"]
+    assert core.pool.available == 2 and r.scheduled_tokens == 1  # b's blocks back, budget left
+    assert r.outputs == [out("a", 2)]  # and yet c waits for the next step
+    assert [s.rid for s in core.waiting.ordered()] == ["c", "b"]
+    assert core.step().outputs == [out("c", 0), out("a", 3)]  # the next step admits again
+
+
 def test_the_last_running_request_preempts_itself_and_re_prefills_later():
     core = engine(blocks=5)
     core.add(req("a", tokens=list(range(8)), max_tokens=9))

@@ -65,9 +65,9 @@ def engine_saturated(ahead_s: float, backlog_s: float, tpot_slack_s: float | Non
     classes ≤ c, not behind a lower class's (EngineStats.queued_prefill_ahead). `backlog_s` is
     all the prefill the engine holds: each of its tokens runs beside the running decodes, so the
     decode term bounds the whole (prefill_budget_s). With ahead = backlog this is
-    `backlog_s > prefill_budget_s(tpot_slack_s)`. A P0 thus still joins an engine whose backlog
-    is released P1/P2 work that it would overtake anyway, where the whole-backlog rule sent it
-    back to the queue to retry."""
+    `backlog_s > prefill_budget_s(tpot_slack_s)`. So a P0 joins an engine whose backlog is
+    released P1/P2 work it would overtake anyway (the whole-backlog rule sent it back to the
+    queue to retry, the live burst's P0 tail)."""
     return ahead_s > ENGINE_BACKLOG_S or (tpot_slack_s is not None and backlog_s > tpot_slack_s)
 
 

@@ -16,11 +16,12 @@ One step, as vLLM's scheduler builds it (token budget = max_num_batched_tokens):
      generated tokens) or swap (its KV parked in the host tier), preemption.py.
   2. then, unless the phase is decode-only or step 1 preempted a request (vLLM V1 schedules
      no waiting request in a step that preempted: `if not preempted_reqs`), the waiting line's
-     head while budget, max_num_seqs and the policy's `admit` allow: it takes a reference on its longest cached prefix — GPU
-     blocks, then host-tier blocks promoted back at the host link's cost — (at least one token
-     is always computed) and the blocks of its first chunk (capped as in 1), all or nothing
-     (a waiting request holds no blocks, as in vLLM's allocate_slots). A swapped request
-     instead gets its blocks back at the same cost and resumes where it stopped.
+     head while budget, max_num_seqs and the policy's `admit` allow: it takes a reference on
+     its longest cached prefix — GPU blocks, then host-tier blocks promoted back at the host
+     link's cost — (at least one token is always computed) and the blocks of its first chunk
+     (capped as in 1), all or nothing (a waiting request holds no blocks, as in vLLM's
+     allocate_slots). A swapped request instead gets its blocks back at the same cost and
+     resumes where it stopped.
   After the step: full prompt blocks a chunk completed become cached (BlockStored); a
   request whose prefill completed emits its first token; each decode emits one token; a
   request reaching max_tokens finishes ("length") and releases its blocks. Step time =

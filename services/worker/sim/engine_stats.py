@@ -43,6 +43,7 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
     queued = running + sum(by_class)
     # a line in another order (SCORPIO's, by deadline) puts no class first: each waits behind all
     ahead = list(accumulate(by_class, initial=running))[1:] if core.policy.class_ordered else [queued] * NUM_CLASSES
+    assert ahead[-1] == queued, "the lowest class waits behind the whole backlog"
     # the pace of the decodes' tokens still to come: a decode step of the batch now
     decode_ms = core.prof.step_ms(decoding, decoding, ctx, 0.0)
     host_free = core.host.free

@@ -241,10 +241,25 @@ ENQUEUE_DEADLINE_S = 20.0
 """How long a JetStream publish keeps trying: when a cluster node holding a stream's leader
 dies, the stream answers nothing until its peers elect a new leader (~5-10 s measured on a
 loopback cluster of three)."""
+ENQUEUE_ATTEMPT_S = 2.0
+"""One attempt of that publish: the wait for its ack."""
+SUBMIT_ANSWER_S = ENQUEUE_ATTEMPT_S + ENQUEUE_DEADLINE_S
+"""The longest admission takes to answer a submit it received — `accepted`, `rejected` or
+`error` on its reply subject — unless its process dies: a refusal goes at once, an acceptance
+after the store's first publish (in the queue's process) or its ack (separate), a failed store
+after its first attempt and its retries. So a raw NATS client that has no event on its reply
+subject this long after its submit lost the submit with the process that took it (nothing
+else answers it: NATS's no-responders comes only while no admission is subscribed at all). It
+submits again with the same request id on a new reply subject and listens on both: if the
+first did land (its store left just before the crash), the second ends with a 409
+`duplicate_request_id` (any chunk before it is dropped) and the first's stream comes on the
+first subject once another queue replica places its stored copy (after the consumer's ack
+wait); if it did not, the second's stream is the answer. TokenyardClient and the edge end such
+a stream with their idle timeout (504 after 60 s)."""
 
 
 async def publish_durably(js, subject: str, data: bytes, msg_id: str, headers: dict[str, str] | None = None,
-                          deadline_s: float = ENQUEUE_DEADLINE_S, attempt_timeout_s: float = 2.0):
+                          deadline_s: float = ENQUEUE_DEADLINE_S, attempt_timeout_s: float = ENQUEUE_ATTEMPT_S):
     """Publish to JetStream until it acknowledges or `deadline_s` passes. Every attempt carries
     the same `Nats-Msg-Id`, so a retry of a publish that did land is dropped as a duplicate."""
     loop = asyncio.get_running_loop()

@@ -22,11 +22,12 @@ WorkerId = NewType("WorkerId", str)
 MacroId = NewType("MacroId", str)
 RequestId = NewType("RequestId", str)
 BlockHash = NewType("BlockHash", int)
+"""The fleet's block hash: tokenyard's own chain over token ids (shared.hashing), signed 64 bits."""
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-"""An integer a client sends: MessagePack carries 64 bits, so a larger one (max_tokens 2^70)
-is refused where it is decoded, naming the field, instead of failing the encoder later."""
-"""The fleet's block hash: tokenyard's own chain over token ids (shared.hashing)."""
+"""Every integer on the bus: MessagePack carries 64 bits, so a larger one that JSON can carry
+(max_tokens 2^70, a rank of -2^63 - 1) is refused where it is decoded, naming the field, instead
+of failing the encoder of the hop that sends it on."""
 
 
 class PriorityClass(enum.IntEnum):
@@ -113,39 +114,39 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
 
 
 class Usage(msgspec.Struct):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    cached_tokens: int = 0
+    prompt_tokens: Int64
+    completion_tokens: Int64
+    total_tokens: Int64
+    cached_tokens: Int64 = 0
     """Prompt tokens served from the prefix cache (vLLM's prompt_tokens_details.cached_tokens)."""
 
 
 class Accepted(msgspec.Struct, tag="accepted", tag_field="type"):
     request_id: str
-    priority: int
+    priority: Int64
     """The resolved class, 0 (P0) … 3 (P3)."""
-    prompt_tokens: int
+    prompt_tokens: Int64
 
 
 class Rejected(msgspec.Struct, tag="rejected", tag_field="type"):
     request_id: str
-    status: int
+    status: Int64
     """The HTTP status the edge answers with: 400, 404, 409 (a reused request id), 413, 429, 503."""
     code: str
     """OpenAI's error `code` (e.g. `invalid_value`, `model_not_found`)."""
     message: str
     param: str | None = None
     retry_after_s: float | None = None
-    queue_depth: int | None = None
+    queue_depth: Int64 | None = None
     """Requests waiting in the priority queue when admission refused (429 / 503)."""
 
 
 class Chunk(msgspec.Struct, tag="chunk", tag_field="type", omit_defaults=True):
     request_id: str
-    seq: int
+    seq: Int64
     """0, 1, 2 … per request, so a receiver can order and drop duplicates."""
     text: str
-    token_ids: list[int]
+    token_ids: list[Int64]
     accepted: Accepted | None = None
     """On a stream's first chunk (seq 0) only: the `accepted` admission sends, as the worker
     knows it (class, prompt tokens). The first chunk and admission's `accepted` leave two
@@ -156,7 +157,7 @@ class Chunk(msgspec.Struct, tag="chunk", tag_field="type", omit_defaults=True):
 
 class Finished(msgspec.Struct, tag="finished", tag_field="type"):
     request_id: str
-    seq: int
+    seq: Int64
     finish_reason: str
     """`stop`, `length` or `abort`."""
     usage: Usage
@@ -166,9 +167,9 @@ class Finished(msgspec.Struct, tag="finished", tag_field="type"):
 
 class Error(msgspec.Struct, tag="error", tag_field="type"):
     request_id: str
-    status: int
+    status: Int64
     message: str
-    seq: int = -1
+    seq: Int64 = -1
 
 
 StreamEvent = Accepted | Rejected | Chunk | Finished | Error
@@ -181,7 +182,7 @@ TERMINAL_EVENTS = (Rejected, Finished, Error)
 class Sampling(msgspec.Struct, omit_defaults=True):
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: list[str] | None = None
     ignore_eos: bool = False
 
@@ -193,21 +194,21 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     request_id: str
     reply_to: str
     model: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[Int64]
     """Empty for a trace replay that sent block hashes only."""
-    prompt_len: int
-    block_hashes: list[int]
+    prompt_len: Int64
+    block_hashes: list[Int64]
     """The chain over the prompt's full blocks (shared.hashing)."""
-    block_size: int
-    max_tokens: int
-    priority: int
+    block_size: Int64
+    max_tokens: Int64
+    priority: Int64
     """The resolved PriorityClass value."""
     arrival_s: float
     """Wall-clock time admission saw the request (unix seconds)."""
     json: bool = False
     """Answer the client in JSON rather than MessagePack."""
     tenant: str = ""
-    declared_priority: int = 0
+    declared_priority: Int64 = 0
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     kind: str = "completion"
     """`completion` or `chat`: what the edge renders back."""
@@ -217,12 +218,12 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     or a request made without admission: then arrival + its class's target)."""
     tpot_slo_ms: float = 0.0
     """Per-request TPOT SLO (SCORPIO); 0 = none."""
-    resume_token_ids: list[int] = msgspec.field(default_factory=list)
+    resume_token_ids: list[Int64] = msgspec.field(default_factory=list)
     """Migration: the tokens the client already received from a worker that died. The next
     worker prefills prompt + these and generates the rest (max_tokens counts both)."""
-    resume_seq: int = 0
+    resume_seq: Int64 = 0
     """Migration: the seq of the first chunk the next worker sends (the client's next one)."""
-    migrations: int = 0
+    migrations: Int64 = 0
     """How many times this request moved to another worker (capped by the router)."""
     prefill_s: float = 0.0
     """Its own prefill as admission predicted it (fastest fresh worker, whole prompt); 0 =
@@ -295,7 +296,7 @@ class Abort(msgspec.Struct, omit_defaults=True):
     reply_to: str = ""
     """Only the generation streaming to this subject ('': any of the id): a reused id's newcomer,
     placed before its store found the id taken, while the first request of the id runs on."""
-    before_migration: int = -1
+    before_migration: Int64 = -1
     """A MIGRATED fence: only generations started before this migration (their `migrations`
     below it) stop — not the re-issue it fences for, which a worker may have taken before this
     abort reached it (the abort and the offer arrive on two subscriptions, handled in either
@@ -314,24 +315,24 @@ class EngineStats(msgspec.Struct, omit_defaults=True):
     """An engine's state as its worker reports it (`Engine.stats()`), carried whole in each
     Heartbeat: a stat added here reaches every reader without another copy step."""
 
-    running: int
+    running: Int64
     """Running batch size (decode load)."""
-    waiting: int
-    queued_prefill_tokens: int
+    waiting: Int64
+    queued_prefill_tokens: Int64
     """Prompt tokens accepted but not yet prefilled: the P-token load."""
-    kv_blocks_used: int
+    kv_blocks_used: Int64
     """GPU KV tier (hot); the host tier is kv_host_blocks_* below."""
-    kv_blocks_free: int
-    block_size: int
+    kv_blocks_free: Int64
+    block_size: Int64
     step_time_ms: float = 0.0
-    prefix_hits: int = 0
+    prefix_hits: Int64 = 0
     """Prompt tokens found cached, summed over requests."""
-    prefix_queries: int = 0
+    prefix_queries: Int64 = 0
     """Prompt tokens looked up, summed over requests."""
-    preemptions: int = 0
-    kv_host_blocks_used: int = 0
+    preemptions: Int64 = 0
+    kv_host_blocks_used: Int64 = 0
     """Host-memory KV tier (warm): blocks holding demoted prefixes or swapped requests."""
-    kv_host_blocks_free: int = 0
+    kv_host_blocks_free: Int64 = 0
     tpot_slack_ms: float | None = None
     """EcoServe: saved TPOT slack of the running decodes (the minimum over them, ms): how far
     ahead of its TPOT SLO the tightest one runs. None: nothing is decoding."""
@@ -368,7 +369,7 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
 
     worker_id: str
     model: str
-    seq: int
+    seq: Int64
     ts: float
     stats: EngineStats
     """The engine's load, KV and cost figures, as `Engine.stats()` returned them."""
@@ -400,7 +401,7 @@ class WorkerControl(msgspec.Struct, omit_defaults=True):
     phase: str = Phase.MIXED
     macro_id: str = ""
     drain: bool = False
-    epoch: int = 0
+    epoch: Int64 = 0
     mode: str = ""
     """The macro-instance's mode: `pd` makes a prefill-phase worker hand each request off
     after its first token (spatial P/D); `ecoserve` lets a prefill-phase worker with too small a
@@ -418,7 +419,7 @@ class MacroState(msgspec.Struct, omit_defaults=True):
     """worker id → Phase."""
     accepting: list[str]
     """Workers new requests may go to now (all of them in NoDG)."""
-    epoch: int
+    epoch: Int64
     ts: float
     ttft_slo_ms: float = 0.0
     """EcoServe: the SLOs the router's constraint check holds this group's workers to."""
@@ -432,18 +433,34 @@ class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     """Base of vLLM's KV cache events."""
 
 
+def _check_block_hashes(hashes: list[int | bytes]) -> None:
+    """vLLM's integer block hashes may be unsigned 64-bit, beyond Int64's bound (msgspec bounds
+    only within int64), so the 64-bit range MessagePack carries, either sign, is checked here:
+    a larger one from a JSON publisher is a ValidationError where it is decoded."""
+    for h in hashes:
+        if type(h) is int and not -(2**63) <= h < 2**64:
+            raise ValueError(f"block hash {h} does not fit in 64 bits")
+
+
 class BlockStored(KVCacheEvent):
     block_hashes: list[int | bytes]
     parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
+    token_ids: list[Int64]
+    block_size: Int64
+    lora_id: Int64 | None = None
     medium: str | None = None
+
+    def __post_init__(self) -> None:
+        parent = self.parent_block_hash
+        _check_block_hashes(self.block_hashes if parent is None else [*self.block_hashes, parent])
 
 
 class BlockRemoved(KVCacheEvent):
     block_hashes: list[int | bytes]
     medium: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_block_hashes(self.block_hashes)
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -456,7 +473,7 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list[KVEvent]
-    data_parallel_rank: int | None = None
+    data_parallel_rank: Int64 | None = None
 
 
 # ───────────────────────────── queue state ─────────────────────────────
@@ -469,15 +486,15 @@ class QueueStats(msgspec.Struct, omit_defaults=True):
     instance_id: str
     ts: float
     policy: str
-    depth: list[int]
+    depth: list[Int64]
     """Requests waiting, per class P0..P3."""
-    work_tokens: list[int]
+    work_tokens: list[Int64]
     """Σ (prompt + max_tokens) of the waiting requests, per class P0..P3."""
-    in_flight: int = 0
+    in_flight: Int64 = 0
     drain_tokens_per_s: float = 0.0
     """Recent rate of work leaving for the fleet (routed), prompt + max_tokens per second."""
     drain_requests_per_s: float = 0.0
-    headroom: int = 0
+    headroom: Int64 = 0
     """Free worker slots the queue may still fill (> 0: the queue is not the bottleneck)."""
     seen_arrival_s: float = 0.0
     """The latest `arrival_s` (admission's clock) among the requests this queue has taken in

@@ -162,18 +162,29 @@ async def test_a_service_dying_while_the_fleet_is_up_is_named_once_and_the_rest_
 
 
 @pytest.mark.flaky(reruns=2)  # live processes on a shared host: see docs/HOUSE.md "Flaky live tests"
-async def test_an_edge_process_dying_is_named_and_the_other_keeps_the_port():
+async def test_edge_processes_killed_under_up_are_named_and_started_again_and_the_port_answers():
+    """`tokenyard up --edge-processes 2`: the edge's supervisor runs in `up`'s process. Both
+    edge processes SIGKILLed: each death is reported once, with its last lines; each is
+    started again (before: never, and the port stayed dead); the port answers again, and the
+    metrics on it count on."""
     # 7 processes starting at nice 19 on a loaded host may take more than the default minute
     fleet = FleetProcesses(workers=1, profile="zero", http_port=0, edge_processes=2, ready_timeout_s=180)
     await fleet.start()
     try:
-        edge = dict(fleet.procs)["edge-0"]
-        edge.kill()
+        first = dict(fleet.procs)
+        for name in ("edge-0", "edge-1"):
+            first[name].kill()
         async with asyncio.timeout(30):
-            why = await fleet.next_exit(poll_s=0.05)
-        assert why.startswith("edge-0 exited with code -9; its last lines:")
+            reports = sorted([await fleet.next_exit(poll_s=0.05), await fleet.next_exit(poll_s=0.05)])
+        assert [r.split(";")[0] for r in reports] == ["edge-0 exited with code -9", "edge-1 exited with code -9"]
+        await until(lambda: {n: p.pid for n, p in fleet.procs if n.startswith("edge-") and p.poll() is None}.keys()
+                    == {"edge-0", "edge-1"}, timeout_s=60, what="both edges started again")
+        assert {dict(fleet.procs)[n].pid for n in ("edge-0", "edge-1")}.isdisjoint({first[n].pid for n in first})
+        nc = await natsutil.connect(fleet.nats_url, "test")
+        await until(lambda: _edges_registered(nc, 2), timeout_s=60, what="both edges on NATS again")
+        await nc.drain()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
-            for i in range(4):  # new connections: each lands on the survivor
+            for i in range(4):  # new connections: each lands on a restarted process
                 body = {"model": "tokenyard-sim", "prompt": f"after {i}", "max_tokens": 2}
                 async with http.post(f"{fleet.http_url}/v1/completions", json=body) as resp:
                     assert resp.status == 200
@@ -181,8 +192,17 @@ async def test_an_edge_process_dying_is_named_and_the_other_keeps_the_port():
                 text = await resp.text()
         assert 'tokenyard:edge_requests_total{endpoint="completions",outcome="finished"} 4.0' in text
         assert "tokenyard:edge_in_flight_requests 0.0" in text
+        assert fleet.edge_supervisor is not None and fleet.edge_supervisor.restarts == 2
+        with pytest.raises(TimeoutError):  # each death reported once: nothing new to say
+            async with asyncio.timeout(0.3):
+                await fleet.next_exit(poll_s=0.05)
     finally:
         await fleet.stop()
+    assert fleet.procs == []
+
+
+async def _edges_registered(nc, n: int) -> bool:
+    return (await ping(nc))["tokenyard-edge"] == n
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -127,6 +127,20 @@ def test_not_routed_because_aborted_drops_the_request():
     assert len(q) == 0 and q.in_flight == {} and q.paused_until == 0.0
 
 
+def test_an_abort_in_flight_for_one_reply_subject_stops_that_generation_and_remembers_its_end():
+    q = make()
+    q.on_heartbeat(hb("w0"), 0.0)
+    a = req("a", reply_to="_INBOX.new")
+    q.offer(a, 0.0)
+    q.dispatchable(0.0)
+    assert q.stop("a", reply_to="_INBOX.first") is False and q.stopping == {}  # another generation's
+    assert q.stop("a", reply_to="_INBOX.new") is True and q.stopping == {"a": True}  # its end was admission's
+    assert q.stop("a") is True and q.stopping == {"a": True}  # a later plain abort: still ended
+    assert q.on_not_routed("a", 0.1) is a  # handed back to be dropped, not put back in line
+    assert len(q) == 0 and q.in_flight == {} and q.stopping == {}
+    assert q.stop("a") is False  # gone
+
+
 def test_not_routed_for_an_unknown_request_changes_nothing():
     q = make()
     q.on_not_routed("ghost", 1.0)
@@ -159,12 +173,13 @@ events = st.lists(
 @settings(max_examples=50, deadline=None)
 @given(script=events)
 def test_every_offered_request_is_in_exactly_one_place(script):
-    """Against a model: each request is waiting, in flight or done (routed / aborted), never
-    lost or duplicated; dispatch never overspends the headroom and follows the policy order,
+    """Against a model: each request is waiting, in flight or done (routed / aborted; one aborted
+    in flight leaves when its route places it nowhere), never lost or duplicated; dispatch never overspends the headroom and follows the policy order,
     after asking again about the requests whose route answer was lost (in the order lost)."""
     q = make(slots=3, stale=100.0, backoff=0.0)
     state: dict[str, str] = {}
     unsure: list[str] = []
+    stopping: set[str] = set()
     arrival = {f"r{k}": float(k) for k in range(10)}
     for step, ev in enumerate(script):
         now = float(step)
@@ -187,10 +202,14 @@ def test_every_offered_request_is_in_exactly_one_place(script):
             rid = min(q.in_flight)
             assert q.on_routed(rid, f"w{ev[1]}").request_id == rid
             state[rid] = "done"
+            stopping.discard(rid)
         elif ev[0] == "not_routed" and q.in_flight:
             rid = min(q.in_flight)
-            q.on_not_routed(rid, now, aborted=ev[1])
-            state[rid] = "done" if ev[1] else "waiting"
+            stopped = rid in stopping
+            stopping.discard(rid)
+            left = q.on_not_routed(rid, now, aborted=ev[1])
+            assert (left is not None) == (stopped and not ev[1])  # a stopped one is handed back to be ended
+            state[rid] = "done" if ev[1] or stopped else "waiting"
         elif ev[0] == "lost":  # of a request in flight, or of one that is not (nothing changes)
             flying = sorted(q.in_flight)
             rid = flying[ev[1] % len(flying)] if flying and ev[1] < 7 else f"r{ev[1]}"
@@ -202,11 +221,16 @@ def test_every_offered_request_is_in_exactly_one_place(script):
             assert (q.abort(rid) is not None) == (state.get(rid) == "waiting")
             if state.get(rid) == "waiting":
                 state[rid] = "done"
+            else:  # as the shell does: one in flight is stopped should its route place it nowhere
+                assert q.stop(rid) is (state.get(rid) == "flying")
+                if state.get(rid) == "flying":
+                    stopping.add(rid)
         assert len(q) == sum(s == "waiting" for s in state.values())
         assert sum(q.depth) == len(q) and sum(q.work) == WORK * len(q)
         unsure[:] = [r for r in unsure if state[r] == "flying"]
         assert set(q.in_flight) == {r for r, s in state.items() if s == "flying"}
         assert list(q.unsure) == unsure
+        assert set(q.stopping) == stopping
 
 
 # ───────────────────────────── P0 reserve, stats, drain rate ─────────────────────────────

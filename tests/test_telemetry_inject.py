@@ -34,3 +34,33 @@ def test_a_log_line_inside_a_span_carries_its_request_id_and_one_outside_does_no
             assert line(None, "info", {})["request_id"] == "r1"  # the inner span's ended: the outer's again
             assert line(None, "info", {"request_id": "own"})["request_id"] == "own"  # one given explicitly wins
         assert line(None, "info", {}) == {}
+
+
+class Boom(Exception):
+    pass
+
+
+def test_a_span_left_by_an_exception_gives_back_the_request_id_and_trace_context_it_replaced(monkeypatch):
+    """Both cleanups run when the body raises (they are nested, so one failing cannot skip the
+    other): the log lines after it carry the outer span's request id again, and what is
+    injected next belongs to the outer trace, not the failed span's."""
+    from opentelemetry import trace
+
+    line = telemetry._add_request_id
+    inner = "00-11111111111111111111111111111111-2222222222222222-01"
+    for recording in (False, True):
+        monkeypatch.setattr(telemetry, "_recording", recording)
+        with telemetry.span("queue", "process", "llm.v1.queue", {"traceparent": PARENT}, request_id="outer"):
+            outer_span = trace.get_current_span()
+            try:
+                with telemetry.span("router", "process", "llm.v1.route", {"traceparent": inner}, request_id="inner"):
+                    assert line(None, "info", {})["request_id"] == "inner"
+                    assert telemetry.inject()["traceparent"].split("-")[1] == "1" * 32
+                    raise Boom
+            except Boom:
+                pass
+            assert line(None, "info", {})["request_id"] == "outer"
+            assert trace.get_current_span() is outer_span
+            assert telemetry.inject()["traceparent"].split("-")[1] == PARENT.split("-")[1]
+        assert line(None, "info", {}) == {}
+        assert telemetry.inject() == {}  # no context left behind

@@ -4,7 +4,9 @@
      free, else a free one, unless --nats-port; data in a temp dir), unless --nats URL names one;
   2. start edge, admission, queue, router, macro and N workers as `tokenyard <service>`
      child processes (the edge as `--edge-processes` processes on one port, default one per
-     CPU: edge-0, edge-1, …, each a child like the others, their metrics summed on /metrics),
+     CPU: edge-0, edge-1, …, each a child like the others, their metrics summed on /metrics,
+     watched by the edge's supervisor running in this process: one that dies is reported and
+     started again after its backoff, services/edge/supervisor.py),
      each set to die with this process (shared.procs) and its stderr kept
      (the last lines in memory; all of it under --log-dir); the router and admission run
      inside the queue's process (`tokenyard queue --with-router --with-admission`: two NATS
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 
 from tokenyard.services.edge.cli import child_command as edge_child_command
 from tokenyard.services.edge.shell import MULTIPROC_ENV
+from tokenyard.services.edge.supervisor import EdgeSupervisor
 from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import config, nats_auth, natsutil
 from tokenyard.shared.nats_cluster import NatsCluster
@@ -123,9 +125,15 @@ class FleetProcesses:
         self.children: list[Child] = []
         self._logs: list = []
         self._creds_tmp: tempfile.TemporaryDirectory | None = None
-        self._reported: set[str] = set()
+        self._reported: set[int] = set()
+        """The children whose exit `next_exit` has reported (by identity: a restarted edge has its name)."""
         self.metrics_ports: dict[str, int] = {}
-        self._edge_metrics_dir: str | None = None
+        self.edge_supervisor: EdgeSupervisor | None = None
+        """With several edge processes: what starts them, and again each that dies."""
+        self._edge_stop = asyncio.Event()
+        self._edge_task: asyncio.Task | None = None
+        self._replaced: list[Child] = []
+        """Edge children the supervisor has started again: each dead one, still to report."""
 
     @property
     def procs(self) -> list[tuple[str, subprocess.Popen]]:
@@ -217,8 +225,6 @@ class FleetProcesses:
             self.http_port = natsutil.free_port()
         env = {**os.environ, **self.extra_env}
         env.pop(config.METRICS_PORT_ENV, None)  # each service is given its own port, or none
-        if self.edge_processes > 1:
-            self._edge_metrics_dir = tempfile.mkdtemp(prefix="tokenyard-edge-metrics-")
         nc = None
         try:
             # Streams and buckets exist before any service starts, so none races another.
@@ -226,18 +232,14 @@ class FleetProcesses:
             await natsutil.ensure_queue_stream(nc)
             await natsutil.topology_bucket(nc)
             for name, cmd in self._commands():
-                log = None
-                if self.log_dir:
-                    os.makedirs(self.log_dir, exist_ok=True)
-                    log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
-                    self._logs.append(log)
-                users = {"macro": ("macro", "worker"), "queue": ("queue", "router", "admission")}.get(
-                    name, (name.split("-")[0],))
-                child_env = {**env, **nats_auth.child_env(self.nats_url, *users)}
-                if name.startswith("edge-"):  # one of several on the port: their metrics are summed
-                    child_env[MULTIPROC_ENV] = self._edge_metrics_dir
-                self.children.append(Child(name, cmd, child_env, log))
+                if name.startswith("edge-"):  # one of several on the port: the supervisor starts them
+                    if self.edge_supervisor is None:
+                        self._supervise_edges(cmd, env)
+                    continue
+                self.children.append(self._child(name, cmd, env))
             await self._wait_ready(nc)
+            if self.edge_supervisor is not None:  # start-up is over: an edge that dies from now is started again
+                self.edge_supervisor.start_grace_s = 0.0
         except BaseException:
             await self.stop()
             raise
@@ -247,6 +249,37 @@ class FleetProcesses:
             if nc is not None and not nc.is_closed:
                 await nc.close()
         return self
+
+    def _child(self, name: str, cmd: list[str], env: dict[str, str]) -> Child:
+        log = None
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
+            self._logs.append(log)
+        users = {"macro": ("macro", "worker"), "queue": ("queue", "router", "admission")}.get(
+            name, (name.split("-")[0],))
+        return Child(name, cmd, {**env, **nats_auth.child_env(self.nats_url, *users)}, log)
+
+    def _supervise_edges(self, cmd: list[str], env: dict[str, str]) -> None:
+        """The edge processes, started and watched by the edge's own supervisor (in this
+        process's event loop): each a Child of this fleet (stderr kept, its death reported by
+        `next_exit`), started again after the supervisor's backoff; their metrics in the
+        supervisor's directory, summed on /metrics."""
+
+        def spawn(index: int, child_cmd: list[str], sup_env: dict[str, str]) -> subprocess.Popen:
+            name = f"edge-{index}"
+            old = next((c for c in self.children if c.name == name), None)
+            if old is not None:  # dead: kept until reported
+                self.children.remove(old)
+                self._replaced.append(old)
+            own = {k: sup_env[k] for k in (MULTIPROC_ENV, "PYTHONMALLOC")}  # the summed metrics' directory
+            child = self._child(name, child_cmd, {**env, **own})
+            self.children.append(child)
+            return child.proc
+
+        self.edge_supervisor = EdgeSupervisor(cmd, self.edge_processes, spawn=spawn)
+        self._edge_stop.clear()
+        self._edge_task = asyncio.create_task(self.edge_supervisor.run(self._edge_stop))
 
     def _auth(self) -> nats_auth.FleetAuth | None:
         if not self.nats_secure:
@@ -285,19 +318,23 @@ class FleetProcesses:
 
     def exited(self) -> str | None:
         """The first service that is gone, with its last lines; None while all run."""
-        return next((why for c in self.children if (why := c.exited()) is not None), None)
+        return next((why for c in [*self._replaced, *self.children] if (why := c.exited()) is not None), None)
 
     async def next_exit(self, poll_s: float = 0.5) -> str:
         """Returns when a service not reported before exits (a crash while the fleet is up),
-        saying which and why."""
+        saying which and why (an edge process the supervisor started again included: each
+        death once)."""
         while True:
-            for c in self.children:
-                if c.name not in self._reported and (why := c.exited()) is not None:
-                    self._reported.add(c.name)
+            for c in [*self._replaced, *self.children]:
+                if id(c) not in self._reported and (why := c.exited()) is not None:
+                    self._reported.add(id(c))
+                    if c in self._replaced:
+                        self._replaced.remove(c)
                     return why
             await asyncio.sleep(poll_s)
 
     async def stop(self, timeout_s: float = 15.0) -> None:
+        self._edge_stop.set()  # the supervisor starts no edge again; it ends once they have
         for _, p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -309,7 +346,11 @@ class FleetProcesses:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        if self._edge_task is not None:  # its children are gone: it removes its metrics directory
+            await asyncio.gather(self._edge_task, return_exceptions=True)
+            self._edge_task = self.edge_supervisor = None
         self.children.clear()
+        self._replaced.clear()
         for f in self._logs:
             f.close()
         if self.server:
@@ -318,9 +359,6 @@ class FleetProcesses:
         if self._creds_tmp is not None:
             self._creds_tmp.cleanup()
             self._creds_tmp = None
-        if self._edge_metrics_dir is not None:
-            shutil.rmtree(self._edge_metrics_dir, ignore_errors=True)
-            self._edge_metrics_dir = None
 
     async def __aenter__(self) -> FleetProcesses:
         return await self.start()

@@ -15,7 +15,7 @@ from collections import Counter
 
 import msgspec
 from nats.aio.client import Client
-from tokenyard.shared import natsutil, subjects
+from tokenyard.shared import nats_auth, natsutil, subjects
 
 from tokenyard.launcher import FleetProcesses
 
@@ -44,6 +44,18 @@ async def stop_process(p: subprocess.Popen | None, wait_s: float) -> None:
             return
         await asyncio.sleep(0.05)
     p.kill()
+
+
+def queue_replica(fleet: FleetProcesses, stderr) -> subprocess.Popen:
+    """Another replica of the fleet's queue process, started with the fleet's own command (so
+    router and admission in its process or not, as there: a standby without the router the
+    fleet's queue carries would ask `llm.v1.route` of nobody once that queue died), less its
+    metrics ports (the fleet's queue holds them)."""
+    own = list(proc(fleet, "queue").args)
+    cmd = [a for i, a in enumerate(own) if not a.endswith("-metrics-port") and not own[i - 1].endswith("-metrics-port")]
+    users = ("queue", "router", "admission")  # as the launcher's queue child (the others' permissions unused)
+    return subprocess.Popen(cmd, env={**os.environ, **nats_auth.child_env(fleet.nats_url, *users)},
+                            stdout=subprocess.DEVNULL, stderr=stderr)
 
 
 def rss_mb(pid: int) -> float:

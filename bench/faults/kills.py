@@ -3,6 +3,7 @@
   worker-kill      SIGKILL one of 2 workers under 100 concurrent streams, migration on
   worker-kill-off  the same with `tokenyard router --no-migration`: time to a clean error
   queue-kill       SIGKILL the queue holding ≥ 1,000 queued requests while a standby runs
+                   (a second queue process started as the fleet's: router and admission in it)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections import Counter
 from nats.aio.client import Client
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects
 
-from bench.faults.fleet import fleet_for, proc, running_on, stop_process
+from bench.faults.fleet import fleet_for, proc, queue_replica, running_on, stop_process
 from bench.faults.streams import note, submit, tally, wait_all
 from tokenyard.launcher import ping
 
@@ -76,19 +77,20 @@ async def probe_queue_kill(args) -> dict:
     await fleet.start()
     base = [sys.executable, "-m", "tokenyard.cli"]
     # The fleet's server is secured: each extra process gets its kind's credentials.
-    standby = subprocess.Popen([*base, "queue", "--nats", fleet.nats_url], env=env_as(fleet, "queue"),
-                               stdout=subprocess.DEVNULL, stderr=log_file(args, "queue-standby"))
-    late = None
+    standby = late = None
     try:
         nc = await natsutil.connect(fleet.nats_url, "bench-faults")
-        async with asyncio.timeout(30):
-            while (await ping(nc))["tokenyard-queue"] < 2:
-                pass
         hdrs = {"x-request-tier": "P3"}  # no TTFT target: admission queues them all
         streams = list(await asyncio.gather(*(submit(nc, 32, f"queued {i}", hdrs) for i in range(args.queued))))
         async with asyncio.timeout(120):  # every request admitted (queued or running)
             while not all(s.accepted or s.terminal for s in streams):
                 await asyncio.sleep(0.05)
+        # The standby starts once the fleet's queue holds them all: it runs admission too (as
+        # the fleet's queue does), which would otherwise have taken half the submits
+        standby = queue_replica(fleet, log_file(args, "queue-standby"))
+        async with asyncio.timeout(30):
+            while (await ping(nc))["tokenyard-queue"] < 2:
+                await asyncio.sleep(0.1)
         depth = await queue_depth(nc)
         note(f"queue-kill: {sum(s.accepted for s in streams)} accepted, {depth} queued; SIGKILL the queue")
         proc(fleet, "queue").send_signal(signal.SIGKILL)

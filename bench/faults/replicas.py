@@ -24,9 +24,9 @@ import time
 from collections import Counter
 
 import aiohttp
-from tokenyard.shared import nats_auth, natsutil
+from tokenyard.shared import natsutil
 
-from bench.faults.fleet import fleet_for, proc, running_on, stop_process
+from bench.faults.fleet import fleet_for, proc, queue_replica, running_on, stop_process
 from bench.faults.kills import env_as, log_file
 from bench.faults.streams import note, submit, submit_via_http, tally, wait_all
 from tokenyard.launcher import ping
@@ -41,15 +41,16 @@ def children_of(pid: int) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
-async def _until(cond, timeout_s: float, every_s: float = 0.05) -> float | None:
-    """Seconds until `cond()` (sync or async) holds; None if it did not within `timeout_s`."""
+async def _until(cond, timeout_s: float, every_s: float = 0.05, since: float | None = None) -> float | None:
+    """Seconds from `since` (a time.monotonic(); default: now) until `cond()` (sync or async)
+    holds; None if it did not within `timeout_s` of the call."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         got = cond()
         if asyncio.iscoroutine(got):
             got = await got
         if got:
-            return round(time.monotonic() - t0, 2)
+            return round(time.monotonic() - (t0 if since is None else since), 2)
         await asyncio.sleep(every_s)
     return None
 
@@ -97,8 +98,8 @@ async def probe_edge_kill(args) -> dict:
                 now = set(children_of(edge.pid))
                 return len(now) == 2 and victim not in now
 
-            restarted_s = await _until(replaced, 60)
-            serving_s = await _until(lambda: _edges_answer(nc, 3), 60, 0.2)
+            restarted_s = await _until(replaced, 60, since=kill_s)  # from the kill (round 7 counted from the streams' end)
+            serving_s = await _until(lambda: _edges_answer(nc, 3), 60, 0.2, since=kill_s)
 
             async def orphans_gone() -> bool:
                 left = set()
@@ -106,7 +107,7 @@ async def probe_edge_kill(args) -> dict:
                     left |= await running_on(nc, w)
                 return not (left & lost_ids)
 
-            orphans_stopped_s = await _until(orphans_gone, 60, 0.2)
+            orphans_stopped_s = await _until(orphans_gone, 60, 0.2, since=kill_s)
             after = [await submit_via_http(http, base_url, 8, f"after {i}") for i in range(8)]
             await wait_all(after, 60)
         row = tally("edge-kill", streams, killed_process_streams=len(ended),
@@ -129,11 +130,7 @@ async def _edges_answer(nc, n: int) -> bool:
 async def probe_queue_replica_kill(args) -> dict:
     fleet = fleet_for(args)
     await fleet.start()
-    second = subprocess.Popen(
-        [*BASE, "queue", "--nats", fleet.nats_url, "--with-router", "--router-policy", fleet.router_policy,
-         "--with-admission", "--model", fleet.model],
-        env={**os.environ, **nats_auth.child_env(fleet.nats_url, "queue", "router", "admission")},
-        stdout=subprocess.DEVNULL, stderr=log_file(args, "queue-second"))
+    second = queue_replica(fleet, log_file(args, "queue-second"))
     try:
         nc = await natsutil.connect(fleet.nats_url, "bench-faults")
         async with asyncio.timeout(60):

@@ -7,7 +7,9 @@ publish is dropped as a duplicate).
 `accepted` goes out once JetStream stored the request: its ack says whether the id was a
 duplicate (a reused request id, within the stream's duplicate window), which is answered
 with `rejected` 409 instead of silence (the first request keeps running). If the publish
-fails, the client gets `rejected` 503. A worker's first chunk can in principle overtake
+fails, the client gets `rejected` 503; if its first attempt timed out (the ack may be what was
+lost: the request may be stored, and run) and the retries failed, an `error` 503 and an abort
+instead (`MaybeStored`): never `rejected` after a chunk that carried the acceptance. A worker's first chunk can in principle overtake
 `accepted` (it is caused by the same publish); a stream's first chunk carries the acceptance
 itself (`Chunk.accepted`), so TokenyardClient takes it as such and drops the later `accepted`.
 
@@ -66,6 +68,11 @@ class LocalQueue(Protocol):
     def withdraw(self, request_id: str) -> bool: ...
 
     def stored(self, request_id: str, seq: int) -> None: ...
+
+
+class MaybeStored(Exception):
+    """The store's first attempt timed out (its ack may be what was lost) and its retries failed:
+    the request may be in the stream, and may run."""
 
 
 class AdmissionShell:
@@ -192,9 +199,14 @@ class AdmissionShell:
         attempt that landed."""
         try:
             return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
-                                         timeout=2.0), False
-        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError):
-            ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)
+                                         timeout=natsutil.ENQUEUE_ATTEMPT_S), False
+        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError) as first:
+            try:
+                ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)
+            except Exception as e:
+                if isinstance(first, NatsTimeout | TimeoutError):
+                    raise MaybeStored(repr(e)) from e
+                raise
             return ack, True
 
     async def _publish(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
@@ -209,6 +221,16 @@ class AdmissionShell:
                 await asyncio.wait([after])
             try:
                 ack, retried = await self._enqueue(verdict, queued, trace)
+            except MaybeStored as e:  # it may run (its first chunk then says `accepted`): no `rejected`
+                # after that; an error ends the stream, whatever came first, and an abort stops
+                # the copy wherever it went (a queue's, or a worker's)
+                log.warning("enqueue_unknown", request_id=rid, error=str(e))
+                error = schemas.Error(rid, 503, f"queue unavailable (the request may have been queued, and is "
+                                                f"aborted): {e}", seq=0)
+                await req.respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+                await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="queue_unavailable")))
+                self.metrics.observe(schemas.Outcome.FAILED, "queue_unavailable")
+                return
             except Exception as e:  # JetStream unavailable or full: say so, nothing was queued
                 log.warning("enqueue_failed", request_id=rid, error=repr(e))
                 refusal = schemas.Rejected(rid, 503, "queue_unavailable", f"queue unavailable: {e!r}")

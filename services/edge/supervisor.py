@@ -22,8 +22,9 @@ watched by this one (which serves no request itself and holds no NATS connection
                a file set per child ever started.
 
 Each child dies with this process (shared.procs), so a SIGKILL here leaves no edge behind.
-`tokenyard up --edge-processes N` starts the same children itself (tokenyard/launcher.py), so
-it reports each like any other service.
+`tokenyard up --edge-processes N` runs this supervisor inside its own process, with its own
+`spawn` (tokenyard/launcher.py): each child is one of its services, its stderr kept and its
+death reported like any other's, and started again here.
 """
 
 from __future__ import annotations
@@ -106,8 +107,11 @@ def _fold(pid: int, path: str) -> None:
 class EdgeSupervisor:
     def __init__(self, child_cmd: list[str], processes: int, metrics_port: int | None = None,
                  metrics_host: str = "0.0.0.0", start_grace_s: float = START_GRACE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """`clock`: the time the restart waits are counted in (a test's own)."""
+                 clock: Callable[[], float] = time.monotonic,
+                 spawn: Callable[[int, list[str], dict[str, str]], subprocess.Popen] | None = None) -> None:
+        """`clock`: the time the restart waits are counted in (a test's own). `spawn(index, cmd,
+        env)`: starts child `index` (a launcher's own, which keeps its stderr); None: a plain
+        process that dies with this one."""
         if processes < 2:
             raise ValueError("a supervisor runs at least 2 edge processes")
         self.child_cmd = child_cmd
@@ -116,6 +120,7 @@ class EdgeSupervisor:
         self.metrics_host = metrics_host
         self.start_grace_s = start_grace_s
         self.clock = clock
+        self.spawn = spawn
         self.metrics_url: str | None = None
         self.restarts = 0
         self.dir = tempfile.mkdtemp(prefix="tokenyard-edge-metrics-")
@@ -125,7 +130,10 @@ class EdgeSupervisor:
         self._started = self.clock()
 
     def _spawn(self, index: int, deaths: int = 0) -> _Child:
-        proc = subprocess.Popen(self.child_cmd, env=self.env, preexec_fn=die_with_parent())
+        if self.spawn is not None:
+            proc = self.spawn(index, self.child_cmd, self.env)
+        else:
+            proc = subprocess.Popen(self.child_cmd, env=self.env, preexec_fn=die_with_parent())
         return _Child(index, proc, self.clock(), deaths)
 
     def _say(self, text: str) -> None:

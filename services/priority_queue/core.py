@@ -187,6 +187,11 @@ class QueueCore:
     next dispatch asks the router again about each."""
     placed_on: dict[str, frozenset[str]] = field(default_factory=dict)
     """Ids in flight that a placing policy released → the workers each may go to."""
+    stopping: dict[str, bool] = field(default_factory=dict)
+    """Ids in flight that an abort (or admission's `withdraw`) reached while their route was
+    being asked → whether their stream has ended already (admission answered it 409 / 503). If
+    the route does not place it, it leaves (on_not_routed returns it) instead of going back in
+    line to wait for the next worker's room; placed, the abort is the worker's to apply."""
     oldest_seen_s: float = math.inf
     """A lower bound of the latest heartbeat times of the workers that take new requests (a worker's only grows;
     each heartbeat lowers the bound to its own time): while now − it ≤ the least bound, no
@@ -245,6 +250,18 @@ class QueueCore:
         """Drop a waiting request; None if it is not waiting here."""
         req = self.policy.remove(request_id)
         return None if req is None else self._left(req)
+
+    def stop(self, request_id: str, reply_to: str = "", ended: bool = False) -> bool:
+        """An abort for a request in flight (its route being asked), for the generation streaming
+        to `reply_to` ('': whichever; one named has had its end from admission, as has one
+        `ended`): True if that one is in flight here (then it is marked, `stopping`); False if
+        none is, or another generation of the id (a reused id's first request) is."""
+        req = self.in_flight.get(request_id)
+        if req is None or (reply_to and req.reply_to != reply_to):
+            return False
+        # a later plain abort (admission's own, after its error) does not make an ended stream unended
+        self.stopping[request_id] = self.stopping.get(request_id, False) or ended or bool(reply_to)
+        return True
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         s = hb.stats
@@ -375,6 +392,7 @@ class QueueCore:
         w = self.workers.get(worker_id)
         req = self.in_flight.pop(request_id, None)
         self.unsure.pop(request_id, None)
+        self.stopping.pop(request_id, None)
         self.placed_on.pop(request_id, None)
         if w is not None:
             w.sent += 1
@@ -397,14 +415,22 @@ class QueueCore:
             self.unsure[request_id] = None
             self.paused_until = now + self.cfg.retry_backoff_s
 
-    def on_not_routed(self, request_id: str, now: float, aborted: bool = False) -> None:
+    def on_not_routed(self, request_id: str, now: float, aborted: bool = False) -> AdmittedRequest | None:
+        """The route placed it nowhere: back in line, unless `aborted` (the router heard the
+        abort) or an abort reached it in flight (`stop`): then it leaves, and is returned (its
+        stream is the caller's to end)."""
         self.from_reserve.discard(request_id)
         req = self.in_flight.pop(request_id, None)
         self.unsure.pop(request_id, None)
         self.placed_on.pop(request_id, None)
-        if req is not None and not aborted:
-            self._push(req, now)
-            self.paused_until = now + self.cfg.retry_backoff_s
+        stopped = self.stopping.pop(request_id, None) is not None
+        if req is None or aborted:
+            return None
+        if stopped:
+            return req
+        self._push(req, now)
+        self.paused_until = now + self.cfg.retry_backoff_s
+        return None
 
     def drain_rate(self, now: float) -> tuple[float, float]:
         """(work, requests) per second over the last drain_window_s: routed out of a backlog

@@ -323,12 +323,17 @@ class QueueShell:
     def withdraw(self, request_id: str) -> bool:
         """Admission takes back a request it handed over (`take`) whose JetStream store failed
         or found a duplicate id. True: it was still waiting, and nothing of it ran; False: it
-        is on its way to a worker, or there already."""
+        is on its way to a worker, or there already (admission aborts it there). One whose
+        route is still being asked is marked (QueueCore.stop): should the router place it
+        nowhere, it leaves instead of waiting here again for a worker's room."""
         self._local.pop(request_id, None)
         self._stored.pop(request_id, None)
         self._received_ns.pop(request_id, None)
         self._placed(request_id)
-        return self.core.abort(request_id) is not None
+        if self.core.abort(request_id) is not None:
+            return True
+        self.core.stop(request_id, ended=True)
+        return False
 
     async def _dispatch_loop(self) -> None:
         while self._running:
@@ -397,8 +402,10 @@ class QueueShell:
             self.core.on_route_lost(req.request_id, time.time())
         else:
             now = time.time()
-            self.core.on_not_routed(req.request_id, now)
-            if self.router_down_backoff_s:
+            ended = self.core.stopping.get(req.request_id, False)
+            if (stopped := self.core.on_not_routed(req.request_id, now)) is not None:
+                await self._finish_aborted(stopped, ended)  # an abort reached it on its way: not back in line
+            elif self.router_down_backoff_s:
                 self.core.paused_until = max(self.core.paused_until, now + self.router_down_backoff_s)
         self._wake.set()
 
@@ -432,11 +439,16 @@ class QueueShell:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
             return
-        if abort.reply_to:  # one generation of a reused id, already out of its queue (admission's
-            return          # `withdraw` said so): what waits here of that id is another request
+        if abort.reply_to:  # one generation of a reused id (admission's 409 after `withdraw` found it
+            # on its way): stopped if its route is being asked here; one of the id waiting here is
+            # another generation (`withdraw` takes a waiting newcomer out of line itself)
+            self.core.stop(abort.request_id, abort.reply_to)
+            return
         req = self.core.abort(abort.request_id)
         if req is not None:
             await self._finish_aborted(req)
+        elif abort.reason != schemas.MIGRATED:  # the fence is for a request on a worker, not one asked about
+            self.core.stop(abort.request_id)  # on its way: ended if its route places it nowhere
 
     async def _finish_rejected(self, req: schemas.AdmittedRequest, rejected: schemas.Rejected) -> None:
         """A request that can no longer meet its deadline: its stream ends with `rejected`
@@ -457,8 +469,11 @@ class QueueShell:
             if due is not None and due <= time.time():
                 self._wake.set()
 
-    async def _finish_aborted(self, req: schemas.AdmittedRequest) -> None:
-        """An aborted request that never reached a worker: end its stream here, drop its message."""
+    async def _finish_aborted(self, req: schemas.AdmittedRequest, ended: bool = False) -> None:
+        """An aborted request that never reached a worker: end its stream here (unless it `ended`
+        already: admission answered it), drop its message."""
+        if ended:  # a withdrawn generation: its store failed or was a reused id's duplicate, so
+            return  # no stored copy of it exists (one held under its id is another generation's)
         if (acked := self._settle(req.request_id)) is not None:
             await acked
         usage = schemas.Usage(prompt_tokens=req.prompt_len, completion_tokens=0, total_tokens=req.prompt_len)

@@ -6,6 +6,7 @@ here, without this test naming it."""
 from __future__ import annotations
 
 import math
+from typing import Annotated, get_args, get_origin
 
 import msgspec
 import numpy as np
@@ -14,7 +15,7 @@ from tokenyard.services.router.core import RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.shared import codec
-from tokenyard.shared.schemas import EngineStats, Heartbeat
+from tokenyard.shared.schemas import EngineStats, Heartbeat, Int64
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.builders import hb
@@ -42,11 +43,12 @@ def distinct_stats() -> EngineStats:
     """Every field a value no other field and no default has: ints 1001, 1002, …; floats 2001.25, …"""
     values = {}
     for k, f in enumerate(FIELDS, start=1):
-        if f.type is int:
+        kind = get_args(f.type)[0] if get_origin(f.type) is Annotated else f.type  # Int64 = int with bounds
+        if kind is int:
             values[f.name] = 1000 + k
-        elif f.type in (float, float | None):
+        elif kind in (float, float | None):
             values[f.name] = 2000 + k + 0.25
-        elif f.type == list[int]:
+        elif kind == list[Int64]:
             values[f.name] = [3000 + k, 3100 + k]
         else:  # a new kind of stat: give it a distinct value here
             raise TypeError(f"EngineStats.{f.name}: no distinct value for {f.type}")

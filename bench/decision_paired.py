@@ -3,14 +3,16 @@
     python -m bench.decision_paired --baseline 1c0980c [--instances 256] [--blocks 1000000]
 
 `tokenyard bench router`'s setup (its fleet and its Mooncake-filled index) is built once with
-this tree's code; REF's `services/router/index.py`, `pipeline.py` and `filters.py` (taken
-with `git show`) are loaded beside this tree's as modules of their own, their BlockIndex given
-this index's state and their Pipeline this tree's scorer and REF's own filters, EcoServe guard
-and picker. Then each of `--requests` trace requests is timed by both, in alternating order,
-`--repeats` times; a decision's figure is its least thread CPU time (the floor, as `bench
-router` reports it). Both sides see the same index, fleet and moments, so on a loaded machine
-the difference is the code's. The answers are checked equal first (match: every slot's hit;
-choose: the worker and its score).
+this tree's code; REF's `services/router/index.py`, `pipeline.py`, `filters.py`,
+`policies/latency.py` and `core.py` (taken with `git show`) are loaded beside this tree's as
+modules of their own: REF's BlockIndex is given this index's state, REF's Pipeline REF's own
+filters, guards, scorer and picker, and REF's `RouterCore.route` runs on this core's state
+(its fleet view, detector and row map). Then each of `--requests` trace requests is timed by
+both, in alternating order, `--repeats` times; a decision's figure is its least thread CPU
+time (the floor, as `bench router` reports it). Both sides see the same index, fleet and
+moments, so on a loaded machine the difference is the code's. The answers are checked equal
+first (route: the worker, its score and hit; match: every slot's hit; choose: the worker and
+its score; the scorer: every score).
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-FILES = ("index", "pipeline", "filters", "policies/latency")
+FILES = ("index", "pipeline", "filters", "policies/latency", "core")
 
 
 def load_ref(ref: str, tmp: Path) -> dict:
     """REF's router modules, as `ref_index`, `ref_pipeline`, `ref_filters`, `ref_latency` (the
-    default policy's scorer and bounded-load guard)."""
+    default policy's scorer and bounded-load guard), `ref_core` (RouterCore.route's own steps)."""
     mods = {}
     for name in FILES:
         text = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:services/router/{name}.py"],
@@ -116,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     # optimistic update), REF's index and pipeline in this tree's core; what a decision writes
     # into the fleet view is put back after each, so every decision sees the same fleet.
     ref_core = copy.copy(core)
+    ref_core.__class__ = ref["core"].RouterCore  # REF's route, on this core's state
     ref_core.index, ref_core.pipeline = ref_index, ref_pipe
     routed_cols = tuple(c for c in ("waiting", "load", "bs", "queued_prefill", "kv_used", "last_chosen") if hasattr(view, c))
     saved = {c: getattr(view, c).copy() for c in routed_cols}

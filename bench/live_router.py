@@ -91,14 +91,25 @@ def cpu_s(procs: list[tuple[str, subprocess.Popen]]) -> dict[str, float]:
     return out
 
 
+IDLE_WINDOW_S = 5.0
+"""Before each run: how long the fleet is watched with no request in flight (`idle_cpu_ms_per_s`)."""
+
+
 async def measured(bench: BenchConfig, procs: list[tuple[str, subprocess.Popen]]) -> dict[str, Any]:
     """run_bench, with each process group's CPU milliseconds per request over the run
-    (`cpu_ms_per_request`: what the fleet and the client cost on the shared CPUs)."""
+    (`cpu_ms_per_request`: what the fleet and the client cost on the shared CPUs), and, from
+    IDLE_WINDOW_S just before it, what each group burns per second with nothing to do
+    (`idle_cpu_ms_per_s`: heartbeats, polls, timers; the client's is left out)."""
+    idle0, t0 = cpu_s(procs), time.monotonic()
+    await asyncio.sleep(IDLE_WINDOW_S)
     before = cpu_s(procs)
+    wall = time.monotonic() - t0
+    idle = {k: round((before[k] - idle0.get(k, 0.0)) * 1000 / wall, 2) for k in before if k != "client"}
     res = await run_bench(bench)
     after = cpu_s(procs)
     n = max(1, bench.num_prompts)
     res["cpu_ms_per_request"] = {k: round((after[k] - before.get(k, 0.0)) * 1000 / n, 2) for k in after}
+    res["idle_cpu_ms_per_s"] = idle
     return res
 
 
@@ -227,7 +238,7 @@ async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] |
 
 def _row(res: dict[str, Any], speed: float) -> dict[str, Any]:
     row = {k: res.get(k) for k in KEYS}
-    for k in ("cpu_ms_per_request", "fleet_metrics", "worker_metrics"):
+    for k in ("cpu_ms_per_request", "idle_cpu_ms_per_s", "fleet_metrics", "worker_metrics"):
         if k in res:
             row[k] = res[k]
     for k in TIME_KEYS:  # wall ms → simulated ms
@@ -295,13 +306,22 @@ def engine_ttft(fleet_metrics: dict[str, float]) -> tuple[float | None, list[int
     return (total / sum(counts) if sum(counts) else None), counts
 
 
+def _grouped(ms: dict[str, float]) -> str:
+    """`name v, …` with the edge's processes summed, then the fleet's total; '–' for none."""
+    out: dict[str, float] = {}
+    for k, v in ms.items():
+        key = "edge" if k.startswith("edge") else k
+        out[key] = out.get(key, 0.0) + v
+    return ", ".join(f"{k} {v:.1f}" for k, v in out.items()) + f" (fleet {sum(out.values()):.1f})" if out else "–"
+
+
 def breakdown(doc: dict[str, Any]) -> str:
     """Where each run's time and CPU went: the client's mean TTFT against the engines' own
     (their difference is what the router and its hops add, simulated ms), the requests each
     worker served, and each process group's CPU ms per request (the edge's processes summed)."""
     speed = doc["config"]["speed"]
     out = ["| round | load | router | TTFT mean | engine TTFT mean | difference | prefix hit ratio | "
-           "requests per worker | CPU ms per request |", "|---|---|---|---:|---:|---:|---:|---|---|"]
+           "requests per worker | CPU ms per request | idle CPU ms per s |", "|---|---|---|---:|---:|---:|---:|---|---|---|"]
     for r in doc["runs"]:
         if "error" in r:
             continue
@@ -322,7 +342,8 @@ def breakdown(doc: dict[str, Any]) -> str:
                  "–" if engine_ms is None else f"{r['mean_ttft_ms'] - engine_ms:.1f}",
                  f"{hits / queries:.3f}" if queries else "–",
                  " / ".join(map(str, counts)) or "–",
-                 ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + (f" (fleet {sum(v for k, v in cpu.items() if k != 'client'):.1f})" if cpu else "")]
+                 ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + (f" (fleet {sum(v for k, v in cpu.items() if k != 'client'):.1f})" if cpu else ""),
+                 _grouped(r.get("idle_cpu_ms_per_s") or {})]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 

@@ -6,8 +6,9 @@ Each round runs the benchmark twice, one process each, REF's code (bench/baselin
 `git archive` of REF first on the child's PYTHONPATH) and this tree's, the order alternating
 from round to round, so both see the machine at nearly the same moments. Every run is
 printed with the 1-minute load average at its start; the figures are `tokenyard bench
-router`'s own (µs: `cpu` = the first pass's thread CPU time, `floor` = each decision's least
-over the passes, the issue-12 figure).
+router`'s own (µs: `p50` / `p99` = the first pass's wall clock, issue 12's figure; `cpu` = the
+first pass's thread CPU time; `floor` = each decision's least CPU time over the passes, what
+the code costs with the machine's interference taken out as far as it can be).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 from bench._out import write_result
 from bench.baseline import baseline_env, commit_of
 
-FIGURES = ("cpu_p50_us", "cpu_p99_us", "floor_p50_us", "floor_p99_us")
+FIGURES = ("p50_us", "p99_us", "cpu_p50_us", "cpu_p99_us", "floor_p50_us", "floor_p99_us")
 
 
 def run_once(instances: int, env: dict[str, str] | None) -> dict:

@@ -35,4 +35,7 @@ if [[ ",${extras}," == *",ops,"* && -z "${TOKENYARD_NO_PHOENIX:-}" && ! -x .venv
     || echo "bootstrap: could not install arize-phoenix; the trace-collector test will be skipped"
 fi
 .venv/bin/tokenyard --help >/dev/null
+# The router's compiled kernels (numba), compiled once here into their __pycache__ so the first
+# router (of `up`, a test, the simulator) loads them instead of compiling for seconds at start.
+.venv/bin/python -c "from tokenyard.services.router import kernels; kernels.load()"
 echo "tokenyard installed in .venv (extras: ${extras}); run: .venv/bin/tokenyard up --bench-prompts 200"

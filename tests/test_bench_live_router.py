@@ -53,6 +53,7 @@ def test_the_table_shows_each_round_its_load_average_and_a_skipped_run():
 def test_the_breakdown_shows_engine_time_hits_spread_and_cpu_per_request():
     ours = {"round": 1, "router": "tokenyard", "load": 1.0, "mean_ttft_ms": 50.0,
             "cpu_ms_per_request": {"nats-server": 20.0, "edge-0": 10.0, "edge-1": 8.5, "queue": 30.0, "client": 21.0},
+            "idle_cpu_ms_per_s": {"nats-server": 14.0, "edge-0": 0.25, "edge-1": 0.5, "queue": 23.0},
             "fleet_metrics": {
                 'vllm:time_to_first_token_seconds_sum{model_name="m",worker_id="w0"}': 30.0,
                 'vllm:time_to_first_token_seconds_count{model_name="m",worker_id="w0"}': 200.0,
@@ -70,8 +71,9 @@ def test_the_breakdown_shows_engine_time_hits_spread_and_cpu_per_request():
     rows = lines.splitlines()
     # engine mean 40/300 s = 133.3 wall ms = 33.3 simulated; the edge's two processes summed
     assert rows[2] == ("| 1 | ×1 | tokenyard | 50.0 | 33.3 | 16.7 | 0.300 | 100 / 200 | nats-server 20.0, edge 18.5, "
-                       "queue 30.0, client 21.0 (fleet 68.5) |")
-    assert rows[3] == "| 1 | ×1 | sglang | 40.0 | – | – | – | 120 / 180 | router 17.0, workers 48.0, client 22.0 (fleet 65.0) |"
+                       "queue 30.0, client 21.0 (fleet 68.5) | nats-server 14.0, edge 0.8, queue 23.0 (fleet 37.8) |")
+    assert rows[3] == ("| 1 | ×1 | sglang | 40.0 | – | – | – | 120 / 180 | router 17.0, workers 48.0, client 22.0 "
+                       "(fleet 65.0) | – |")  # a run without an idle sample
     assert len(rows) == 4  # a skipped run has no breakdown
 
 

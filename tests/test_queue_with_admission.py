@@ -20,6 +20,7 @@ from tokenyard.services.router.core import RouterConfig
 from tokenyard.services.router.shell import RouterShell
 from tokenyard.shared import natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
+from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.service import ServiceHost
 
 from tests.conftest import until
@@ -37,9 +38,10 @@ async def start(url: str, workers: list) -> Fleet:
     await nc.jetstream().purge_stream(subjects.QUEUE_STREAM)
     await nc.drain()
     hosts = [await ServiceHost(w, url).start() for w in workers]
-    router = RouterShell(RouterConfig(policy="least-loaded"))
-    queue = QueueShell(QueueConfig(), FCFS(), router=router)
-    admission = AdmissionShell(AdmissionConfig(), TOK, queue=queue)
+    feeds = ProcessFeeds()  # one heartbeat subscription for the three, on the router's connection
+    router = RouterShell(RouterConfig(policy="least-loaded"), feeds=feeds)
+    queue = QueueShell(QueueConfig(), FCFS(), router=router, feeds=feeds)
+    admission = AdmissionShell(AdmissionConfig(), TOK, queue=queue, feeds=feeds)
     for shell in (router, queue, admission):  # as `tokenyard queue --with-router --with-admission` starts them
         hosts.append(await ServiceHost(shell, url).start())
     ids = {w.core.cfg.worker_id for w in workers}

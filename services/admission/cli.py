@@ -29,9 +29,10 @@ def add_admission_arguments(p) -> None:
     p.add_argument("--no-slo-check", action="store_true", help="admit whatever the predicted wait")
 
 
-def admission_shell(args, queue=None):
+def admission_shell(args, queue=None, feeds=None):
     """The AdmissionShell the options parsed by `add_admission_arguments` ask for; `queue`: a
-    queue in this process, handed each admitted request at once."""
+    queue in this process, handed each admitted request at once; `feeds`: the fan-out
+    subscriptions it shares with the services in its process (shared/feed.py)."""
     import tomllib
 
     from tokenyard.services.admission.core import AdmissionConfig
@@ -52,7 +53,7 @@ def admission_shell(args, queue=None):
         models=args.model or [config.DEFAULT_MODEL], max_model_len=args.max_model_len, block_size=args.block_size,
         tenants=table, slo_check=not args.no_slo_check,
     )
-    return AdmissionShell(cfg, load_tokenizer(args.tokenizer), queue=queue)
+    return AdmissionShell(cfg, load_tokenizer(args.tokenizer), queue=queue, feeds=feeds)
 
 
 def main(args) -> int:

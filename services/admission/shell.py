@@ -45,6 +45,7 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import AdmissionMetrics
 from tokenyard.shared.service import new_instance_id
 from tokenyard.shared.tokenizer import Tokenizer
@@ -78,10 +79,14 @@ class MaybeStored(Exception):
 class AdmissionShell:
     kind = "admission"
 
-    def __init__(self, cfg: AdmissionConfig, tokenizer: Tokenizer, queue: LocalQueue | None = None):
+    def __init__(self, cfg: AdmissionConfig, tokenizer: Tokenizer, queue: LocalQueue | None = None,
+                 feeds: ProcessFeeds | None = None):
         """`queue`: a queue in this process, handed each admitted request at once (None: the
-        queue hears of it from JetStream)."""
+        queue hears of it from JetStream). `feeds`: the heartbeat and queue-state
+        subscriptions of this process, shared with the services beside it (shared/feed.py);
+        None: its own."""
         self.core = AdmissionCore(cfg, tokenizer)
+        self.feeds = feeds or ProcessFeeds()
         self.queue = queue
         self._handing: dict[str, asyncio.Task] = {}
         """request id → its hand-over (`_hand_over`) while it runs."""
@@ -97,8 +102,8 @@ class AdmissionShell:
         await natsutil.ensure_queue_stream(nc)
         self.core.ticks_every(TICK_S)
         self._ticker = asyncio.create_task(self._tick())
-        await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
-        await nc.subscribe(subjects.QUEUE_STATE, cb=self._on_queue_state)
+        await self.feeds.heartbeats.join(nc, self.core.on_heartbeat)
+        await self.feeds.queue_states.join(nc, self.core.on_queue_stats)
         await service.add_endpoint(
             name="submit", subject=subjects.SUBMIT, queue_group=subjects.GROUP_ADMISSION, handler=self._on_submit
         )
@@ -114,18 +119,6 @@ class AdmissionShell:
             await asyncio.sleep(TICK_S / 2)
             if self.nc is not None and self.nc.is_connected:  # cut off from NATS it hears nothing:
                 self.core.on_tick(time.time())  # that time is its own blind time, not the workers' silence
-
-    async def _on_heartbeat(self, msg) -> None:
-        try:
-            self.core.on_heartbeat(codec.decode(msg.data, schemas.Heartbeat), time.time())
-        except codec.DecodeError:
-            pass
-
-    async def _on_queue_state(self, msg) -> None:
-        try:
-            self.core.on_queue_stats(codec.decode(msg.data, schemas.QueueStats), time.time())
-        except codec.DecodeError:
-            pass
 
     async def _on_submit(self, req: Request) -> None:
         """The decision in the endpoint's own pass, in arrival order (the micro endpoint awaits

@@ -66,6 +66,7 @@ def register(sub) -> None:
 def main(args) -> int:
     from tokenyard.services.priority_queue.core import QueueConfig
     from tokenyard.services.priority_queue.shell import QueueShell
+    from tokenyard.shared.feed import ProcessFeeds
     from tokenyard.shared.service import run
 
     policy = make_policy(args.policy, aging_s=parse_aging(args.aging), bubble_width=args.bubble_width)
@@ -74,18 +75,19 @@ def main(args) -> int:
                       batch_cap_per_worker=args.batch_cap)
     also = []  # started before the queue, stopped after it
     router = None
+    feeds = ProcessFeeds()  # one heartbeat subscription for the process, on the first started's connection
     if args.with_router:
         from tokenyard.services.router.cli import router_shell
 
-        router = router_shell(args)
+        router = router_shell(args, feeds=feeds)
         also.append((router, args.router_metrics_port))
-    queue = QueueShell(cfg, policy, router=router)
+    queue = QueueShell(cfg, policy, router=router, feeds=feeds)
     if not args.with_admission:
         run(queue, args.nats, args.metrics_port, also=also)
         return 0
     from tokenyard.services.admission.cli import admission_shell
 
     # admission last: it takes requests only once its queue serves, and stops taking them first
-    run(admission_shell(args, queue=queue), args.nats, args.admission_metrics_port,
+    run(admission_shell(args, queue=queue, feeds=feeds), args.nats, args.admission_metrics_port,
         also=[*also, (queue, args.metrics_port)], name="queue")
     return 0

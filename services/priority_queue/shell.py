@@ -11,7 +11,8 @@ pauses for a backoff that doubles with each failed attempt, from the core's retr
 to ROUTER_DOWN_BACKOFF_MAX_S, and resets on the first routed request. A request that can no
 longer meet its TTFT deadline gets `rejected` (429) on its reply subject and its message acked
 (QueueCore.expire). Every `stats_interval_s` it publishes its QueueStats on `llm.v1.pq.state`
-(work waiting per class, drain rate), which admission reads for SLO feasibility.
+(work waiting per class, drain rate), which admission reads for SLO feasibility; a state the
+same as the last one sent (an idle queue's) is repeated only every UNCHANGED_STATS_S.
 
 With a router in the same process (`router`: `tokenyard queue --with-router`, the default of
 `tokenyard up`), the route request is a call instead of a NATS request/reply: one crossing
@@ -44,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -63,6 +65,7 @@ from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
 from tokenyard.services.priority_queue.stored_copies import StoredCopies
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import QueueMetrics
 from tokenyard.shared.service import new_instance_id
 
@@ -73,8 +76,13 @@ ROUTER_DOWN_BACKOFF_MAX_S = 2.0
 PULL_EXPIRES_S = 1.0
 """A pull request's life: an idle queue renews it this often."""
 PEER_SILENT_S = 1.0
-"""A replica not heard on `llm.v1.pq.state` (it publishes ~every 100 ms) for this long is gone:
-the requests it took from admission in its process are anyone's (`_on_pulled`)."""
+"""A replica not heard on `llm.v1.pq.state` (it publishes every 100 ms, or every
+UNCHANGED_STATS_S while its state does not change) for this long is gone: the requests it took
+from admission in its process are anyone's (`_on_pulled`)."""
+UNCHANGED_STATS_S = 0.3
+"""An unchanged QueueStats is published this often, not every stats interval: well within
+PEER_SILENT_S and the readers' staleness (admission's config.STALE_AFTER_S, 1 s; macro's 3 s),
+so a live idle queue is never taken for gone, at a third of the messages."""
 TAKEN_RETRY_S = 0.5
 """A request another live replica took is handed back to JetStream for this long."""
 SEEN_REMEMBERED = 50_000
@@ -83,6 +91,22 @@ remembers): past that many within JetStream's window, a reused id is the worker'
 PULL_GRACE_S = 1.0
 """A pull whose end (its 408) never came is renewed this long after it expired: a NATS
 restart forgets pull requests, and so does a failover to another node."""
+
+
+class StatsGate:
+    """Whether a QueueStats goes out: one that differs from the last sent (its `ts` aside) at
+    once, the same one again only UNCHANGED_STATS_S after the last."""
+
+    def __init__(self) -> None:
+        self.last: schemas.QueueStats | None = None
+        self.sent_s = -math.inf
+
+    def due(self, stats: schemas.QueueStats, now: float) -> bool:
+        same = msgspec.structs.replace(stats, ts=0.0)
+        if same == self.last and now - self.sent_s < UNCHANGED_STATS_S:
+            return False
+        self.last, self.sent_s = same, now
+        return True
 
 
 class LocalRouter(Protocol):
@@ -99,11 +123,14 @@ class QueueShell:
     kind = "queue"
 
     def __init__(self, cfg: QueueConfig, policy: QueuePolicy, fetch_batch: int = 256,
-                 stats_interval_s: float = 0.1, router: LocalRouter | None = None):
+                 stats_interval_s: float = 0.1, router: LocalRouter | None = None,
+                 feeds: ProcessFeeds | None = None):
         """`fetch_batch`: the messages one pull request may bring. `router`: a router in this
         process, asked directly (its answer cannot be lost on the way); None: ask the routers
-        on `llm.v1.route`."""
+        on `llm.v1.route`. `feeds`: the heartbeat and queue-state subscriptions of this
+        process, shared with the services beside it (shared/feed.py); None: its own."""
         self.core = QueueCore(cfg, policy)
+        self.feeds = feeds or ProcessFeeds()
         self.router = router
         self.instance_id = new_instance_id(self.kind)
         self.fetch_batch = fetch_batch
@@ -162,9 +189,9 @@ class QueueShell:
         self._pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.QUEUE_STREAM}.{subjects.QUEUE_CONSUMER}"
         self._pull_inbox = nc.new_inbox()
         self._pull_sub = await nc.subscribe(f"{self._pull_inbox}.*", cb=self._on_pulled)
-        await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
+        await self.feeds.heartbeats.join(nc, self.on_heartbeat)
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
-        await nc.subscribe(subjects.QUEUE_STATE, cb=self._on_peer_state)
+        await self.feeds.queue_states.join(nc, self.on_peer_state)
         await service.add_endpoint(name="stats", subject=subjects.QUEUE_STATS, handler=self._on_stats)
         self._running = True
         self._tasks = [
@@ -417,20 +444,12 @@ class QueueShell:
             ROUTER_DOWN_BACKOFF_MAX_S, max(self.core.cfg.retry_backoff_s, 2 * self.router_down_backoff_s)
         )
 
-    async def _on_peer_state(self, msg: Msg) -> None:
-        try:
-            stats = codec.decode(msg.data, schemas.QueueStats)
-        except codec.DecodeError:
-            return
+    def on_peer_state(self, stats: schemas.QueueStats, now: float) -> None:
         if stats.instance_id != self.instance_id:
-            self._peers[stats.instance_id] = time.time()
+            self._peers[stats.instance_id] = now
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            hb = codec.decode(msg.data, schemas.Heartbeat)
-        except codec.DecodeError:
-            return
-        self.core.on_heartbeat(hb, time.time())
+    def on_heartbeat(self, hb: schemas.Heartbeat, now: float) -> None:
+        self.core.on_heartbeat(hb, now)
         if len(self.core):
             self._wake.set()
 
@@ -488,10 +507,14 @@ class QueueShell:
                     await msg.in_progress()
 
     async def _stats_loop(self) -> None:
+        gate = StatsGate()
         while self._running:
             await asyncio.sleep(self.stats_interval_s)
-            with contextlib.suppress(Exception):
-                await self.nc.publish(subjects.QUEUE_STATE, codec.encode(self.core.stats(self.instance_id, time.time())))
+            now = time.time()
+            stats = self.core.stats(self.instance_id, now)
+            if gate.due(stats, now):
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(subjects.QUEUE_STATE, codec.encode(stats))
 
     async def _on_stats(self, req: Request) -> None:
         now = time.time()

@@ -49,8 +49,9 @@ def add_router_arguments(p, policy_flag: str = "--policy") -> None:
                    help="how many times one request may move to another worker")
 
 
-def router_shell(args: argparse.Namespace):
-    """The RouterShell the options parsed by `add_router_arguments` ask for."""
+def router_shell(args: argparse.Namespace, feeds=None):
+    """The RouterShell the options parsed by `add_router_arguments` ask for; `feeds`: the
+    fan-out subscriptions it shares with the services in its process (shared/feed.py)."""
     from tokenyard.services.router.core import RouterConfig
     from tokenyard.services.router.migration import MigrationConfig
     from tokenyard.services.router.shell import RouterShell
@@ -62,7 +63,7 @@ def router_shell(args: argparse.Namespace):
         bs_cap=args.bs_cap,
     )
     migration = MigrationConfig(enabled=not args.no_migration, max_migrations=args.max_migrations)
-    return RouterShell(cfg, migration=migration)
+    return RouterShell(cfg, migration=migration, feeds=feeds)
 
 
 def main(args) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from tokenyard.services.router import kernels
 from tokenyard.services.router.filters import (
     AcceptingFilter,
     BatchCapFilter,
@@ -59,6 +60,7 @@ from tokenyard.services.router.policies.sglang import SglangCacheAwareScorer
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch, MacroState
 
 INDEX_MODES = ("auto", "precise", "approximate")
+_NO_BLOCKS = np.empty(0, dtype=np.int64)
 
 DEFAULT_POLICY = "marginal-latency"
 """The router's default policy: the one name every service, launcher, simulator and benchmark
@@ -136,6 +138,7 @@ class RouterCore:
         if cfg.index_mode not in INDEX_MODES:
             raise ValueError(f"unknown index mode '{cfg.index_mode}'; known: {', '.join(INDEX_MODES)}")
         self.cfg = cfg
+        kernels.load()  # numba's compile or cache load here, not at the first decision
         self.view = FleetView()
         self.index = BlockIndex(cfg.max_index_blocks)
         self.rng = np.random.default_rng(cfg.seed)
@@ -223,22 +226,12 @@ class RouterCore:
             return Choice(None, "no workers known", policy=self.cfg.policy)
         self.index.expire(now)
         blocks = self.hit_blocks(req)
-        hit, new = view.hit[:n], view.new[:n]
-        if blocks is None:
-            hit[:] = 0
-            new[:] = max(req.prompt_len, 1)
-        else:
-            # hit = min(blocks · B, len), new = max(len − hit, 1); a row's blocks never exceed
-            # the chain's, so each bound can bind only where the chain reaches the prompt's end
-            # (the hot path skips the call otherwise)
-            plen, most = req.prompt_len, len(req.block_hashes) * req.block_size
-            np.multiply(blocks, req.block_size, out=hit)
-            if most > plen:
-                np.minimum(hit, plen, out=hit)
-            np.subtract(plen, hit, out=new)
-            if most >= plen:
-                np.maximum(new, 1, out=new)
-        np.add(view.queued_prefill[:n], new, out=view.p[:n])
+        # hit = min(blocks · B, len), new = max(len − hit, 1), P = Q + new on every row, in one
+        # compiled pass (kernels.prefix_rows)
+        kernels.prefix_rows(
+            _NO_BLOCKS if blocks is None else blocks, n, req.block_size, req.prompt_len,
+            len(req.block_hashes) * req.block_size, view.queued_prefill, view.hit, view.new, view.p,
+        )
         key, holders, warned = None, 0, False
         if det is not None:
             key = det.key(req)

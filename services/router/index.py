@@ -43,6 +43,7 @@ from itertools import accumulate, islice, repeat, takewhile
 from operator import and_
 
 import numpy as np
+from tokenyard.services.router import kernels
 from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 PRECISE = math.inf
@@ -76,6 +77,8 @@ class BlockIndex:
         """Workers that have published KV events (their entries are exact)."""
         self.version = 0
         """Bumped whenever a slot is assigned or freed (callers cache slot maps on it)."""
+        self._one_count = np.zeros(1, dtype=np.int64)
+        """The single run's count, for `_counts` (scratch, rewritten at each use)."""
 
     # ── slots ──
     @property
@@ -197,24 +200,20 @@ class BlockIndex:
         return self._counts(dict(Counter(alive)))
 
     def _counts(self, runs: dict[int, int], pad: int = 0) -> np.ndarray:
-        """hit(i) = Σ_runs count × [i ∈ mask]. One run (most chains): the mask's bits unpacked,
-        times its count. Several (the slowest few per cent of decisions: a prefix shared by
-        most instances, a tail held by a few): every mask's bytes in one buffer, unpacked in
-        one call to a (runs × slots) 0/1 matrix, and the counts times it, one int64 product —
-        four numpy calls whatever the number of runs (round 7: a 64-bit lane per slot in one
-        Python int, summed per run, took 21–34 µs for 2–4 runs against 8–13). Bits past the
-        last slot are 0, so the `pad` entries come out 0."""
-        size, nbytes = self.slots + pad, (self.slots + pad + 7) // 8
+        """hit(i) = Σ_runs count × [i ∈ mask]: every run's mask as little-endian bytes in one
+        buffer, and one compiled pass adding each run's count to the slots whose bit is set
+        (services/router/kernels.py; round 7's unpackbits and int64 product took four numpy
+        calls, 3–4 µs for one run and 8–13 for 2–4). Bits past the last slot are 0, so the
+        `pad` entries come out 0."""
+        size = self.slots + pad
+        nbytes = (size + 7) // 8
         if len(runs) == 1:
             ((mask, count),) = runs.items()
-            bits = np.unpackbits(
-                np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8), count=size, bitorder="little"
-            )
-            return np.multiply(bits, count, dtype=np.int64)
-        k = len(runs)
+            one = self._one_count
+            one[0] = count  # np.full's Python-level steps cost as much as the kernel
+            return kernels.spread_runs(np.frombuffer(mask.to_bytes(nbytes, "little"), np.uint8), one, size)
         masks = np.frombuffer(b"".join([m.to_bytes(nbytes, "little") for m in runs]), np.uint8)
-        bits = np.unpackbits(masks, bitorder="little").reshape(k, 8 * nbytes)
-        return np.fromiter(runs.values(), np.int64, k) @ bits[:, :size]
+        return kernels.spread_runs(masks, np.fromiter(runs.values(), np.int64, len(runs)), size)
 
     def blocks_held(self) -> np.ndarray:
         """Blocks each slot holds (int64, one per slot; 0 for a free slot)."""

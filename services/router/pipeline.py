@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import numpy as np
+from tokenyard.services.router import kernels
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.shared.schemas import AdmittedRequest
 
@@ -89,19 +90,15 @@ class ArgminPicker:
     def pick(
         self, view: FleetView, cand: np.ndarray, scores: np.ndarray, tiebreak: np.ndarray | None = None
     ) -> int:
-        j = int(scores.argmin())
-        tied = scores == scores[j]
-        if np.count_nonzero(tied) == 1:
-            return int(cand[j])
-        if tiebreak is not None:
-            tb = np.where(tied, tiebreak, np.inf)
-            tied = tb == tb.min()
-        best = cand[tied]
+        # the numbers in one compiled pass (services/router/kernels.py), the ids here
+        tb = _NO_TIEBREAK if tiebreak is None else np.asarray(tiebreak, dtype=np.float64)
+        best = kernels.argmin_tied(np.asarray(scores, dtype=np.float64), tb, view.last_chosen, np.asarray(cand, dtype=np.int64))
         if len(best) == 1:
             return int(best[0])
-        lc = view.last_chosen[best]
-        best = best[lc == lc.min()]
         return int(min(best, key=lambda i: view.ids[i]))
+
+
+_NO_TIEBREAK = np.empty(0)
 
 
 OVER_BUDGET = "over-budget"

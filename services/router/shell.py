@@ -44,6 +44,7 @@ from tokenyard.services.router.migration import (
 )
 from tokenyard.services.router.reask import Answer, ReaskMemory, Wait, key_of
 from tokenyard.shared import codec, schemas, subjects, telemetry
+from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
 from tokenyard.shared.service import new_instance_id
@@ -58,8 +59,12 @@ class RouterShell:
     kind = "router"
 
     def __init__(self, cfg: RouterConfig, max_attempts: int = ROUTE_ATTEMPTS,
-                 migration: MigrationConfig | None = None, tick_s: float = 0.1):
+                 migration: MigrationConfig | None = None, tick_s: float = 0.1,
+                 feeds: ProcessFeeds | None = None):
+        """`feeds`: the heartbeat subscription of this process, shared with the services beside
+        it (shared/feed.py); None: its own."""
         self.core = RouterCore(cfg)
+        self.feeds = feeds or ProcessFeeds()
         self.migration = MigrationCore(migration)
         self.instance_id = new_instance_id(self.kind)
         self.max_attempts = max_attempts
@@ -72,10 +77,12 @@ class RouterShell:
         """Placed, placing and unanswered requests: a route request asked again (services/router/reask.py)."""
         self._housekeeping: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
+        self._tracking = asyncio.Event()
+        """Set when a stream is tracked: wakes the monitor loop from its idle wait."""
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
-        await nc.subscribe(subjects.HEARTBEAT_ALL, cb=self._on_heartbeat)
+        await self.feeds.heartbeats.join(nc, self.on_heartbeat)
         await nc.subscribe(subjects.MACRO_STATE_ALL, cb=self._on_macro_state)
         await nc.subscribe(subjects.KV_EVENTS_ALL, cb=self._on_kv_events)
         await nc.subscribe(subjects.LEASE_ALL, cb=self._on_lease)
@@ -94,13 +101,7 @@ class RouterShell:
         if self._monitor:  # after the routes: a stopping router hands its streams to nobody
             self._monitor.cancel()
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            hb = codec.decode(msg.data, schemas.Heartbeat)
-        except codec.DecodeError as e:
-            log.warning("bad_heartbeat", subject=msg.subject, error=str(e))
-            return
-        now = time.time()
+    def on_heartbeat(self, hb: schemas.Heartbeat, now: float) -> None:
         self.core.on_heartbeat(hb, now)
         self.migration.on_heartbeat(hb.worker_id, now)
 
@@ -238,6 +239,7 @@ class RouterShell:
         ours = fresh or moving or (tracked is not None and tracked.req.reply_to == ar.reply_to)
         if fresh:
             self.migration.track(ar, "", now)
+            self._tracking.set()
         if fresh or moving:
             await self._follow(ar)
         key = key_of(ar)
@@ -277,6 +279,7 @@ class RouterShell:
                     await self._drop(rid)
             elif ours:  # generating there now, or again known there after an unanswered offer
                 self.migration.track(ar, worker_id, time.time())
+                self._tracking.set()
             return schemas.RouteDecision(rid, schemas.Outcome.ROUTED, worker_id)
         if reply.reason == schemas.Outcome.ABORTED:
             if fresh:
@@ -339,14 +342,23 @@ class RouterShell:
                 await sub.unsubscribe()
 
     async def _monitor_loop(self) -> None:
+        """Every `tick_s` while a stream is followed: the migration core's tick (death, orphans,
+        re-issues). With nothing followed the tick has nothing to do, so the loop waits for the
+        next one tracked instead of waking ten times a second. An outage it slept through is
+        found by the connection's reconnect count, so every clock restarts as if it had been
+        awake (MigrationCore.on_reconnected)."""
         deaf = False
+        reconnects = self.nc.stats["reconnects"]
         while True:
+            if not self.migration.tracked:
+                self._tracking.clear()
+                await self._tracking.wait()
             await asyncio.sleep(self.tick_s)
             if not self.nc.is_connected:  # a NATS outage: silence proves nothing
                 deaf = True
                 continue
-            if deaf:
-                deaf = False
+            if deaf or self.nc.stats["reconnects"] != reconnects:
+                deaf, reconnects = False, self.nc.stats["reconnects"]
                 self.migration.on_reconnected(time.time())
             for effect in self.migration.tick(time.time()):
                 try:

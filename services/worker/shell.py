@@ -17,7 +17,9 @@
 * `llm.v1.worker.<id>.control`: phase and drain from the macro-instance.
 * `llm.v1.worker.<id>.status` (micro endpoint): the ids it runs, for a router's probe.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
-  soon as a step made some (polled every `kv_poll_s`).
+  soon as a step made some (polled every `kv_poll_s` while a generation runs; with none
+  running, at each heartbeat: an idle worker's 20 ms poll found nothing 50 times a second, and
+  a vLLM engine's last events, which come on their own socket, may trail its last output).
 The span of a generation carries OpenTelemetry GenAI attributes (model, input and output
 tokens, time to first token).
 """
@@ -70,6 +72,8 @@ class WorkerShell:
         self.kv_poll_s = kv_poll_s
         self._streams: dict[str, asyncio.Task] = {}
         self._timers: list[asyncio.Task] = []
+        self._running = asyncio.Event()
+        """Set when a generation starts: wakes the KV poll from its idle wait."""
         self.outage = OutageReplay(after_s=REPLAY_AFTER_S, before_s=REPLAY_BEFORE_S)
         self._replay_task: asyncio.Task | None = None
 
@@ -106,6 +110,7 @@ class WorkerShell:
         if start:
             task = asyncio.create_task(self._generate(ar, req.headers, received_ns))
             self._streams[ar.request_id] = task
+            self._running.set()
             task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))
         await req.respond(codec.encode(reply))
         if reply.reason == schemas.Outcome.DUPLICATE:  # an id reused by another request: say so
@@ -268,6 +273,8 @@ class WorkerShell:
             await asyncio.sleep(self.heartbeat_s)
             self._check_reconnect()
             with contextlib.suppress(Exception):
+                if not self._running.is_set():  # the KV poll sleeps: events that trail it go now
+                    await self._publish_kv_events()
                 await self._publish_heartbeat()
 
     async def _publish_kv_events(self) -> None:
@@ -277,7 +284,13 @@ class WorkerShell:
             await self.nc.publish(subjects.kv_events(self.core.cfg.worker_id), codec.encode(batch))
 
     async def _kv_loop(self) -> None:
+        """Every `kv_poll_s` while a generation runs, and once after the last one ends (its
+        final step's events); then asleep until the next generation starts (the heartbeat
+        loop publishes what comes meanwhile)."""
         while True:
+            if not self._streams:
+                self._running.clear()
+                await self._running.wait()
             await asyncio.sleep(self.kv_poll_s)
             with contextlib.suppress(Exception):
                 await self._publish_kv_events()

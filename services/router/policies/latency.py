@@ -97,10 +97,10 @@ fleet's half kept whole (Mooncake's tuning half at ×3: mean TTFT 1,911 → 2,21
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+from tokenyard.services.router import kernels
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.router.pipeline import Narrowed, Scored
 from tokenyard.shared.schemas import AdmittedRequest
@@ -112,23 +112,11 @@ class MarginalLatencyScorer:
     inputs: frozenset[str] = frozenset()
 
     def score(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Scored:
-        # The decision's hot path: each numpy call on a few hundred rows costs about as much as
-        # its arithmetic, so the steps are few and in place. N stays int64 where it meets a
-        # float (the same IEEE values as a float64 copy of it: exact below 2⁵³).
-        n = view.new[cand]
-        own = view.queued_prefill[cand] + n
-        # tokens stalled = N − A, A = max(0, S/t − Q) (FleetView.absorb = S/t): Q + N − S/t
-        # within [0, N]
-        stalled = own - view.absorb[cand]
-        np.maximum(stalled, 0.0, out=stalled)
-        np.minimum(stalled, n, out=stalled)
-        b = view.load[cand]
-        # own + (n · b̄ + stalled · b) / 2; b̄ as sum / count, the value ndarray.mean gives
-        # without its Python-level steps
-        cost = stalled * b
-        cost += n * (int(np.add.reduce(b)) / len(b))
-        cost /= 2.0
-        cost += own
+        # own = Q + N; stalled = N − A, A = max(0, S/t − Q) (FleetView.absorb = S/t), i.e.
+        # Q + N − S/t within [0, N]; cost = own + (N · B̄ + stalled · B) / 2, B̄ over `cand`:
+        # one compiled pass over the candidates (services/router/kernels.py, the same IEEE
+        # operations as the numpy expressions it replaced)
+        cost, own = kernels.marginal_cost(view.new, view.queued_prefill, view.absorb, view.load, cand)
         return Scored(cost, tiebreak=own)
 
 
@@ -174,20 +162,9 @@ class BoundedLoadGuard:
     inputs: frozenset[str] = frozenset()
 
     def narrow(self, req: AdmittedRequest, view: FleetView, cand: np.ndarray) -> Narrowed:
-        load = view.load[cand]
-        cap = math.ceil(self.c * (int(np.add.reduce(load)) + 1) / len(cand))
-        keep = load < cap  # L + 1 ≤ cap, in integers
-        kept = np.count_nonzero(keep)  # one call answers both "any" and "all" (the hot path)
-        assert kept, "the least loaded candidate is always within the bound"
-        if not self.sticky or kept == len(keep):
-            return Narrowed(keep)
-        queued = view.queued_prefill[cand]
-        exempt = view.hit[cand] > queued
-        exempt &= ~keep
-        if not np.count_nonzero(exempt):  # the common case: nothing beyond the bound holds more than it queues
-            return Narrowed(keep)
-        own = queued + view.new[cand]
-        exempt &= own <= own[keep].min()
-        if not exempt.any():
-            return Narrowed(keep)
-        return Narrowed(keep | exempt, "sticky")
+        # the bound, then the exemption where some candidate beyond it holds more of r than it
+        # queues: one compiled pass (services/router/kernels.py)
+        keep, sticky = kernels.bounded_load(
+            view.load, view.queued_prefill, view.hit, view.new, cand, self.c, self.sticky
+        )
+        return Narrowed(keep, "sticky" if sticky else "")

@@ -53,6 +53,24 @@ def prefill_budget_s(tpot_slack_s: float | None) -> float:
     return ENGINE_BACKLOG_S if tpot_slack_s is None else min(ENGINE_BACKLOG_S, tpot_slack_s)
 
 
+def engine_saturated(ahead_s: float, backlog_s: float, tpot_slack_s: float | None) -> bool:
+    """Whether an engine should refuse a new request (the worker's `saturated`), from seconds of
+    prefill at its rate:
+
+        saturated  =  ahead_s > ENGINE_BACKLOG_S   or   backlog_s > tpot_slack_s
+
+    `ahead_s` is the prefill the request would wait behind in the engine's order — vLLM's
+    priority order runs every running request's chunk first, then the waiting line by (class,
+    arrival), so a class-c request waits behind the running prefills and the waiting ones of
+    classes ≤ c, not behind a lower class's (EngineStats.queued_prefill_ahead). `backlog_s` is
+    all the prefill the engine holds: each of its tokens runs beside the running decodes, so the
+    decode term bounds the whole (prefill_budget_s). With ahead = backlog this is
+    `backlog_s > prefill_budget_s(tpot_slack_s)`. So a P0 joins an engine whose backlog is
+    released P1/P2 work it would overtake anyway (the whole-backlog rule sent it back to the
+    queue to retry, the live burst's P0 tail)."""
+    return ahead_s > ENGINE_BACKLOG_S or (tpot_slack_s is not None and backlog_s > tpot_slack_s)
+
+
 def decode_slack_s(hb) -> float | None:
     """A heartbeat's TPOT slack for the decode term (seconds; None: no bound). Only a worker in
     the mixed phase runs its prefills beside its decodes; a spatial P/D prefill worker hands its

@@ -15,7 +15,7 @@ from tokenyard.services.router.core import RouterConfig, RouterCore
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.shared import codec
-from tokenyard.shared.schemas import EngineStats, Heartbeat
+from tokenyard.shared.schemas import EngineStats, Heartbeat, Int64
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.builders import hb
@@ -48,15 +48,21 @@ def distinct_stats() -> EngineStats:
             values[f.name] = 1000 + k
         elif kind in (float, float | None):
             values[f.name] = 2000 + k + 0.25
+        elif kind == list[Int64]:
+            values[f.name] = [3000 + k, 3100 + k]
         else:  # a new kind of stat: give it a distinct value here
             raise TypeError(f"EngineStats.{f.name}: no distinct value for {f.type}")
     return EngineStats(**values)
 
 
+def hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
 def test_the_distinct_stats_differ_from_every_default_and_from_each_other():
     s = distinct_stats()
-    values = [getattr(s, f.name) for f in FIELDS]
-    assert len(set(values)) == len(FIELDS) == 20
+    values = [hashable(getattr(s, f.name)) for f in FIELDS]
+    assert len(set(values)) == len(FIELDS) == 21
     assert all(v != f.default for v, f in zip(values, FIELDS, strict=True))
 
 
@@ -85,7 +91,7 @@ def test_every_column_the_view_fills_from_the_stats_is_named_above():
     stats = distinct_stats()
     view = FleetView()
     i = view.upsert(Heartbeat("w0", "m", 1, 0.0, stats), 3.0)
-    sent = {getattr(stats, f.name) for f in FIELDS}
+    sent = {hashable(getattr(stats, f.name)) for f in FIELDS}
     filled = {name for name, col in vars(view).items()
               if isinstance(col, np.ndarray) and len(col) > i and col[i] in sent}  # (not the kept row index)
     assert filled == {col for cols in COLUMNS.values() for col in cols}

@@ -128,14 +128,58 @@ def test_stats_count_running_waiting_and_blocks():
     core.add(req("a", tokens=list(range(12)), max_tokens=4))
     core.add(req("b", tokens=list(range(50, 55)), max_tokens=4))
     free = FREE_PREFILL_MS_PER_TOKEN  # profile zero: a prefill that takes no time, measured
-    assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS, prefill_ms_per_token=free)
+    # both P1 (the builder's class): a P0 would wait behind neither, a P1 behind both
+    assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS, prefill_ms_per_token=free, queued_prefill_ahead=[0, 17, 17, 17])
     core.step()  # a: 8 of 12
     assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12, compute_util=1.0,
-                                       prefill_ms_per_token=free)
+                                       prefill_ms_per_token=free, queued_prefill_ahead=[4, 9, 9, 9])
     core.step()  # a: last 4 (first token); b: 4 of 5
     # a's slack: its 3 tokens after the first, 100 ms each, decode steps of 0 ms (profile zero)
     assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17, tpot_slack_ms=300.0, compute_util=1.0,
-                                       prefill_ms_per_token=free)
+                                       prefill_ms_per_token=free, queued_prefill_ahead=[1, 1, 1, 1])
+
+
+def test_a_waiting_higher_class_gets_only_the_budget_a_running_prefill_leaves():
+    """vLLM V1's scheduler with scheduling_policy="priority" (v1/core/sched/scheduler.py,
+    `schedule`): the running requests are scheduled first, each its next chunk, and only then
+    the waiting line by (priority, arrival) with the budget left. A waiting P0 does not preempt a
+    running P2's chunked prefill (preemption happens only when a running request cannot get
+    KV blocks) and does not take its budget: it gets what the P2's chunk leaves, then goes
+    before every waiting request of a lower class."""
+    core = engine(budget=8, blocks=64)
+    core.add(req("p2", tokens=list(range(20)), max_tokens=2, priority=2))
+    core.step()  # p2: 8 of 20
+    core.add(req("q1", tokens=list(range(40, 46)), max_tokens=2, priority=1))
+    core.add(req("z0", tokens=list(range(60, 66)), max_tokens=2, priority=0))
+    assert core.stats().queued_prefill_ahead == [12 + 6, 12 + 12, 24, 24]
+    r = core.step()  # p2's next chunk takes the whole budget: the P0 waits
+    assert r.scheduled_tokens == 8 and r.outputs == [] and core.preemptions == 0
+    assert [s.rid for s in core.running] == ["p2"]
+    r = core.step()  # p2's last 4, then the P0's first 4 (not the P1's, which arrived first)
+    assert r.outputs == [out("p2", 0)]
+    assert [s.rid for s in core.running] == ["p2", "z0"] and core.seqs["z0"].computed == 4
+    assert core.stats().queued_prefill_ahead == [2, 8, 8, 8]
+    r = core.step()  # p2 decodes, the P0 finishes its prefill, the P1 gets the rest
+    assert r.outputs == [out("z0", 0), out("p2", 1, done=True)]
+    assert core.preemptions == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=8), st.integers(0, 6))
+def test_the_prefill_ahead_of_each_class_is_what_the_engines_order_puts_first(reqs, n_steps):
+    """queued_prefill_ahead[c] = the running requests' prefill still to do + the waiting ones'
+    of class ≤ c, recomputed from the engine's state; non-decreasing in c, the last the whole
+    backlog."""
+    core = engine(budget=16, blocks=256)
+    for k, (plen, cls) in enumerate(reqs):
+        core.add(req(f"r{k}", tokens=list(range(100 * k, 100 * k + plen)), max_tokens=3, priority=cls))
+    for _ in range(n_steps):
+        core.step()
+    stats = core.stats()
+    running = sum(s.target - s.computed for s in core.running if s.computed < s.target)
+    want = [running + sum(s.target - s.computed for s in core.waiting if s.req.priority <= c) for c in range(4)]
+    assert stats.queued_prefill_ahead == want
+    assert want == sorted(want) and want[-1] == stats.queued_prefill_tokens
 
 
 def test_stats_report_a_decodes_step_cost_per_token_of_its_context():
@@ -238,6 +282,25 @@ def test_the_newest_request_is_preempted_when_blocks_run_out_and_still_finishes(
                 assert o.finish_reason == "length"
     assert got == {"a": [token("a", k) for k in range(6)], "b": [token("b", k) for k in range(6)]}
     assert (core.pool.used, core.pool.available) == (0, 4)
+
+
+def test_a_step_that_preempts_admits_no_waiting_request():
+    """vLLM V1 (`schedule`: the waiting line is scheduled only `if not preempted_reqs`): a
+    step whose running requests preempted one for blocks takes no new request, though budget
+    and blocks for it are left."""
+    core = engine(blocks=6)
+    core.add(req("a", tokens=list(range(7)), max_tokens=6))
+    core.add(req("b", tokens=list(range(50, 57)), max_tokens=6))
+    core.step()
+    core.step()  # a, b: 2 blocks each; 2 free
+    core.add(req("c", tokens=[90], max_tokens=2, priority=0))  # one block; it waits, its line's head
+    core.pool.allocate(1)  # one block held elsewhere: a's third block (token 9, this step) fits, b's does not
+    r = core.step()
+    assert core.preemptions == 1 and [s.rid for s in core.running] == ["a"]
+    assert core.pool.available == 2 and r.scheduled_tokens == 1  # b's blocks back, budget left
+    assert r.outputs == [out("a", 2)]  # and yet c waits for the next step
+    assert [s.rid for s in core.waiting.ordered()] == ["c", "b"]
+    assert core.step().outputs == [out("c", 0), out("a", 3)]  # the next step admits again
 
 
 def test_the_last_running_request_preempts_itself_and_re_prefills_later():

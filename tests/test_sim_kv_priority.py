@@ -33,7 +33,10 @@ def test_p0_reclaims_from_p3_after_the_victims_step():
     assert core.pool.available == 5
     core.add(areq("p0", prompt=160, out=4, prio=0, arrival=10.0))  # needs 10 blocks
     core.step()
-    # the core's own growth preempted the newest P3; P0's claim marked the next newest
+    # the core's own growth preempted the newest P3; a step that preempted admits nobody (vLLM)
+    assert core.preemptions == 1 and pol.marked == [] and rids(core.waiting.ordered()) == ["p0", "c3-6"]
+    core.step()
+    # P0's claim marked the next newest
     assert rids(pol.marked) == ["c3-5"] and "c3-5" in rids(core.running)
     assert rids(core.waiting.ordered()) == ["p0", "c3-6"]  # P0 heads the class-ordered line
     core.step()  # c3-5 finished its step; now it is preempted and P0 joins
@@ -46,9 +49,12 @@ def test_p1_reclaims_only_within_its_elastic_region_and_never_from_p0():
     core, pol = full_engine(cls=0)  # P0 holds 35 of 40 blocks (over its 40% ceiling: no matter)
     core.add(areq("p1", prompt=160, prio=1, arrival=10.0))
     core.step()
+    core.step()  # (the first step's growth preempted: it admitted nobody, vLLM's rule)
     assert pol.marked == [] and "p1" in rids(core.waiting)
     core2, pol2 = full_engine(cls=2)
     core2.add(areq("p1", prompt=160, prio=1, arrival=10.0))  # 10 ≤ 35% of 40 = 14: may reclaim
+    core2.step()
+    assert core2.preemptions == 1 and pol2.marked == []  # growth preempted: no admission this step
     core2.step()
     assert len(pol2.marked) == 1 and pol2.marked[0].req.priority == 2
 
@@ -68,8 +74,9 @@ def test_claims_take_victims_by_the_engines_one_rule_lowest_class_then_latest_ar
     core.step()  # 35 of 40 blocks held: the P3s are the latest and the lowest
     core.add(areq("p1", prompt=160, prio=1, arrival=20.0))  # needs 10 blocks, 5 free
     core.step()
-    # a decode's growth preempted the latest P3 (the core's rule), the claim marks the next
-    assert "c3-2" in rids(core.waiting) and core.preemptions == 1
+    # a decode's growth preempted the latest P3 (the core's rule); that step admits nobody
+    assert "c3-2" in rids(core.waiting) and core.preemptions == 1 and pol.marked == []
+    core.step()  # the claim marks the next
     assert rids(pol.marked) == ["c3-1"]
 
 

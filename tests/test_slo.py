@@ -10,6 +10,7 @@ from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.slo import (
     ENGINE_BACKLOG_S,
     TTFT_TARGET_S,
+    engine_saturated,
     latest_release_s,
     prefill_budget_s,
     request_deadline_s,
@@ -57,3 +58,25 @@ def test_the_prefill_budget_is_the_backlog_horizon_capped_by_the_decodes_slack(s
     budget = prefill_budget_s(slack)
     assert budget <= ENGINE_BACKLOG_S
     assert budget == (ENGINE_BACKLOG_S if slack is None or slack >= ENGINE_BACKLOG_S else slack)
+
+
+seconds = st.floats(0.0, 10.0, allow_nan=False)
+
+
+@given(seconds, seconds, st.one_of(st.none(), st.floats(-1.0, 1.0, allow_nan=False)))
+def test_an_engine_is_saturated_by_the_prefill_ahead_or_by_the_whole_backlog_past_the_slack(a, b, slack):
+    ahead, backlog = min(a, b), max(a, b)  # what goes before a request is part of the backlog
+    got = engine_saturated(ahead, backlog, slack)
+    # a request with the whole backlog ahead of it: the one budget rule flow control uses
+    assert engine_saturated(backlog, backlog, slack) == (backlog > prefill_budget_s(slack))
+    # less ahead never saturates more; the decode term still bounds the whole backlog
+    assert got <= engine_saturated(backlog, backlog, slack)
+    assert got == (ahead > ENGINE_BACKLOG_S or (slack is not None and backlog > slack))
+
+
+def test_a_request_the_engine_runs_first_is_not_held_back_by_the_backlog_behind_it():
+    # 0.4 s of released lower-class prefill, 0.1 s of it ahead of a P0: the P0 is taken
+    assert not engine_saturated(0.1, 0.4, None)
+    assert engine_saturated(0.4, 0.4, None)
+    # the running decodes absorb only 0.3 s more prefill: the P0's would push them past it
+    assert engine_saturated(0.1, 0.4, 0.3)

@@ -195,6 +195,27 @@ def test_offer_refuses_a_prefill_backlog_its_decodes_tpot_slack_cannot_absorb():
     assert c.offer(leg, stats(prefill_ms_per_token=0.1, tpot_slack_ms=-1.0))[0].accepted
 
 
+def test_offer_judges_a_request_by_the_prefill_it_would_wait_behind_in_the_engine():
+    """In vLLM's priority order a P0 waits behind the running prefills and the waiting P0s, not
+    the released P1/P2 work (EngineStats.queued_prefill_ahead): refusing it for that backlog
+    only sent it back to the queue to retry (the live burst's P0 tail)."""
+    c = core(max_waiting=16)
+    # 0.1 ms per token; 4000 tokens (0.4 s) queued, of which 1000 ahead of a P0 and 3000 of a P1
+    engine = stats(queued=4000, prefill_ms_per_token=0.1, queued_prefill_ahead=[1000, 3000, 4000, 4000])
+    assert c.offer(req("p0", priority=0), engine)[0].accepted
+    for rid, cls in (("p1", 1), ("p2", 2), ("p3", 3)):
+        assert c.offer(req(rid, priority=cls), engine)[0].reason == "saturated"
+    # 2600 ahead of a P0 (0.26 s): past the horizon, for a P0 too
+    crowded = stats(queued=4000, prefill_ms_per_token=0.1, queued_prefill_ahead=[2600, 3000, 4000, 4000])
+    assert c.offer(req("p0b", priority=0), crowded)[0].reason == "saturated"
+    # the decodes absorb 0.3 s of prefill: the whole 0.4 s backlog is past it, whatever runs first
+    tight = stats(queued=4000, prefill_ms_per_token=0.1, tpot_slack_ms=300.0, queued_prefill_ahead=[1000, 3000, 4000, 4000])
+    assert c.offer(req("p0c", priority=0), tight)[0].reason == "saturated"
+    # an engine that reports no split (a vLLM worker): every class judged by the whole backlog
+    assert c.offer(req("p0d", priority=0), stats(queued=4000, prefill_ms_per_token=0.1))[0].reason == "saturated"
+    assert c.offer(req("p0e", priority=0), stats(queued=2000, prefill_ms_per_token=0.1))[0].accepted
+
+
 def test_an_ecoserve_prefill_phase_starved_of_work_is_not_saturated():
     """Its phase ends once ≤ 2 wait (shared.ecoserve.leaves_prefill); the quarter second of
     prefill flow control allows would keep it there on an engine whose chunk takes longer. Up

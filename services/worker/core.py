@@ -30,7 +30,7 @@ from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
 from tokenyard.shared import schemas
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
-from tokenyard.shared.slo import prefill_budget_s, request_deadline_s
+from tokenyard.shared.slo import NUM_CLASSES, engine_saturated, klass, request_deadline_s
 from tokenyard.shared.tokenizer import Tokenizer
 
 OUTPUT_SHARE_DECAY = 1 / 32
@@ -45,10 +45,11 @@ class WorkerConfig:
     max_waiting: int = 256
     remember: int = 50_000
     flow_control: bool = True
-    """Refuse new requests ("saturated") while the engine's prefill backlog already takes more
-    than shared.slo.prefill_budget_s (ENGINE_BACKLOG_S, and no more than its running decodes'
-    TPOT slack): the queue's flow control, enforced where the state is exact (the router then
-    tries another worker, or the request waits in the queue)."""
+    """Refuse a new request ("saturated") while the prefill it would wait behind in the engine's
+    order already takes more than ENGINE_BACKLOG_S, or the whole prefill backlog more than its
+    running decodes' TPOT slack (shared.slo.engine_saturated): the queue's flow control, enforced
+    where the state is exact (the router then tries another worker, or the request waits in the
+    queue)."""
 
 
 @dataclass
@@ -119,7 +120,7 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
-        if (self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED)
+        if (self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED, req.priority)
                 and not prefill_phase_starved(self.phase, self.mode, stats.waiting,
                                               stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0)):
             return schemas.GenerateReply(rid, False, "saturated"), False
@@ -130,12 +131,18 @@ class WorkerCore:
         return schemas.GenerateReply(rid, True), True
 
     @staticmethod
-    def saturated(stats: EngineStats, decodes_beside: bool = True) -> bool:
-        """The queue's flow-control rule where the state is exact: the engine's prefill backlog
-        already takes longer than shared.slo.prefill_budget_s allows (ENGINE_BACKLOG_S, and
-        no more than the running decodes' TPOT slack)."""
+    def saturated(stats: EngineStats, decodes_beside: bool = True, priority: int = NUM_CLASSES - 1) -> bool:
+        """The queue's flow-control rule where the state is exact (shared.slo.engine_saturated):
+        the prefill a class-`priority` request would wait behind in the engine's order takes
+        longer than ENGINE_BACKLOG_S, or the whole prefill backlog longer than the running
+        decodes' TPOT slack. An engine that reports no per-class split is judged by its whole
+        backlog for every class (shared.slo.prefill_budget_s)."""
         slack = stats.tpot_slack_ms / 1000.0 if decodes_beside and stats.tpot_slack_ms is not None else None
-        return stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0 > prefill_budget_s(slack)
+        s_per_token = stats.prefill_ms_per_token / 1000.0
+        backlog = stats.queued_prefill_tokens
+        by_class = stats.queued_prefill_ahead
+        ahead = by_class[klass(priority)] if len(by_class) == NUM_CLASSES else backlog
+        return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack)
 
     def running_ids(self) -> list[str]:
         """The requests generating here for their client (a migrated-away one is not)."""

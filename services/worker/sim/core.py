@@ -14,12 +14,14 @@ One step, as vLLM's scheduler builds it (token budget = max_num_batched_tokens):
      scheduler.preemption_victim) is preempted — if it was scheduled this step, its tokens
      go back to the budget — by recompute (its blocks freed, it re-prefills prompt +
      generated tokens) or swap (its KV parked in the host tier), preemption.py.
-  2. then, unless the phase is decode-only, the waiting line's head while budget, max_num_seqs
-     and the policy's `admit` allow: it takes a reference on its longest cached prefix — GPU
-     blocks, then host-tier blocks promoted back at the host link's cost — (at least one token
-     is always computed) and the blocks of its first chunk (capped as in 1), all or nothing
-     (a waiting request holds no blocks, as in vLLM's allocate_slots). A swapped request
-     instead gets its blocks back at the same cost and resumes where it stopped.
+  2. then, unless the phase is decode-only or step 1 preempted a request (vLLM V1 schedules
+     no waiting request in a step that preempted: `if not preempted_reqs`), the waiting line's
+     head while budget, max_num_seqs and the policy's `admit` allow: it takes a reference on
+     its longest cached prefix — GPU blocks, then host-tier blocks promoted back at the host
+     link's cost — (at least one token is always computed) and the blocks of its first chunk
+     (capped as in 1), all or nothing (a waiting request holds no blocks, as in vLLM's
+     allocate_slots). A swapped request instead gets its blocks back at the same cost and
+     resumes where it stopped.
   After the step: full prompt blocks a chunk completed become cached (BlockStored); a
   request whose prefill completed emits its first token; each decode emits one token; a
   request reaching max_tokens finishes ("length") and releases its blocks. Step time =
@@ -224,6 +226,7 @@ class SimEngineCore:
         decode_ctx = 0
 
         preempt_due(self)
+        claimed = self.preemptions  # a policy's claims make room for the waiting: they do not stop step 2
         for seq in list(self.policy.step_batch(self.running)):
             if budget <= 0:
                 break
@@ -250,7 +253,7 @@ class SimEngineCore:
                 budget -= n
 
         scheduled_decodes = len(decodes)
-        if prefill_ok:
+        if prefill_ok and self.preemptions == claimed:  # vLLM: no new request joins a step that preempted
             admit_waiting(self, decodes, chunks, budget, whole, cap)
 
         # Timing and outputs.

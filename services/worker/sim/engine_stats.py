@@ -1,6 +1,10 @@
 """What the simulated engine reports (EngineStats, the heartbeat's engine part):
 
     queued_prefill_tokens  Σ (target − computed) over the waiting and the running still prefilling
+    queued_prefill_ahead   per class c: the running prefills' part, plus the waiting of class ≤ c
+                           (what a new class-c request waits behind in vLLM's priority order;
+                           a policy whose line is not class-first, `class_ordered` False: the
+                           whole backlog for every class)
     tpot_slack_ms          the tightest decode's saved slack (slack.py), paced by a decode step
                            of the batch decoding now: step_ms(n, n, Σ context, 0); None under a
                            policy that guards TPOT itself (SCORPIO: scheduler.guards_tpot)
@@ -14,26 +18,32 @@ used and free blocks, and whatever the scheduling policy adds (`heartbeat_fields
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from tokenyard.shared.schemas import EngineStats
+from tokenyard.shared.slo import NUM_CLASSES, klass
 
 if TYPE_CHECKING:
     from tokenyard.services.worker.sim.core import SimEngineCore
 
 
 def engine_stats(core: SimEngineCore) -> EngineStats:
-    queued = 0
+    by_class = [0] * NUM_CLASSES
     if core.waiting:  # (a heap's live entries: not walked when it is empty, as mostly)
         for s in core.waiting:
-            queued += s.target - s.computed
-    decoding = ctx = 0
+            by_class[klass(s.req.priority)] += s.target - s.computed
+    decoding = ctx = running = 0
     for s in core.running:
         if s.computed < s.target:
-            queued += s.target - s.computed
+            running += s.target - s.computed
         else:
             decoding += 1
             ctx += s.plen + s.generated
+    queued = running + sum(by_class)
+    # a line in another order (SCORPIO's, by deadline) puts no class first: each waits behind all
+    ahead = list(accumulate(by_class, initial=running))[1:] if core.policy.class_ordered else [queued] * NUM_CLASSES
+    assert ahead[-1] == queued, "the lowest class waits behind the whole backlog"
     # the pace of the decodes' tokens still to come: a decode step of the batch now
     decode_ms = core.prof.step_ms(decoding, decoding, ctx, 0.0)
     host_free = core.host.free
@@ -41,6 +51,7 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
         running=len(core.running),
         waiting=len(core.waiting),
         queued_prefill_tokens=queued,
+        queued_prefill_ahead=ahead,
         kv_blocks_used=core.pool.used,
         kv_blocks_free=core.pool.available,
         block_size=core.block_size,

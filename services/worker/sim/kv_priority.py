@@ -52,6 +52,7 @@ class PriorityKVPolicy(SchedulingPolicy):
         """Claims that marked victims."""
         self.rejects_past_deadline = self.inner.rejects_past_deadline
         self.guards_tpot = self.inner.guards_tpot
+        self.class_ordered = self.inner.class_ordered  # its line is by class; which running requests a step runs is the inner's
 
     def new_waiting_line(self) -> KeyedLine:
         by_deadline = isinstance(self.inner, ScorpioPolicy)

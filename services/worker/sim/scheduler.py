@@ -168,6 +168,13 @@ class SchedulingPolicy(Protocol):
     can no longer come by its TTFT deadline (SimEngineCore.expire, ttft_guard.py; SCORPIO's
     rejection path), instead of keeping it."""
 
+    class_ordered: bool = True
+    """Whether a step runs the running requests' chunks first, then the waiting line by class
+    first (vLLM's priority scheduling, the default), so that a new class-c request waits only
+    behind the running prefills and the waiting ones of class ≤ c (EngineStats.
+    queued_prefill_ahead). False: it may wait behind any of them (SCORPIO's line by deadline,
+    its credit batch a subset of the running)."""
+
     guards_tpot: bool = False
     """Whether the policy itself keeps every step within its running decodes' TPOT SLOs (SCORPIO's
     token budget). Its engine then reports no TPOT slack (engine_stats.py): a prefill backlog

@@ -68,6 +68,8 @@ def estimated_tpot_ms(prof: LatencyProfile, vbs: float, l_avg: float) -> float:
 class ScorpioPolicy:
     guards_tpot = True
     """Its token budget keeps every step within the running decodes' SLOs (SchedulingPolicy)."""
+    class_ordered = False
+    """Its line goes by deadline, and its credit batch runs a subset of the running."""
 
     def __init__(self, prof: LatencyProfile, default_stp_ms: float = 100.0, reject: bool = True) -> None:
         self.prof = prof

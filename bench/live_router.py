@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib.util
 import json
 import os
@@ -57,6 +56,7 @@ from tokenyard.shared import config, natsutil
 
 from bench._out import write_result
 from bench.baseline import baseline_env
+from bench.route_log import choice_summary, placements, route_choices, route_table
 from tokenyard.launcher import FleetProcesses
 
 PROFILE = "a100-llama3-8b"
@@ -223,74 +223,6 @@ def _scrape(targets: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def route_choices(path: Path, start: int) -> list[dict[str, Any]]:
-    """The router's `route_choice` debug lines (services/router/shell.py) written to the
-    queue's log from byte `start` on: one per offer, in the order the router made them."""
-    out = []
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            for line in f:
-                if b'"route_choice"' in line:
-                    with contextlib.suppress(ValueError):
-                        out.append(json.loads(line))
-    except OSError:
-        pass
-    return out
-
-
-def placements(choices: list[dict[str, Any]], requests: list[dict[str, Any]]) -> None:
-    """Put on each of the bench's requests where the router placed it (`--route-log`): the
-    worker its last offer went to, the prefix tokens the router's index said that worker held
-    (`hit`), the most any worker held (`best_hit`), the load and queued prefill the router saw
-    there, how many offers it took and the workers that refused it (`refused_by`). The log
-    names the edge's request ids, which the client does not see; a request is paired by its
-    prompt tokens, in order: the router sees requests in arrival order give or take the few
-    that overtake each other in the hops, and of two requests with the same prompt length
-    the earlier is taken first."""
-    waiting: dict[int, list[dict[str, Any]]] = {}
-    for r in sorted(requests, key=lambda r: r["index"]):
-        waiting.setdefault(r["prompt_len"], []).append(r)
-    paired: dict[str, dict[str, Any]] = {}
-    for c in choices:
-        req = paired.get(c.get("request_id"))
-        if req is None:
-            same = waiting.get(c.get("prompt_tokens"))
-            if not same:
-                continue
-            req = paired[c["request_id"]] = same.pop(0)
-        workers, hits = c.get("workers", []), c.get("hit", [])
-        if c.get("worker") not in workers or not hits:
-            continue
-        if "worker" in req:  # an earlier offer of this request was refused
-            req["refused_by"] = [*req.get("refused_by", []), req["worker"]]
-        i = workers.index(c["worker"])
-        req.update(worker=c["worker"], hit=hits[i], best_hit=max(hits), load=c["load"][i], queued=c["queued"][i],
-                   notes=c.get("notes", []), offers=req.get("offers", 0) + 1)
-
-
-def choice_summary(choices: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the router's own view said about its choices (`--route-log`), each request's last
-    offer (the one its worker took): the prefix tokens it expected on the chosen workers
-    (`chosen_hit`), the most any worker held by its index (`best_hit`: their difference is
-    what the policy gave up), and the choices that took a request away from the worker
-    holding most of it, largest first."""
-    last = {c.get("request_id"): c for c in choices}  # a refused offer's request went to its next one
-    chosen = best = 0
-    away = []
-    for c in last.values():
-        hits, workers = c.get("hit", []), c.get("workers", [])
-        if not hits or c.get("worker") not in workers:
-            continue
-        mine, top = hits[workers.index(c["worker"])], max(hits)
-        chosen, best = chosen + mine, best + top
-        if top > mine:
-            away.append({k: c.get(k) for k in ("request_id", "prompt_tokens", "worker", "notes", "workers", "hit",
-                                               "load", "queued")} | {"lost": top - mine})
-    away.sort(key=lambda a: -a["lost"])
-    return {"offers": len(choices), "chosen_hit": chosen, "best_hit": best, "away": away}
-
-
 async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] | None = None,
                     name: str = "tokenyard") -> dict[str, Any]:
     # router_args go on the queue's command line when the router runs in its process (the default)
@@ -435,27 +367,6 @@ def sim_twin(workload: str, base_rate: float, load: float, speed: float, workers
     rate = base_rate * load * speed * workers / 16
     return (f"tokenyard sim --workload {workload} --instances {workers} --profile {PROFILE} --rate {rate:g} "
             f"--rate-scale {1 / speed:g} --num-requests {num_prompts} --seed {seed} --compare {DEFAULT_POLICY},sglang")
-
-
-def route_table(doc: dict[str, Any]) -> str:
-    """Where the prefix hits went (`--route-log` runs): of the prompt tokens the engines were
-    asked for (their prefix-cache queries), the share the router's index said the chosen
-    workers held, the share the best-holding workers held (their difference is what the policy
-    traded for load), and the share the engines found (below the router's: blocks it counted
-    that the engine no longer had, or re-offers counted twice)."""
-    out = ["| round | load | router | offers | chosen workers' hit (router's view) | best holders' hit | "
-           "engines' hit | taken from the best holder |", "|---|---|---|---:|---:|---:|---:|---:|"]
-    for r in doc["runs"]:
-        rc = r.get("route_choices")
-        if not rc or not rc["offers"]:  # no log line: a baseline whose router does not write them
-            continue
-        fm = r.get("fleet_metrics", {})
-        queries = sum(v for k, v in fm.items() if k.startswith("vllm:prefix_cache_queries_total"))
-        hits = sum(v for k, v in fm.items() if k.startswith("vllm:prefix_cache_hits_total"))
-        shares = [f"{x / queries:.3f}" if queries else "–" for x in (rc["chosen_hit"], rc["best_hit"], hits)]
-        out.append(f"| {r.get('round', 1)} | ×{r['load']:g} | {r['router']} | {rc['offers']} | "
-                   f"{' | '.join(shares)} | {len(rc['away'])} |")
-    return "\n".join(out)
 
 
 def main() -> int:

@@ -25,9 +25,8 @@ BlockHash = NewType("BlockHash", int)
 """The fleet's block hash: tokenyard's own chain over token ids (shared.hashing), signed 64 bits."""
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-"""Every integer on the bus: MessagePack carries 64 bits, so a larger one that JSON can carry
-(max_tokens 2^70, a rank of -2^63 - 1) is refused where it is decoded, naming the field, instead
-of failing the encoder of the hop that sends it on."""
+"""Every integer on the bus: MessagePack carries 64 bits, so a larger one JSON can carry (max_tokens
+2^70) is refused where decoded, naming the field, not by the encoder of the hop that sends it on."""
 
 
 class PriorityClass(enum.IntEnum):
@@ -434,9 +433,8 @@ class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 def _check_block_hashes(hashes: list[int | bytes]) -> None:
-    """vLLM's integer block hashes may be unsigned 64-bit, beyond Int64's bound (msgspec bounds
-    only within int64), so the 64-bit range MessagePack carries, either sign, is checked here:
-    a larger one from a JSON publisher is a ValidationError where it is decoded."""
+    """vLLM's int block hashes may be unsigned 64-bit, past what msgspec can bound: a hash outside
+    MessagePack's 64 bits (either sign; JSON carries any) is a ValidationError where decoded."""
     for h in hashes:
         if type(h) is int and not -(2**63) <= h < 2**64:
             raise ValueError(f"block hash {h} does not fit in 64 bits")

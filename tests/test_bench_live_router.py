@@ -11,16 +11,13 @@ import time
 
 from bench.live_router import (
     breakdown,
-    choice_summary,
     cpu_s,
     engine_ttft,
     fleet_series,
-    placements,
-    route_choices,
-    route_table,
     sim_twin,
     table,
 )
+from bench.route_log import choice_summary, placements, route_choices, route_table
 
 QUEUE_PAGE = """# HELP tokenyard:queue_wait_seconds Arrival to routed, by priority class.
 # TYPE tokenyard:queue_wait_seconds histogram

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from tokenyard.services.priority_queue.shell import UNCHANGED_STATS_S, StatsGate
+from tokenyard.services.priority_queue.state_gate import UNCHANGED_STATS_S, StatsGate
 from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.feed import Feed, ProcessFeeds
 from tokenyard.shared.service import ServiceHost

@@ -1,43 +1,43 @@
-"""The priority queue's shell: a durable JetStream pull consumer on LLM_QUEUE feeds the core
-through one standing pull (see `_pull_loop`: each message reaches the core as soon as
-JetStream stores it, not when a batched fetch returns); a dispatch loop sends what the core releases to the router (`llm.v1.route`, request/reply)
-and acks a JetStream message only once the router answered `routed`; an ask the router
-never answered (a timeout), or answered `unsure` (its offer to a worker went unanswered), is
-asked again, and not expired meanwhile (QueueCore.on_route_lost).
-A crash before that loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
-replica runs. Messages held long are kept alive with
-`in_progress`. While no router answers at all (no responders on `llm.v1.route`), dispatch
-pauses for a backoff that doubles with each failed attempt, from the core's retry_backoff_s up
-to ROUTER_DOWN_BACKOFF_MAX_S, and resets on the first routed request. A request that can no
-longer meet its TTFT deadline gets `rejected` (429) on its reply subject and its message acked
-(QueueCore.expire). Every `stats_interval_s` it publishes its QueueStats on `llm.v1.pq.state`
-(work waiting per class, drain rate), which admission reads for SLO feasibility; a state the
-same as the last one sent (an idle queue's) is repeated only every UNCHANGED_STATS_S.
+"""The priority queue's shell: a durable JetStream pull consumer on LLM_QUEUE feeds the core through
+one standing pull (see `_pull_loop`: each message reaches the core as soon as JetStream stores it,
+not when a batched fetch returns); a dispatch loop sends what the core releases to the router
+(`llm.v1.route`, request/reply) and acks a JetStream message only once the router answered
+`routed`; an ask the router never answered (a timeout), or answered `unsure` (its offer to a worker
+went unanswered), is asked again, and not expired meanwhile (QueueCore.on_route_lost). A crash
+before that loses nothing: the unacked message is redelivered (after `ack_wait`) to whichever queue
+replica runs. Messages held long are kept alive with `in_progress`. While no router answers at all
+(no responders on `llm.v1.route`), dispatch pauses for a backoff that doubles with each failed
+attempt, from the core's retry_backoff_s up to ROUTER_DOWN_BACKOFF_MAX_S, and resets on the first
+routed request. A request that can no longer meet its TTFT deadline gets `rejected` (429) on its
+reply subject and its message acked (QueueCore.expire). Every `stats_interval_s` it publishes its
+QueueStats on `llm.v1.pq.state` (work waiting per class, drain rate), which admission reads for SLO
+feasibility; a state the same as the last one sent (an idle queue's) is repeated only every
+UNCHANGED_STATS_S (state_gate.py).
 
 With a router in the same process (`router`: `tokenyard queue --with-router`, the default of
-`tokenyard up`), the route request is a call instead of a NATS request/reply: one crossing
-fewer on every request's way to its first token, and an answer that cannot be lost (no
-timeout; an `unsure` answer still means a worker left the offer unanswered). That router
-also serves `llm.v1.route` for the others that ask (P/D decode legs, other queues).
+`tokenyard up`), the route request is a call instead of a NATS request/reply: one crossing fewer on
+every request's way to its first token, and an answer that cannot be lost (no timeout; an `unsure`
+answer still means a worker left the offer unanswered). That router also serves `llm.v1.route` for
+the others that ask (P/D decode legs, other queues).
 
 With admission in the same process too (`tokenyard queue --with-admission`, the default of
 `tokenyard up`), admission hands each admitted request over by a call (`take`) the moment it
-decides, then stores it in JetStream as before: the request is placed without waiting for
-JetStream to store it and deliver it back (one crossing fewer again). Its JetStream copy,
-when it comes, is recognised by id: held, to be acked once the request is routed, or acked
-at once if it was routed (or ended) already — never queued a second time. Durability is
-JetStream's as before: what was not yet routed when this process dies is redelivered. If the
-store fails, or finds the id a duplicate, admission takes the request back (`withdraw`).
+decides, then stores it in JetStream as before: the request is placed without waiting for JetStream
+to store it and deliver it back (one crossing fewer again). Its JetStream copy, when it comes, is
+recognised by id: held, to be acked once the request is routed, or acked at once if it was routed
+(or ended) already — never queued a second time. Durability is JetStream's as before: what was not
+yet routed when this process dies is redelivered. If the store fails, or finds the id a duplicate,
+admission takes the request back (`withdraw`).
 
-Once such a request is routed AND admission has its store's ack (`stored`: the ack carries
-the copy's stream sequence), the copy is deleted by that sequence (JetStream's message
-delete) unless it came here already (then it is acked): with several replicas, the copy may
-sit with another replica (handed back, `TAKEN_RETRY_S`) or wait for redelivery, and if this
-replica then died or went silent for PEER_SILENT_S, that replica would place it a second
-time. What remains: a replica that dies between the offer and the delete reaching the server
-(the store's round trip plus the delete's, ~ms) leaves its copy to be placed again; and one
-silent for PEER_SILENT_S while a handed request still waits here unrouted (a GC pause) lets
-another replica place the copy while this one, once it resumes, places its own.
+Once such a request is routed AND admission has its store's ack (`stored`: the ack carries the
+copy's stream sequence), the copy is deleted by that sequence (JetStream's message delete) unless
+it came here already (then it is acked): with several replicas, the copy may sit with another
+replica (handed back, `TAKEN_RETRY_S`) or wait for redelivery, and if this replica then died or
+went silent for PEER_SILENT_S, that replica would place it a second time. What remains: a replica
+that dies between the offer and the delete reaching the server (the store's round trip plus the
+delete's, ~ms) leaves its copy to be placed again; and one silent for PEER_SILENT_S while a handed
+request still waits here unrouted (a GC pause) lets another replica place the copy while this one,
+once it resumes, places its own.
 """
 
 from __future__ import annotations
@@ -45,11 +45,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Protocol
 
 import msgspec
 from nats.aio.client import Client
@@ -62,7 +59,9 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
+from tokenyard.services.priority_queue.local_router import LocalRouter
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
+from tokenyard.services.priority_queue.state_gate import StatsGate
 from tokenyard.services.priority_queue.stored_copies import StoredCopies
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.feed import ProcessFeeds
@@ -77,12 +76,8 @@ PULL_EXPIRES_S = 1.0
 """A pull request's life: an idle queue renews it this often."""
 PEER_SILENT_S = 1.0
 """A replica not heard on `llm.v1.pq.state` (it publishes every 100 ms, or every
-UNCHANGED_STATS_S while its state does not change) for this long is gone: the requests it took
+state_gate.UNCHANGED_STATS_S while its state does not change) for this long is gone: the requests it took
 from admission in its process are anyone's (`_on_pulled`)."""
-UNCHANGED_STATS_S = 0.3
-"""An unchanged QueueStats is published this often, not every stats interval: well within
-PEER_SILENT_S and the readers' staleness (admission's config.STALE_AFTER_S, 1 s; macro's 3 s),
-so a live idle queue is never taken for gone, at a third of the messages."""
 TAKEN_RETRY_S = 0.5
 """A request another live replica took is handed back to JetStream for this long."""
 SEEN_REMEMBERED = 50_000
@@ -91,32 +86,6 @@ remembers): past that many within JetStream's window, a reused id is the worker'
 PULL_GRACE_S = 1.0
 """A pull whose end (its 408) never came is renewed this long after it expired: a NATS
 restart forgets pull requests, and so does a failover to another node."""
-
-
-class StatsGate:
-    """Whether a QueueStats goes out: one that differs from the last sent (its `ts` aside) at
-    once, the same one again only UNCHANGED_STATS_S after the last."""
-
-    def __init__(self) -> None:
-        self.last: schemas.QueueStats | None = None
-        self.sent_s = -math.inf
-
-    def due(self, stats: schemas.QueueStats, now: float) -> bool:
-        same = msgspec.structs.replace(stats, ts=0.0)
-        if same == self.last and now - self.sent_s < UNCHANGED_STATS_S:
-            return False
-        self.last, self.sent_s = same, now
-        return True
-
-
-class LocalRouter(Protocol):
-    """A router in this process (services/router/shell.py RouterShell): asked by a call, not
-    over NATS."""
-
-    async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
-                    headers: dict[str, str] | None = None,
-                    only: frozenset[str] | None = None,
-                    offered: Callable[[], None] | None = None) -> schemas.RouteDecision: ...
 
 
 class QueueShell:

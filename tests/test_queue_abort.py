@@ -83,6 +83,14 @@ async def abort(url: str, abort: schemas.Abort) -> None:
         await nc.drain()
 
 
+async def settled(queue: QueueShell, nc) -> None:
+    """Whatever the queue was going to publish has reached the test's subscription: its route
+    tasks are done, then both connections flushed (the queue's, then the reader's round trip)."""
+    await asyncio.gather(*queue._routes, return_exceptions=True)
+    await queue.nc.flush()
+    await nc.flush()
+
+
 def handed(queue: QueueShell, rid: str, reply_to: str) -> None:
     r = req(rid, reply_to=reply_to, arrival_s=time.time())
     assert queue.take(r, msgspec.msgpack.encode(r), {}) is not None
@@ -103,8 +111,29 @@ async def test_a_withdrawn_newcomer_that_the_router_places_nowhere_leaves_the_qu
         await until(lambda: not queue.core.in_flight and len(queue.core) == 0, what="the newcomer gone")
         assert router.asked == ["dup"]  # asked once: not put back in line
         assert not queue.core.stopping and not queue._local and not queue._placing
-        await nc.flush()
+        await settled(queue, nc)
         assert got == []  # admission ended its stream (409): the queue adds nothing after that end
+    finally:
+        await nc.drain()
+        router.answer.set()
+        router.closing.set()
+        await host.stop()
+
+
+async def test_a_withdrawn_newcomer_whose_offer_the_worker_refused_as_aborted_gets_nothing_more(nats_server):
+    """The same newcomer, but the worker heard the abort before the offer and the router answers
+    `aborted`: admission's 409 was its stream's end, so no `finished: abort` follows it."""
+    host, queue, router = await start(nats_server.url)
+    nc, got = await inbox(nats_server.url, "_INBOX.new")
+    try:
+        handed(queue, "dup", "_INBOX.new")
+        await router.asked_event.wait()
+        assert queue.withdraw("dup") is False  # on its way
+        router.outcome = schemas.Outcome.ABORTED
+        router.answer.set()
+        await until(lambda: not queue.core.in_flight and len(queue.core) == 0, what="the newcomer gone")
+        await settled(queue, nc)
+        assert got == [] and router.asked == ["dup"] and not queue.core.stopping
     finally:
         await nc.drain()
         router.answer.set()

@@ -392,8 +392,9 @@ class QueueShell:
             if (acked := self._settle(req.request_id)) is not None:
                 await acked
         elif decision is not None and decision.outcome == schemas.Outcome.ABORTED:
+            ended = self.core.stopping.get(req.request_id, False)  # admission ended its stream already
             self.core.on_not_routed(req.request_id, time.time(), aborted=True)
-            await self._finish_aborted(req)
+            await self._finish_aborted(req, ended)
         elif unanswered or (decision is not None and decision.unsure):  # a worker may hold it
             self.core.on_route_lost(req.request_id, time.time())
         else:

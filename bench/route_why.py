@@ -55,6 +55,8 @@ def reason(offers: list[dict[str, Any]]) -> tuple[int, str] | None:
     queued[k] -= max(plen - hit[k], 1)
     refused = {o["worker"] for o in offers[:-1]}
     cand = [i for i, w in enumerate(workers) if w not in refused]
+    if not cand:  # a re-asked request whose offers had covered every worker
+        return lost, "refused"
     cap = math.ceil(BALANCE_FACTOR * (sum(load[i] for i in cand) + 1) / len(cand))
     within = [i for i in cand if load[i] < cap]
     if holder in within:

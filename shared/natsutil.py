@@ -247,7 +247,8 @@ SUBMIT_ANSWER_S = ENQUEUE_ATTEMPT_S + ENQUEUE_DEADLINE_S
 """The longest admission takes to answer a submit it received — `accepted`, `rejected` or
 `error` on its reply subject — unless its process dies: a refusal goes at once, an acceptance
 after the store's first publish (in the queue's process) or its ack (separate), a failed store
-after its first attempt and its retries. So a raw NATS client that has no event on its reply
+after its first attempt and its retries (counted from when its store starts: a submit reusing the
+id of one still being stored waits for that store first, up to twice as long). So a raw NATS client that has no event on its reply
 subject this long after its submit lost the submit with the process that took it (nothing
 else answers it: NATS's no-responders comes only while no admission is subscribed at all). It
 submits again with the same request id on a new reply subject and listens on both: if the
@@ -258,18 +259,28 @@ wait); if it did not, the second's stream is the answer. TokenyardClient and the
 a stream with their idle timeout (504 after 60 s)."""
 
 
+class MaybeStored(Exception):
+    """A publish to JetStream failed after an attempt that timed out: that attempt's ack may be
+    what was lost, so the message may be in the stream (and a request in it may run)."""
+
+
 async def publish_durably(js, subject: str, data: bytes, msg_id: str, headers: dict[str, str] | None = None,
                           deadline_s: float = ENQUEUE_DEADLINE_S, attempt_timeout_s: float = ENQUEUE_ATTEMPT_S):
     """Publish to JetStream until it acknowledges or `deadline_s` passes. Every attempt carries
-    the same `Nats-Msg-Id`, so a retry of a publish that did land is dropped as a duplicate."""
+    the same `Nats-Msg-Id`, so a retry of a publish that did land is dropped as a duplicate.
+    Failing after any attempt timed out raises MaybeStored (else the last attempt's error)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
     headers = {**(headers or {}), "Nats-Msg-Id": msg_id}
+    timed_out = False
     while True:
         try:
             return await js.publish(subject, data, headers=headers, timeout=attempt_timeout_s)
-        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError):
+        except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError) as e:
+            timed_out = timed_out or isinstance(e, NatsTimeout | TimeoutError)
             if loop.time() + attempt_timeout_s > end:
+                if timed_out:
+                    raise MaybeStored(repr(e)) from e
                 raise
             await asyncio.sleep(0.1)
 

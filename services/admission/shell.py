@@ -47,6 +47,7 @@ from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import AdmissionMetrics
+from tokenyard.shared.natsutil import MaybeStored
 from tokenyard.shared.service import new_instance_id
 from tokenyard.shared.tokenizer import Tokenizer
 
@@ -69,11 +70,6 @@ class LocalQueue(Protocol):
     def withdraw(self, request_id: str) -> bool: ...
 
     def stored(self, request_id: str, seq: int) -> None: ...
-
-
-class MaybeStored(Exception):
-    """The store's first attempt timed out (its ack may be what was lost) and its retries failed:
-    the request may be in the stream, and may run."""
 
 
 class AdmissionShell:
@@ -194,11 +190,11 @@ class AdmissionShell:
             return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
                                          timeout=natsutil.ENQUEUE_ATTEMPT_S), False
         except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError) as first:
-            try:
+            try:  # MaybeStored when a retry timed out
                 ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)
             except Exception as e:
-                if isinstance(first, NatsTimeout | TimeoutError):
-                    raise MaybeStored(repr(e)) from e
+                if isinstance(first, NatsTimeout | TimeoutError) and not isinstance(e, MaybeStored):
+                    raise MaybeStored(repr(e)) from e  # the first attempt's ack may be what was lost
                 raise
             return ack, True
 

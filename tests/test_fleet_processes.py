@@ -193,6 +193,8 @@ async def test_edge_processes_killed_under_up_are_named_and_started_again_and_th
         assert 'tokenyard:edge_requests_total{endpoint="completions",outcome="finished"} 4.0' in text
         assert "tokenyard:edge_in_flight_requests 0.0" in text
         assert fleet.edge_supervisor is not None and fleet.edge_supervisor.restarts == 2
+        # a reported, replaced process keeps nothing open (a crash-looping edge leaked a pipe a restart)
+        assert fleet._replaced == [] and all(first[n].stderr.closed for n in ("edge-0", "edge-1"))
         with pytest.raises(TimeoutError):  # each death reported once: nothing new to say
             async with asyncio.timeout(0.3):
                 await fleet.next_exit(poll_s=0.05)

@@ -59,6 +59,8 @@ class Child:
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], log) -> None:
         self.name = name
+        self.log = log
+        self.reported = False  # its death told (FleetProcesses.next_exit)
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.proc = subprocess.Popen(cmd, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      preexec_fn=die_with_parent())
@@ -79,6 +81,13 @@ class Child:
         self._reader.join(timeout=1.0)  # the pipe closes with the process: the tail is complete
         lines = "\n".join(f"    {ln}" for ln in self.tail) or "    (nothing on stderr)"
         return f"{self.name} exited with code {self.proc.returncode}; its last lines:\n{lines}"
+
+    def close(self) -> None:
+        """A dead child's files: its stderr pipe and its log (once its reader has finished)."""
+        self._reader.join(timeout=1.0)
+        self.proc.stderr.close()
+        if self.log is not None:
+            self.log.close()
 
 
 @dataclass
@@ -125,7 +134,6 @@ class FleetProcesses:
         self.children: list[Child] = []
         self._logs: list = []
         self._creds_tmp: tempfile.TemporaryDirectory | None = None
-        self._reported: set[int] = set()
         """The children whose exit `next_exit` has reported (by identity: a restarted edge has its name)."""
         self.metrics_ports: dict[str, int] = {}
         self.edge_supervisor: EdgeSupervisor | None = None
@@ -269,9 +277,12 @@ class FleetProcesses:
         def spawn(index: int, child_cmd: list[str], sup_env: dict[str, str]) -> subprocess.Popen:
             name = f"edge-{index}"
             old = next((c for c in self.children if c.name == name), None)
-            if old is not None:  # dead: kept until reported
+            if old is not None:  # dead: kept until reported, its files closed once it is
                 self.children.remove(old)
-                self._replaced.append(old)
+                if old.reported:
+                    self._close(old)
+                else:
+                    self._replaced.append(old)
             own = {k: sup_env[k] for k in (MULTIPROC_ENV, "PYTHONMALLOC")}  # the summed metrics' directory
             child = self._child(name, child_cmd, {**env, **own})
             self.children.append(child)
@@ -308,6 +319,9 @@ class FleetProcesses:
         while True:
             if (gone := self.exited()) is not None:
                 raise RuntimeError(f"during start-up, {gone}")
+            if (task := self._edge_task) is not None and task.done():  # the edges' supervisor failed
+                why = "cancelled" if task.cancelled() else repr(task.exception())
+                raise RuntimeError(f"during start-up, the edge supervisor ended: {why}")
             have = await ping(nc)
             if all(have[k] >= v for k, v in want.items()):
                 return
@@ -320,16 +334,22 @@ class FleetProcesses:
         """The first service that is gone, with its last lines; None while all run."""
         return next((why for c in [*self._replaced, *self.children] if (why := c.exited()) is not None), None)
 
+    def _close(self, child: Child) -> None:
+        child.close()
+        if child.log in self._logs:
+            self._logs.remove(child.log)
+
     async def next_exit(self, poll_s: float = 0.5) -> str:
         """Returns when a service not reported before exits (a crash while the fleet is up),
         saying which and why (an edge process the supervisor started again included: each
         death once)."""
         while True:
             for c in [*self._replaced, *self.children]:
-                if id(c) not in self._reported and (why := c.exited()) is not None:
-                    self._reported.add(id(c))
-                    if c in self._replaced:
+                if not c.reported and (why := c.exited()) is not None:
+                    c.reported = True
+                    if c in self._replaced:  # started again already: nothing holds it now
                         self._replaced.remove(c)
+                        self._close(c)
                     return why
             await asyncio.sleep(poll_s)
 

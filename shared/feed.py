@@ -44,6 +44,8 @@ class Feed(Generic[T]):
         self.type = type_
         self.listeners: list[Listener[T]] = []
         self.subscription: Subscription | None = None
+        self.nc: Client | None = None
+        """The connection the subscription lives on (the first joiner's)."""
         self.bad = 0
         """Messages that did not decode (each logged)."""
 
@@ -51,7 +53,14 @@ class Feed(Generic[T]):
         """Add `listener`; the first call subscribes on `nc`."""
         self.listeners.append(listener)
         if self.subscription is None:
+            self.nc = nc
             self.subscription = await nc.subscribe(self.subject, cb=self._on_msg)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the feed can hear anything now: its connection (another service's, perhaps)
+        is up. A listener that judges silence (admission's liveness) checks it."""
+        return self.nc is not None and self.nc.is_connected
 
     async def _on_msg(self, msg: Msg) -> None:
         try:

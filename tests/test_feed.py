@@ -30,6 +30,23 @@ def test_a_message_reaches_every_listener_in_join_order_even_past_one_that_raise
     assert got == [("a", "w1", 12.5), ("b", "w1", 12.5)]
 
 
+async def test_the_feed_is_connected_while_its_first_joiners_connection_is(plain_nats):
+    """Admission hears heartbeats on the router's connection: its liveness must not count a
+    silence while that connection is down, though its own is up (it checks `connected`)."""
+    first = await natsutil.connect(plain_nats.url, "feed-first")
+    second = await natsutil.connect(plain_nats.url, "feed-second")
+    feed: Feed[schemas.Heartbeat] = Feed(subjects.HEARTBEAT_ALL, schemas.Heartbeat)
+    assert not feed.connected  # nobody subscribed: nothing can be heard
+    try:
+        await feed.join(first, lambda h, now: None)
+        await feed.join(second, lambda h, now: None)
+        assert feed.connected
+        await first.close()
+        assert not feed.connected and second.is_connected
+    finally:
+        await second.drain()
+
+
 async def test_three_connections_share_one_subscription_and_each_listener_gets_each_beat_once(plain_nats):
     ncs = [await natsutil.connect(plain_nats.url, f"feed-{i}") for i in range(3)]
     pub = await natsutil.connect(plain_nats.url, "feed-pub")

@@ -113,8 +113,12 @@ class AdmissionShell:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S / 2)
-            if self.nc is not None and self.nc.is_connected:  # cut off from NATS it hears nothing:
-                self.core.on_tick(time.time())  # that time is its own blind time, not the workers' silence
+            # cut off from NATS it hears nothing — on its own connection, or on the one its
+            # heartbeats and queue states come in on (the router's, in the queue's process): that
+            # time is its own blind time, not the workers' silence
+            if self.nc is not None and self.nc.is_connected and self.feeds.heartbeats.connected \
+                    and self.feeds.queue_states.connected:
+                self.core.on_tick(time.time())
 
     async def _on_submit(self, req: Request) -> None:
         """The decision in the endpoint's own pass, in arrival order (the micro endpoint awaits

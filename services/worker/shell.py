@@ -272,9 +272,10 @@ class WorkerShell:
         while True:
             await asyncio.sleep(self.heartbeat_s)
             self._check_reconnect()
-            with contextlib.suppress(Exception):
-                if not self._running.is_set():  # the KV poll sleeps: events that trail it go now
+            if not self._running.is_set():  # the KV poll sleeps: events that trail it go now
+                with contextlib.suppress(Exception):  # (a failure here costs no heartbeat)
                     await self._publish_kv_events()
+            with contextlib.suppress(Exception):
                 await self._publish_heartbeat()
 
     async def _publish_kv_events(self) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import time
 
 import msgspec
+import pytest
 from tokenyard.services.priority_queue.core import QueueConfig
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
 from tokenyard.services.priority_queue.shell import QueueShell
@@ -96,10 +97,13 @@ def handed(queue: QueueShell, rid: str, reply_to: str) -> None:
     assert queue.take(r, msgspec.msgpack.encode(r), {}) is not None
 
 
-async def test_a_withdrawn_newcomer_that_the_router_places_nowhere_leaves_the_queue(nats_server):
+@pytest.mark.parametrize("outcome", [schemas.Outcome.NO_CAPACITY, schemas.Outcome.ABORTED])
+async def test_a_withdrawn_newcomer_that_the_router_places_nowhere_leaves_the_queue(nats_server, outcome):
     """The reused id's newcomer: `withdraw` finds it on its way (False), admission answers 409
-    and publishes the abort that names its reply subject; the router then answers no capacity.
-    Before: it went back in line, and waited for a worker (which refuses it) or its expiry."""
+    and publishes the abort that names its reply subject; the router then answers no capacity
+    (before: it went back in line, and waited for a worker, which refuses it, or its expiry), or
+    `aborted`, the worker having heard the abort first (before: a `finished: abort` followed the
+    409, a second end to its stream)."""
     host, queue, router = await start(nats_server.url)
     nc, got = await inbox(nats_server.url, "_INBOX.new")
     try:
@@ -107,33 +111,13 @@ async def test_a_withdrawn_newcomer_that_the_router_places_nowhere_leaves_the_qu
         await router.asked_event.wait()
         assert queue.withdraw("dup") is False  # on its way
         await abort(nats_server.url, schemas.Abort("dup", reason="duplicate_request_id", reply_to="_INBOX.new"))
+        router.outcome = outcome
         router.answer.set()
         await until(lambda: not queue.core.in_flight and len(queue.core) == 0, what="the newcomer gone")
         assert router.asked == ["dup"]  # asked once: not put back in line
         assert not queue.core.stopping and not queue._local and not queue._placing
         await settled(queue, nc)
         assert got == []  # admission ended its stream (409): the queue adds nothing after that end
-    finally:
-        await nc.drain()
-        router.answer.set()
-        router.closing.set()
-        await host.stop()
-
-
-async def test_a_withdrawn_newcomer_whose_offer_the_worker_refused_as_aborted_gets_nothing_more(nats_server):
-    """The same newcomer, but the worker heard the abort before the offer and the router answers
-    `aborted`: admission's 409 was its stream's end, so no `finished: abort` follows it."""
-    host, queue, router = await start(nats_server.url)
-    nc, got = await inbox(nats_server.url, "_INBOX.new")
-    try:
-        handed(queue, "dup", "_INBOX.new")
-        await router.asked_event.wait()
-        assert queue.withdraw("dup") is False  # on its way
-        router.outcome = schemas.Outcome.ABORTED
-        router.answer.set()
-        await until(lambda: not queue.core.in_flight and len(queue.core) == 0, what="the newcomer gone")
-        await settled(queue, nc)
-        assert got == [] and router.asked == ["dup"] and not queue.core.stopping
     finally:
         await nc.drain()
         router.answer.set()

@@ -33,7 +33,7 @@ from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
-from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
+from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore, check_inputs
 from tokenyard.services.router.migration import (
     Fail,
     MigrationConfig,
@@ -142,7 +142,8 @@ class RouterShell:
     async def _route(self, req: Request) -> None:
         try:
             ar = codec.decode(req.data, schemas.AdmittedRequestInTransit)
-        except codec.DecodeError as e:
+            check_inputs(ar)  # before any state is kept for it: the kernels' int64 would wrap
+        except (*codec.DecodeError, ValueError) as e:
             await req.respond_error("400", f"bad route request: {e}")
             return
         only_header = (req.headers or {}).get(subjects.ROUTE_ONLY_HEADER)

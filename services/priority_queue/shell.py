@@ -173,6 +173,8 @@ class QueueShell:
 
     async def stop(self) -> None:
         self._running = False
+        await self.feeds.heartbeats.leave(self.on_heartbeat)
+        await self.feeds.queue_states.leave(self.on_peer_state)
         self._wake.set()
         self._pull_over.set()
         with contextlib.suppress(Exception):

@@ -99,6 +99,7 @@ class RouterShell:
             self._housekeeping.cancel()
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self.feeds.heartbeats.leave(self.on_heartbeat)  # after its routes: they read the fleet
         if self._monitor:  # after the routes: a stopping router hands its streams to nobody
             self._monitor.cancel()
 

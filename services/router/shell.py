@@ -44,7 +44,7 @@ from tokenyard.services.router.migration import (
     Reissue,
 )
 from tokenyard.services.router.reask import Answer, ReaskMemory, Wait, key_of
-from tokenyard.shared import codec, schemas, subjects, telemetry
+from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
@@ -352,7 +352,8 @@ class RouterShell:
         re-issues). With nothing followed the tick has nothing to do, so the loop waits for the
         next one tracked instead of waking ten times a second. An outage it slept through is
         found by the connection's reconnect count, so every clock restarts as if it had been
-        awake (MigrationCore.on_reconnected)."""
+        awake (MigrationCore.on_reconnected): from when the connection came back
+        (natsutil.reconnected_at), not from when the loop next woke."""
         deaf = False
         reconnects = self.nc.stats["reconnects"]
         while True:
@@ -365,7 +366,9 @@ class RouterShell:
                 continue
             if deaf or self.nc.stats["reconnects"] != reconnects:
                 deaf, reconnects = False, self.nc.stats["reconnects"]
-                self.migration.on_reconnected(time.time())
+                # from the reconnect itself: one slept through while nothing was followed may be
+                # long past, and its clocks (a gone client's lease) must not start again now
+                self.migration.on_reconnected(natsutil.reconnected_at(self.nc) or time.time())
             for effect in self.migration.tick(time.time()):
                 try:
                     await self._perform(effect)

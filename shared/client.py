@@ -453,8 +453,9 @@ class TokenyardClient:
             await self.abort(rid, reason="client_cancelled")
             raise
         except GeneratorExit:  # the reader left before the end (a `break` out of its `async for`)
-            if not ended:  # nobody reads the rest: the worker stops (main: it generated on, unread)
-                await self.abort(rid, reason="client_left", reply_to=inbox)  # this generation only
+            if not ended and not box.closed:  # nobody reads the rest: the worker stops it
+                with contextlib.suppress(Exception):  # a closed connection: its lease lapses instead
+                    await self.abort(rid, reason="client_left", reply_to=inbox)  # this generation only
             raise
         finally:
             box.close()

@@ -72,13 +72,14 @@ def test_overdue_is_twice_the_heads_own_ttft_span():
         assert pop_all(b, now) == want
 
 
-def test_the_policy_tells_its_lines_the_time():
-    for now, want in [(9.0, ["m0", "m1", "m2", "m3", "m4", "m5", "x0"]), (10.0, ROUND_ROBIN)]:
-        p = make_policy("bubble", aging_s=None)
+def test_the_policy_tells_its_lines_the_time_and_the_placement_keeps_round_5s_turns():
+    for name, now, want in [("bubble", 9.0, ["m0", "m1", "m2", "m3", "m4", "m5", "x0"]),
+                            ("bubble", 10.0, ROUND_ROBIN), ("bubble-placed", 1.0, ROUND_ROBIN)]:
+        p = make_policy(name, aging_s=None)
         for i in range(6):
             p.push(length(f"m{i}", 5000), 0.0)
         p.push(length("x0", 10_000), 0.0)
-        assert [p.pop(now).request_id for _ in range(7)] == want
+        assert [p.pop(now).request_id for _ in range(7)] == want, name
 
 
 def test_a_flood_delays_the_long_head_only_until_it_is_overdue():

@@ -28,6 +28,8 @@ Policies, all with the fleet's defaults (flow control on, router `marginal-laten
   bubble-r5    bubble queues with round 5's rule: every range its turn each round
                (BubbleLine(yields=False); today's bubble lets a longer range yield its turn
                to shorter ones until its head is overdue), for the comparison
+  bubble-o<x>  today's bubble with a head overdue after x (not 2) times its TTFT span, e.g.
+               bubble-o1, bubble-oinf: the sensitivity of that constant
 Admission's SLO refusals and the queue's deadline rejection are off (tuning/evaluate.py): they
 would drop the long requests the study measures.
 """
@@ -57,13 +59,22 @@ def make_variant(name: str, **knobs):
     from tokenyard.services.priority_queue.policies.keeps_turn import KeepsTurn
     from tokenyard.services.priority_queue.policies.registry import make_policy
 
-    if name not in ("bubble-count", "bubble-r5"):
+    if name.startswith("bubble-o"):
+        line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, overdue=float(name[len("bubble-o"):]))
+    elif name not in ("bubble-count", "bubble-r5"):
         return make_policy(name, **knobs)
-    if name == "bubble-count":
+    elif name == "bubble-count":
         line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, True, False, False)
     else:
         line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, yields=False)
     return KeepsTurn(hybrid(knobs["aging_s"], line, name, WFQ_WEIGHTS))
+
+
+def _overdue_variant(name: str) -> bool:
+    try:
+        return name.startswith("bubble-o") and float(name[len("bubble-o"):]) > 0
+    except ValueError:
+        return False
 
 
 def _floats(text: str) -> list[float]:
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     policies = tuple(x for x in args.policies.split(",") if x)
-    unknown = set(policies) - set(POLICIES)
+    unknown = {x for x in set(policies) - set(POLICIES) if not _overdue_variant(x)}
     if unknown:
         p.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
     t0 = time.perf_counter()

@@ -124,3 +124,20 @@ def test_only_the_shortest_range_or_an_overdue_head_leaves(pushes, clock):
             span = 60.0 if span == float("inf") else span
             assert now - r.arrival_s >= OVERDUE * span
     assert len(left) + len(b) == len(pushes)
+
+
+def test_the_bench_sweeps_the_overdue_constant_by_policy_name():
+    import pytest
+
+    from bench.bubble import main, make_variant
+
+    knobs = {"aging_s": None, "bubble_width": 1024.0}
+    for name, want in [("bubble", ["m0", "m1", "m2", "m3", "m4", "m5", "x0"]), ("bubble-o1", ROUND_ROBIN),
+                       ("bubble-oinf", ["m0", "m1", "m2", "m3", "m4", "m5", "x0"]), ("bubble-r5", ROUND_ROBIN)]:
+        p = make_variant(name, **knobs)
+        for i in range(6):
+            p.push(length(f"m{i}", 5000), 0.0)
+        p.push(length("x0", 10_000), 0.0)
+        assert [p.pop(5.0).request_id for _ in range(7)] == want, name  # o1: overdue at 5 s
+    with pytest.raises(SystemExit):
+        main(["--policies", "bubble-ox", "--floods", "0"])

@@ -9,7 +9,9 @@ policy does not use are ignored (so one set of options serves every policy).
     hybrid   P0 strict · P1-P2 deadline-first, WFQ between heads without one · P3 best
              effort · aging                                        (default; hybrid.py)
     hybrid-wfq  P0 strict · P1-P2 WFQ · P3 best effort · aging     (DESIGN §3.3 as written)
-    bubble   hybrid, with bubble queues within each class          (seed 004)
+    bubble   hybrid, with bubble queues within each class          (seed 004; a longer length
+             range yields its turn to shorter ones until its head has waited twice its TTFT
+             span, bubble.py)
     bubble-placed  the same, each length range released onto instances of its own, split by
              demand, idle longer ranges lent to shorter ones (seed 004's queues with capacity
              of their own; bubble_placement.py; docs/results-bubble.md: better short p50 in

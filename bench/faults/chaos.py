@@ -98,9 +98,11 @@ def plan(seed: int, load_s: float, rate: float) -> list[Planned]:
     out = []
     for i in range(int(load_s * rate)):
         abort = rng.random() < ABORT_SHARE
-        out.append(Planned(round(i / rate, 3), "http" if i % 2 else "nats", rng.choice(CLASSES),
-                           rng.randint(400, 800) if abort else rng.randint(16, 160),
-                           rng.randint(2, 10) if abort else 0, rng.choice(("cancel", "leave")) if abort else ""))
+        via = "http" if i % 2 else "nats"
+        tier, tokens = rng.choice(CLASSES), rng.randint(400, 800) if abort else rng.randint(16, 160)
+        after = rng.randint(2, 10) if abort else 0
+        how = rng.choice(("cancel", "leave")) if abort else ""  # drawn for HTTP too: the same draws as round 9's first runs
+        out.append(Planned(round(i / rate, 3), via, tier, tokens, after, how if via == "nats" else ""))
     return out
 
 

@@ -426,6 +426,8 @@ def main() -> int:
                     help=f"variants, or router policies run as they are (default all variants: {','.join(VARIANTS)})")
     ap.add_argument("--workloads", default="mooncake-tune,chatbot")
     ap.add_argument("--requests", type=int, default=None, help="requests per point (default: the workload's)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the synthetic workloads' seed (api, coder, chatbot: another draw of the same workload; 0: the figure's)")
     ap.add_argument("--reported", metavar="OUT",
                     help="run each variant on the reported cells beside the committed peers, into OUT/VARIANT (see above)")
     args = ap.parse_args()
@@ -447,10 +449,12 @@ def main() -> int:
         if "{traces}" in spec and not args.traces:
             ap.error("--traces DIR is needed for the Mooncake workload")
         for load in (float(x) for x in args.loads.split(",")):
-            w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load, skip_requests=skip)
+            w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load, skip_requests=skip,
+                              seed=args.seed)
             for name in args.only.split(","):
                 t = time.perf_counter()
-                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy[name]), goodput)
+                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy[name], seed=args.seed),
+                             goodput)
                 print(f"| {wname} | ×{load:g} | {name} | {r['mean_ttft_ms']:.0f} | {r['median_ttft_ms']:.0f} | "
                       f"{r['p99_ttft_ms']:.0f} | {r['p99_tpot_ms']:.1f} | {r['prefix_hit_ratio']:.3f} | "
                       f"{r['request_goodput']:.2f} | {r.get('preemptions', 0)} | {r['failed']} | "

@@ -13,11 +13,13 @@ from bench import routing_ablation as ab
 from bench import routing_sweep as sweep
 
 
-def test_the_ablations_copy_of_the_default_decides_as_the_router_does():
+def test_the_ablations_copy_of_the_default_decides_as_the_router_does(monkeypatch):
     from tokenyard.loadgen.workloads import open_workload
+    from tokenyard.services.router import core
     from tokenyard.simulator.cluster import SimConfig
     from tokenyard.simulator.run import simulate
 
+    monkeypatch.setattr(core, "POLICIES", dict(core.POLICIES))  # the variant's registration ends with the test
     w = open_workload("chatbot", num_requests=150, rate_scale=2.0)
     runs = [simulate(w, SimConfig(instances=4, profile="a100-llama3-8b", policy=p), {"ttft": 2000.0, "tpot": 100.0})
             for p in (ab.router_policy("slackhalf-bl-stickyq"), sweep.DEFAULT)]

@@ -42,7 +42,7 @@ async def main(url: str = "nats://127.0.0.1:4222", creds_file: str | None = None
 
     try:  # nats-py retries an unreachable server for minutes: bound the first connection
         nc = await asyncio.wait_for(nats.connect(url, error_cb=quiet, **login(url, creds_file)), 10)
-    except (asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, OSError) as exc:
         sys.exit(f"cannot reach NATS at {url} ({type(exc).__name__}); start a fleet: .venv/bin/tokenyard up")
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)

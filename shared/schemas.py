@@ -355,10 +355,11 @@ class EngineStats(msgspec.Struct, omit_defaults=True):
     a running decode of context K costs each step about prefill_ms_per_token + K·this
     (admission's sustainable drain: the decodes a burst's requests will run). 0: unknown."""
     queued_prefill_ahead: list[Int64] = msgspec.field(default_factory=list)
-    """Per class c (P0..P3): the prefill a new class-c request would wait behind in the engine's
-    order (vLLM's priority scheduling: the running requests' remaining prefill, then the waiting
-    ones of class ≤ c, each net of its cached prefix; shared.slo.engine_saturated); the last is
-    the whole backlog, ≤ queued_prefill_tokens. Empty: not reported (queued_prefill_tokens)."""
+    """Per class c (P0..P3): the prompt tokens not yet prefilled that a new class-c request
+    would wait behind in the engine's order (vLLM's priority scheduling: the running requests'
+    remaining prefill, then the waiting ones of class ≤ c; shared.slo.engine_saturated); the
+    last equals queued_prefill_tokens. Empty: not reported (every class is judged by
+    queued_prefill_tokens)."""
 
 
 class Heartbeat(msgspec.Struct, omit_defaults=True):

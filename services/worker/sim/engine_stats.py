@@ -4,11 +4,7 @@
     queued_prefill_ahead   per class c: the running prefills' part, plus the waiting of class ≤ c
                            (what a new class-c request waits behind in vLLM's priority order;
                            a policy whose line is not class-first, `class_ordered` False: the
-                           whole backlog for every class), each waiting request net of the
-                           prefix it finds cached now (admit.prefix_hit, what its admission will
-                           take): the prefill the engine will run, where queued_prefill_tokens
-                           counts prompt tokens not yet prefilled (a waiting conversation's
-                           turn whole, as vLLM's own count; the router's and the queue's Q)
+                           whole backlog for every class)
     tpot_slack_ms          the tightest decode's saved slack (slack.py), paced by a decode step
                            of the batch decoding now: step_ms(n, n, Σ context, 0); None under a
                            policy that guards TPOT itself (SCORPIO: scheduler.guards_tpot)
@@ -25,7 +21,6 @@ from __future__ import annotations
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from tokenyard.services.worker.sim.admit import prefix_hit
 from tokenyard.shared.schemas import EngineStats
 from tokenyard.shared.slo import NUM_CLASSES, klass
 
@@ -35,20 +30,9 @@ if TYPE_CHECKING:
 
 def engine_stats(core: SimEngineCore) -> EngineStats:
     by_class = [0] * NUM_CLASSES
-    net = [0] * NUM_CLASSES
-    """The same, less each one's cached prefix (what the worker's `saturated` refusal weighs:
-    round 9, a burst's conversation turn waiting on its holder counted whole made the holder
-    refuse the next request, docs/results-routing.md)."""
     if core.waiting:  # (a heap's live entries: not walked when it is empty, as mostly)
-        bs = core.block_size
         for s in core.waiting:
-            c = klass(s.req.priority)
-            by_class[c] += s.target - s.computed
-            if s.swapped or s.remote:  # its KV comes back (or in) whole: no lookup
-                net[c] += s.target - s.computed
-            else:
-                gpu, host = prefix_hit(core, s)
-                net[c] += s.target - max(s.computed, (gpu + host) * bs)
+            by_class[klass(s.req.priority)] += s.target - s.computed
     decoding = ctx = running = 0
     for s in core.running:
         if s.computed < s.target:
@@ -58,8 +42,8 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
             ctx += s.plen + s.generated
     queued = running + sum(by_class)
     # a line in another order (SCORPIO's, by deadline) puts no class first: each waits behind all
-    ahead = list(accumulate(net, initial=running))[1:] if core.policy.class_ordered else [running + sum(net)] * NUM_CLASSES
-    assert ahead[-1] == running + sum(net) <= queued, "the lowest class waits behind the whole backlog"
+    ahead = list(accumulate(by_class, initial=running))[1:] if core.policy.class_ordered else [queued] * NUM_CLASSES
+    assert ahead[-1] == queued, "the lowest class waits behind the whole backlog"
     # the pace of the decodes' tokens still to come: a decode step of the batch now
     decode_ms = core.prof.step_ms(decoding, decoding, ctx, 0.0)
     host_free = core.host.free

@@ -295,9 +295,11 @@ class RouterCore:
         view, n = self.view, self.view.n
         if n < 2:
             return None
-        col = view.new
-        if not exclude:
-            least = min(col[:i].min(initial=_NEVER), col[i + 1:n].min(initial=_NEVER))
+        col = view.new[:n]
+        if not exclude:  # row i set aside for one reduction (restored at once: one thread)
+            col[i] = _NEVER
+            least = col.min()
+            col[i] = new
         else:
             others = np.ones(n, dtype=np.bool_)
             others[i] = False
@@ -305,7 +307,7 @@ class RouterCore:
                 j = view.slot.get(wid)
                 if j is not None:
                     others[j] = False
-            least = col[:n][others].min(initial=_NEVER)
+            least = col[others].min(initial=_NEVER)
         return None if least >= _NEVER else OfferPrefill(new, int(least))
 
     def _predicts(self, worker_id: str) -> bool:

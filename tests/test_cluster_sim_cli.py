@@ -95,8 +95,9 @@ def test_bit_for_bit_across_processes_and_hash_seeds(tmp_path):
 def test_the_simulators_defaults_are_the_live_services_defaults():
     """What `tokenyard sim` runs with no option is what `tokenyard queue`, `router`, `admission`
     and `worker` run with none: a figure from the simulator is a figure of the shipped fleet."""
-    from tokenyard.cli import build_parser
     from tokenyard.simulator.config import SimConfig
+
+    from tokenyard.cli import build_parser
 
     parser, sim = build_parser(), SimConfig()
     queue, router = parser.parse_args(["queue"]), parser.parse_args(["router"])

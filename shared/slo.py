@@ -18,7 +18,7 @@ line. A rule that needs a finite bound for every class (a guard's budget) takes
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from tokenyard.shared.schemas import AdmittedRequest
@@ -53,11 +53,37 @@ def prefill_budget_s(tpot_slack_s: float | None) -> float:
     return ENGINE_BACKLOG_S if tpot_slack_s is None else min(ENGINE_BACKLOG_S, tpot_slack_s)
 
 
-def engine_saturated(ahead_s: float, backlog_s: float, tpot_slack_s: float | None) -> bool:
+class OfferPrefill(NamedTuple):
+    """What the router tells a worker with an offer (header subjects.OFFER_PREFILL_HEADER,
+    "here,elsewhere"): the request's uncached prompt tokens on that worker and the fewest on any
+    other instance, from its block index. The worker's `saturated` refusal weighs them
+    (engine_saturated's `own_s` and `elsewhere_s`)."""
+
+    here: int
+    elsewhere: int
+
+    def header(self) -> str:
+        return f"{self.here},{self.elsewhere}"
+
+    @classmethod
+    def parse(cls, value: str | None) -> OfferPrefill | None:
+        """The header's value; None when absent or malformed (the refusal then ignores it)."""
+        if not value:
+            return None
+        try:
+            here, elsewhere = (int(x) for x in value.split(","))
+        except ValueError:
+            return None
+        return cls(here, elsewhere) if here >= 0 and elsewhere >= 0 else None
+
+
+def engine_saturated(ahead_s: float, backlog_s: float, tpot_slack_s: float | None,
+                     own_s: float = 0.0, elsewhere_s: float | None = None) -> bool:
     """Whether an engine should refuse a new request (the worker's `saturated`), from seconds of
     prefill at its rate:
 
-        saturated  =  ahead_s > ENGINE_BACKLOG_S   or   backlog_s > tpot_slack_s
+        saturated  =  ahead_s > ENGINE_BACKLOG_S
+                      or  (backlog_s > tpot_slack_s  and  not  ahead_s + own_s < elsewhere_s)
 
     `ahead_s` is the prefill the request would wait behind in the engine's order — vLLM's
     priority order runs every running request's chunk first, then the waiting line by (class,
@@ -67,8 +93,23 @@ def engine_saturated(ahead_s: float, backlog_s: float, tpot_slack_s: float | Non
     decode term bounds the whole (prefill_budget_s). With ahead = backlog this is
     `backlog_s > prefill_budget_s(tpot_slack_s)`. So a P0 joins an engine whose backlog is
     released P1/P2 work it would overtake anyway (the whole-backlog rule sent it back to the
-    queue to retry, the live burst's P0 tail)."""
-    return ahead_s > ENGINE_BACKLOG_S or (tpot_slack_s is not None and backlog_s > tpot_slack_s)
+    queue to retry, the live burst's P0 tail).
+
+    The decode term weighs where the prefill goes instead (round 9): `own_s` is the request's
+    own uncached prefill here and `elsewhere_s` the least it would prefill on any other
+    instance (the router's index: the best other holder's recompute, at this engine's rate;
+    None: not known, the term alone decides). A holder whose backlog is past its decodes'
+    slack still takes the request when its first token comes here, queue and all, before its
+    bare recompute could end anywhere else: refusing would then put more prefill (≥ elsewhere
+    > own) beside some other engine's decodes and delay the request too, to spare these
+    decodes less. A request that recomputes alike everywhere (nothing cached) is refused as
+    before. The ahead term is never waived: no request waits here behind more than
+    ENGINE_BACKLOG_S (the queue keeps the order of a saturated fleet's backlog)."""
+    if ahead_s > ENGINE_BACKLOG_S:
+        return True
+    if tpot_slack_s is None or backlog_s <= tpot_slack_s:
+        return False
+    return elsewhere_s is None or ahead_s + own_s >= elsewhere_s
 
 
 def decode_slack_s(hb) -> float | None:

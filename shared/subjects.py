@@ -28,6 +28,11 @@ ROUTE_ONLY_HEADER = "Tokenyard-Only-Workers"
 """On a route ask: the comma-separated workers the request may go to (the queue's placement,
 QueueCore.placed_on); absent: any."""
 
+OFFER_PREFILL_HEADER = "Tokenyard-Prefill"
+"""On an offer (router → worker): "here,elsewhere", the request's uncached prompt tokens on that
+worker and the fewest on any other (shared.slo.OfferPrefill); the worker's `saturated` refusal
+weighs them. Absent: the refusal without them."""
+
 TAKEN_BY_HEADER = "Tokenyard-Taken-By"
 """On a request stored in the queue stream: the queue replica that admission handed it to in
 its own process (`tokenyard queue --with-admission`); another replica leaves it to that one

@@ -252,7 +252,7 @@ class ClusterSim:
         placement = Placement(self.router, req, only=self.queue.placed_on.get(req.request_id))
         while (choice := placement.next(now)) is not None:
             inst = self.by_id[choice.worker_id]
-            reply, start = inst.worker.offer(req, inst.engine.stats())
+            reply, start = inst.worker.offer(req, inst.engine.stats(), choice.prefill)
             if reply.accepted:
                 self.queue.on_routed(req.request_id, inst.id, now)
                 if start:

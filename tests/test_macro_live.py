@@ -46,8 +46,8 @@ async def test_prefill_phase_rotates_and_requests_land_only_on_the_prefill_worke
     for host in fleet.workers:
         core = host.shell.core
 
-        def offer(req, stats, core=core, inner=core.offer):
-            reply, start = inner(req, stats)
+        def offer(req, stats, prefill=None, *, core=core, inner=core.offer):
+            reply, start = inner(req, stats, prefill)
             offers.append((req.request_id, core.cfg.worker_id, str(core.phase), reply.accepted))
             return reply, start
 

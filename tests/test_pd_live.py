@@ -27,8 +27,8 @@ async def test_a_request_is_prefilled_on_a_prefill_worker_and_decoded_on_a_decod
     offers: list[tuple[str, str, bool, bool]] = []  # (request, worker, a decode leg, accepted)
     for wid, core in cores.items():
 
-        def offer(req, stats, wid=wid, inner=core.offer):
-            reply, start = inner(req, stats)
+        def offer(req, stats, prefill=None, *, wid=wid, inner=core.offer):
+            reply, start = inner(req, stats, prefill)
             offers.append((req.request_id, wid, bool(req.kv_from), reply.accepted))
             return reply, start
 

@@ -23,11 +23,13 @@ async def test_the_router_follows_kv_events_and_records_its_inputs(nats_server, 
     host = await ServiceHost(shell, nats_server.url).start()
     nc = await natsutil.connect(nats_server.url, "test-router-shell")
     offers: list[str] = []
+    prefill: list[str | None] = []
 
     def worker(wid: str, accept: bool):
         async def cb(msg):
             ar = codec.decode(msg.data, schemas.AdmittedRequest)
             offers.append(wid)
+            prefill.append((msg.headers or {}).get(subjects.OFFER_PREFILL_HEADER))
             await msg.respond(
                 codec.encode(schemas.GenerateReply(ar.request_id, accept, "" if accept else "full"))
             )
@@ -55,6 +57,9 @@ async def test_the_router_follows_kv_events_and_records_its_inputs(nats_server, 
         # wc: P = 70 − 64 = 6, × (0 + 1) = 6 → offered first, refuses; wa: 6 × 4 = 24 < wb: 70 × 1
         assert (decision.outcome, decision.worker_id) == ("routed", "wa")
         assert offers == ["wc", "wa"]
+        # each offer says r's uncached tokens there and the fewest elsewhere (the worker's
+        # `saturated` refusal weighs them): wc 6 against wa's 6; then wa 6 against wb's 70
+        assert prefill == ["6,6", "6,70"]
         await until(
             lambda: any(s.attributes.get("tokenyard.router.instance") for s in spans.get_finished_spans())
         )

@@ -18,6 +18,7 @@ from tokenyard.shared.schemas import (
     Usage,
     WorkerControl,
 )
+from tokenyard.shared.slo import OfferPrefill
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.builders import req, stats
@@ -214,6 +215,27 @@ def test_offer_judges_a_request_by_the_prefill_it_would_wait_behind_in_the_engin
     # an engine that reports no split (a vLLM worker): every class judged by the whole backlog
     assert c.offer(req("p0d", priority=0), stats(queued=4000, prefill_ms_per_token=0.1))[0].reason == "saturated"
     assert c.offer(req("p0e", priority=0), stats(queued=2000, prefill_ms_per_token=0.1))[0].accepted
+
+
+def test_a_holder_past_its_decodes_slack_takes_a_request_that_would_recompute_more_anywhere_else():
+    """Round 8's #220: its holder (3,120 of 3,561 tokens cached, 595 queued) refused it for its
+    decodes' slack, and it recomputed 2,873 tokens elsewhere (254 ms, the run's worst). With
+    the router's counts (shared.slo.OfferPrefill) the decode term refuses only when r's first
+    token here, queue and all, comes no sooner than its bare recompute could end anywhere else."""
+    c = core(max_waiting=16)
+    # 0.1 ms per token; 595 queued (59.5 ms) past the decodes' 50 ms of slack
+    engine = stats(queued=595, prefill_ms_per_token=0.1, tpot_slack_ms=50.0)
+    assert c.offer(req("a"), engine)[0].reason == "saturated"  # no counts: as before
+    assert c.offer(req("b"), engine, OfferPrefill(441, 2873))[0].accepted  # 595 + 441 < 2873
+    assert c.offer(req("c"), engine, OfferPrefill(441, 1000))[0].reason == "saturated"  # 595 + 441 ≥ 1000
+    # nothing cached anywhere: the same recompute everywhere, refused as before
+    assert c.offer(req("d"), engine, OfferPrefill(3561, 3561))[0].reason == "saturated"
+    # the wait ahead is never waived: 2600 tokens (0.26 s) ahead is past the horizon
+    crowded = stats(queued=2600, prefill_ms_per_token=0.1, tpot_slack_ms=50.0)
+    assert c.offer(req("e"), crowded, OfferPrefill(100, 10**6))[0].reason == "saturated"
+    # the header's form, and a malformed one ignored
+    assert OfferPrefill.parse(OfferPrefill(441, 2873).header()) == (441, 2873)
+    assert [OfferPrefill.parse(v) for v in (None, "", "1", "a,b", "-1,5", "1,2,3")] == [None] * 6
 
 
 def test_an_ecoserve_prefill_phase_starved_of_work_is_not_saturated():

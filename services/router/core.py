@@ -58,9 +58,11 @@ from tokenyard.services.router.policies.multiplicative import MultiplicativeScor
 from tokenyard.services.router.policies.round_robin import RoundRobinScorer
 from tokenyard.services.router.policies.sglang import SglangCacheAwareScorer
 from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch, MacroState
+from tokenyard.shared.slo import OfferPrefill
 
 INDEX_MODES = ("auto", "precise", "approximate")
 _NO_BLOCKS = np.empty(0, dtype=np.int64)
+_NEVER = np.iinfo(np.int64).max
 
 MAX_BLOCK_SIZE = 1 << 16
 MAX_PROMPT_LEN = 1 << 40
@@ -258,6 +260,7 @@ class RouterCore:
             return choice
         i = choice.row
         new = int(view.new[i])
+        choice.prefill = self._prefill_elsewhere(i, new, exclude)
         choice.hit_tokens = int(view.hit[i])
         choice.p_tokens = float(view.p[i])
         choice.batch_size = int(view.bs[i])
@@ -291,6 +294,28 @@ class RouterCore:
         return gone
 
     # ── internals ──
+    def _prefill_elsewhere(self, i: int, new: int, exclude: frozenset[str]) -> OfferPrefill | None:
+        """r's uncached tokens on row i and the fewest on any other row not excluded (those
+        that refused it are), from the `new` column the decision just filled; None: no other.
+        Every other row counts, eligible or not, so the least is a lower bound."""
+        view, n = self.view, self.view.n
+        if n < 2:
+            return None
+        col = view.new[:n]
+        if not exclude:  # row i set aside for one reduction (restored at once: one thread)
+            col[i] = _NEVER
+            least = col.min()
+            col[i] = new
+        else:
+            others = np.ones(n, dtype=np.bool_)
+            others[i] = False
+            for wid in exclude:
+                j = view.slot.get(wid)
+                if j is not None:
+                    others[j] = False
+            least = col[others].min(initial=_NEVER)
+        return None if least >= _NEVER else OfferPrefill(new, int(least))
+
     def _predicts(self, worker_id: str) -> bool:
         mode = self.cfg.index_mode
         return mode == "approximate" or (mode == "auto" and worker_id not in self.index.reported)

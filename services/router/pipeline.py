@@ -26,6 +26,7 @@ import numpy as np
 from tokenyard.services.router import kernels
 from tokenyard.services.router.fleet import FleetView
 from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.slo import OfferPrefill
 
 TREE_BLOCKS = "tree_blocks"
 """An on-demand input: blocks the KV index holds per FleetView row (`view.tree_blocks`)."""
@@ -130,6 +131,10 @@ class Choice:
     """Stage 1 of the hot-spot detector warned for this request's prefix."""
     notes: tuple[str, ...] = ()
     """What the guards and the scorer noted on the way (Narrowed.note, Scored.note)."""
+    prefill: OfferPrefill | None = None
+    """r's uncached tokens on the chosen instance and the fewest on any other not excluded
+    (RouterCore.route; the offer's header, which the worker's `saturated` refusal weighs);
+    None: no other instance."""
 
     @property
     def over_budget(self) -> bool:

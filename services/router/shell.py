@@ -49,6 +49,7 @@ from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
 from tokenyard.shared.service import new_instance_id
+from tokenyard.shared.slo import OfferPrefill
 
 log = telemetry.logger("router")
 
@@ -261,7 +262,7 @@ class RouterShell:
                           notes=list(choice.notes), **self.core.rows())
             self.core.offer_out(choice.worker_id, ar, choice)
             try:
-                reply = await self._offer(ar, choice.worker_id, data, offered)
+                reply = await self._offer(ar, choice.worker_id, data, offered, choice.prefill)
             finally:
                 self.core.offer_answered(choice.worker_id, rid)
             if reply is None and settle:
@@ -303,16 +304,22 @@ class RouterShell:
         await self._unfollow(request_id)
 
     async def _offer(self, ar: schemas.AdmittedRequest, worker_id: str,
-                     data: bytes | None = None, offered: Callable[[], None] | None = None) -> schemas.GenerateReply | None:
+                     data: bytes | None = None, offered: Callable[[], None] | None = None,
+                     prefill: OfferPrefill | None = None) -> schemas.GenerateReply | None:
         """`offered`: called on the loop's next turn, once the offer's bytes are in the connection's
-        buffer and its flush is due (a later message of the caller's leaves after it)."""
+        buffer and its flush is due (a later message of the caller's leaves after it). `prefill`:
+        r's uncached tokens there and elsewhere, sent in the offer's header for the worker's
+        `saturated` refusal."""
         subject = subjects.worker_generate(worker_id)
         with telemetry.span(self.kind, "send", subject, kind=SpanKind.PRODUCER, request_id=ar.request_id):
             if offered is not None:
                 asyncio.get_running_loop().call_soon(offered)
             try:
+                headers = telemetry.inject()
+                if prefill is not None:
+                    headers = {**(headers or {}), subjects.OFFER_PREFILL_HEADER: prefill.header()}
                 msg = await self.nc.request(
-                    subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=telemetry.inject() or None
+                    subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=headers or None
                 )
                 return codec.decode(msg.data, schemas.GenerateReply)
             except NoRespondersError:  # nobody listens there: a refusal, not a doubt

@@ -30,7 +30,7 @@ from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
 from tokenyard.shared import schemas
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
-from tokenyard.shared.slo import NUM_CLASSES, engine_saturated, klass, request_deadline_s
+from tokenyard.shared.slo import NUM_CLASSES, OfferPrefill, engine_saturated, klass, request_deadline_s
 from tokenyard.shared.tokenizer import Tokenizer
 
 OUTPUT_SHARE_DECAY = 1 / 32
@@ -102,8 +102,11 @@ class WorkerCore:
         while len(lru) > self.cfg.remember:
             lru.popitem(last=False)
 
-    def offer(self, req: AdmittedRequest, stats: EngineStats) -> tuple[schemas.GenerateReply, bool]:
-        """The reply to the router, and whether to start generating."""
+    def offer(self, req: AdmittedRequest, stats: EngineStats,
+              prefill: OfferPrefill | None = None) -> tuple[schemas.GenerateReply, bool]:
+        """The reply to the router, and whether to start generating. `prefill`: the router's
+        count of r's uncached tokens here and on the best other instance (the `saturated`
+        refusal weighs them; None: not sent, the refusal as without it)."""
         rid = req.request_id
         if rid in self._aborted and self._aborted[rid] in (None, req.reply_to):
             return schemas.GenerateReply(rid, False, Outcome.ABORTED), False
@@ -120,7 +123,7 @@ class WorkerCore:
             return schemas.GenerateReply(rid, False, f"serves '{self.cfg.model}', not '{req.model}'"), False
         if stats.waiting >= self.cfg.max_waiting:
             return schemas.GenerateReply(rid, False, "full"), False
-        if (self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED, req.priority)
+        if (self.cfg.flow_control and not req.kv_from and self.saturated(stats, self.phase == Phase.MIXED, req.priority, prefill)
                 and not prefill_phase_starved(self.phase, self.mode, stats.waiting,
                                               stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0)):
             return schemas.GenerateReply(rid, False, "saturated"), False
@@ -131,18 +134,24 @@ class WorkerCore:
         return schemas.GenerateReply(rid, True), True
 
     @staticmethod
-    def saturated(stats: EngineStats, decodes_beside: bool = True, priority: int = NUM_CLASSES - 1) -> bool:
+    def saturated(stats: EngineStats, decodes_beside: bool = True, priority: int = NUM_CLASSES - 1,
+                  prefill: OfferPrefill | None = None) -> bool:
         """The queue's flow-control rule where the state is exact (shared.slo.engine_saturated):
         the prefill a class-`priority` request would wait behind in the engine's order takes
         longer than ENGINE_BACKLOG_S, or the whole prefill backlog longer than the running
-        decodes' TPOT slack. An engine that reports no per-class split is judged by its whole
+        decodes' TPOT slack — unless (`prefill`, the router's counts) the request's first token
+        comes here, behind what is ahead of it, before its own recompute alone could end on any
+        other instance. An engine that reports no per-class split is judged by its whole
         backlog for every class (shared.slo.prefill_budget_s)."""
         slack = stats.tpot_slack_ms / 1000.0 if decodes_beside and stats.tpot_slack_ms is not None else None
         s_per_token = stats.prefill_ms_per_token / 1000.0
         backlog = stats.queued_prefill_tokens
         by_class = stats.queued_prefill_ahead
         ahead = by_class[klass(priority)] if len(by_class) == NUM_CLASSES else backlog
-        return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack)
+        if prefill is None or prefill.elsewhere <= 0:
+            return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack)
+        return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack,
+                                prefill.here * s_per_token, prefill.elsewhere * s_per_token)
 
     def running_ids(self) -> list[str]:
         """The requests generating here for their client (a migrated-away one is not)."""

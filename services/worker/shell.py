@@ -40,6 +40,7 @@ from tokenyard.services.worker.engine import Engine
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
 from tokenyard.shared import codec, config, schemas, subjects, telemetry
 from tokenyard.shared.metrics import WorkerMetrics
+from tokenyard.shared.slo import OfferPrefill
 from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("worker")
@@ -106,7 +107,8 @@ class WorkerShell:
         except codec.DecodeError as e:
             await req.respond(codec.encode(schemas.GenerateReply("", False, f"bad request: {e}")))
             return
-        reply, start = self.core.offer(ar, self.engine.stats())
+        prefill = OfferPrefill.parse((req.headers or {}).get(subjects.OFFER_PREFILL_HEADER))
+        reply, start = self.core.offer(ar, self.engine.stats(), prefill)
         if start:
             task = asyncio.create_task(self._generate(ar, req.headers, received_ns))
             self._streams[ar.request_id] = task

@@ -25,6 +25,11 @@ Policies, all with the fleet's defaults (flow control on, router `marginal-laten
   fcfs         one queue, arrival order
   bubble-count bubble queues with the earlier turn rule (a turn worth the mean waiting length,
                BubbleLine(work_turns=False)), for the comparison
+  bubble-r5    bubble queues with round 5's rule: every range its turn each round
+               (BubbleLine(yields=False); today's bubble lets a longer range yield its turn
+               to shorter ones until its head is overdue), for the comparison
+  bubble-o<x>  today's bubble with a head overdue after x (not 2) times its TTFT span, e.g.
+               bubble-o1, bubble-oinf: the sensitivity of that constant
 Admission's SLO refusals and the queue's deadline rejection are off (tuning/evaluate.py): they
 would drop the long requests the study measures.
 """
@@ -39,12 +44,13 @@ from typing import Any
 
 from bench._out import write_result
 
-POLICIES = ("sjf", "fixed", "bubble", "bubble-placed", "partitioned", "fcfs", "bubble-count")
+POLICIES = ("sjf", "fixed", "bubble", "bubble-placed", "partitioned", "fcfs", "bubble-count", "bubble-r5")
 DEFAULT_POLICIES = ("sjf", "fixed", "bubble", "bubble-placed", "partitioned")
 
 
 def make_variant(name: str, **knobs):
-    """The registry's policies, and `bubble-count`: bubble with BubbleLine(work_turns=False)."""
+    """The registry's policies; `bubble-count`: bubble with BubbleLine(work_turns=False);
+    `bubble-r5`: bubble with BubbleLine(yields=False)."""
     from functools import partial
 
     from tokenyard.services.priority_queue.policies.base import WFQ_WEIGHTS
@@ -53,10 +59,22 @@ def make_variant(name: str, **knobs):
     from tokenyard.services.priority_queue.policies.keeps_turn import KeepsTurn
     from tokenyard.services.priority_queue.policies.registry import make_policy
 
-    if name != "bubble-count":
+    if name.startswith("bubble-o"):
+        line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, overdue=float(name[len("bubble-o"):]))
+    elif name not in ("bubble-count", "bubble-r5"):
         return make_policy(name, **knobs)
-    line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, True, False)
-    return KeepsTurn(hybrid(knobs["aging_s"], line, "bubble-count", WFQ_WEIGHTS))
+    elif name == "bubble-count":
+        line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, True, False, False)
+    else:
+        line = partial(BubbleLine, knobs["bubble_width"], BASE_BOUNDS, yields=False)
+    return KeepsTurn(hybrid(knobs["aging_s"], line, name, WFQ_WEIGHTS))
+
+
+def _overdue_variant(name: str) -> bool:
+    try:
+        return name.startswith("bubble-o") and float(name[len("bubble-o"):]) > 0
+    except ValueError:
+        return False
 
 
 def _floats(text: str) -> list[float]:
@@ -74,26 +92,28 @@ def flood_workload(base_rate: float, flood: float, duration_s: float, seed: int 
 
 
 def run_point(instances: int, base_rate: float, flood: float, duration_s: float,
-              policies: tuple[str, ...] = DEFAULT_POLICIES, chunk_cap: int | None = None) -> dict[str, Any]:
+              policies: tuple[str, ...] = DEFAULT_POLICIES, chunk_cap: int | None = None,
+              seed: int = 0, refusals: bool = False) -> dict[str, Any]:
     from tokenyard.simulator.cluster import SimConfig
     from tokenyard.tuning.evaluate import PartitionedSetup, SimSetup
 
-    w = flood_workload(base_rate, flood, duration_s)
-    row: dict[str, Any] = {"flood": flood, "rate": w.rate, "requests": len(w.items())}
+    w = flood_workload(base_rate, flood, duration_s, seed)
+    row: dict[str, Any] = {"flood": flood, "seed": seed, "rate": w.rate, "requests": len(w.items())}
     for pol in policies:
         cfg = SimConfig(instances=instances, long_prefill_token_threshold=chunk_cap)
         t0 = time.perf_counter()
         if pol == "partitioned":
-            setup = PartitionedSetup(w, cfg)
+            setup = PartitionedSetup(w, cfg, refusals=refusals)
             row["partition_counts"] = list(setup.partitions().counts)
             m = setup.run()
         else:
-            m = SimSetup(w, cfg, pol, make=make_variant).run({})
+            m = SimSetup(w, cfg, pol, make=make_variant, refusals=refusals).run({})
         row[pol] = {"short_p50_ttft_s": m.short_p50_ttft_s, "long_p99_ttft_s": m.long_p99_ttft_s,
                     "long_p50_ttft_s": m.long_p50_ttft_s, "long_mean_ttft_s": m.long_mean_ttft_s,
                     "long_in_60s": m.long_done, "throughput": m.throughput, "completed": m.completed,
+                    "failed": m.failed, "short_failed": m.short_failed, "long_failed": m.long_failed,
                     "wall_s": round(time.perf_counter() - t0, 1)}
-    for name in ("bubble", "bubble-placed"):
+    for name in ("bubble", "bubble-r5", "bubble-placed"):
         if name not in row:
             continue
         b, tag = row[name], name.replace("-", "_")
@@ -139,10 +159,12 @@ def where_shorts_wait(instances: int, base_rate: float, flood: float, duration_s
 
 def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = DEFAULT_POLICIES) -> str:
     names = " / ".join(policies)
-    out = [f"| flood (req/s) | total rate | short p50 TTFT (s): {names} | long p99 TTFT (s): {names} "
-           f"| req/s done: {names} | bubble long p99 ÷ partitioned | ÷ fixed | bubble short p50 ÷ sjf "
-           f"| bubble-placed long p99 ÷ partitioned | bubble-placed short p50 ÷ sjf |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    bubbles = [b for b in ("bubble", "bubble-r5", "bubble-placed") if b in policies]
+    out = [f"| flood (req/s) | seed | total rate | short p50 TTFT (s): {names} | long p99 TTFT (s): {names} "
+           f"| req/s done: {names} | refused or expired, short / long: {names} | "
+           + " | ".join(f"{b} long p99 ÷ partitioned / short p50 ÷ sjf" for b in bubbles) + " |",
+           "|---|---|---|---|---|---|---|" + "---|" * len(bubbles)]
+
     def col(r: dict[str, Any], key: str, fmt: str) -> str:
         return " / ".join(format(r[p][key], fmt) for p in policies if p in r)
 
@@ -150,11 +172,11 @@ def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = DEFAULT_POLICI
         return f"{r[key]:.2f}" if key in r else "–"
 
     for r in rows:
-        out.append(f"| {r['flood']:g} | {r['rate']:.1f} | {col(r, 'short_p50_ttft_s', '.2f')} | "
-                   f"{col(r, 'long_p99_ttft_s', '.1f')} | {col(r, 'throughput', '.1f')} | "
-                   f"{ratio(r, 'long_p99_bubble_over_partitioned')} | {ratio(r, 'long_p99_bubble_over_fixed')} | "
-                   f"{ratio(r, 'short_p50_bubble_over_sjf')} | {ratio(r, 'long_p99_bubble_placed_over_partitioned')} | "
-                   f"{ratio(r, 'short_p50_bubble_placed_over_sjf')} |")
+        refused = " / ".join(f"{r[p]['short_failed']}+{r[p]['long_failed']}" for p in policies if p in r)
+        out.append(f"| {r['flood']:g} | {r.get('seed', 0)} | {r['rate']:.1f} | {col(r, 'short_p50_ttft_s', '.2f')} | "
+                   f"{col(r, 'long_p99_ttft_s', '.1f')} | {col(r, 'throughput', '.1f')} | {refused} | "
+                   + " | ".join(f"{ratio(r, f'long_p99_{t}_over_partitioned')} / {ratio(r, f'short_p50_{t}_over_sjf')}"
+                                for t in (b.replace("-", "_") for b in bubbles)) + " |")
     return "\n".join(out)
 
 
@@ -165,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-rate", type=float, default=16.0)
     p.add_argument("--floods", default="0,40,80,120")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
+    p.add_argument("--seeds", default="0", help="workload seeds, one row per flood and seed")
+    p.add_argument("--refusals", action="store_true",
+                   help="admission's SLO refusals and the queue's deadline rejection on (a user's "
+                        "defaults; off by default, the study's setting); refused counts are reported")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help=f"of {', '.join(POLICIES)}")
     p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
                    help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
@@ -173,20 +199,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     policies = tuple(x for x in args.policies.split(",") if x)
-    unknown = set(policies) - set(POLICIES)
+    unknown = {x for x in set(policies) - set(POLICIES) if not _overdue_variant(x)}
     if unknown:
         p.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
     t0 = time.perf_counter()
     rows = []
-    for flood in _floats(args.floods):
+    for flood, seed in ((f, int(s)) for f in _floats(args.floods) for s in args.seeds.split(",")):
         rows.append(run_point(args.instances, args.base_rate, flood, args.duration, policies,
-                              args.long_prefill_token_threshold))
+                              args.long_prefill_token_threshold, seed, args.refusals))
         for pol in (x for x in args.where.split(",") if x):
             rows[-1].setdefault("where", {})[pol] = where_shorts_wait(
                 args.instances, args.base_rate, flood, args.duration, pol, args.long_prefill_token_threshold)
         print(json.dumps(rows[-1]), flush=True)
     print(table(rows, policies))
     write_result(args.out, {"instances": args.instances, "base_rate": args.base_rate, "duration_s": args.duration,
+                            "refusals": args.refusals,
                             "long_prefill_token_threshold": args.long_prefill_token_threshold, "rows": rows, "wall_s": time.perf_counter() - t0}, "python -m bench.bubble", argv)
     return 0
 

@@ -16,7 +16,8 @@ any machine (only wall time differs).
   only P0 may take (`p0_reserve_per_worker`).
 * bubble — seed 004's: short-request p50 TTFT and long-request p99 TTFT under SJF, fixed
   log-spaced partitions, bubble queues without and with their placement (`bubble`,
-  `bubble-placed`), and FCFS, on the heavy-tailed length mix
+  `bubble-placed`; `bubble-r5`, round 5's bubble, every range its turn each round), and
+  FCFS, on the heavy-tailed length mix
   (loadgen/workloads/heavy_tail.py) on 4 × a100-llama3-8b, one class, at several rates around saturation.
 * scorpio — seed 003's: goodput of SCORPIO's engine scheduling against FCFS batching under
   mixed TPOT SLOs (services/worker/sim/scorpio.py).
@@ -85,12 +86,14 @@ def bubble(n: int, rates: list[float], instances: int = 4, slots: int = 2) -> li
     from tokenyard.simulator.cluster import SimConfig
     from tokenyard.tuning.evaluate import SimSetup
 
+    from bench.bubble import make_variant
+
     rows = []
     for rate in rates:
         w = HeavyTailWorkload(n, rate=rate, seed=0)
         row: dict[str, Any] = {"rate": rate}
-        for pol in ("sjf", "fixed", "bubble", "bubble-placed", "fcfs"):
-            m = SimSetup(w, SimConfig(instances=instances, slots_per_worker=slots), pol).run({})
+        for pol in ("sjf", "fixed", "bubble", "bubble-r5", "bubble-placed", "fcfs"):
+            m = SimSetup(w, SimConfig(instances=instances, slots_per_worker=slots), pol, make=make_variant).run({})
             row[pol] = {"short_p50_ttft_s": m.short_p50_ttft_s, "long_p99_ttft_s": m.long_p99_ttft_s,
                         "throughput": m.throughput, "completed": m.completed}
         row["long_p99_bubble_over_fixed"] = row["bubble"]["long_p99_ttft_s"] / row["fixed"]["long_p99_ttft_s"]

@@ -52,6 +52,19 @@ candidates' mean of B, all on instance i; lower cost wins):
     slackhalfcap-bl-stickyq           the fleet's half whole, i's beyond the slack capped at
                                       ENGINE_BACKLOG_S;  slackhalfcap-bl-stickyqdm: and qdm
     slackhalfq-bl-stickyq             the slack absorbs only where a queue is (Q_i > 0)
+  round 9 (on slackhalf-bl-stickyq; the TPOT p99 and goodput cells, docs/results-routing.md):
+    slackidle-bl-stickyq      the slack absorbs only while no candidate is idle (B = 0, Q = 0):
+                              with one, i's own half of the stall is priced whole (round 3's)
+    slackexcess-bl-stickyq    absorbed tokens still stall i's sequences beyond the mean,
+                              min(N, A)·max(0, B_i − B̄)/2;  slackidleexcess-: both
+    slackhalf-bl-stickyqs     the exemption compares Q + N + N·B/2 (i's own half of the stall,
+                              unabsorbed) on both sides;  qsw: N·B whole;  qsi: the exempt side only
+    slackhalf-bl-stickyq-trq0 ties → own TTFT, then fewer running sequences among the candidates
+                              with nothing queued (Q = 0), before recency
+  --reported OUT runs each variant on the reported cells (1,000 requests, the sweep's loads)
+  as the default's entry beside the committed peers (docs/results/routing), one folder per
+  variant under OUT, for `python -m bench.routing_sweep --out OUT/VARIANT --versus
+  docs/results/routing`.
   round 4 (A_i = max(0, S_i / t_i − Q_i): prefill tokens i's decodes absorb within their TPOT
   slack S_i, t_i = prefill ms per token; ∞ where nothing decodes):
     slack-bl-stickyq      bl-stickyq, the stall N·(B_i + B̄)/2 only for max(0, N − A_i) tokens
@@ -76,6 +89,7 @@ was chosen; the choice used mooncake-tune and chatbot.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -92,6 +106,8 @@ from tokenyard.services.router.pipeline import Narrowed, Scored
 from tokenyard.shared.slo import ENGINE_BACKLOG_S
 from tokenyard.simulator.cluster import SimConfig
 from tokenyard.simulator.run import simulate
+
+from bench import routing_sweep as rs
 
 KAPPA, BETA = 1e-3, 0.33
 
@@ -135,8 +151,12 @@ class Variant:
             stalled = np.maximum(n - np.maximum(room - q, 0.0), 0.0)
             if self.slack == "halfq":  # the slack absorbs only behind a queue: where nothing is
                 stalled = np.where(q > 0, stalled, n)  # queued r's prefill runs at once, a stall
-            if self.slack in ("half", "halfcap", "halfq"):  # the fleet's half of the stall whole, i's half beyond i's slack
+            if self.slack in ("idle", "idleexcess") and ((b == 0) & (q == 0)).any():
+                stalled = n  # an idle candidate: r's prefill there stalls no one, so i's stall counts whole
+            if self.slack in ("half", "halfcap", "halfq", "idle"):  # the fleet's half of the stall whole, i's half beyond i's slack
                 cost = own + n * b.mean() / 2.0 + stalled * b / 2.0
+            elif self.slack in ("excess", "idleexcess"):  # absorbed tokens still stall i's sequences beyond the mean
+                cost = own + (n * b.mean() + stalled * b + (n - stalled) * np.maximum(b - b.mean(), 0.0)) / 2.0
             else:
                 cost = own + batch * stalled
         else:
@@ -186,6 +206,9 @@ def tiebreak(tie: str, own: np.ndarray, view, cand) -> np.ndarray:
     fraction below 1 orders only the candidates whose own TTFT ties."""
     if not tie:
         return own
+    if tie == "rq0":  # fewer running sequences, among the candidates where nothing is queued
+        r = view.running[cand].astype(np.float64)
+        return np.floor(own) + np.where(view.queued_prefill[cand] == 0, r / (r.max() + 1.0), 0.0)
     b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
     kv = view.kv_used[cand].astype(np.float64)
     running = view.running[cand].astype(np.float64)
@@ -248,6 +271,11 @@ class BoundGuard:
                 b = (view.running[cand] + view.waiting[cand]).astype(np.float64)  # recompute inflicts
                 own = own + view.new[cand] * b.mean() / 2.0
                 exempt = (own <= own[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
+            if self.sticky in ("qs", "qsw", "qsi"):  # i's own stall, unabsorbed: N·B/2 (qsw: N·B)
+                b = (view.running[cand] + view.waiting[cand]).astype(np.float64)
+                mine = own + view.new[cand] * b * (1.0 if self.sticky == "qsw" else 0.5)
+                other = own if self.sticky == "qsi" else mine  # qsi: the kept ones at Q + N
+                exempt = (mine <= other[keep].min()) & (view.hit[cand] > view.queued_prefill[cand])
             if self.sticky == "qn" and (view.last_chosen[cand][keep] < 0).any():
                 exempt[:] = False  # and no instance within the bound was never chosen (a cold one)
             keep |= exempt
@@ -317,6 +345,13 @@ VARIANTS = {
     "slackhalfcap-bl-stickyqdm": Variant("slackhalfcap-bl-stickyqdm", bound="seq", sticky="qdm", slack="halfcap"),
     "slackhalfq-bl-stickyq": Variant("slackhalfq-bl-stickyq", bound="seq", sticky="q", slack="halfq"),
     "slackhalf-bl-stickyqd-dec": Variant("slackhalf-bl-stickyqd-dec", bound="seq", sticky="qdf", slack="half", dec="full"),
+    "slackidle-bl-stickyq": Variant("slackidle-bl-stickyq", bound="seq", sticky="q", slack="idle"),
+    "slackexcess-bl-stickyq": Variant("slackexcess-bl-stickyq", bound="seq", sticky="q", slack="excess"),
+    "slackidleexcess-bl-stickyq": Variant("slackidleexcess-bl-stickyq", bound="seq", sticky="q", slack="idleexcess"),
+    "slackhalf-bl-stickyqs": Variant("slackhalf-bl-stickyqs", bound="seq", sticky="qs", slack="half"),
+    "slackhalf-bl-stickyqsw": Variant("slackhalf-bl-stickyqsw", bound="seq", sticky="qsw", slack="half"),
+    "slackhalf-bl-stickyqsi": Variant("slackhalf-bl-stickyqsi", bound="seq", sticky="qsi", slack="half"),
+    "slackhalf-bl-stickyq-trq0": Variant("slackhalf-bl-stickyq-trq0", bound="seq", sticky="q", slack="half", tie="rq0"),
     "own-room": Variant("own-room", stall="none", bound="room"),
     "bl-room": Variant("bl-room", bound="seq+room"),
     "bl-stickyq-room": Variant("bl-stickyq-room", bound="seq+room", sticky="q"),
@@ -347,6 +382,41 @@ def trace_dir_spec(spec: str, traces: str) -> str:
 
 
 
+def router_policy(name: str) -> str:
+    """The router policy that runs `name`: a variant, registered under `ablation-NAME`, or a
+    router policy as it is (a peer)."""
+    if name not in VARIANTS:
+        return name
+    v = VARIANTS[name]
+    core.POLICIES[f"ablation-{name}"] = lambda cfg, rng, v=v: core.Policy(
+        v, guards=[BoundGuard(v.bound, v.c, v.sticky)] if v.bound else [])
+    return f"ablation-{name}"
+
+
+def reported(name: str, policy: str, out: Path, traces: str, requests: int, peers: Path = rs.ROOT / "docs" / "results" / "routing") -> str:
+    """Variant `name` (router policy `policy`) on every reported cell of bench.routing_sweep, as the
+    default's entry of a copy of the committed cell's JSON in `out` (the peers' runs are
+    unchanged: the simulator is deterministic); returns routing_sweep's comparison with the
+    committed default."""
+    out.mkdir(parents=True, exist_ok=True)
+    line = f"python -m bench.routing_ablation --only {name} --requests {requests} --reported {out.parent.name}"
+    for wname, (spec, _, skip, kind) in rs.WORKLOADS.items():
+        if kind != "reported":
+            continue
+        for load in rs.LOADS:
+            doc = json.loads((peers / f"{wname}_x{load:g}.json").read_text())
+            if doc["config"].get("num_requests") != requests:
+                raise SystemExit(f"{peers}: its {wname} ×{load:g} holds another request count than {requests}")
+            w = open_workload(trace_dir_spec(spec, traces), num_requests=requests, rate_scale=load, seed=0,
+                              skip_requests=skip)
+            r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy, seed=0),
+                         {"ttft": 2000.0, "tpot": 100.0})
+            doc["policies"][rs.DEFAULT] = r
+            doc.setdefault("commands", {})[rs.DEFAULT] = line
+            (out / f"{wname}_x{load:g}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return f"## {name}\n\n" + rs.versus(out, peers)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", default=str(TRACES),
@@ -356,19 +426,21 @@ def main() -> int:
                     help=f"variants, or router policies run as they are (default all variants: {','.join(VARIANTS)})")
     ap.add_argument("--workloads", default="mooncake-tune,chatbot")
     ap.add_argument("--requests", type=int, default=None, help="requests per point (default: the workload's)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the synthetic workloads' seed (api, coder, chatbot: another draw of the same workload; 0: the figure's)")
+    ap.add_argument("--reported", metavar="OUT",
+                    help="run each variant on the reported cells beside the committed peers, into OUT/VARIANT (see above)")
     args = ap.parse_args()
     policy = {}  # --only name → the router policy it runs: a variant, or a router policy as-is (a peer)
     for name in args.only.split(","):
-        if name not in VARIANTS:
-            if name not in core.POLICIES:
-                ap.error(f"{name}: neither a variant nor a router policy")
-            policy[name] = name
-            continue
-        v = VARIANTS[name]
-        policy[name] = f"ablation-{name}"
-        core.POLICIES[policy[name]] = lambda cfg, rng, v=v: core.Policy(
-            v, guards=[BoundGuard(v.bound, v.c, v.sticky)] if v.bound else [])
+        if name not in VARIANTS and name not in core.POLICIES:
+            ap.error(f"{name}: neither a variant nor a router policy")
+        policy[name] = router_policy(name)
     goodput = {"ttft": 2000.0, "tpot": 100.0}
+    if args.reported:
+        for name in args.only.split(","):
+            print(reported(name, policy[name], Path(args.reported) / name, args.traces, args.requests or 1000))
+        return 0
     print("| workload | load | variant | TTFT mean (ms) | TTFT p50 | TTFT p99 | TPOT p99 (ms) | hit | goodput (req/s) | preemptions | failed | mean batch, least loaded instance |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for wname in args.workloads.split(","):
@@ -377,10 +449,12 @@ def main() -> int:
         if "{traces}" in spec and not args.traces:
             ap.error("--traces DIR is needed for the Mooncake workload")
         for load in (float(x) for x in args.loads.split(",")):
-            w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load, skip_requests=skip)
+            w = open_workload(trace_dir_spec(spec, args.traces), num_requests=n, rate_scale=load, skip_requests=skip,
+                              seed=args.seed)
             for name in args.only.split(","):
                 t = time.perf_counter()
-                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy[name]), goodput)
+                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy[name], seed=args.seed),
+                             goodput)
                 print(f"| {wname} | ×{load:g} | {name} | {r['mean_ttft_ms']:.0f} | {r['median_ttft_ms']:.0f} | "
                       f"{r['p99_ttft_ms']:.0f} | {r['p99_tpot_ms']:.1f} | {r['prefix_hit_ratio']:.3f} | "
                       f"{r['request_goodput']:.2f} | {r.get('preemptions', 0)} | {r['failed']} | "

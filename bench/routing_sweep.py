@@ -9,6 +9,7 @@ sim --compare` command; then the won/lost table.
     python -m bench.routing_sweep --goodput-detail [--out …]   # lost goodput: requests or span?
                                                                 # and each cell under both definitions
     python -m bench.routing_sweep --out NEW --versus OLD   # the default of NEW against OLD's
+    python -m bench.routing_sweep --goodput-miss [--loads 2,3]   # lost goodput: TTFT or TPOT misses?
 
 Workloads, split into the ones the default was chosen on (tuned) and the ones it is judged
 on (reported):
@@ -247,6 +248,40 @@ def versus(out: Path, before: Path) -> str:
     return "\n".join([*lines, "", f"{rows} rows; cells that changed verdict:", *changed])
 
 
+def goodput_miss(out: Path, traces: str, loads: set[float]) -> str:
+    """For each reported cell at `loads` whose goodput the default loses: the default and that
+    cell's best peer rerun in this process (the simulator is deterministic: the same numbers as
+    the JSONs), their completed requests split by which of the goodput's SLOs each missed —
+    TTFT > 2 s (queueing), TPOT > 100 ms (decode), both — beside the requests that never
+    completed and the run's span."""
+    from tokenyard.loadgen.workloads import open_workload
+    from tokenyard.simulator.cluster import ClusterSim, SimConfig, with_slos
+    from tokenyard.simulator.metrics import records
+
+    slo = {k: float(v) for k, v in (g.split(":") for g in GOODPUT)}
+    lines = ["| workload | load | policy | good | missed TTFT only | missed TPOT only | missed both | not completed | span (s) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, load, res in reported_cells(out):
+        verdict, _, _, who = cell(res, "request_goodput", max, lambda d, b: d >= b)
+        if verdict == "won" or load not in loads:
+            continue
+        spec, _, skip, _ = WORKLOADS[name]
+        n = json.loads((out / f"{name}_x{load:g}.json").read_text())["config"]["num_requests"]
+        w = open_workload(trace_dir_spec(spec, traces), num_requests=n, rate_scale=load, seed=0, skip_requests=skip)
+        for policy in (DEFAULT, who):
+            cfg = SimConfig(instances=16, profile="a100-llama3-8b", policy=policy, seed=0)
+            sim = ClusterSim(with_slos(cfg, slo), w.block_tokens)
+            sim.run(w.items())
+            recs = records(sim)
+            ok = [r for r in recs if r.success]
+            late = [(r.ttft * 1000 > slo["ttft"], (r.tpot or 0.0) * 1000 > slo["tpot"]) for r in ok]
+            start = w.items()[0].arrival_s
+            span = max(r.end_s for r in recs if r.end_s is not None) - start
+            lines.append(f"| {name} | ×{load:g} | {policy} | {late.count((False, False))} | {late.count((True, False))} | "
+                         f"{late.count((False, True))} | {late.count((True, True))} | {len(recs) - len(ok)} | {span:.2f} |")
+    return "\n".join(lines)
+
+
 def attainment(r: dict) -> float:
     """SLO attainment: the requests that met the SLO ÷ the requests sent (refused, expired and
     failed ones count as missed) — DistServe's per-rate quantity (its goodput is the highest
@@ -298,12 +333,18 @@ def main() -> int:
     ap.add_argument("--table", action="store_true", help="print the tables of existing results only")
     ap.add_argument("--goodput-detail", action="store_true",
                     help="print, for each reported cell whose goodput the default loses, its requests and span against the best peer's")
+    ap.add_argument("--goodput-miss", action="store_true",
+                    help="for each reported cell at --loads whose goodput the default loses: its and the best peer's "
+                         "requests by the SLO they missed (TTFT, TPOT), rerun in this process")
     ap.add_argument("--versus", metavar="DIR",
                     help="compare the default in --out with the default in DIR (won counts, geomeans, changed cells)")
     args = ap.parse_args()
     out = Path(args.out)
     if args.versus:
         print(versus(out, Path(args.versus)))
+        return 0
+    if args.goodput_miss:
+        print(goodput_miss(out, args.traces, {float(x) for x in args.loads.split(",")}))
         return 0
     if args.goodput_detail:
         print(goodput_detail(out))

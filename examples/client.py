@@ -36,4 +36,7 @@ async def main(url: str = "nats://127.0.0.1:4222") -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:]))
+    try:
+        asyncio.run(main(*sys.argv[1:]))
+    except ConnectionError as exc:  # no NATS at the URL: one line, not a traceback
+        sys.exit(f"{exc}; start a fleet: .venv/bin/tokenyard up")

@@ -37,7 +37,13 @@ def login(url: str, creds_file: str | None) -> dict:
 
 
 async def main(url: str = "nats://127.0.0.1:4222", creds_file: str | None = None) -> None:
-    nc = await nats.connect(url, **login(url, creds_file))
+    async def quiet(_error: Exception) -> None:  # nats-py would print every failed attempt
+        pass
+
+    try:  # nats-py retries an unreachable server for minutes: bound the first connection
+        nc = await asyncio.wait_for(nats.connect(url, error_cb=quiet, **login(url, creds_file)), 10)
+    except (TimeoutError, OSError) as exc:
+        sys.exit(f"cannot reach NATS at {url} ({type(exc).__name__}); start a fleet: .venv/bin/tokenyard up")
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     request = {"model": "tokenyard-sim", "prompt": "Hello", "max_tokens": 8}

@@ -1,4 +1,4 @@
-"""EcoServe's per-worker rules (seed 002, DESIGN.md §3.4): pure functions the macro-instance
+"""EcoServe's per-worker rules (seed 002, docs/ARCHITECTURE.md §7): pure functions the macro-instance
 controller, the router's EcoServe filter and the cluster simulator all call, so none of them
 keeps a private copy of the policy.
 

@@ -30,7 +30,7 @@ Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class PriorityClass(enum.IntEnum):
-    """Service classes of DESIGN.md §3.2; lower value runs first."""
+    """Service classes (docs/ARCHITECTURE.md §3); lower value runs first."""
 
     P0 = 0  # realtime, < 500 ms TTFT
     P1 = 1  # online, < 5 s

@@ -1,6 +1,6 @@
 """The service classes' SLOs: one table, imported by every service that judges time against a
 class (admission's feasibility, the queue's deadlines and flow control, the router's TTFT
-guard, the engines' deadline order). DESIGN.md §3.2:
+guard, the engines' deadline order). docs/ARCHITECTURE.md §3:
 
     class           TTFT target   share   example
     P0 realtime     0.5 s         ~5 %    multi-turn chat, tool calls

@@ -1,4 +1,4 @@
-"""NATS subjects of tokenyard, versioned by the `llm.v1` prefix (DESIGN.md §5).
+"""NATS subjects of tokenyard, versioned by the `llm.v1` prefix (docs/ARCHITECTURE.md §3).
 
 Every subject a service publishes or subscribes to is named here, so a grep for one of
 these constants finds every hop of the data path.

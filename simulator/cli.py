@@ -1,4 +1,4 @@
-"""`tokenyard sim` (DESIGN.md §7): replay a workload through the cores on a virtual clock.
+"""`tokenyard sim` (docs/ARCHITECTURE.md §9): replay a workload through the cores on a virtual clock.
 
     tokenyard sim --workload NAME (loadgen.workloads.WORKLOADS) --instances N --profile P
                   [--policy X | --compare A,B,...]
@@ -52,7 +52,7 @@ def register(sub) -> None:
                    help="vLLM's setting: the most prompt tokens one request prefills in a step while others "
                         "are in the engine (default 0: no cap, as vLLM)")
     p.add_argument("--prefill-only-phases", action="store_true",
-                   help="ecoserve: a prefill phase prefills only, its decodes wait (seed 002 §2.2.1)")
+                   help="ecoserve: a prefill phase prefills only, its decodes wait (EcoServe's rule)")
     p.add_argument("--pd-prefill", type=int, default=None, metavar="K",
                    help="pd: prefill workers per macro-instance (default: half, rounded up)")
     p.add_argument("--max-model-len", type=int, default=131_072, help="longest prompt + output admitted")
@@ -66,7 +66,7 @@ def register(sub) -> None:
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and the policies: same seed, same run")
-    p.add_argument("--rate", type=float, default=None, help="base rate of a synthetic workload (req/s)")
+    p.add_argument("--rate", type=float, default=None, help="base rate of a synthetic workload (req/s; default: the workload's own base rate)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of gaps; 1 = Poisson")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
     p.add_argument("--time-scale", type=float, default=1.0, help="stretch the clock X times (slower)")

@@ -1,5 +1,5 @@
 """What `tokenyard sim` shows: one rich table (a row per policy, a column per metric, each
-value with its ratio to the first policy's), the result JSON (DESIGN.md §7: one result object per
+value with its ratio to the first policy's), the result JSON (docs/ARCHITECTURE.md §9: one result object per
 policy under `policies`), and PNG plots — the TTFT CDF of every policy, and each instance's
 running batch size over time per policy (matplotlib, the `sim` extra)."""
 

@@ -297,6 +297,7 @@ def test_stale_queue_state_is_ignored_and_replicas_add_up():
     f.on_queue_stats(stats(work=(0, 3000, 0, 0), drain=500.0, iid="a"), 0.0)
     f.on_queue_stats(stats(work=(0, 3000, 0, 0), drain=500.0, iid="b"), 0.5)
     assert f.judge(1, None, 0.9).wait_s == 6.0
+    f.on_heartbeat(hb("w0", ts=1.1), 1.1)  # a worker is up (else, 1 s on, the fleet has none)
     assert f.judge(1, None, 1.2).wait_s == 6.0  # a is stale: 3000 / 500
     assert f.judge(1, None, 1.6) is None
 
@@ -306,7 +307,8 @@ def test_a_fleet_with_no_healthy_worker_refuses_every_class_with_a_deadline():
     c.on_heartbeat(hb("w0", healthy=False), 100.0)
     c.on_queue_stats(stats(), 100.0)
     out = admit(c, GenerateRequest(prompt="a", priority=2), now=100.0)
-    assert out.status == 503 and out.message.startswith("Fleet saturated: a P2 request faces no capacity")
+    assert (out.status, out.code) == (503, "no_workers")
+    assert out.message.startswith("No worker is up (none has been heard from lately): a P2 request")
     assert out.retry_after_s == c.fleet.stale_after_s
     assert isinstance(admit(c, GenerateRequest(prompt="a", priority=3), now=100.0), AdmittedRequest)
     c.on_heartbeat(hb("w0"), 100.1)

@@ -139,7 +139,8 @@ def test_after_a_stall_a_fresh_queue_state_beside_old_heartbeats_is_no_dead_flee
         c.on_queue_stats(idle_queue(), now)
     c.on_tick(102.7)
     out = c.admit(GenerateRequest(prompt="a"), reply_to="inbox", json=False, headers={}, now=102.7, new_id="r2")
-    assert isinstance(out, Rejected) and out.status == 503 and "no capacity" in out.message
+    assert isinstance(out, Rejected) and (out.status, out.code) == (503, "no_workers")
+    assert out.message.startswith("No worker is up (none has been heard from lately)")
 
 
 @settings(max_examples=150, deadline=None)
@@ -233,7 +234,7 @@ async def test_a_crashed_fleet_is_refused_within_two_seconds():
                     break
                 await asyncio.sleep(0.05)
         took = time.monotonic() - crashed
-        assert answer.status == 503 and "no capacity" in answer.message, answer
+        assert (answer.status, answer.code) == (503, "no_workers") and "No worker is up" in answer.message, answer
         assert 0.9 <= took <= 2.0, took  # 10 × the 0.1 s heartbeat, and then at once
     finally:
         await nc.close()
@@ -260,3 +261,21 @@ async def test_a_stall_of_the_whole_process_does_not_refuse_a_request(fleet):
         while not isinstance(codec.decode((await sub.next_msg(timeout=10)).data, schemas.StreamEvent), schemas.Finished):
             pass
     await sub.unsubscribe()
+
+
+def test_a_fleet_that_never_had_a_worker_says_so_once_admission_has_listened_long_enough():
+    """A fleet started without workers: the queue reports, no worker ever heartbeats. Admission
+    admits while it may not have heard one yet (its first second), then refuses every class with
+    a deadline naming the cause (503 no_workers), not a saturation nor a 429 deadline later."""
+    c = AdmissionCore(AdmissionConfig(), ByteTokenizer())
+    c.on_queue_stats(idle_queue(), 100.0)
+    first = c.admit(GenerateRequest(prompt="a"), reply_to="inbox", json=False, headers={}, now=100.5, new_id="r1")
+    assert isinstance(first, AdmittedRequest)
+    c.on_queue_stats(idle_queue(), 101.2)
+    out = c.admit(GenerateRequest(prompt="a"), reply_to="inbox", json=False, headers={}, now=101.2, new_id="r2")
+    assert isinstance(out, Rejected) and (out.status, out.code, out.retry_after_s) == (503, "no_workers", 1.0)
+    assert out.message == ("No worker is up (none has been heard from): a P1 request cannot be served; "
+                           "start a worker (tokenyard worker) or retry later")
+    c.on_heartbeat(hb("w0"), 101.3)  # the first worker comes up: served again
+    ok = c.admit(GenerateRequest(prompt="a"), reply_to="inbox", json=False, headers={}, now=101.3, new_id="r3")
+    assert isinstance(ok, AdmittedRequest)

@@ -19,6 +19,7 @@ from tokenyard.services.admission.feasibility import (
 )
 from tokenyard.shared.schemas import AdmittedRequest, GenerateRequest
 
+from tests.builders import hb
 from tests.test_admission_limits import admit, core, stats
 
 P0 = {"x-request-tier": "P0"}
@@ -88,6 +89,7 @@ def test_one_request_is_not_a_rate_and_the_window_forgets():
     assert not c.fleet.arrivals
     # P1 and later classes are not counted for P1 (FIFO within a class; P2 goes after it)
     c.on_queue_stats(stats(work=(0, 3000, 0, 0), drain=1000.0), 103.0)  # it has taken the P0 in
+    c.on_heartbeat(hb("w0", ts=103.0), 103.0)  # a worker is up (else, 1 s on, the fleet has none)
     admit(c, GenerateRequest(prompt="a" * 84, max_tokens=16), now=103.0)
     assert c.fleet.arrival_rate(range(1), 103.0) == 0.0
     assert c.fleet.judge(1, None, 103.0).wait_s == pytest.approx((3000 + 100) / 1000)

@@ -120,3 +120,27 @@ def test_the_ttft_floor_is_below_every_policys_mean_ttft():
         r = simulate(w, SimConfig(instances=4, profile="a100-llama3-8b", policy=policy), {"ttft": 2000.0})
         assert r["failed"] == 0
         assert 0.0 < floor <= r["mean_ttft_ms"], policy
+
+
+def test_goodput_miss_splits_the_figures_goodput_by_the_slo_each_request_missed(tmp_path):
+    """--goodput-miss reruns a lost cell's default and best peer: its `good` ÷ span is the
+    figure's goodput of the same run (request_goodput), and every request sent is counted once."""
+    from tokenyard.loadgen.workloads import open_workload
+    from tokenyard.simulator.cluster import SimConfig
+    from tokenyard.simulator.run import simulate
+
+    def lost(goodput):
+        return metrics(50.0, 20.0, 0.9, goodput)
+
+    (tmp_path / "api_x3.json").write_text(json.dumps({"config": {"num_requests": 60}, "policies": {
+        sweep.DEFAULT: lost(1.0), "least-loaded": lost(2.0)}}))
+    rows = [line.split(" | ") for line in sweep.goodput_miss(tmp_path, "", {3.0}).splitlines()[2:]]
+    assert [r[2] for r in rows] == [sweep.DEFAULT, "least-loaded"]
+    w = open_workload("api", num_requests=60, rate_scale=3.0, seed=0)
+    for r in rows:
+        good, counts, span = int(r[3]), [int(x) for x in r[3:8]], float(r[8].rstrip(" |"))
+        assert sum(counts) == 60
+        res = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=r[2], seed=0),
+                       {"ttft": 2000.0, "tpot": 100.0})
+        assert span == round(res["duration"], 2)
+        assert good == round(res["request_goodput"] * res["duration"])

@@ -90,3 +90,19 @@ def test_bit_for_bit_across_processes_and_hash_seeds(tmp_path):
             del res["wall_s"], res["sim_speed"]
         docs.append(doc)
     assert docs[0] == docs[1]
+
+
+def test_the_simulators_defaults_are_the_live_services_defaults():
+    """What `tokenyard sim` runs with no option is what `tokenyard queue`, `router`, `admission`
+    and `worker` run with none: a figure from the simulator is a figure of the shipped fleet."""
+    from tokenyard.simulator.config import SimConfig
+
+    from tokenyard.cli import build_parser
+
+    parser, sim = build_parser(), SimConfig()
+    queue, router = parser.parse_args(["queue"]), parser.parse_args(["router"])
+    admission, worker = parser.parse_args(["admission"]), parser.parse_args(["worker"])
+    assert (sim.queue_policy, sim.policy) == (queue.policy, router.router_policy) == ("hybrid", "marginal-latency")
+    assert sim.flow_control == (queue.flow_control == "on") == (worker.flow_control == "on") is True
+    assert sim.deadline_reject == (queue.deadline_reject == "on") is True
+    assert sim.slo_check == (not admission.no_slo_check) is True

@@ -13,10 +13,11 @@ from tokenyard.loadgen.workloads import ChatBotWorkload, PrefixIds, TraceRequest
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
 from tokenyard.shared.hashing import ids_chain
-from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.simulator.cluster import ChainCache, ClusterSim, SimConfig
 from tokenyard.simulator.metrics import WALL_CLOCK_KEYS, result
 from tokenyard.simulator.run import compare, simulate
+
+from tests import builders
 
 
 class Fixed:
@@ -51,7 +52,7 @@ def test_lone_request_timing_equals_the_engine_core_alone():
     ids = PrefixIds(16).ids([("p", 1000)])
     sim = run([req(0, 0.25, 1000, 4, ids)], instances=2)
     engine = SimEngineCore(profile("a100-llama3-8b"), block_size=16)
-    engine.add(AdmittedRequest("r0", "x", "m", [], 1000, ids_chain(ids[:62]), 16, 4, 1, 0.0))
+    engine.add(builders.req("r0", 1000, 4, 1, chain=ids_chain(ids[:62]), reply_to="x"))
     t, expected = 0.25, []
     while engine.has_work():
         res = engine.step()

@@ -40,3 +40,23 @@ async def test_plain_nats_json_example_prints_every_event(fleet, capsys, tmp_pat
     events = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["type"] for e in events] == ["accepted", *["chunk"] * 8, "finished"]
     assert [e["seq"] for e in events[1:]] == list(range(9))
+
+
+def test_examples_without_a_fleet_say_so_in_one_line():
+    """A reader who runs an example before `tokenyard up` gets one line naming the URL, not a
+    traceback or a reconnect loop (both run at once: each waits out its bounded first connect)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"nats://127.0.0.1:{s.getsockname()[1]}"
+    runs = [subprocess.Popen([sys.executable, str(EXAMPLES / f"{name}.py"), url],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name in ("nats_json", "client")]
+    for run in runs:
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 1 and out == ""
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"cannot reach NATS at {url}") and err.rstrip().endswith("tokenyard up")

@@ -237,7 +237,7 @@ def test_every_offered_request_is_in_exactly_one_place(script):
 
 
 def classed(rid: str, cls: int, arrival: float = 0.0, prompt_len: int = 8) -> AdmittedRequest:
-    return AdmittedRequest(rid, f"inbox.{rid}", "m", [], prompt_len, [], 16, 4, cls, arrival)
+    return req(rid, prompt_len, 4, cls, arrival_s=arrival)
 
 
 def test_p0_is_dispatched_from_its_reserve_once_the_headroom_is_spent():

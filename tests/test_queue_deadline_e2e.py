@@ -13,6 +13,8 @@ from tokenyard.services.priority_queue.shell import QueueShell
 from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.service import ServiceHost
 
+from tests import builders
+
 
 async def test_a_request_past_its_deadline_is_rejected_with_a_429_and_acked(nats_server):
     nc = await natsutil.connect(nats_server.url, "test-queue-deadline")
@@ -24,7 +26,7 @@ async def test_a_request_past_its_deadline_is_rejected_with_a_429_and_acked(nats
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
         now = time.time()
-        req = schemas.AdmittedRequest("dl-1", inbox, "m", [], 8, [], 16, 4, 0, now)  # P0: 0.5 s
+        req = builders.req("dl-1", 8, 4, 0, arrival_s=now, reply_to=inbox)  # P0: 0.5 s
         await js.publish(subjects.QUEUE, codec.encode(req), headers={"Nats-Msg-Id": req.request_id})
         event = codec.decode_event((await sub.next_msg(timeout=5)).data)
         waited = time.time() - now

@@ -22,7 +22,7 @@ def fhb(wid: str, queued: int = 0, kv_free_blocks: int = 10_000, ms_per_token: f
 
 
 def sized(rid: str, prompt_len: int, arrival: float = 0.0, cls: int = 1) -> AdmittedRequest:
-    return AdmittedRequest(rid, f"inbox.{rid}", "m", [], prompt_len, [], 16, 4, cls, arrival)
+    return req(rid, prompt_len, 4, cls, arrival_s=arrival)
 
 
 def test_flow_control_is_on_by_default_and_measures_room_in_prefill_time():

@@ -17,7 +17,8 @@ def test_measure_splits_short_and_long_by_length():
     m = measure(rows, duration_s=2.0, classes=Classes(short_tokens=512, long_tokens=8192, long_ttft_s=60.0))
     assert m == Measures(throughput=2.5, long_done=1 / 3, short_p50_ttft_s=pytest.approx(0.3),
                          long_p99_ttft_s=pytest.approx(89.4), completed=5, failed=2,
-                         long_p50_ttft_s=pytest.approx(60.0), long_mean_ttft_s=pytest.approx(60.0))
+                         long_p50_ttft_s=pytest.approx(60.0), long_mean_ttft_s=pytest.approx(60.0),
+                         short_failed=1, long_failed=1)
 
 
 def test_measure_with_no_short_or_long_requests():
@@ -116,3 +117,16 @@ def test_with_flow_control_off_the_slot_count_shapes_the_run():
     one, many = run(1), run(64)
     assert one.completed == many.completed == 80
     assert one.short_p50_ttft_s != many.short_p50_ttft_s
+
+
+def test_refusals_turn_on_what_a_user_gets_and_count_the_refused_by_length():
+    """The study runs with admission's SLO refusals and the queue's deadline rejection off (no
+    request lost); `refusals=True` keeps the fleet's defaults, and the refused are counted."""
+    from tokenyard.simulator.cluster import SimConfig
+    from tokenyard.tuning.evaluate import PartitionedSetup
+
+    w = HeavyTailWorkload(300, rate=30.0, seed=1)
+    shared = [SimSetup(w, SimConfig(instances=2), "bubble", refusals=r).run({}) for r in (False, True)]
+    assert [(m.completed, m.failed, m.short_failed, m.long_failed) for m in shared] == [(300, 0, 0, 0), (203, 97, 31, 28)]
+    split = [PartitionedSetup(w, SimConfig(instances=4), counts=(1, 1, 1, 1), refusals=r).run() for r in (False, True)]
+    assert [(m.completed, m.failed, m.short_failed, m.long_failed) for m in split] == [(300, 0, 0, 0), (268, 32, 0, 23)]

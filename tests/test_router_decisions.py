@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 from tokenyard.loadgen.router_bench import MODEL, TRACE, load_chains
 from tokenyard.services.router.core import RouterConfig, RouterCore
-from tokenyard.shared.schemas import AdmittedRequest, BlockStored, EngineStats, Heartbeat, KVEventBatch
+from tokenyard.shared.schemas import BlockStored, EngineStats, Heartbeat, KVEventBatch
+
+from tests import builders
 
 GOLDEN = Path(__file__).parent / "data" / "router_decisions.json"
 POLICIES = ("marginal-latency", "multiplicative", "llmd-token-load", "sglang", "dynamo")
@@ -59,7 +61,7 @@ def decisions(policy: str) -> list[list]:
     for k, (plen, olen, chain) in enumerate(chains):
         if k % INSTANCES == 0:
             heartbeats(now)
-        req = AdmittedRequest(f"r{k}", "", MODEL, [], plen, chain, BLOCK_TOKENS, olen, 1, now)
+        req = builders.req(f"r{k}", plen, olen, 1, model=MODEL, chain=chain, block_size=BLOCK_TOKENS, arrival_s=now, reply_to="")
         c = core.route(req, now)
         out.append([c.worker_id, c.hit_tokens, c.candidates])
         ev = BlockStored(block_hashes=chain, parent_block_hash=None, token_ids=[], block_size=BLOCK_TOKENS)

@@ -22,8 +22,9 @@ from tokenyard.services.router.fleet import FleetView
 from tokenyard.services.router.guards import PrefillBudgetGuard
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
-from tokenyard.shared.schemas import AdmittedRequest, Heartbeat, KVEventBatch
+from tokenyard.shared.schemas import Heartbeat, KVEventBatch
 
+from tests import builders
 from tests.builders import hb, req
 
 
@@ -94,7 +95,7 @@ def run_fleet(policy: str, n: int = 4, seconds: float = 20.0, rate: float = 90.0
             is_long = rng.random() < 0.2
             plen = 8000 if is_long else 200
             chain = rng.integers(-(2**62), 2**62, plen // 16).tolist()
-            r = AdmittedRequest(f"r{x}", "", "m", [], plen, chain, 16, 100, 1, now)
+            r = builders.req(f"r{x}", plen, 100, 1, chain=chain, arrival_s=now, reply_to="")
             c = core.route(r, now)
             i = ids.index(c.worker_id)
             engines[i].add(r)

@@ -8,6 +8,7 @@ from tokenyard.services.router.hotspot import HotspotConfig, HotspotDetector
 from tokenyard.shared.hashing import ids_chain
 from tokenyard.shared.schemas import AdmittedRequest, BlockStored, KVEventBatch
 
+from tests import builders
 from tests.builders import hb
 
 
@@ -87,7 +88,7 @@ HOT = ids_chain([1, 2])
 def hot_request(k: int) -> AdmittedRequest:
     chain = ids_chain([1, 2, 1000 + k, 2000 + k])  # the hot 2-block prefix, then its own blocks
     assert chain[:2] == HOT
-    return AdmittedRequest(f"q{k}", "", "m", [], 64, chain, 16, 8, 1, 0.0)
+    return builders.req(f"q{k}", 64, 8, 1, chain=chain, reply_to="")
 
 
 def test_a_hot_prefix_spreads_and_the_fallback_takes_over():

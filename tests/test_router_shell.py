@@ -49,7 +49,7 @@ async def test_the_router_follows_kv_events_and_records_its_inputs(nats_server, 
         assert shell.core.index.holders_of(CHAIN[0]) == ["wa", "wc"]
 
         spans.clear()
-        ar = schemas.AdmittedRequest("rq1", "inbox", "tokenyard-sim", [], 70, CHAIN, 16, 4, 1, time.time())
+        ar = builders.req("rq1", 70, 4, 1, model="tokenyard-sim", chain=CHAIN, arrival_s=time.time(), reply_to="inbox")
         reply = await nc.request(subjects.ROUTE, codec.encode(ar), timeout=5)
         decision = codec.decode(reply.data, schemas.RouteDecision)
         # wc: P = 70 − 64 = 6, × (0 + 1) = 6 → offered first, refuses; wa: 6 × 4 = 24 < wb: 70 × 1

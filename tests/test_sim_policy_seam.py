@@ -10,8 +10,9 @@ from tokenyard.services.worker.sim.kv_priority import PriorityKVPolicy
 from tokenyard.services.worker.sim.latency import PROFILES
 from tokenyard.services.worker.sim.scheduler import KeyedLine, SchedulingPolicy, VllmPolicy, priority_key
 from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
-from tokenyard.shared import hashing
 from tokenyard.shared.schemas import AdmittedRequest
+
+from tests import builders
 
 BS = 16
 A100 = PROFILES["a100-llama3-8b"]
@@ -19,8 +20,8 @@ A100 = PROFILES["a100-llama3-8b"]
 
 def req(k: int, prompt: int, out: int, priority: int = 1, tpot: float = 0.0) -> AdmittedRequest:
     toks = [10_000 * k + j for j in range(prompt)]
-    return AdmittedRequest(f"r{k}", "", "m", toks, prompt, hashing.hash_chain(toks, BS), BS, out, priority, 0.0,
-                           tpot_slo_ms=tpot)
+    return builders.req(f"r{k}", max_tokens=out, priority=priority, tokens=toks, block_size=BS, reply_to="",
+                        tpot_slo_ms=tpot)
 
 
 class OnlyTheRequired(SchedulingPolicy):

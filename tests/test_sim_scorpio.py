@@ -24,7 +24,7 @@ PROF = profile("a100-llama3-8b")
 
 def areq(rid: str, stp: float = 0.0, prompt: int = 64, out: int = 32, arrival: float = 0.0, prio: int = 1,
          deadline: float = 0.0) -> AdmittedRequest:
-    return AdmittedRequest(rid, "", "m", [], prompt, [], 16, out, prio, arrival, deadline_s=deadline, tpot_slo_ms=stp)
+    return builders.req(rid, prompt, out, prio, arrival_s=arrival, reply_to="", deadline_s=deadline, tpot_slo_ms=stp)
 
 
 def decoding(rid: str, stp: float, order: int = 0) -> Seq:

@@ -28,7 +28,7 @@ PROF = profile("a100-llama3-8b")
 
 
 def areq(rid: str, prompt: int, deadline: float, stp: float = 0.0, out: int = 8) -> AdmittedRequest:
-    return AdmittedRequest(rid, "", "m", [], prompt, [], 16, out, 1, 0.0, deadline_s=deadline, tpot_slo_ms=stp)
+    return req(rid, prompt, out, reply_to="", deadline_s=deadline, tpot_slo_ms=stp)
 
 
 def fcfs_with_rejection() -> VllmPolicy:

@@ -15,7 +15,7 @@ from tokenyard.services.worker.sim.latency import PROFILES
 from tokenyard.services.worker.sim.preemption import PreemptionMode, wants_swap
 from tokenyard.services.worker.sim.scheduler import VllmPolicy
 from tokenyard.shared import hashing
-from tokenyard.shared.schemas import AdmittedRequest, AllBlocksCleared, BlockRemoved, BlockStored, Phase
+from tokenyard.shared.schemas import AllBlocksCleared, BlockRemoved, BlockStored, Phase
 
 from tests import builders
 
@@ -263,13 +263,13 @@ def test_a_decode_phase_schedules_no_prefill():
 def test_mooncake_style_requests_with_512_token_blocks_and_no_text():
     core = SimEngineCore(PROFILES["a100-llama3-8b"], block_size=512)
     # trace rows: 1200 tokens over ids [0, 1, 2] (the last a partial block), then a turn sharing 0, 1
-    core.add(AdmittedRequest("t0", "", "m", [], 1200, hashing.ids_chain([0, 1, 2]), 512, 3, 1, 0.0))
+    core.add(builders.req("t0", 1200, 3, 1, chain=hashing.ids_chain([0, 1, 2]), block_size=512, reply_to=""))
     outs = drain(core)
     assert outs[-1].finished and outs[-1].num_cached_tokens == 0
     stored = [e for e in core.pool.drain_events() if isinstance(e, BlockStored)]
     assert [h for e in stored for h in e.block_hashes] == hashing.ids_chain([0, 1])
     assert all(e.token_ids == [] and e.block_size == 512 for e in stored)
-    core.add(AdmittedRequest("t1", "", "m", [], 1900, hashing.ids_chain([0, 1, 7, 8]), 512, 2, 1, 0.0))
+    core.add(builders.req("t1", 1900, 2, 1, chain=hashing.ids_chain([0, 1, 7, 8]), block_size=512, reply_to=""))
     assert drain(core)[-1] == EngineOutput("t1", [_FILLER[(2 + 1) % len(_FILLER)]], True, "length", 1024)
 
 

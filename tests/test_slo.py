@@ -6,7 +6,6 @@ import math
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.slo import (
     ENGINE_BACKLOG_S,
     TTFT_TARGET_S,
@@ -16,6 +15,8 @@ from tokenyard.shared.slo import (
     request_deadline_s,
     ttft_deadline_s,
 )
+
+from tests import builders
 
 times = st.floats(0.0, 1e9, allow_nan=False)
 prefills = st.floats(0.0, 600.0, allow_nan=False)
@@ -47,7 +48,7 @@ def test_the_latest_release_leaves_the_engine_backlog_and_the_prefill_before_the
 
 
 def test_a_request_s_deadline_is_the_stamped_one_else_its_class_target():
-    r = AdmittedRequest("a", "inbox", "m", [], 10, [], 16, 4, 1, 50.0)
+    r = builders.req("a", 10, 4, 1, arrival_s=50.0, reply_to="inbox")
     assert request_deadline_s(r) == 55.0
     r.deadline_s = 61.5
     assert request_deadline_s(r) == 61.5

@@ -20,6 +20,7 @@ from tokenyard.shared import codec, config, natsutil, schemas, subjects
 from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.tokenizer import ByteTokenizer
 
+from tests import builders
 from tests.conftest import InProcFleet
 
 PROF = profile("a100-llama3-8b")
@@ -28,8 +29,8 @@ PROF = profile("a100-llama3-8b")
 def admitted(rid: str, reply_to: str, max_tokens: int, deadline_s: float) -> AdmittedRequest:
     # 10 ms TPOT: one such request alone runs (an empty engine always admits), a second cannot
     # join it (two decodes take longer than 10 ms a step), so the VBS check keeps it waiting
-    return AdmittedRequest(rid, reply_to, config.DEFAULT_MODEL, [], 64, [], 16, max_tokens, 1, time.time(),
-                           deadline_s=deadline_s, tpot_slo_ms=10.0)
+    return builders.req(rid, 64, max_tokens, model=config.DEFAULT_MODEL, arrival_s=time.time(), reply_to=reply_to,
+                        deadline_s=deadline_s, tpot_slo_ms=10.0)
 
 
 class Inbox:
@@ -94,14 +95,14 @@ def test_the_worker_core_turns_an_engine_deadline_rejection_into_a_429():
     core = WorkerCore(WorkerConfig("w1", "m"), ByteTokenizer())
     stats = EngineStats(running=0, waiting=0, queued_prefill_tokens=0, kv_blocks_used=0, kv_blocks_free=100,
                         block_size=16)
-    req = AdmittedRequest("r1", "inbox", "m", [], 64, [], 16, 8, 1, 100.0, deadline_s=102.5)
+    req = builders.req("r1", 64, 8, 1, arrival_s=100.0, reply_to="inbox", deadline_s=102.5)
     assert core.offer(req, stats)[1]
     (event,) = core.on_output(EngineOutput("r1", [], True, DEADLINE, 0))
     assert isinstance(event, schemas.Rejected)
     assert (event.request_id, event.status, event.code) == ("r1", 429, "deadline_exceeded")
     assert "2.5 s" in event.message and core.streams == {}
     # a request that already streamed tokens is never "rejected": `deadline` only ends unstarted ones
-    assert core.offer(AdmittedRequest("r2", "inbox", "m", [], 64, [], 16, 8, 1, 100.0), stats)[1]
+    assert core.offer(builders.req("r2", 64, 8, 1, arrival_s=100.0, reply_to="inbox"), stats)[1]
     core.on_output(EngineOutput("r2", [104]))
     events = core.on_output(EngineOutput("r2", [], True, DEADLINE, 0))
     assert isinstance(events[-1], schemas.Finished)

@@ -1,5 +1,5 @@
 """`tokenyard` — one console script, subcommands in the manner of `vllm serve` /
-`vllm bench serve` (DESIGN.md §7). Each component registers its own subcommand; this module
+`vllm bench serve` (docs/ARCHITECTURE.md §10). Each component registers its own subcommand; this module
 only assembles them."""
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ from collections.abc import Sequence
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Every flag's help ends with its default, unless it names one itself or has none."""
+    """Every flag's help ends with its default, unless it names one itself, has none, or is a switch
+    (a flag that takes no value: its help says what giving it does)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
-        if (action.option_strings and "default" not in text and default is not None and default is not False
+        if (action.option_strings and action.nargs != 0 and "default" not in text and default is not None
+                and default is not False
                 and default != argparse.SUPPRESS
                 and not (isinstance(default, float) and default != default)):
             text += " (default: %(default)s)"

@@ -32,7 +32,7 @@ def register(sub) -> None:
                         "(default: 64, as `tokenyard queue`); with flow control on the queue releases by the "
                         "workers' prefill room and no slot count applies")
     p.add_argument("--num-requests", type=int, default=1000, help="requests per simulated run")
-    p.add_argument("--rate", type=float, default=None, help="arrival rate, requests/s (synthetic workloads)")
+    p.add_argument("--rate", type=float, default=None, help="arrival rate, requests/s (synthetic workloads; default: the workload's own base rate)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--alpha", type=float, default=1.0, help="weight of throughput")

@@ -44,16 +44,23 @@ class SimSetup:
     classes: Classes = field(default_factory=Classes)
     make: Callable[..., Any] = make_policy
     """Builds the queue policy from (name, **knobs): the registry's, or a variant to compare."""
+    refusals: bool = False
+    """True: admission's SLO refusals and the queue's deadline rejection as `sim_config` has
+    them (on by default: what a user gets) instead of off (the study's setting)."""
 
     def run(self, params: dict[str, float]) -> Measures:
         from tokenyard.simulator.cluster import ClusterSim
 
         items = self.workload.items()
-        cfg = replace(self.sim_config, slo_check=False, deadline_reject=False)
+        cfg = _study(self.sim_config, self.refusals)
         sim = ClusterSim(cfg, self.workload.block_tokens)
         sim.queue.policy = self.make(self.queue_policy, **policy_knobs(params))
         sim.run(items)
         return _measures(items, list(sim.reqs.values()), self.classes)
+
+
+def _study(sim_config: Any, refusals: bool) -> Any:
+    return sim_config if refusals else replace(sim_config, slo_check=False, deadline_reject=False)
 
 
 def _measures(items: list, states: list, classes: Classes) -> Measures:
@@ -69,9 +76,10 @@ def _measures(items: list, states: list, classes: Classes) -> Measures:
     return measure(rows, end - start, classes)
 
 
-def run_partitioned(items: list, sim_config: Any, block_tokens: int, parts: FixedPartitions) -> dict[str, tuple[int, Any]]:
+def run_partitioned(items: list, sim_config: Any, block_tokens: int, parts: FixedPartitions,
+                    refusals: bool = False) -> dict[str, tuple[int, Any]]:
     """Each range's requests through a fleet of its own (parts.counts[k] instances, an FCFS
-    queue), same admission and queue settings as SimSetup. Returns request id → (the global
+    queue), same admission and queue settings as SimSetup (`refusals` as there). Returns request id → (the global
     index of the instance that served it, or −1; its ReqState)."""
     from tokenyard.simulator.cluster import ClusterSim
 
@@ -83,7 +91,7 @@ def run_partitioned(items: list, sim_config: Any, block_tokens: int, parts: Fixe
     out: dict[str, tuple[int, Any]] = {}
     for k, sub in sorted(by_range.items()):
         owned = parts.instances_of(k)
-        cfg = replace(sim_config, instances=len(owned), slo_check=False, deadline_reject=False)
+        cfg = replace(_study(sim_config, refusals), instances=len(owned))
         sim = ClusterSim(cfg, block_tokens)
         sim.queue.policy = make_policy("fcfs")
         sim.run(sub)
@@ -103,6 +111,8 @@ class PartitionedSetup:
     sim_config: Any
     classes: Classes = field(default_factory=Classes)
     counts: tuple[int, ...] | None = None
+    refusals: bool = False
+    """As SimSetup.refusals."""
 
     def partitions(self) -> FixedPartitions:
         if self.counts is not None:
@@ -116,5 +126,5 @@ class PartitionedSetup:
 
     def run(self, params: dict[str, float] | None = None) -> Measures:
         items = self.workload.items()
-        served = run_partitioned(items, self.sim_config, self.workload.block_tokens, self.partitions())
+        served = run_partitioned(items, self.sim_config, self.workload.block_tokens, self.partitions(), self.refusals)
         return _measures(items, [st for _, st in served.values()], self.classes)

@@ -41,6 +41,10 @@ class Measures:
     """Median TTFT of the long requests served (seed 004's table gives one latency per length
     class, not a tail: this is the nearest measure to it)."""
     long_mean_ttft_s: float = 0.0
+    short_failed: int = 0
+    """Short requests refused or expired (no first token)."""
+    long_failed: int = 0
+    """Long requests refused or expired (no first token)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ def measure(rows: list[tuple[int, float | None]], duration_s: float, classes: Cl
         failed=len(rows) - len(done),
         long_p50_ttft_s=float(np.median(long_ok)) if long_ok else 0.0,
         long_mean_ttft_s=float(np.mean(long_ok)) if long_ok else 0.0,
+        short_failed=sum(1 for n, t in rows if t is None and n < classes.short_tokens),
+        long_failed=len(long_all) - len(long_ok),
     )
 
 

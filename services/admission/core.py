@@ -216,6 +216,14 @@ class AdmissionCore:
     # ── refusals: computed from state, changing none ──
     def _overloaded(self, rid: str, priority: PriorityClass, wait: float, deadline: float,
                     retry_after: float, depth: int, now: float) -> Rejected:
+        if wait == float("inf") and self.fleet.fleet_down(now):
+            heard = "none has been heard from" if not self.fleet.workers else "none has been heard from lately"
+            return Rejected(
+                request_id=rid, status=503, code="no_workers",
+                message=f"No worker is up ({heard}): a P{int(priority)} request cannot be served; "
+                        f"start a worker (tokenyard worker) or retry later",
+                retry_after_s=self.fleet.stale_after_s, queue_depth=depth,
+            )
         wait_text = "no capacity to serve it" if wait == float("inf") else f"a predicted wait of {wait:.2f} s"
         return Rejected(
             request_id=rid, status=503, code="overloaded",

@@ -439,8 +439,13 @@ class FleetView:
         return self._up
 
     def fleet_down(self, now: float) -> bool:
-        """Workers have been seen and none is up: every class with a deadline is refused."""
-        return bool(self.workers) and not any(self.up(w, now) for w in self.workers)
+        """No worker is up: workers have been seen and none is up now, or admission has watched
+        the bus for longer than a worker's staleness bound and heard none at all (a fleet started
+        without workers). Every class with a deadline is then refused."""
+        if not self.workers:
+            first = self.live.first_event_s
+            return first is not None and now - first > self.stale_after_s
+        return not any(self.up(w, now) for w in self.workers)
 
     def depth(self, now: float) -> int:
         return sum(sum(s.depth) for s in self._fresh_queues(now)) + self.admitted_depth

@@ -69,10 +69,14 @@ class Liveness:
     blind_s: float = 0.0
     """The observer's own time not observing, summed (the module's blind(now))."""
     last_event_s: float | None = None
+    first_event_s: float | None = None
+    """When the observer handled its first event: how long it has been watching."""
 
     def awake(self, now: float) -> None:
         """The observer handles an event at `now`: a gap since its previous one beyond tick_s
         was its own blind time."""
+        if self.first_event_s is None:
+            self.first_event_s = now
         if self.tick_s is not None and self.last_event_s is not None and now - self.last_event_s > self.tick_s:
             self.blind_s += now - self.last_event_s - self.tick_s
         if self.last_event_s is None or now > self.last_event_s:

@@ -1,5 +1,5 @@
 """The macro-instance controller's core: group the fleet's workers into macro-instances,
-decide each worker's phase, and scale the groups (DESIGN.md §3.4). Pure: heartbeats and
+decide each worker's phase, and scale the groups (docs/ARCHITECTURE.md §7). Pure: heartbeats and
 `now` come in; plans go out; the live shell and the cluster simulator both drive it.
 
 Membership is stable: a worker seen in heartbeats joins the macro-instance that asked for

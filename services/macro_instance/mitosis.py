@@ -1,4 +1,4 @@
-"""Mitosis scaling (seed 002 §3.2, DESIGN.md §3.4): grow, split, shrink and merge
+"""Mitosis scaling (seed 002 §3.2, docs/ARCHITECTURE.md §7): grow, split, shrink and merge
 macro-instances from their utilisation and SLO-violation histories. Pure: samples and `now`
 come in, decisions go out; the controller applies them to its groups and hands worker
 additions/removals to a Provisioner.

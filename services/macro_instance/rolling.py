@@ -1,4 +1,4 @@
-"""Rolling activation (seed 002 §2.2.2, DESIGN.md §3.4): the phase plan of one EcoServe
+"""Rolling activation (seed 002 §2.2.2, docs/ARCHITECTURE.md §7): the phase plan of one EcoServe
 macro-instance, one tick at a time. Pure: `now` and the workers' loads come in.
 
 Each worker is in its prefill phase (takes new requests, keeps decoding what it has) or its

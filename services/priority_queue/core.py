@@ -1,6 +1,6 @@
 """The priority queue's core: hold admitted requests in the order a policy decides, and hand
 them to the router only while the fleet has room, so the backlog waits here, where its order
-is decided, and ordering is decided late, on fresh state (DESIGN.md §3.3).
+is decided, and ordering is decided late, on fresh state (docs/ARCHITECTURE.md §5).
 
 Flow control (on by default; llm-d's flow control and saturation detector): the queue holds
 requests while the fleet is saturated, judged per fresh, healthy worker w from its last

@@ -2,7 +2,7 @@
 hybrid, bubble queues and their baselines) implements these methods, and one conformance
 suite (tests/test_queue_policies.py) runs against each.
 
-Shared vocabulary of the class-aware policies (DESIGN.md §3.2-§3.3):
+Shared vocabulary of the class-aware policies (docs/ARCHITECTURE.md §3 and §5):
     cost(r)      = prompt_len + max_tokens            the work r asks for, in tokens
     deadline(r)  = shared.slo.request_deadline_s(r): the one admission stamped (class target +
                    own prefill, or the client's ttft_slo_ms), else arrival_s + TARGET_S[class];

@@ -4,7 +4,8 @@ Length L(r) = prompt + max_tokens. A class's requests sit in partitions [lo, hi)
 sorted by lo, initially the log-spaced bounds [0,512) [512,2k) [2k,8k) [8k,∞). Service is
 round robin in ascending length: a round visits the non-empty partitions shortest first and
 takes up to quantum_i requests from each (least deadline first inside), so short requests
-still go first and a long one waits at most one round, however many short ones arrive:
+still go first and a long one waits at most one round once overdue (below), however many
+short ones arrive:
     quantum_i = max(1, round(L̄_max / L̄_i)) · (2 if hot else 1)
 L̄_i the mean length of partition i's waiting requests, L̄_max the largest L̄_j among the
 non-empty partitions: every turn is worth about one request of the longest partition, so the
@@ -24,6 +25,18 @@ Dynamics (`dynamic=True`; `fixed` partitions turn them all off):
     cools when load_i < 0.90 (hysteresis); a hot one takes 2 per round;
   * adjacent non-empty partitions both under 50% load merge into one covering both (and the
     gap between), so lightly used ranges do not each cost a turn.
+Shorter ranges first until a longer one is overdue (`yields=True`, the default): in a round a
+partition other than the shortest non-empty one is passed over while its head is not overdue,
+    overdue(r)  ⇔  now − arrival(r) ≥ OVERDUE · (deadline(r) − arrival(r)),   OVERDUE = 2
+i.e. it has waited twice its own TTFT span (P1: 2 · (5 s + its prefill); P3, no deadline:
+twice the loosest finite target). So in a short flood the ranges go shortest first, in
+deadline order within each (not SJF by exact length: a 30k-token prompt does not also wait
+behind every 9k one), and a longer range's head, once overdue, gets its turn at the next
+round as before: it waits at most its overdue time plus one round. Past capacity this moves
+the backlog off the short range, the bulk of the traffic, onto the longer ones until they are
+overdue (docs/results-bubble.md, round 9: flood 120, short p50 0.69 → 0.40 s, long p99 19.5 →
+17.5 s). A line never told the time (`at`) treats every head as overdue: round 5's rule, every
+range its turn each round (`bubble-placed` keeps it).
 `ShortestLine` (lines.py) is the SJF baseline that starves long requests under sustained
 short load; `fixed` is the static-partition baseline (the base bounds for ever, one request
 per partition per round).
@@ -35,12 +48,15 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tokenyard.services.priority_queue.policies.base import cost
+from tokenyard.services.priority_queue.policies.base import cost, deadline
 from tokenyard.services.priority_queue.policies.lines import DeadlineLine
 from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.slo import FINITE_TTFT_TARGET_S
 
 BASE_BOUNDS: tuple[float, ...] = (0.0, 512.0, 2048.0, 8192.0, float("inf"))
 HOT, COOL, MERGE = 1.10, 0.90, 0.50
+OVERDUE = 2.0
+"""A longer partition's head is overdue once it has waited this many times its TTFT span."""
 
 
 @dataclass
@@ -59,7 +75,8 @@ class Partition:
 
 class BubbleLine:
     def __init__(self, bubble_width: float = 1024.0, bounds: Sequence[float] = BASE_BOUNDS,
-                 dynamic: bool = True, work_turns: bool = True) -> None:
+                 dynamic: bool = True, work_turns: bool = True, yields: bool = True,
+                 overdue: float = OVERDUE) -> None:
         self.bubble_width = float(bubble_width)
         self.bounds = tuple(bounds)
         self.dynamic = dynamic
@@ -67,6 +84,12 @@ class BubbleLine:
         """True: a turn is worth L̄_max (the longest partition's mean); False: the earlier
         rule, L̄ = the mean of all waiting requests (kept for the comparison in
         docs/results-bubble.md)."""
+        self.yields = yields and dynamic
+        """True: a longer partition yields its turn while its head is not overdue (above)."""
+        self.overdue = overdue
+        """OVERDUE; another value only for the sensitivity study (bench.bubble `bubble-o<x>`)."""
+        self.now = float("inf")
+        """The time the line was last told (`at`); never told: every head is overdue."""
         self.parts: list[Partition] = []
         self._reset()
         self._home: dict[str, tuple[Partition, int]] = {}
@@ -83,6 +106,9 @@ class BubbleLine:
         self.parts = [Partition(lo, hi) for lo, hi in zip(self.bounds, self.bounds[1:], strict=False)]
 
     # ── line port ──
+    def at(self, now: float) -> None:
+        self.now = now
+
     def push(self, req: AdmittedRequest, cls: int) -> None:
         part = self._partition_for(cost(req))
         part.line.push(req, cls)
@@ -136,7 +162,8 @@ class BubbleLine:
     def _turn(self) -> tuple[Partition, bool] | None:
         """Whose turn it is: the partition at the cursor while its quantum lasts (True: the
         same turn goes on), else the next non-empty one above it, else (a new round) the
-        shortest non-empty one."""
+        shortest non-empty one; a partition other than the shortest non-empty one is passed
+        over while it yields (its head not overdue)."""
         first = None
         live = sum(1 for p in self.parts if len(p))
         for p in self.parts:
@@ -144,11 +171,22 @@ class BubbleLine:
                 continue
             if first is None:
                 first = p
+            elif self.yields and not self._overdue(p):
+                continue
             if p.lo == self.cursor and self.taken < self._quantum(p, live):
                 return p, True
             if p.lo > self.cursor:
                 return p, False
         return None if first is None else (first, False)
+
+    def _overdue(self, p: Partition) -> bool:
+        head = p.line.peek()
+        assert head is not None
+        cls = self._home[head.request_id][1]
+        span = deadline(head, cls) - head.arrival_s
+        if span == float("inf"):
+            span = FINITE_TTFT_TARGET_S[cls]
+        return self.now - head.arrival_s >= self.overdue * span
 
     def _quantum(self, p: Partition, live: int) -> int:
         """Requests a partition may give in one turn: the longest partition's mean length over

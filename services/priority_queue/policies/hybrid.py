@@ -164,6 +164,8 @@ class ClassScheduler:
         return (to, limit) if to >= 0 else (c, float("inf"))  # no tier above: it stays
 
     def _age_until(self, now: float) -> None:
+        for line in self.lines:  # the lines' clock too (bubble.py: when a range is overdue)
+            line.at(now)
         # Lower classes first, so a request may climb several classes in one call.
         for c in range(NUM_CLASSES - 1, 0, -1):
             to, limit = self._ages_to[c]

@@ -18,6 +18,9 @@ from tokenyard.shared.schemas import AdmittedRequest
 
 
 class Line(Protocol):
+    def at(self, now: float) -> None:
+        """The time of the pop that follows (a line whose order depends on waiting time)."""
+
     def push(self, req: AdmittedRequest, cls: int) -> None: ...
 
     def pop(self) -> AdmittedRequest | None: ...
@@ -35,6 +38,9 @@ class HeapLine:
     def __init__(self) -> None:
         self._heap: list[tuple] = []
         self._items: dict[str, AdmittedRequest] = {}
+
+    def at(self, now: float) -> None:
+        pass
 
     def key(self, req: AdmittedRequest, cls: int) -> tuple:
         raise NotImplementedError

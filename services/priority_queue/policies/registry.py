@@ -9,7 +9,9 @@ policy does not use are ignored (so one set of options serves every policy).
     hybrid   P0 strict · P1-P2 deadline-first, WFQ between heads without one · P3 best
              effort · aging                                        (default; hybrid.py)
     hybrid-wfq  P0 strict · P1-P2 WFQ · P3 best effort · aging     (DESIGN §3.3 as written)
-    bubble   hybrid, with bubble queues within each class          (seed 004)
+    bubble   hybrid, with bubble queues within each class          (seed 004; a longer length
+             range yields its turn to shorter ones until its head has waited twice its TTFT
+             span, bubble.py)
     bubble-placed  the same, each length range released onto instances of its own, split by
              demand, idle longer ranges lent to shorter ones (seed 004's queues with capacity
              of their own; bubble_placement.py; docs/results-bubble.md: better short p50 in
@@ -61,10 +63,14 @@ def make_policy(
         inner = hybrid(aging_s, weights=weights)
     elif name == "hybrid-wfq":
         inner = hybrid(aging_s, name="hybrid-wfq", weights=weights, fair_order="wfq")
-    elif name in ("bubble", "bubble-placed"):
+    elif name == "bubble":
         inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS), name, weights)
-        if name == "bubble-placed":
-            return BubblePlacement(KeepsTurn(inner), ages_to=inner.ages_to)
+    elif name == "bubble-placed":
+        # round 5's turns (every range its turn each round): with the longer ranges yielding,
+        # the placement's long p99 doubled on the held-out table (docs/results-bubble.md, round 9)
+        line = partial(BubbleLine, bubble_width, BASE_BOUNDS, yields=False)
+        inner = hybrid(aging_s, line, name, weights)
+        return BubblePlacement(KeepsTurn(inner), ages_to=inner.ages_to)
     elif name == "fixed":
         inner = hybrid(aging_s, partial(BubbleLine, bubble_width, BASE_BOUNDS, False), "fixed", weights)
     elif name == "sjf":

@@ -93,6 +93,11 @@ recompute) or in the cost: it puts ChatBot's idle instances to work (TPOT p99 18
 at ×1) but in the sweep took Azure conv's conversations off their holders (hit 0.39 → 0.37,
 hit ratio won 18 → 14, TTFT 4 → 3); the slack capped at the queue's budget beside the
 fleet's half kept whole (Mooncake's tuning half at ×3: mean TTFT 1,911 → 2,216 ms).
+Round 9 (no preemption in any reported cell, so no KV-headroom term): i's absorbed stall priced
+while a candidate is idle, beyond the mean batch, or in the sticky exemption (TPOT p99 geomean
+−11 to −14 % and 4–9 more goodput cells, but Azure's turns leave their holders: hit cells
+won 18 → 7–13); ties toward fewer running sequences where nothing is queued (TPOT p99 won
+7 → 9, goodput 5 → 9, but TTFT 4 → 1 on three API margins and hit 18 → 17).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multiplicative KV$-aware score (seed 000, DESIGN.md §3.1):
+"""Multiplicative KV$-aware score (seed 000, docs/ARCHITECTURE.md §6):
 
     hit(r, i) = tokens of r's prompt cached on i (whole blocks, from the KV block index)
     P(r, i)   = queued prefill tokens(i) + max(len(r) − hit(r, i), 1)

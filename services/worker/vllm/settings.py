@@ -1,4 +1,4 @@
-"""tokenyard's worker settings mapped onto vLLM's engine arguments (DESIGN.md §3.5, §4).
+"""tokenyard's worker settings mapped onto vLLM's engine arguments (docs/ARCHITECTURE.md §8).
 
 | tokenyard setting   | vLLM                                                               |
 |---------------------|--------------------------------------------------------------------|

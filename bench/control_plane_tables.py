@@ -30,7 +30,8 @@ def print_report(result: dict[str, Any], console: Console) -> None:
             f"{r['p99_ttft_ms']:.3f}",
         )
     console.print(t)
-    print_added({"": result["engine_paired"]} if result.get("engine_paired") else {}, console)
+    for path in ("nats", "http"):
+        print_added({"": result["engine_paired"]} if result.get("engine_paired") else {}, console, path)
     if result.get("cpu_ms_per_request"):
         cpu = result["cpu_ms_per_request"]
         t = Table(title="CPU ms per request by process (user + system over the TTFT runs, warm-up included; "
@@ -95,17 +96,21 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     console.print(t)
 
 
-def print_added(by_label: dict[str, dict[str, Any]], console: Console) -> None:
-    """The control plane's added TTFT over NATS: the full path less the engine alone."""
+def print_added(by_label: dict[str, dict[str, Any]], console: Console, path: str = "nats") -> None:
+    """The control plane's added TTFT over `path`: the full path less the engine alone (over
+    HTTP: a worker's own HTTP front). `by_label`: label → {path: {"ttft": …}, "added"/"http_added": …}."""
+    key = "added" if path == "nats" else "http_added"
+    by_label = {label: r for label, r in by_label.items() if r.get(key) and path in r}
     if not by_label:
         return
-    t = Table(title="TTFT added by the control plane, NATS (ms): through it less the engine alone, "
+    alone = "the engine alone" if path == "nats" else "the engine's own HTTP front"
+    t = Table(title=f"TTFT added by the control plane, {path.upper()} (ms): through it less {alone}, "
                     "interleaved", box=box.SIMPLE_HEAD)
     for col in ("code", "full p50", "engine alone p50", "added p50", "added p50, paired"):
         t.add_column(col, justify="left" if col == "code" else "right")
     for label, r in by_label.items():
-        a = r.get("added") or {}
-        t.add_row(label or "this tree", f"{r['nats']['ttft'].get('p50_ms', float('nan')):.3f}",
+        a = r[key]
+        t.add_row(label or "this tree", f"{r[path]['ttft'].get('p50_ms', float('nan')):.3f}",
                   f"{a.get('engine_p50_ms', float('nan')):.3f}", f"{a.get('p50_ms', float('nan')):.3f}",
                   f"{a.get('paired_p50_ms', float('nan')):.3f}")
     console.print(t)
@@ -134,8 +139,9 @@ def print_side_by_side(result: dict[str, Any], console: Console) -> None:
             t.add_row(path, label, str(r["sent"]), str(r["sent"] - r["completed"]),
                       *(f"{r['ttft'][k]:.3f}" for k in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")))
     console.print(t)
-    print_added({label: {"nats": ttft[label]["nats"], "added": ttft[label]["nats"].get("added")}
-                 for label in labels}, console)
+    for path in ("nats", "http"):
+        print_added({label: {path: ttft[label][path], "added": ttft[label]["nats"].get("added"),
+                             "http_added": ttft[label]["http"].get("added")} for label in labels}, console, path)
     for path, key, what in (("nats", "cpu", "idle loops included"), ("http", "cpu", "idle loops included"),
                             ("nats", "busy_cpu", "less each process's idle rate"),
                             ("http", "busy_cpu", "less each process's idle rate")):

@@ -50,6 +50,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+ENGINE_HTTP = "engine-http"
+ALONE = {"nats": "engine", "http": ENGINE_HTTP}
+"""Per path, the engine reached without the control plane: offered to a worker over NATS, or
+a worker's own OpenAI HTTP front (`tokenyard worker --http`)."""
 NATS_SEGMENTS = ("client → admission", "admission", "JetStream → queue", "queue", "queue → router", "router",
                  "router → worker", "worker", "worker → client")
 HTTP_SEGMENTS = ("client → edge", "edge → admission", *NATS_SEGMENTS[1:])
@@ -231,6 +235,18 @@ async def send_http(http: aiohttp.ClientSession, url: str, model: str, prompt: s
     return Sent(trace_id, t_send, t_first)
 
 
+async def wait_healthy(http: aiohttp.ClientSession, urls: list[str], timeout_s: float = 30.0) -> None:
+    """Until each HTTP front answers /health with 200 (a worker's front starts after it registers)."""
+    async with asyncio.timeout(timeout_s):
+        for url in urls:
+            while True:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"{url}/health") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.1)
+
+
 def summarise(rows: list[dict[str, float]], names: tuple[str, ...]) -> dict[str, dict[str, float]]:
     """Median and mean of each segment and of the total; empty without rows (a fleet whose
     code notes no instants, e.g. an older commit's beside this tree's)."""
@@ -280,7 +296,8 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                 fleet = await stack.enter_async_context(FleetProcesses(
                     workers=workers, profile="zero", http_port=0, model=model,
                     router=(routers or {}).get(label, "in-queue"), admission=(admissions or {}).get(label, "in-queue"),
-                    extra_env={**env, **(tracing if traced else {})}))
+                    extra_env={**env, **(tracing if traced else {})}, worker_http=not traced))
+                await wait_healthy(http, fleet.worker_http_urls)
                 client = await stack.enter_async_context(await TokenyardClient.connect(fleet.nats_url))
                 up[label] = (fleet, client)
             admin = {}  # label → an operator's connection and the workers (the engine alone)
@@ -295,13 +312,17 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                     if kind == "engine":
                         nc, wids = admin[label]
                         return await send_engine(nc, wids[turn % len(wids)], model, prompt)
+                    if kind == ENGINE_HTTP:  # the engine alone over HTTP: a worker's own front
+                        urls = fleet.worker_http_urls
+                        return await send_http(http, urls[turn % len(urls)], model, prompt)
                     if kind == "nats":
                         return await send_nats(client, model, prompt)
                     return await send_http(http, fleet.http_url, model, prompt)
 
-                # Over NATS (untraced) each round also offers a request to the engine alone,
-                # in the same shuffled order, so both see the same machine.
-                kinds = (path, "engine") if path == "nats" and not traced else (path,)
+                # Untraced, each round also sends a request to the engine alone, in the same
+                # shuffled order, so both see the same machine: over NATS offered straight to a
+                # worker, over HTTP to a worker's own HTTP front.
+                kinds = (path, ALONE[path]) if not traced else (path,)
                 order = [(label, kind) for label in fleets for kind in kinds]
                 for turn in range(warmup):
                     for label, kind in order:
@@ -331,32 +352,43 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                         rows = [r for s in sents if (r := segments(receiver.traces[s.trace_id], s, path == "http"))]
                         out[label][path].update(traced=len(rows), segments=summarise(rows, names))
                 for label in fleets:
-                    if "engine" in kinds:
-                        out[label]["nats"]["added"] = added(sent[(label, "nats")], sent[(label, "engine")])
+                    if len(kinds) == 2:
+                        out[label][path]["added"] = added(sent[(label, path)], sent[(label, ALONE[path])])
     finally:
         await receiver.stop()
     return out
 
 
 async def engine_paired(nats_url: str, model: str, requests: int, rate: float, warmup: int = 20,
-                        prompt: str = "a short prompt of a few words") -> dict[str, Any]:
+                        prompt: str = "a short prompt of a few words", http_url: str | None = None,
+                        worker_urls: list[str] | None = None) -> dict[str, Any]:
     """On a running fleet: requests through the control plane (NATS) and to the engine alone,
-    one at a time, in a fresh random order each round. Their TTFTs, and `added`."""
+    one at a time, in a fresh random order each round; with `http_url` (the edge) and
+    `worker_urls` (the workers' own HTTP fronts) the same over HTTP, in the same rounds. Their
+    TTFTs, and `added` (NATS) / `http_added`."""
     from tokenyard.shared import natsutil
     from tokenyard.shared.client import TokenyardClient
 
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(await TokenyardClient.connect(nats_url))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
         nc = await natsutil.connect(nats_url, "bench-engine-alone")
         stack.push_async_callback(nc.close)
         wids = await worker_ids(nc)
+        with_http = bool(http_url and worker_urls)
+        if with_http:
+            await wait_healthy(http, worker_urls)
 
         async def one(kind: str, turn: int) -> Sent:
             if kind == "engine":
                 return await send_engine(nc, wids[turn % len(wids)], model, prompt)
+            if kind == ENGINE_HTTP:
+                return await send_http(http, worker_urls[turn % len(worker_urls)], model, prompt)
+            if kind == "http":
+                return await send_http(http, http_url, model, prompt)
             return await send_nats(client, model, prompt)
 
-        order = ["nats", "engine"]
+        order = ["nats", "engine", *(["http", ENGINE_HTTP] if with_http else [])]
         for turn in range(warmup):
             for kind in order:
                 await one(kind, turn)
@@ -371,6 +403,8 @@ async def engine_paired(nats_url: str, model: str, requests: int, rate: float, w
         ttfts = sorted((s.t_first_ns - s.t_send_ns) / 1e6 for s in sents if s.t_first_ns)
         out[kind] = {"ttft": percentiles(ttfts), "completed": len(ttfts), "sent": len(sents)}
     out["added"] = added(sent["nats"], sent["engine"])
+    if with_http:
+        out["http_added"] = added(sent["http"], sent[ENGINE_HTTP])
     return out
 
 

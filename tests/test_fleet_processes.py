@@ -6,6 +6,7 @@ own last lines; no orphans when `up` is killed outright; no fleet without worker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -154,6 +155,29 @@ async def test_children_die_with_up_when_it_is_killed_outright(tmp_path):
 def test_up_refuses_a_fleet_without_workers(capsys):
     assert cli.main(["up", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+async def test_worker_http_gives_each_worker_its_own_front_that_serves_the_engine_alone():
+    """bench.control_plane's HTTP engine-alone path: each worker's own OpenAI front on a port
+    of its own (`tokenyard worker --http PORT`), answering a completion without the control plane."""
+    async with FleetProcesses(workers=2, profile="zero", http_port=0, edge_processes=1, metrics=False,
+                              worker_http=True) as fleet:
+        cmds = dict(fleet._commands())
+        ports = [int(cmds[f"worker-{i}"][cmds[f"worker-{i}"].index("--http") + 1]) for i in range(2)]
+        assert len(set(ports)) == 2 and fleet.worker_http_urls == [f"http://127.0.0.1:{p}" for p in ports]
+        async with aiohttp.ClientSession() as http:
+            for url in fleet.worker_http_urls:
+                async def answered(url=url) -> bool:
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with http.get(f"{url}/health") as resp:
+                            return resp.status == 200
+                    return False
+                await until(answered, timeout_s=30.0, what=f"{url}/health")
+                body = {"model": fleet.model, "prompt": "Hello", "max_tokens": 2}
+                async with http.post(f"{url}/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    assert (await resp.json())["usage"]["completion_tokens"] == 2
+    assert FleetProcesses(workers=2).worker_http_urls == []  # off by default: no port taken
 
 
 def test_up_takes_nats_port_4222_unless_it_is_taken():

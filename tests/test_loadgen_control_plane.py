@@ -32,6 +32,30 @@ def test_verdicts():
     }
 
 
+def test_the_added_ttft_is_held_to_the_goal_on_each_path_where_measured():
+    """With an engine-alone run on a path (NATS: offered to a worker; HTTP: the worker's own
+    front) the goal is on the added p50, not the full TTFT; without one, the full TTFT."""
+    ttft = {"nats": {"failed": 0, "p50_ttft_ms": 3.0, "p99_ttft_ms": 5.0},
+            "http": {"failed": 0, "p50_ttft_ms": 3.7, "p99_ttft_ms": 6.0}}
+    both = {"ttft": ttft, "sustained_rate": None, "added": {"p50_ms": 1.8}, "http_added": {"p50_ms": 2.1}}
+    got = {v["what"]: (v["measured"], v["met"]) for v in verdicts(both)}
+    assert got == {"nats TTFT added p50 (ms)": (1.8, True), "nats TTFT p99 (ms)": (5.0, True),
+                   "http TTFT added p50 (ms)": (2.1, False), "http TTFT p99 (ms)": (6.0, True)}
+    nats_only = {**both, "http_added": None}  # a running fleet: its workers' fronts unknown
+    got = {v["what"]: (v["measured"], v["met"]) for v in verdicts(nats_only)}
+    assert got["http TTFT p50 (ms)"] == (3.7, False) and "http TTFT added p50 (ms)" not in got
+
+
+def test_added_is_the_difference_of_the_medians_and_the_median_of_the_pairs():
+    from bench.hop_profile import Sent, added
+
+    ms = 1_000_000
+    full = [Sent(0, 0, 3 * ms), Sent(0, 0, 4 * ms), Sent(0, 0, 10 * ms), Sent(0, 0, 0)]  # the last: no token
+    alone = [Sent(0, 0, 1 * ms), Sent(0, 0, 3 * ms), Sent(0, 0, 2 * ms), Sent(0, 0, 1 * ms)]
+    assert added(full, alone) == {"p50_ms": 4.0 - 1.5, "paired_p50_ms": 2.0, "engine_p50_ms": 1.5}
+    assert added([Sent(0, 0, 0)] * 4, alone) == {}  # no full-path token: nothing to say
+
+
 def test_default_steps():
     args = parse_args([])
     assert args.rates == [250.0, 500.0, 1000.0, 1500.0, 2000.0] and args.workers == 2

@@ -36,7 +36,7 @@ class HeldRouter:
         self.asked_event = asyncio.Event()
         self.closing = asyncio.Event()
 
-    async def route(self, ar, data=None, headers=None, only=None, offered=None) -> schemas.RouteDecision:
+    async def route(self, ar, data=None, headers=None, only=None) -> schemas.RouteDecision:
         self.asked.append(ar.request_id)
         self.asked_event.set()
         await (self.answer if len(self.asked) == 1 else self.closing).wait()

@@ -237,6 +237,7 @@ async def test_a_worker_answers_the_same_request_again_without_a_word_to_its_cli
     shell.nc = nc = Inboxes()
     ar = req("r1", max_tokens=1)
     await shell._on_generate(offer := Offer(ar))
+    await until(lambda: offer.reply is not None, what="the answer (at the first event, or REPLY_HOLD_S)")
     assert offer.reply == schemas.GenerateReply("r1", True)
     await shell._on_generate(again := Offer(ar))  # a re-ask, a redelivery: the same request
     assert again.reply == schemas.GenerateReply("r1", True, schemas.REOFFERED)

@@ -128,6 +128,9 @@ class FleetProcesses:
     """Give every service a Prometheus /metrics port (`scrape_targets()` lists them)."""
     edge_processes: int = field(default_factory=config.edge_processes)
     """Edge processes on the HTTP port (SO_REUSEPORT); default one per CPU (config.edge_processes)."""
+    worker_http: bool = False
+    """Give each worker its own OpenAI HTTP front too (`tokenyard worker --http PORT`, a free
+    port each; `worker_http_urls`): the engine reached over HTTP without the control plane."""
 
     def __post_init__(self) -> None:
         self.server: natsutil.NatsServer | NatsCluster | None = None
@@ -142,6 +145,8 @@ class FleetProcesses:
         self._edge_task: asyncio.Task | None = None
         self._replaced: list[Child] = []
         """Edge children the supervisor has started again: each dead one, still to report."""
+        self.worker_http_ports: list[int] = (
+            [natsutil.free_port() for _ in range(self.workers)] if self.worker_http else [])
 
     @property
     def procs(self) -> list[tuple[str, subprocess.Popen]]:
@@ -150,6 +155,11 @@ class FleetProcesses:
     @property
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def worker_http_urls(self) -> list[str]:
+        """Each worker's own HTTP front, in worker order (with `worker_http`; else none)."""
+        return [f"http://127.0.0.1:{port}" for port in self.worker_http_ports]
 
     def _commands(self) -> list[tuple[str, list[str]]]:
         base = [sys.executable, "-m", "tokenyard.cli"]
@@ -165,7 +175,8 @@ class FleetProcesses:
                 f"worker-{i}",
                 [*base, "worker", *url, "--engine", self.engine, "--profile", self.profile,
                  "--speed", str(self.speed), "--id", f"w{i}", "--model", self.model,
-                 *(["--scheduling", self.scheduling] if self.engine == "sim" else [])],
+                 *(["--scheduling", self.scheduling] if self.engine == "sim" else []),
+                 *(["--http", str(self.worker_http_ports[i])] if self.worker_http else [])],
             ))
         return [(name, [*cmd, *self._metrics_args(name)]) for name, cmd in cmds]
 

@@ -54,8 +54,10 @@ from tokenyard.shared.tokenizer import Tokenizer
 log = telemetry.logger("admission")
 
 PLACING_WAIT_S = 0.05
-"""The most a handed request's store waits for its first offer to leave (it leaves within a few
-turns of the event loop; this is only a bound)."""
+"""The most a handed request's store waits for its route's answer (the worker's, which leaves
+with the first token: under a millisecond on an idle fleet, REPLY_HOLD_S for a real prefill;
+this is only a bound). Until the store's publish leaves, the request is in this process and on
+the worker it was offered to, not yet in JetStream."""
 TICK_S = config.HEARTBEAT_INTERVAL_S
 """The most admission leaves between two of its own events: it ticks twice as often."""
 
@@ -250,10 +252,12 @@ class AdmissionShell:
 
     async def _hand_over(self, req: Request, verdict: schemas.AdmittedRequest, queued: bytes, json: bool,
                          trace: dict[str, str], span, placing: asyncio.Future) -> None:
-        """A request the queue in this process took (`placing`: done once its first offer to a
-        worker left, or it waits for room): then into JetStream, and `accepted` right behind the
-        store's publish, on the same connection, without waiting for the ack — so `accepted` is
-        off the first token's path, and the server has the store's publish before the client has
+        """A request the queue in this process took (`placing`: done once its route has an answer
+        — the worker's, which leaves with the first token — or it waits for room): then into
+        JetStream, and `accepted` right behind the store's publish, on the same connection,
+        without waiting for the ack — so the store, its ack, its copy's delivery and `accepted`
+        run after the first token's path, not beside it on the same CPUs, and the server has the
+        store's publish before the client has
         `accepted` (a crash of this process after the server has stored it loses nothing; one
         while the store is still retrying — no stream leader during a cluster's failover — loses
         the request, and its client, which holds `accepted`, is ended by its idle timeout, 504
@@ -265,7 +269,7 @@ class AdmissionShell:
         rid = verdict.request_id
         outcome = schemas.Outcome.ADMIT_FAILED  # until JetStream has stored it
         try:
-            with contextlib.suppress(TimeoutError):  # a bound only: it is done within a few turns of the loop
+            with contextlib.suppress(TimeoutError):  # a bound only: the worker answers within a millisecond or two
                 async with asyncio.timeout(PLACING_WAIT_S):
                     await placing
             store = asyncio.ensure_future(self._enqueue(verdict, queued, trace))

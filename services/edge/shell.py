@@ -79,6 +79,21 @@ def release_memory() -> None:
             ctypes.CDLL(libc).malloc_trim(0)
 
 
+HEADERS_HOLD_S = 0.05
+"""After `accepted` (the status is known: 200), how long an SSE response's headers wait for the
+first token to leave with them in one send — one write here and one wake of the client on the
+first token's path instead of two. A first token that takes longer (a request waiting in the
+queue for room, a long prefill) finds the headers gone alone at this bound."""
+
+
+class SseResponse(web.StreamResponse):
+    """An SSE response whose headers leave with the first bytes of its body (in one send, as
+    aiohttp's own `Response` does), not alone at `prepare`; `EdgeShell._stream_sse` bounds the
+    wait (HEADERS_HOLD_S). An aiohttp without the switch sends them at `prepare`, as before."""
+
+    _send_headers_immediately = False
+
+
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -376,7 +391,7 @@ class EdgeShell:
     async def _stream_sse(
         self, request, call: _Call, renderer: core.Renderer, batch: list[schemas.StreamEvent], events
     ) -> web.StreamResponse:
-        response = web.StreamResponse(
+        response = SseResponse(
             status=200,
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",
@@ -384,8 +399,9 @@ class EdgeShell:
                 "x-request-id": call.request_id,
             },
         )
-        await response.prepare(request)
+        await response.prepare(request)  # the headers wait for the first frames (SseResponse)
         call.response = response
+        sent = False  # the headers: out yet?
         while True:
             # Every event that came while the last write went out, in one write: a client that
             # fell behind a burst catches up in one send, not one per token.
@@ -394,10 +410,33 @@ class EdgeShell:
                 break
             if data:
                 await response.write(data)
-            batch = await self._next(call, events)
+                sent = True
+            if sent:
+                batch = await self._next(call, events)
+            else:
+                batch, sent = await self._next_holding_headers(call, events, response)
         call.outcome = Outcome.FINISHED if isinstance(batch[-1], schemas.Finished) else Outcome.FAILED
-        await response.write_eof(data)  # the last frames and the end of the body: one send
+        await response.write_eof(data)  # the last frames and the end of the body (and the headers): one send
         return response
+
+    async def _next_holding_headers(self, call: _Call, events,
+                                    response: web.StreamResponse) -> tuple[list[schemas.StreamEvent], bool]:
+        """`_next` while nothing of the body has gone out: the headers wait in the response's
+        buffer for the first frames, and leave alone after HEADERS_HOLD_S. (The batch, whether
+        the headers went out.)"""
+        nxt = asyncio.ensure_future(self._next(call, events))
+        try:
+            done, _ = await asyncio.wait({nxt}, timeout=HEADERS_HOLD_S)
+            if not done:
+                await response.write(b"")  # the status alone: the first token is not near
+            return await nxt, not done
+        except BaseException:
+            # the client went away (cancelled, or a failed write), or the deadline came: the
+            # stream's own cancellation aborts the request, and ends before the caller closes it
+            nxt.cancel()
+            with contextlib.suppress(BaseException):
+                await nxt
+            raise
 
     async def _next(self, call: _Call, events) -> list[schemas.StreamEvent]:
         """The events that arrived since the last call (at least one; a terminal one comes

@@ -3,7 +3,6 @@ route as a call, not a NATS request/reply (services/router/shell.py RouterShell 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 from tokenyard.shared import schemas
@@ -15,5 +14,4 @@ class LocalRouter(Protocol):
 
     async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
                     headers: dict[str, str] | None = None,
-                    only: frozenset[str] | None = None,
-                    offered: Callable[[], None] | None = None) -> schemas.RouteDecision: ...
+                    only: frozenset[str] | None = None) -> schemas.RouteDecision: ...

@@ -117,8 +117,8 @@ class QueueShell:
         """request id → when this queue first had it, for JetStream's duplicate window (at most
         SEEN_REMEMBERED): `take` hands a seen id to JetStream's duplicate check instead of placing it."""
         self._placing: dict[str, asyncio.Future] = {}
-        """request id → what `take` returned for it, until its first offer is on its way (or
-        it waits for room, or its route ended)."""
+        """request id → what `take` returned for it, until its route has an answer (or it
+        waits for room, or it was taken back)."""
         self._peers: dict[str, float] = {}
         """Other queue replicas → when their QueueStats were last heard. One never heard counts
         as heard when this queue started: a replica that has just started has not heard its
@@ -254,12 +254,12 @@ class QueueShell:
 
     def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> asyncio.Future | None:
         """An admitted request from admission in this process, before JetStream stores it (the
-        caller stores it there once the returned future is done: when the request's first
-        offer to a worker is on its way, or it waits for room, or its route ended — so the
-        first token's message leaves this process first). `data`: `req` encoded as it will be
-        stored; `headers`: its trace context. None: a request of this id was here within
-        JetStream's duplicate window (a reused id: the JetStream copy alone decides, and its
-        duplicate check answers)."""
+        caller stores it there once the returned future is done: when its route has an
+        answer — with the router in this process, the worker's, which comes with the first
+        token — or it waits for room; admission bounds the wait, PLACING_WAIT_S). `data`: `req`
+        encoded as it will be stored; `headers`: its trace context. None: a request of this id
+        was here within JetStream's duplicate window (a reused id: the JetStream copy alone
+        decides, and its duplicate check answers)."""
         rid = req.request_id
         now = time.time()
         if rid in self._local or rid in self.held or self._was_seen(rid, now) or not self.core.offer(req, now):
@@ -304,7 +304,7 @@ class QueueShell:
             task.add_done_callback(self._routes.discard)
 
     def _placed(self, request_id: str) -> None:
-        """`take`'s future for this request is done (its first offer left, or it waits, or it ended)."""
+        """`take`'s future for this request is done (its route answered, or it waits, or it ended)."""
         placing = self._placing.pop(request_id, None)
         if placing is not None and not placing.done():
             placing.set_result(None)
@@ -365,9 +365,10 @@ class QueueShell:
                     data = msg.data if msg is not None else local[0] if local else codec.encode(req)
                     only = self.core.placed_on.get(req.request_id)
                     if self.router is not None:  # in this process: no crossing, no encoding
-                        offered = (lambda rid=req.request_id: self._placed(rid)) if req.request_id in self._placing \
-                            else None
-                        decision = await self.router.route(req, data, only=only, offered=offered)
+                        # A handed-over request's store waits for the route's answer (_placed
+                        # below): the store, `accepted` and JetStream's work then run after the
+                        # worker's answer, which leaves with the first token, not beside it.
+                        decision = await self.router.route(req, data, only=only)
                     else:
                         self._placed(req.request_id)  # the route ask leaves first: it is written before the store
                         extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 import msgspec
 from nats.aio.client import Client
@@ -155,16 +154,14 @@ class RouterShell:
 
     async def route(self, ar: schemas.AdmittedRequest, data: bytes | None = None,
                     headers: dict[str, str] | None = None,
-                    only: frozenset[str] | None = None,
-                    offered: Callable[[], None] | None = None) -> schemas.RouteDecision:
+                    only: frozenset[str] | None = None) -> schemas.RouteDecision:
         """One route request, idempotent per request: the `llm.v1.route` endpoint's work, and
         what a queue in this process calls directly (`tokenyard queue --with-router`: one NATS
         crossing fewer on the way to the first token). `data`: `ar` as it came, MessagePack;
-        `only`: the workers the queue released it to (None: any); `offered`: called once the
-        first offer to a worker is on its way (the caller's next message then leaves after it)."""
+        `only`: the workers the queue released it to (None: any)."""
         with telemetry.span(self.kind, "process", subjects.ROUTE, headers, request_id=ar.request_id) as span:
             t0 = time.perf_counter()
-            decision, hit_tokens = await self._place_once(ar, span, data=data, only=only, offered=offered)
+            decision, hit_tokens = await self._place_once(ar, span, data=data, only=only)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
@@ -179,7 +176,6 @@ class RouterShell:
 
     async def _place_once(
         self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None, only: frozenset[str] | None = None,
-        offered: Callable[[], None] | None = None,
     ) -> tuple[schemas.RouteDecision, int | None]:
         """`_place` for a queue's route request, idempotent per request (see the module and
         services/router/reask.py)."""
@@ -194,7 +190,7 @@ class RouterShell:
         # The placement runs as its own task and settles when it ends, whatever becomes of this
         # ask: a first asker cancelled mid-offer (a queue's shutdown) neither cancels an offer a
         # worker may already have taken nor leaves it unremembered (a re-ask would place it twice).
-        placing = asyncio.ensure_future(self._place(ar, span, data=data, only=only, offered=offered))
+        placing = asyncio.ensure_future(self._place(ar, span, data=data, only=only))
         placing.add_done_callback(lambda done: self._settle(key, done))
         return await asyncio.shield(placing)
 
@@ -216,7 +212,7 @@ class RouterShell:
 
     async def _place(
         self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None,
-        only: frozenset[str] | None = None, offered: Callable[[], None] | None = None,
+        only: frozenset[str] | None = None,
     ) -> tuple[schemas.RouteDecision, int | None]:
         """The decision, and the prefix-hit tokens on the worker that took the request. `data`:
         `ar` as it came, MessagePack; offered as it is (an 8k-token prompt costs ~0.3 ms of CPU
@@ -248,7 +244,7 @@ class RouterShell:
             await self._follow(ar)
         key = key_of(ar)
         if settle and (first := self.reask.first_offer(key)) is not None and self.migration.alive(first, now):
-            reply = await self._offer(ar, first, data, offered)
+            reply = await self._offer(ar, first, data)
             if reply is None:
                 return self._unsure(key, first), None
             if (decision := await self._answered(ar, first, reply, fresh, ours)) is not None:
@@ -262,7 +258,7 @@ class RouterShell:
                           notes=list(choice.notes), **self.core.rows())
             self.core.offer_out(choice.worker_id, ar, choice)
             try:
-                reply = await self._offer(ar, choice.worker_id, data, offered, choice.prefill)
+                reply = await self._offer(ar, choice.worker_id, data, choice.prefill)
             finally:
                 self.core.offer_answered(choice.worker_id, rid)
             if reply is None and settle:
@@ -304,16 +300,12 @@ class RouterShell:
         await self._unfollow(request_id)
 
     async def _offer(self, ar: schemas.AdmittedRequest, worker_id: str,
-                     data: bytes | None = None, offered: Callable[[], None] | None = None,
+                     data: bytes | None = None,
                      prefill: OfferPrefill | None = None) -> schemas.GenerateReply | None:
-        """`offered`: called on the loop's next turn, once the offer's bytes are in the connection's
-        buffer and its flush is due (a later message of the caller's leaves after it). `prefill`:
-        r's uncached tokens there and elsewhere, sent in the offer's header for the worker's
-        `saturated` refusal."""
+        """`prefill`: r's uncached tokens there and elsewhere, sent in the offer's header for the
+        worker's `saturated` refusal."""
         subject = subjects.worker_generate(worker_id)
         with telemetry.span(self.kind, "send", subject, kind=SpanKind.PRODUCER, request_id=ar.request_id):
-            if offered is not None:
-                asyncio.get_running_loop().call_soon(offered)
             try:
                 headers = telemetry.inject()
                 if prefill is not None:

@@ -48,6 +48,12 @@ log = telemetry.logger("worker")
 LEG_ROUTE_TIMEOUT_S = 5.0
 """How long a P/D decode leg waits for the router's answer (the queue's route timeout)."""
 
+REPLY_HOLD_S = 0.002
+"""How long the answer to an offer it took waits for the request's first event, so that both
+leave in one write: on the first token's path the answer's own write (and nats-server's
+delivery of it) came first, alone. A first event that takes longer (a real engine's prefill)
+finds the answer gone alone at this bound; a refusal is answered at once."""
+
 REPLAY_SLICE = 256
 """Replayed events published between two turns of the event loop."""
 REPLAY_POLL_S = 0.1
@@ -109,19 +115,24 @@ class WorkerShell:
             return
         prefill = OfferPrefill.parse((req.headers or {}).get(subjects.OFFER_PREFILL_HEADER))
         reply, start = self.core.offer(ar, self.engine.stats(), prefill)
-        if start:
-            task = asyncio.create_task(self._generate(ar, req.headers, received_ns))
+        if start:  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
+            answer = _Answer(req, codec.encode(reply))
+            timer = asyncio.get_running_loop().call_later(REPLY_HOLD_S, answer.send_soon)
+            task = asyncio.create_task(self._generate(ar, req.headers, received_ns, answer))
             self._streams[ar.request_id] = task
             self._running.set()
             task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))
+            task.add_done_callback(lambda _t: (timer.cancel(), answer.send_soon()))
+            return
         await req.respond(codec.encode(reply))
         if reply.reason == schemas.Outcome.DUPLICATE:  # an id reused by another request: say so
             error = self.core.reused_id_error(ar)
             await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=codec.content_headers(ar.json))
 
     async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None,
-                        received_ns: int = 0) -> None:
-        """`received_ns`: when the offer came (wall clock), for the hop profile."""
+                        received_ns: int = 0, answer: _Answer | None = None) -> None:
+        """`received_ns`: when the offer came (wall clock), for the hop profile; `answer`: the
+        offer's, sent (if not yet) just before the stream's first event, in the same write."""
         subject = subjects.worker_generate(self.core.cfg.worker_id)
         attrs = {
             "gen_ai.operation.name": "chat" if ar.kind == "chat" else "text_completion",
@@ -153,6 +164,8 @@ class WorkerShell:
                                 None if ttft_ms is None else ttft_ms / 1000.0, time.monotonic() - t0,
                                 event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
                             await self._heartbeat_if_decodes_ended()
+                        if answer is not None and not answer.sent:  # the router's answer, then the event
+                            await answer.send()
                         await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs,
                                          terminal=isinstance(event, schemas.TERMINAL_EVENTS))
                         if first:  # handed to NATS: where the hop profile's last segment starts
@@ -164,6 +177,8 @@ class WorkerShell:
                 log.exception("generation_failed", request_id=ar.request_id)
                 self.core.streams.pop(ar.request_id, None)
                 error = schemas.Error(ar.request_id, 500, f"engine failed: {e!r}")
+                if answer is not None and not answer.sent:
+                    await answer.send()
                 await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs, terminal=True)
 
     async def _send(self, subject: str, data: bytes, headers: dict[str, str] | None, *, terminal: bool) -> None:
@@ -297,3 +312,27 @@ class WorkerShell:
             await asyncio.sleep(self.kv_poll_s)
             with contextlib.suppress(Exception):
                 await self._publish_kv_events()
+
+
+class _Answer:
+    """The answer to an offer the worker took, sent once: by the generation just before its
+    first event (one write for both), or alone when REPLY_HOLD_S passes first (the timer), or
+    when the generation ends without an event."""
+
+    __slots__ = ("req", "data", "sent")
+
+    def __init__(self, req: Request, data: bytes):
+        self.req = req
+        self.data = data
+        self.sent = False
+
+    async def send(self) -> None:
+        if self.sent:
+            return
+        self.sent = True
+        with contextlib.suppress(Exception):  # a lost answer: the router asks again (re-offer)
+            await self.req.respond(self.data)
+
+    def send_soon(self) -> None:
+        if not self.sent:
+            asyncio.ensure_future(self.send())

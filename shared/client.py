@@ -29,6 +29,8 @@ What this client guarantees on top: every stream ends with exactly one terminal 
     (Chunk.accepted: the worker sends it, admission's `accepted` may arrive after it); the
     client yields that acceptance, then the chunk, and drops admission's copy when it comes.
     Other events that overtake `accepted` are held back until it arrives.
+  * A reader that leaves a stream before its end — cancelled, or out of its `async for` by a
+    `break` (the generator closed) — aborts the request: no worker generates what nobody reads.
   * `close()` aborts every open stream's request and ends the stream with an `error`
     CLIENT_CLOSED (499, the client closed it); a stream asked of a closed client ends so at once.
 """
@@ -380,6 +382,7 @@ class TokenyardClient:
             return
         inbox, box = await self._open_inbox(rid)
         check = StreamCheck(rid)
+        ended = False  # a terminal event was yielded (the reader may leave at it)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
             body = codec.encode(request, json=json)
@@ -397,6 +400,7 @@ class TokenyardClient:
                         break
                     if (gap := check.expired(loop.time())) is not None:
                         await self.abort(rid, reason="client_gap")
+                        ended = True
                         yield [gap]
                         return
                     if self.nc.stats["reconnects"] != reconnects:
@@ -404,10 +408,12 @@ class TokenyardClient:
                         after_reconnect = True
                         idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
                 if box.closed:  # close() has aborted the request
+                    ended = True
                     yield [self._closed_error(rid, check.next_seq)]
                     return
                 if not box.msgs:
                     await self.abort(rid, reason="client_idle_timeout")
+                    ended = True
                     if after_reconnect:
                         yield [schemas.Error(rid, 503, "events lost while NATS reconnected", seq=check.next_seq)]
                     else:
@@ -422,6 +428,7 @@ class TokenyardClient:
                             await asyncio.sleep(0.1)
                             await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
                             continue
+                        ended = True
                         yield [schemas.Rejected(rid, 503, "no_responders", "no admission service is running")]
                         return
                     try:
@@ -431,17 +438,24 @@ class TokenyardClient:
                     for e in check.on_event(event, now):
                         out.append(e)
                         if isinstance(e, schemas.TERMINAL_EVENTS):
+                            ended = True
                             yield out
                             return
                 if (gap := check.expired(now)) is not None:  # chunks flow, the hole stays
                     await self.abort(rid, reason="client_gap")
                     out.append(gap)
+                    ended = True
                     yield out
                     return
                 if out:
                     yield out
         except asyncio.CancelledError:
             await self.abort(rid, reason="client_cancelled")
+            raise
+        except GeneratorExit:  # the reader left before the end (a `break` out of its `async for`)
+            if not ended and not box.closed:  # nobody reads the rest: the worker stops it
+                with contextlib.suppress(Exception):  # a closed connection: its lease lapses instead
+                    await self.abort(rid, reason="client_left", reply_to=inbox)  # this generation only
             raise
         finally:
             box.close()
@@ -472,6 +486,8 @@ class TokenyardClient:
         out.text = "".join(parts)
         return out
 
-    async def abort(self, request_id: str, reason: str = "client") -> None:
-        await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(request_id=request_id, reason=reason)))
+    async def abort(self, request_id: str, reason: str = "client", reply_to: str = "") -> None:
+        """`reply_to`: only the generation streaming there (a reused id's other one runs on)."""
+        abort = schemas.Abort(request_id=request_id, reason=reason, reply_to=reply_to)
+        await self.nc.publish(subjects.ABORT, codec.encode(abort))
         await self.nc.flush()

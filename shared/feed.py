@@ -12,14 +12,19 @@ with one clock reading, to each listener in the order they joined:
     await feed.join(router_nc, router.on_heartbeat)   # the first to join subscribes, on its connection
     await feed.join(queue_nc, queue.on_heartbeat)     # the others only listen
 
-The subscription lives on the first joiner's connection, so that service must be the last of
-them to stop: `serve_together` stops services in the reverse order of their start, and the
-first to start is the first to join. A service given no feed makes a Feed of its own and is
-its only listener, as before.
+The subscription lives on the first joiner's connection. A service that stops leaves
+(`leave`, in its shell's stop): should the subscription live on its connection, it moves to
+the connection of the earliest joiner still listening (none left: it is gone). A service
+that joins again (stopped and started on a new connection) is one listener, not two; a feed
+whose connection was closed without a leave subscribes again on the next joiner's.
+`serve_together` stops services in the reverse order of their start, so the first joiner
+usually leaves last. A service given no feed makes a Feed of its own and is its only
+listener, as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,13 +53,38 @@ class Feed(Generic[T]):
         """The connection the subscription lives on (the first joiner's)."""
         self.bad = 0
         """Messages that did not decode (each logged)."""
+        self.joined: dict[Listener[T], Client] = {}
+        """Each listener's own connection (where the subscription goes should its holder leave)."""
 
     async def join(self, nc: Client, listener: Listener[T]) -> None:
-        """Add `listener`; the first call subscribes on `nc`."""
-        self.listeners.append(listener)
-        if self.subscription is None:
-            self.nc = nc
-            self.subscription = await nc.subscribe(self.subject, cb=self._on_msg)
+        """Add `listener` (once: a listener that joins again only moves to `nc`); the first call
+        subscribes on `nc`, and so does any call while the subscription's connection is closed."""
+        if listener not in self.joined:
+            self.listeners.append(listener)
+        self.joined[listener] = nc
+        if self.subscription is None or self.nc is None or self.nc.is_closed:
+            await self._subscribe(nc)
+
+    async def leave(self, listener: Listener[T]) -> None:
+        """Remove `listener` (a stopping service's); the subscription, if it lives on that
+        listener's connection, moves to the earliest remaining joiner's (none: it ends)."""
+        nc = self.joined.pop(listener, None)
+        with contextlib.suppress(ValueError):
+            self.listeners.remove(listener)
+        if nc is None or nc is not self.nc:
+            return
+        old, self.subscription, self.nc = self.subscription, None, None
+        if old is not None and not nc.is_closed:
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        for other in self.joined.values():
+            if not other.is_closed:
+                await self._subscribe(other)
+                return
+
+    async def _subscribe(self, nc: Client) -> None:
+        self.nc = nc
+        self.subscription = await nc.subscribe(self.subject, cb=self._on_msg)
 
     @property
     def connected(self) -> bool:

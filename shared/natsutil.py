@@ -13,6 +13,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +76,9 @@ async def connect(
     refused = asyncio.Event()
     last_error: list[Exception] = []
 
+    async def on_reconnected() -> None:
+        _RECONNECTED[nc] = time.time()
+
     async def on_error(e: Exception) -> None:
         if connected:  # before the first connection nats-py reports every failed attempt
             log.warning("nats_error", name=name, error=repr(e))
@@ -92,6 +97,7 @@ async def connect(
         max_outstanding_pings=MAX_OUTSTANDING_PINGS,
         pending_size=64 * 1024 * 1024,
         error_cb=on_error,
+        reconnected_cb=on_reconnected,
         **(creds.connect_options() if creds else {}),
     ))
     refusal = asyncio.ensure_future(refused.wait())
@@ -113,6 +119,16 @@ async def connect(
     connected = True
     _skip_abandoned_pongs(nc)
     return nc
+
+
+_RECONNECTED: weakref.WeakKeyDictionary[Client, float] = weakref.WeakKeyDictionary()
+
+
+def reconnected_at(nc: Client) -> float | None:
+    """When (`time.time()`) a connection made by `connect` last came back from an outage; None
+    if it never did. A loop that slept through an outage learns from it when the outage ended,
+    not when the loop woke."""
+    return _RECONNECTED.get(nc)
 
 
 def _skip_abandoned_pongs(nc: Client) -> None:

@@ -119,3 +119,20 @@ def test_a_scrape_waits_while_a_dead_process_is_folded(tmp_path, monkeypatch):
     assert done.wait(10)
     reader.join()
     assert pages == [b""]  # nothing written in this directory yet: an empty page, not an error
+
+
+async def test_a_supervisor_asked_to_stop_before_it_runs_starts_no_child():
+    """`up` stopping while its edge supervisor's task has not run yet (main: it started every
+    child, then stopped them)."""
+    spawned = []
+
+    def spawn(index, cmd, env):
+        spawned.append(index)
+        return subprocess.Popen(["sleep", "30"])
+
+    stop = asyncio.Event()
+    stop.set()
+    sup = EdgeSupervisor(["sleep", "30"], processes=2, spawn=spawn)
+    assert await sup.run(stop) == 0
+    assert spawned == [] and sup.children == []
+    assert not os.path.exists(sup.dir)

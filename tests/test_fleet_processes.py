@@ -19,7 +19,7 @@ from tokenyard.shared import natsutil, schemas
 from tokenyard.shared.client import TokenyardClient
 
 from tests.conftest import until
-from tokenyard import cli
+from tokenyard import cli, launcher
 from tokenyard.launcher import NATS_PORT, FleetProcesses, nats_port, ping
 
 
@@ -75,6 +75,30 @@ async def test_a_service_failing_at_start_up_is_named_with_its_last_lines():
     # ... and its own NATS connection closed: left open to the stopped server, it would
     # reconnect forever in this event loop (and hang the test session's teardown).
     await until(lambda: not nats_client_tasks() - before, timeout_s=5)
+
+
+async def test_the_edge_that_failed_at_start_up_is_named_not_the_sibling_stopped_after_it(monkeypatch):
+    """Edge process 1 fails at once; the supervisor then stops edge 0. Main named whichever
+    exit it saw first in its list: edge-0, exit code 0 or -15, and edge 0's lines."""
+
+    class OneFails(launcher.EdgeSupervisor):
+        def _spawn(self, index: int, deaths: int = 0):
+            if index == 1:
+                self.child_cmd, good = [sys.executable, "-c", "import sys; print('edge 1 is broken', file=sys.stderr); sys.exit(3)"], self.child_cmd
+                try:
+                    return super()._spawn(index, deaths)
+                finally:
+                    self.child_cmd = good
+            return super()._spawn(index, deaths)
+
+    monkeypatch.setattr(launcher, "EdgeSupervisor", OneFails)
+    fleet = FleetProcesses(workers=0, profile="zero", http_port=0, edge_processes=2, metrics=False)
+    with pytest.raises(RuntimeError) as err:
+        await fleet.start()
+    text = str(err.value)
+    assert text.startswith("during start-up, edge-1 exited with code 3; its last lines:"), text
+    assert "edge 1 is broken" in text
+    assert fleet.procs == []
 
 
 def descendants(pid: int) -> set[int]:

@@ -15,6 +15,10 @@ Probes (`--probe NAME`, repeatable; default all):
                    clients end with an error, the other's complete, the supervisor restarts it (replicas.py)
   queue-replica-kill  two queues with admission and router in-process, SIGKILL one mid-load
                    (400 P3 streams): nothing admitted lost, nothing placed twice           (replicas.py)
+  chaos            (only when named) the fleet as `up` runs it plus a standby queue, a steady
+                   mixed load (SSE and TokenyardClient, four classes, client aborts), and at
+                   seeded random times a worker, an edge process and the queue SIGKILLed and
+                   the nats-server restarted, one at a time                                (chaos.py)
 
     python -m bench.faults [--probe worker-kill ...] [--json docs/results-faults.json]
 """

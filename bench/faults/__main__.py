@@ -11,6 +11,7 @@ import sys
 
 import bench.faults as package
 from bench._out import write_result
+from bench.faults.chaos import probe_chaos
 from bench.faults.kills import probe_queue_kill, probe_worker_kill
 from bench.faults.nats_restart import probe_nats_restart
 from bench.faults.overload import probe_overload_rss
@@ -25,12 +26,14 @@ PROBES = {
     "edge-kill": probe_edge_kill,
     "queue-replica-kill": probe_queue_replica_kill,
 }
+NOT_BY_DEFAULT = {"chaos": probe_chaos}
+"""Run only when named (`--probe chaos`): it breaks four things in one run of its own."""
 COLUMNS = ("probe", "sent", "completed", "failed_clean", "hung", "duplicated", "gaps", "silent_short")
 
 
 def print_row(row: dict) -> None:
     if "completed" in row:
-        print("  ".join(f"{c}={row[c]}" for c in COLUMNS))
+        print("  ".join(f"{c}={row.get(c, '-')}" for c in COLUMNS))
     rest = {k: v for k, v in row.items() if k not in COLUMNS}
     print("    " + json.dumps(rest))
     sys.stdout.flush()
@@ -39,7 +42,7 @@ def print_row(row: dict) -> None:
 async def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.faults", description=package.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--probe", action="append", choices=list(PROBES))
+    ap.add_argument("--probe", action="append", choices=[*PROBES, *NOT_BY_DEFAULT])
     ap.add_argument("--profile", default="a100-llama3-8b")
     ap.add_argument("--streams", type=int, default=100, help="worker-kill: concurrent streams")
     ap.add_argument("--tokens", type=int, default=300, help="worker-kill: tokens per stream")
@@ -55,13 +58,18 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replica-streams", type=int, default=400, help="queue-replica-kill: P3 streams")
     ap.add_argument("--replica-tokens", type=int, default=64, help="queue-replica-kill: tokens per stream")
     ap.add_argument("--deadline-s", type=float, default=90.0, help="after the fault: later = hung")
+    ap.add_argument("--chaos-seed", type=int, default=1, help="chaos: the seed of its faults' order and times and of its load")
+    ap.add_argument("--chaos-s", type=float, default=90.0, help="chaos: seconds of load (the faults fall within them)")
+    ap.add_argument("--chaos-rate", type=float, default=6.0, help="chaos: requests a second, half HTTP, half NATS")
+    ap.add_argument("--baseline", default=None,
+                    help="chaos: run the fleet's processes on this commit's code (e.g. main), the probe's own")
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENYARD_LOG_LEVEL", "WARNING")
     rows = []
     for name in args.probe or PROBES:
-        out = await PROBES[name](args)
+        out = await {**PROBES, **NOT_BY_DEFAULT}[name](args)
         for row in out if isinstance(out, list) else [out]:
             print_row(row)
             rows.append(row)

@@ -46,15 +46,16 @@ async def stop_process(p: subprocess.Popen | None, wait_s: float) -> None:
     p.kill()
 
 
-def queue_replica(fleet: FleetProcesses, stderr) -> subprocess.Popen:
+def queue_replica(fleet: FleetProcesses, stderr, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Another replica of the fleet's queue process, started with the fleet's own command (so
     router and admission in its process or not, as there: a standby without the router the
     fleet's queue carries would ask `llm.v1.route` of nobody once that queue died), less its
-    metrics ports (the fleet's queue holds them)."""
+    metrics ports (the fleet's queue holds them). `env`: more of its environment (another
+    commit's code on PYTHONPATH, as the fleet's `extra_env`)."""
     own = list(proc(fleet, "queue").args)
     cmd = [a for i, a in enumerate(own) if not a.endswith("-metrics-port") and not own[i - 1].endswith("-metrics-port")]
     users = ("queue", "router", "admission")  # as the launcher's queue child (the others' permissions unused)
-    return subprocess.Popen(cmd, env={**os.environ, **nats_auth.child_env(fleet.nats_url, *users)},
+    return subprocess.Popen(cmd, env={**os.environ, **(env or {}), **nats_auth.child_env(fleet.nats_url, *users)},
                             stdout=subprocess.DEVNULL, stderr=stderr)
 
 

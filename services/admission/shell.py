@@ -107,6 +107,8 @@ class AdmissionShell:
         )
 
     async def stop(self) -> None:
+        await self.feeds.heartbeats.leave(self.core.on_heartbeat)
+        await self.feeds.queue_states.leave(self.core.on_queue_stats)
         if self._ticker is not None:
             self._ticker.cancel()
         if self._inflight:

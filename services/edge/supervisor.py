@@ -128,6 +128,9 @@ class EdgeSupervisor:
         self.env.pop(config.METRICS_PORT_ENV, None)  # the children's metrics are served here, summed
         self.children: list[_Child] = []
         self._started = self.clock()
+        self.failed: int | None = None
+        """The index of the child whose death in start-up stopped the edge (set before its
+        siblings are stopped, whose exits follow: a launcher names this one, not them)."""
 
     def _spawn(self, index: int, deaths: int = 0) -> _Child:
         if self.spawn is not None:
@@ -148,6 +151,8 @@ class EdgeSupervisor:
         runner = None
         code = 0
         try:
+            if stop.is_set():  # asked to stop before it ran (a launcher stopping in start-up): start none
+                return 0
             self.children = [self._spawn(i) for i in range(self.processes)]
             self._started = self.clock()
             if self.metrics_port is not None:
@@ -184,6 +189,7 @@ class EdgeSupervisor:
                 continue
             fold_dead_process(child.proc.pid, self.dir)
             if now - self._started < self.start_grace_s:
+                self.failed = child.index
                 self._say(f"edge process {child.index} exited with code {rc} during start-up; stopping")
                 return rc if rc > 0 else 128 - rc if rc < 0 else 1  # killed by signal n: 128 + n, as a shell says
             deaths = child.deaths + 1 if now - child.started < STEADY_S else 1

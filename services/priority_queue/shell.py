@@ -173,6 +173,8 @@ class QueueShell:
 
     async def stop(self) -> None:
         self._running = False
+        await self.feeds.heartbeats.leave(self.on_heartbeat)
+        await self.feeds.queue_states.leave(self.on_peer_state)
         self._wake.set()
         self._pull_over.set()
         with contextlib.suppress(Exception):
@@ -234,6 +236,7 @@ class QueueShell:
         handed = self._local.pop(req.request_id, None) is not None
         self._stored.pop(req.request_id, None)
         if handed or taker == self.instance_id:  # handed over here (`take`): never queued a second time
+            self.copies.came(msg)  # acked here: its store's ack, if later, deletes nothing
             if req.request_id in self.core.in_flight or req.request_id in self.core.policy:
                 self.held[req.request_id] = msg  # acked once routed, as any other
             else:  # routed or ended before its copy came (or while its delete was on its way)

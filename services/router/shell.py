@@ -32,7 +32,7 @@ from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
-from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
+from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore, check_inputs
 from tokenyard.services.router.migration import (
     Fail,
     MigrationConfig,
@@ -43,7 +43,7 @@ from tokenyard.services.router.migration import (
     Reissue,
 )
 from tokenyard.services.router.reask import Answer, ReaskMemory, Wait, key_of
-from tokenyard.shared import codec, schemas, subjects, telemetry
+from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
@@ -99,6 +99,7 @@ class RouterShell:
             self._housekeeping.cancel()
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self.feeds.heartbeats.leave(self.on_heartbeat)  # after its routes: they read the fleet
         if self._monitor:  # after the routes: a stopping router hands its streams to nobody
             self._monitor.cancel()
 
@@ -142,7 +143,8 @@ class RouterShell:
     async def _route(self, req: Request) -> None:
         try:
             ar = codec.decode(req.data, schemas.AdmittedRequestInTransit)
-        except codec.DecodeError as e:
+            check_inputs(ar)  # before any state is kept for it: the kernels' int64 would wrap
+        except (*codec.DecodeError, ValueError) as e:
             await req.respond_error("400", f"bad route request: {e}")
             return
         only_header = (req.headers or {}).get(subjects.ROUTE_ONLY_HEADER)
@@ -349,7 +351,8 @@ class RouterShell:
         re-issues). With nothing followed the tick has nothing to do, so the loop waits for the
         next one tracked instead of waking ten times a second. An outage it slept through is
         found by the connection's reconnect count, so every clock restarts as if it had been
-        awake (MigrationCore.on_reconnected)."""
+        awake (MigrationCore.on_reconnected): from when the connection came back
+        (natsutil.reconnected_at), not from when the loop next woke."""
         deaf = False
         reconnects = self.nc.stats["reconnects"]
         while True:
@@ -362,7 +365,9 @@ class RouterShell:
                 continue
             if deaf or self.nc.stats["reconnects"] != reconnects:
                 deaf, reconnects = False, self.nc.stats["reconnects"]
-                self.migration.on_reconnected(time.time())
+                # from the reconnect itself: one slept through while nothing was followed may be
+                # long past, and its clocks (a gone client's lease) must not start again now
+                self.migration.on_reconnected(natsutil.reconnected_at(self.nc) or time.time())
             for effect in self.migration.tick(time.time()):
                 try:
                     await self._perform(effect)

@@ -1,0 +1,72 @@
+"""The chaos probe (bench/faults/chaos.py): its seeded schedule and load, the outcome of a
+stream, and — marked slow, run with TOKENYARD_SLOW=1 (≈ 1.5 min) — a short run on real
+processes: four faults, nothing lost, hung, duplicated or left running."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from bench.faults.chaos import (
+    ABORT_SHARE,
+    FAULTS,
+    LEAD_S,
+    HttpStream,
+    Stream,
+    outcome,
+    plan,
+    probe_chaos,
+    schedule,
+)
+
+
+def test_the_schedule_is_seeded_one_fault_of_each_kind_each_in_the_first_half_of_its_window():
+    assert schedule(1, 90) == schedule(1, 90)
+    assert schedule(1, 90) != schedule(2, 90)
+    faults = schedule(3, 90)
+    assert sorted(f.kind for f in faults) == sorted(FAULTS)
+    window = (90 - LEAD_S) / len(FAULTS)
+    for i, f in enumerate(faults):
+        assert LEAD_S + i * window <= f.at_s <= LEAD_S + i * window + window / 2
+    with pytest.raises(ValueError, match="--chaos-s 30"):
+        schedule(1, 30)
+
+
+def test_the_load_is_seeded_half_http_half_nats_with_a_tenth_aborted():
+    load = plan(1, 90, 6)
+    assert load == plan(1, 90, 6) and load != plan(2, 90, 6)
+    assert len(load) == 540 and [p.at_s for p in load[:3]] == [0.0, 0.167, 0.333]
+    assert sum(p.via == "http" for p in load) == 270
+    aborted = [p for p in load if p.abort_after]
+    assert abs(len(aborted) / len(load) - ABORT_SHARE) < 0.04
+    assert all(p.how in ("cancel", "leave") if p.via == "nats" else p.how == "" for p in aborted)
+    assert all(p.max_tokens >= 400 for p in aborted)  # long enough to be running when its client leaves
+
+
+def test_a_stream_ended_by_the_clients_own_watchdog_is_lost_not_failed_clean():
+    idle = Stream("a", 8)
+    idle.accepted = True
+    idle._end("error", 504)
+    idle.message = "no event for 60 s"
+    silent = Stream("b", 8)
+    silent.accepted = True
+    refused = HttpStream("c", 8)
+    refused._end("rejected", 503)
+    refused.message = "no admission service is running"
+    never = Stream("d", 8)
+    assert [outcome(s) for s in (idle, silent, refused, never)] == ["lost", "lost", "failed_clean", "hung"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not os.environ.get("TOKENYARD_SLOW"), reason="≈ 1.5 min of real processes: TOKENYARD_SLOW=1")
+async def test_a_short_chaos_run_loses_nothing(tmp_path):
+    args = argparse.Namespace(chaos_seed=1, chaos_s=48.0, chaos_rate=4.0, baseline=None, profile="a100-llama3-8b",
+                              log_dir=str(tmp_path))
+    row = await probe_chaos(args)
+    assert [f["kind"] for f in row["faults"]] and len(row["faults"]) == 4
+    assert row["sent"] == 192
+    assert (row["lost"], row["hung"], row["duplicated"], row["silent_short"], row["left_running"]) == (0, 0, 0, 0, 0), row
+    assert row["completed"] + row["failed_clean"] + row["aborted"] == row["sent"]

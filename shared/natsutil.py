@@ -55,10 +55,14 @@ QUEUE_DUPLICATE_WINDOW_S = 120.0
 """JetStream drops a second publish of the same request id within this window."""
 
 
+FIRST_CONNECT_TIMEOUT_S = 10.0
+"""How long a service or client tries to reach NATS at start before it fails with a clear error."""
+
+
 async def connect(
     url: str,
     name: str,
-    first_connect_timeout_s: float = 10.0,
+    first_connect_timeout_s: float = FIRST_CONNECT_TIMEOUT_S,
     *,
     kind: str | None = None,
     creds: nats_auth.Credentials | None = None,

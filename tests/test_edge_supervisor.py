@@ -19,6 +19,7 @@ from tokenyard.services.edge.supervisor import (
     EdgeSupervisor,
     fold_dead_process,
 )
+from tokenyard.shared import natsutil
 
 from tests.test_edge_processes import sample
 
@@ -136,3 +137,21 @@ async def test_a_supervisor_asked_to_stop_before_it_runs_starts_no_child():
     assert await sup.run(stop) == 0
     assert spawned == [] and sup.children == []
     assert not os.path.exists(sup.dir)
+
+
+async def test_a_child_that_fails_its_first_nats_connection_stops_the_edge_instead_of_restarting():
+    """An edge pointed at a NATS nobody runs: each child gives up its first connection after
+    natsutil.FIRST_CONNECT_TIMEOUT_S (10 s) and exits 1. That is still start-up, so the supervisor
+    exits with the child's code; with the grace as long as the connect bound (round 8) such a death
+    counted as a crash and the children were started again every few seconds for ever."""
+    clock = Clock()
+    sup = EdgeSupervisor([sys.executable, "-c", "import sys; sys.exit(1)"], processes=2, clock=clock)
+    sup.children = [sup._spawn(i) for i in range(2)]
+    try:
+        for child in sup.children:
+            child.proc.wait()
+        clock.now += natsutil.FIRST_CONNECT_TIMEOUT_S + 1.0  # the connect's bound, and the imports
+        assert await sup._reap() == 1
+        assert sup.restarts == 0 and sup.failed == 0
+    finally:
+        await sup._stop_all()

@@ -44,11 +44,14 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.mmap_dict import MmapedDict
 from tokenyard.services.edge.shell import MULTIPROC_ENV, fold_lock, forget_dead_processes
-from tokenyard.shared import config, metrics
+from tokenyard.shared import config, metrics, natsutil
 from tokenyard.shared.procs import die_with_parent
 
-START_GRACE_S = 10.0
-"""A child that exits sooner than this after its start failed to start: no restart."""
+START_GRACE_S = natsutil.FIRST_CONNECT_TIMEOUT_S + 5.0
+"""A child that exits sooner than this after its start failed to start: no restart. Longer than
+a child's first NATS connection may take to fail (natsutil.FIRST_CONNECT_TIMEOUT_S) plus its
+imports: an edge pointed at a NATS nobody runs exits this supervisor with the child's error,
+instead of being started again every few seconds for ever."""
 RESTART_DELAY_S = 1.0
 """The wait before a dead child is started again, doubled for each death in a row ..."""
 RESTART_DELAY_MAX_S = 30.0

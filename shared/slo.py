@@ -70,11 +70,10 @@ class OfferPrefill(NamedTuple):
         """The header's value; None when absent or malformed (the refusal then ignores it)."""
         if not value:
             return None
-        try:
-            here, elsewhere = (int(x) for x in value.split(","))
-        except ValueError:
-            return None
-        return cls(here, elsewhere) if here >= 0 and elsewhere >= 0 else None
+        parts = value.split(",")
+        if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 12 for p in parts):
+            return None  # not two plain counts (signs, '_', spaces, other digits, huge: a hostile header)
+        return cls(int(parts[0]), int(parts[1]))
 
 
 def engine_saturated(ahead_s: float, backlog_s: float, tpot_slack_s: float | None,

@@ -308,7 +308,8 @@ def test_a_fleet_with_no_healthy_worker_refuses_every_class_with_a_deadline():
     c.on_queue_stats(stats(), 100.0)
     out = admit(c, GenerateRequest(prompt="a", priority=2), now=100.0)
     assert (out.status, out.code) == (503, "no_workers")
-    assert out.message.startswith("No worker is up (none has been heard from lately): a P2 request")
+    assert out.message.startswith("No worker is up (none has been heard from lately, or every one is draining or "
+                                  "unhealthy): a P2 request")
     assert out.retry_after_s == c.fleet.stale_after_s
     assert isinstance(admit(c, GenerateRequest(prompt="a", priority=3), now=100.0), AdmittedRequest)
     c.on_heartbeat(hb("w0"), 100.1)

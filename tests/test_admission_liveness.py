@@ -140,7 +140,7 @@ def test_after_a_stall_a_fresh_queue_state_beside_old_heartbeats_is_no_dead_flee
     c.on_tick(102.7)
     out = c.admit(GenerateRequest(prompt="a"), reply_to="inbox", json=False, headers={}, now=102.7, new_id="r2")
     assert isinstance(out, Rejected) and (out.status, out.code) == (503, "no_workers")
-    assert out.message.startswith("No worker is up (none has been heard from lately)")
+    assert out.message.startswith("No worker is up (none has been heard from lately, or every one is draining")
 
 
 @settings(max_examples=150, deadline=None)
@@ -278,4 +278,15 @@ def test_a_fleet_that_never_had_a_worker_says_so_once_admission_has_listened_lon
                            "start a worker (tokenyard worker) or retry later")
     c.on_heartbeat(hb("w0"), 101.3)  # the first worker comes up: served again
     ok = c.admit(GenerateRequest(prompt="a"), reply_to="inbox", json=False, headers={}, now=101.3, new_id="r3")
+    assert isinstance(ok, AdmittedRequest)
+
+
+def test_admissions_own_stall_does_not_make_a_fleet_without_workers():
+    """Review of round 9: admission stalled 1.25 s right after it started (its first tick, then
+    nothing) has not been listening for a worker all that time: the stall is not their silence."""
+    c = AdmissionCore(AdmissionConfig(), ByteTokenizer())
+    c.ticks_every(TICK)
+    c.on_tick(100.0)
+    c.on_queue_stats(idle_queue(), 101.25)
+    ok = c.admit(GenerateRequest(prompt="a"), reply_to="inbox", json=False, headers={}, now=101.25, new_id="r1")
     assert isinstance(ok, AdmittedRequest)

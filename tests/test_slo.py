@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tokenyard.shared.slo import (
     ENGINE_BACKLOG_S,
     TTFT_TARGET_S,
+    OfferPrefill,
     engine_saturated,
     latest_release_s,
     prefill_budget_s,
@@ -98,3 +100,11 @@ def test_a_request_the_engine_runs_first_is_not_held_back_by_the_backlog_behind_
     assert engine_saturated(0.4, 0.4, None)
     # the running decodes absorb only 0.3 s more prefill: the P0's would push them past it
     assert engine_saturated(0.1, 0.4, 0.3)
+
+
+@pytest.mark.parametrize("value", ["1," + "9" * 400, "+1,2", "1_000,2", " 1,2", "1,2,3", "١,2", "-1,2", "1,", ""])
+def test_a_hostile_offer_prefill_header_is_ignored_not_a_crash(value):
+    """Review of round 9: int() took 400-digit counts (then an OverflowError in the worker's
+    float arithmetic failed every such offer), signs, '_' and non-ASCII digits."""
+    assert OfferPrefill.parse(value) is None
+    assert OfferPrefill.parse("441,2873") == OfferPrefill(441, 2873)

@@ -217,7 +217,8 @@ class AdmissionCore:
     def _overloaded(self, rid: str, priority: PriorityClass, wait: float, deadline: float,
                     retry_after: float, depth: int, now: float) -> Rejected:
         if wait == float("inf") and self.fleet.fleet_down(now):
-            heard = "none has been heard from" if not self.fleet.workers else "none has been heard from lately"
+            heard = ("none has been heard from" if not self.fleet.workers else
+                     "none has been heard from lately, or every one is draining or unhealthy")
             return Rejected(
                 request_id=rid, status=503, code="no_workers",
                 message=f"No worker is up ({heard}): a P{int(priority)} request cannot be served; "

@@ -110,7 +110,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenyard.services.admission.liveness import Liveness
-from tokenyard.shared import config
+from tokenyard.shared import config, staleness
 from tokenyard.shared.schemas import Heartbeat, QueueStats
 from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S, decode_slack_s
 
@@ -442,9 +442,10 @@ class FleetView:
         """No worker is up: workers have been seen and none is up now, or admission has watched
         the bus for longer than a worker's staleness bound and heard none at all (a fleet started
         without workers). Every class with a deadline is then refused."""
-        if not self.workers:
+        if not self.workers:  # watched, net of its own stalls, longer than a worker may be silent
             first = self.live.first_event_s
-            return first is not None and now - first > self.stale_after_s
+            bound = max(self.stale_after_s, staleness.stale_after_s(0.0))
+            return first is not None and now - first - self.live.blind_s > bound
         return not any(self.up(w, now) for w in self.workers)
 
     def depth(self, now: float) -> int:

@@ -144,13 +144,18 @@ async def test_an_abort_naming_another_reply_subject_leaves_the_generation_on_it
         await host.stop()
 
 
-async def test_a_client_abort_during_the_route_ends_the_stream_when_the_router_places_it_nowhere(nats_server):
+@pytest.mark.parametrize("reason, reply_to", [("client", ""), ("client_left", "_INBOX.gone")])
+async def test_a_client_abort_during_the_route_ends_the_stream_when_the_router_places_it_nowhere(nats_server, reason,
+                                                                                                   reply_to):
+    """A plain abort, or a TokenyardClient reader's `break` naming its own stream (review of round
+    9: that one was taken for admission's 409 — its stream counted as ended, its stored copy never
+    settled)."""
     host, queue, router = await start(nats_server.url)
     nc, got = await inbox(nats_server.url, "_INBOX.gone")
     try:
         handed(queue, "gone", "_INBOX.gone")
         await router.asked_event.wait()
-        await abort(nats_server.url, schemas.Abort("gone", reason="client"))
+        await abort(nats_server.url, schemas.Abort("gone", reason=reason, reply_to=reply_to))
         await until(lambda: "gone" in queue.core.stopping, what="the abort heard")
         router.answer.set()
         await until(lambda: got, what="the stream's end")

@@ -133,8 +133,9 @@ def test_an_abort_in_flight_for_one_reply_subject_stops_that_generation_and_reme
     a = req("a", reply_to="_INBOX.new")
     q.offer(a, 0.0)
     q.dispatchable(0.0)
-    assert q.stop("a", reply_to="_INBOX.first") is False and q.stopping == {}  # another generation's
-    assert q.stop("a", reply_to="_INBOX.new") is True and q.stopping == {"a": True}  # its end was admission's
+    assert q.stop("a", reply_to="_INBOX.first", ended=True) is False and q.stopping == {}  # another generation's
+    assert q.stop("a", reply_to="_INBOX.new") is True and q.stopping == {"a": False}  # its client's: not ended
+    assert q.stop("a", reply_to="_INBOX.new", ended=True) is True and q.stopping == {"a": True}  # admission's 409
     assert q.stop("a") is True and q.stopping == {"a": True}  # a later plain abort: still ended
     assert q.on_not_routed("a", 0.1) is a  # handed back to be dropped, not put back in line
     assert len(q) == 0 and q.in_flight == {} and q.stopping == {}

@@ -253,14 +253,14 @@ class QueueCore:
 
     def stop(self, request_id: str, reply_to: str = "", ended: bool = False) -> bool:
         """An abort for a request in flight (its route being asked), for the generation streaming
-        to `reply_to` ('': whichever; one named has had its end from admission, as has one
-        `ended`): True if that one is in flight here (then it is marked, `stopping`); False if
-        none is, or another generation of the id (a reused id's first request) is."""
+        to `reply_to` ('': whichever; `ended`: its stream has had its end, admission's 409): True
+        if that one is in flight here (then it is marked, `stopping`); False if none is, or another
+        generation of the id (a reused id's first request) is."""
         req = self.in_flight.get(request_id)
         if req is None or (reply_to and req.reply_to != reply_to):
             return False
         # a later plain abort (admission's own, after its error) does not make an ended stream unended
-        self.stopping[request_id] = self.stopping.get(request_id, False) or ended or bool(reply_to)
+        self.stopping[request_id] = self.stopping.get(request_id, False) or ended
         return True
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:

@@ -432,16 +432,16 @@ class QueueShell:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
             return
-        if abort.reply_to:  # one generation of a reused id (admission's 409 after `withdraw` found it
-            # on its way): stopped if its route is being asked here; one of the id waiting here is
-            # another generation (`withdraw` takes a waiting newcomer out of line itself)
-            self.core.stop(abort.request_id, abort.reply_to)
+        if abort.reply_to and abort.reason == "duplicate_request_id":  # admission's 409 for a reused id
+            self.core.stop(abort.request_id, abort.reply_to, ended=True)  # (withdraw took a waiting one)
             return
-        req = self.core.abort(abort.request_id)
-        if req is not None:
+        req = self.core.abort(abort.request_id)  # a client's (one generation, if reply_to names it)
+        if req is not None and abort.reply_to and req.reply_to != abort.reply_to:
+            self.core.offer(req, time.time())  # another generation's: it stays in line
+        elif req is not None:
             await self._finish_aborted(req)
         elif abort.reason != schemas.MIGRATED:  # the fence is for a request on a worker, not one asked about
-            self.core.stop(abort.request_id)  # on its way: ended if its route places it nowhere
+            self.core.stop(abort.request_id, abort.reply_to)  # on its way: ended if placed nowhere
 
     async def _finish_rejected(self, req: schemas.AdmittedRequest, rejected: schemas.Rejected) -> None:
         """A request that can no longer meet its deadline: its stream ends with `rejected`

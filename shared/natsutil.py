@@ -80,8 +80,8 @@ async def connect(
     refused = asyncio.Event()
     last_error: list[Exception] = []
 
-    async def on_reconnected() -> None:
-        _RECONNECTED[nc] = time.time()
+    async def on_reconnected() -> None:  # nats-py counts the reconnect before it calls this
+        _RECONNECTED[nc] = (nc.stats["reconnects"], time.time())
 
     async def on_error(e: Exception) -> None:
         if connected:  # before the first connection nats-py reports every failed attempt
@@ -125,14 +125,16 @@ async def connect(
     return nc
 
 
-_RECONNECTED: weakref.WeakKeyDictionary[Client, float] = weakref.WeakKeyDictionary()
+_RECONNECTED: weakref.WeakKeyDictionary[Client, tuple[int, float]] = weakref.WeakKeyDictionary()
 
 
 def reconnected_at(nc: Client) -> float | None:
     """When (`time.time()`) a connection made by `connect` last came back from an outage; None
     if it never did. A loop that slept through an outage learns from it when the outage ended,
-    not when the loop woke."""
-    return _RECONNECTED.get(nc)
+    not when the loop woke. None too while nats-py has counted a reconnect whose callback has not
+    run yet (it flushes first): the time kept then is the previous reconnect's, not this one's."""
+    count, at = _RECONNECTED.get(nc, (None, None))
+    return at if count == nc.stats["reconnects"] else None
 
 
 def _skip_abandoned_pongs(nc: Client) -> None:

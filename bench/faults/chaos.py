@@ -58,8 +58,8 @@ WORKERS = 3
 EDGES = 2
 ABANDON_CHECK_S = 3.0
 """An aborted request still running on a worker this long after its client's abort was left running."""
-LOST_MESSAGES = ("no event for", "events lost while NATS reconnected")
-"""What a client's own watchdog says: the fleet never ended the stream."""
+LOST_MESSAGES = ("no event for", "events lost while NATS reconnected", "stream lost chunks", "no answer within")
+"""What a client's own watchdog says: the fleet never ended the stream, or dropped its events."""
 DRAIN_S = 75.0
 """After the load: streams still open then are hung (past the clients' 60 s idle watchdog)."""
 
@@ -143,6 +143,8 @@ class Chaos:
                     await self._break(fault, t0)
                 await load
                 await self._drain(DRAIN_S)
+                for task in self.tasks:  # what is open now is hung or lost: no waiting out a 600 s timeout
+                    task.cancel()
                 await asyncio.gather(*self.tasks, return_exceptions=True)
                 row = self._tally(time.monotonic() - t0)
             await self.client.close()

@@ -71,16 +71,20 @@ class Feed(Generic[T]):
         nc = self.joined.pop(listener, None)
         with contextlib.suppress(ValueError):
             self.listeners.remove(listener)
-        if nc is None or nc is not self.nc:
+        if nc is None or nc is not self.nc or nc in self.joined.values():  # another joiner's connection too: stays
             return
         old, self.subscription, self.nc = self.subscription, None, None
         if old is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
-        for other in self.joined.values():
-            if not other.is_closed:
+        for other in list(self.joined.values()):
+            if other.is_closed:
+                continue
+            try:  # a connection draining now refuses it: try the next (a stopping service must stop)
                 await self._subscribe(other)
                 return
+            except Exception:
+                self.nc = self.subscription = None
 
     async def _subscribe(self, nc: Client) -> None:
         self.nc = nc

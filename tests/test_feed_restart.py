@@ -85,3 +85,27 @@ async def test_a_listener_that_joins_again_is_called_once(plain_nats):
     finally:
         await new.drain()
         await pub.drain()
+
+
+async def test_leaving_keeps_a_subscription_another_listener_shares_and_skips_a_connection_that_refuses(plain_nats):
+    """Review of round 9: a listener leaving a connection another listener still uses moved the
+    subscription off and back onto it (a gap); a remaining joiner whose connection is draining
+    made `leave` raise, cutting the stopping service's own clean-up short."""
+    got: list = []
+    feed = Feed(subjects.heartbeat("*"), schemas.Heartbeat)
+    shared = await natsutil.connect(plain_nats.url, "feed-shared")
+    draining = await natsutil.connect(plain_nats.url, "feed-draining")
+    a, b, c = (lambda hb, now: got.append(("a", hb))), (lambda hb, now: got.append(("b", hb))), \
+        (lambda hb, now: got.append(("c", hb)))
+    try:
+        await feed.join(shared, a)
+        await feed.join(shared, b)
+        first = feed.subscription
+        await feed.leave(a)
+        assert feed.subscription is first and feed.nc is shared  # b still listens on it: untouched
+        await feed.join(draining, c)
+        await draining.drain()  # closing: a subscribe on it now fails
+        await feed.leave(b)  # moves to c's connection, which refuses: no exception, no subscription
+        assert feed.subscription is None and feed.listeners == [c]
+    finally:
+        await shared.drain()

@@ -330,8 +330,8 @@ class FleetProcesses:
         while True:
             if (sup := self.edge_supervisor) is not None and sup.failed is not None:
                 # that edge, not a sibling the supervisor then stopped (they exit after it)
-                failed = next(c for c in [*self._replaced, *self.children] if c.name == f"edge-{sup.failed}")
-                raise RuntimeError(f"during start-up, {failed.exited()}")
+                failed = next((c for c in [*self._replaced, *self.children] if c.name == f"edge-{sup.failed}"), None)
+                raise RuntimeError(f"during start-up, {(failed.exited() if failed else None) or self.exited()}")
             if (gone := self.exited()) is not None:
                 raise RuntimeError(f"during start-up, {gone}")
             if (task := self._edge_task) is not None and task.done():  # the edges' supervisor failed

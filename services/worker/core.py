@@ -148,10 +148,8 @@ class WorkerCore:
         backlog = stats.queued_prefill_tokens
         by_class = stats.queued_prefill_ahead
         ahead = by_class[klass(priority)] if len(by_class) == NUM_CLASSES else backlog
-        if prefill is None or prefill.elsewhere <= 0:
-            return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack)
-        return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack,
-                                prefill.here * s_per_token, prefill.elsewhere * s_per_token)
+        here, elsewhere = (0.0, None) if prefill is None else (prefill.here * s_per_token, prefill.elsewhere * s_per_token)
+        return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack, here, elsewhere)
 
     def running_ids(self) -> list[str]:
         """The requests generating here for their client (a migrated-away one is not)."""

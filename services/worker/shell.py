@@ -164,7 +164,7 @@ class WorkerShell:
                                 None if ttft_ms is None else ttft_ms / 1000.0, time.monotonic() - t0,
                                 event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
                             await self._heartbeat_if_decodes_ended()
-                        if answer is not None and not answer.sent:  # the router's answer, then the event
+                        if answer is not None:  # the router's answer (once), then the event
                             await answer.send()
                         await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs,
                                          terminal=isinstance(event, schemas.TERMINAL_EVENTS))
@@ -177,7 +177,7 @@ class WorkerShell:
                 log.exception("generation_failed", request_id=ar.request_id)
                 self.core.streams.pop(ar.request_id, None)
                 error = schemas.Error(ar.request_id, 500, f"engine failed: {e!r}")
-                if answer is not None and not answer.sent:
+                if answer is not None:
                     await answer.send()
                 await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs, terminal=True)
 
@@ -319,12 +319,14 @@ class _Answer:
     first event (one write for both), or alone when REPLY_HOLD_S passes first (the timer), or
     when the generation ends without an event."""
 
-    __slots__ = ("req", "data", "sent")
+    __slots__ = ("req", "data", "sent", "sending")
 
     def __init__(self, req: Request, data: bytes):
         self.req = req
         self.data = data
         self.sent = False
+        self.sending: asyncio.Future | None = None
+        """The timer's send, kept referenced until it is done (a bare task may be collected)."""
 
     async def send(self) -> None:
         if self.sent:
@@ -335,4 +337,4 @@ class _Answer:
 
     def send_soon(self) -> None:
         if not self.sent:
-            asyncio.ensure_future(self.send())
+            self.sending = asyncio.ensure_future(self.send())

@@ -345,8 +345,7 @@ class EngineStats(msgspec.Struct, omit_defaults=True):
     min_tpot_slo_ms: float = 0.0
     """SCORPIO: the tightest TPOT SLO of the running set; 0: none."""
     vbs_limit: float = 0.0
-    """SCORPIO: the largest VBS whose estimated TPOT still meets min_tpot_slo_ms (router's
-    VBS filter); 0: unknown."""
+    """SCORPIO: the largest VBS whose estimated TPOT meets min_tpot_slo_ms (VBS filter); 0: unknown."""
     prefill_ms_per_token2: float = 0.0
     """Attention's share of a prefill: an uncached prompt of L tokens takes about
     L·prefill_ms_per_token + L²·this ms (admission's per-request TTFT feasibility); 0: unknown."""
@@ -358,8 +357,9 @@ class EngineStats(msgspec.Struct, omit_defaults=True):
     """Per class c (P0..P3): the prompt tokens not yet prefilled that a new class-c request
     would wait behind in the engine's order (vLLM's priority scheduling: the running requests'
     remaining prefill, then the waiting ones of class ≤ c; shared.slo.engine_saturated); the
-    last equals queued_prefill_tokens. Empty: not reported (every class is judged by
-    queued_prefill_tokens)."""
+    last equals queued_prefill_tokens. Empty: not reported (queued_prefill_tokens for all).
+    queued_prefill_ahead_net: each waiting one net of the prefix it finds cached now."""
+    queued_prefill_ahead_net: list[Int64] = msgspec.field(default_factory=list)
 
 
 class Heartbeat(msgspec.Struct, omit_defaults=True):

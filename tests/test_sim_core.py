@@ -128,14 +128,17 @@ def test_stats_count_running_waiting_and_blocks():
     core.add(req("b", tokens=list(range(50, 55)), max_tokens=4))
     free = FREE_PREFILL_MS_PER_TOKEN  # profile zero: a prefill that takes no time, measured
     # both P1 (the builder's class): a P0 would wait behind neither, a P1 behind both
-    assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS, prefill_ms_per_token=free, queued_prefill_ahead=[0, 17, 17, 17])
+    assert core.stats() == EngineStats(0, 2, 17, 0, 16, BS, prefill_ms_per_token=free, queued_prefill_ahead=[0, 17, 17, 17],
+                                       queued_prefill_ahead_net=[0, 17, 17, 17])
     core.step()  # a: 8 of 12
     assert core.stats() == EngineStats(1, 1, 9, 2, 14, BS, prefix_queries=12, compute_util=1.0,
-                                       prefill_ms_per_token=free, queued_prefill_ahead=[4, 9, 9, 9])
+                                       prefill_ms_per_token=free, queued_prefill_ahead=[4, 9, 9, 9],
+                                       queued_prefill_ahead_net=[4, 9, 9, 9])
     core.step()  # a: last 4 (first token); b: 4 of 5
     # a's slack: its 3 tokens after the first, 100 ms each, decode steps of 0 ms (profile zero)
     assert core.stats() == EngineStats(2, 0, 1, 4, 12, BS, prefix_queries=17, tpot_slack_ms=300.0, compute_util=1.0,
-                                       prefill_ms_per_token=free, queued_prefill_ahead=[1, 1, 1, 1])
+                                       prefill_ms_per_token=free, queued_prefill_ahead=[1, 1, 1, 1],
+                                       queued_prefill_ahead_net=[1, 1, 1, 1])
 
 
 def test_a_waiting_higher_class_gets_only_the_budget_a_running_prefill_leaves():
@@ -178,6 +181,7 @@ def test_the_prefill_ahead_of_each_class_is_what_the_engines_order_puts_first(re
     running = sum(s.target - s.computed for s in core.running if s.computed < s.target)
     want = [running + sum(s.target - s.computed for s in core.waiting if s.req.priority <= c) for c in range(4)]
     assert stats.queued_prefill_ahead == want
+    assert stats.queued_prefill_ahead_net == want  # distinct prompts: nothing cached
     assert want == sorted(want) and want[-1] == stats.queued_prefill_tokens
 
 

@@ -217,6 +217,20 @@ def test_offer_judges_a_request_by_the_prefill_it_would_wait_behind_in_the_engin
     assert c.offer(req("p0e", priority=0), stats(queued=2000, prefill_ms_per_token=0.1))[0].accepted
 
 
+def test_a_refusal_reports_the_terms_it_weighed():
+    """The worker's `offer_refused` debug line: the gross and net prefill ahead of r's class,
+    the whole backlog, the decodes' slack, the rate and the router's counts (round 10: which
+    term refused live)."""
+    engine = stats(queued=4000, waiting=3, prefill_ms_per_token=0.1, tpot_slack_ms=50.0,
+                   queued_prefill_ahead=[1000, 3000, 4000, 4000], queued_prefill_ahead_net=[1000, 1200, 2200, 2200])
+    assert WorkerCore.refusal_terms(engine, 1, OfferPrefill(441, 2873)) == dict(
+        ahead=3000, ahead_net=1200, backlog=4000, slack_ms=50.0, ms_per_token=0.1, waiting=3, running=0,
+        here=441, elsewhere=2873)
+    # an engine without the split: the whole backlog for both; no counts: None
+    terms = WorkerCore.refusal_terms(stats(queued=700), 0, None)
+    assert (terms["ahead"], terms["ahead_net"], terms["here"], terms["elsewhere"]) == (700, 700, None, None)
+
+
 def test_a_holder_past_its_decodes_slack_takes_a_request_that_would_recompute_more_anywhere_else():
     """Round 8's #220: its holder (3,120 of 3,561 tokens cached, 595 queued) refused it for its
     decodes' slack, and it recomputed 2,873 tokens elsewhere (254 ms, the run's worst). With

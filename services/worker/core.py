@@ -151,6 +151,19 @@ class WorkerCore:
         here, elsewhere = (0.0, None) if prefill is None else (prefill.here * s_per_token, prefill.elsewhere * s_per_token)
         return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack, here, elsewhere)
 
+    @staticmethod
+    def refusal_terms(stats: EngineStats, priority: int, prefill: OfferPrefill | None) -> dict:
+        """What a `saturated` refusal weighed, for the worker's debug line (tokens, and the
+        decodes' slack in ms): which request waited behind what, and the router's counts."""
+        c = klass(priority)
+        pick = (lambda v, d: v[c] if len(v) == NUM_CLASSES else d)  # noqa: E731
+        ahead = pick(stats.queued_prefill_ahead, stats.queued_prefill_tokens)
+        return dict(ahead=ahead, ahead_net=pick(stats.queued_prefill_ahead_net, ahead),
+                    backlog=stats.queued_prefill_tokens, slack_ms=stats.tpot_slack_ms,
+                    ms_per_token=stats.prefill_ms_per_token, waiting=stats.waiting, running=stats.running,
+                    here=None if prefill is None else prefill.here,
+                    elsewhere=None if prefill is None else prefill.elsewhere)
+
     def running_ids(self) -> list[str]:
         """The requests generating here for their client (a migrated-away one is not)."""
         return sorted(rid for rid, st in self.streams.items() if not st.silenced)

@@ -114,7 +114,8 @@ class WorkerShell:
             await req.respond(codec.encode(schemas.GenerateReply("", False, f"bad request: {e}")))
             return
         prefill = OfferPrefill.parse((req.headers or {}).get(subjects.OFFER_PREFILL_HEADER))
-        reply, start = self.core.offer(ar, self.engine.stats(), prefill)
+        stats = self.engine.stats()
+        reply, start = self.core.offer(ar, stats, prefill)
         if start:  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
             answer = _Answer(req, codec.encode(reply))
             timer = asyncio.get_running_loop().call_later(REPLY_HOLD_S, answer.send_soon)
@@ -125,6 +126,8 @@ class WorkerShell:
             task.add_done_callback(lambda _t: (timer.cancel(), answer.send_soon()))
             return
         await req.respond(codec.encode(reply))
+        if reply.reason == "saturated":
+            log.debug("offer_refused", request_id=ar.request_id, **self.core.refusal_terms(stats, ar.priority, prefill))
         if reply.reason == schemas.Outcome.DUPLICATE:  # an id reused by another request: say so
             error = self.core.reused_id_error(ar)
             await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=codec.content_headers(ar.json))

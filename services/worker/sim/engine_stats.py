@@ -21,6 +21,7 @@ from __future__ import annotations
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
+from tokenyard.services.worker.sim.admit import prefix_hit
 from tokenyard.shared.schemas import EngineStats
 from tokenyard.shared.slo import NUM_CLASSES, klass
 
@@ -30,9 +31,17 @@ if TYPE_CHECKING:
 
 def engine_stats(core: SimEngineCore) -> EngineStats:
     by_class = [0] * NUM_CLASSES
+    net = [0] * NUM_CLASSES  # the same less each one's prefix cached now (admit.prefix_hit)
     if core.waiting:  # (a heap's live entries: not walked when it is empty, as mostly)
+        bs = core.block_size
         for s in core.waiting:
-            by_class[klass(s.req.priority)] += s.target - s.computed
+            c = klass(s.req.priority)
+            by_class[c] += s.target - s.computed
+            if s.swapped or s.remote:  # its KV comes back (or in) whole: no lookup
+                net[c] += s.target - s.computed
+            else:
+                gpu, host = prefix_hit(core, s)
+                net[c] += s.target - max(s.computed, (gpu + host) * bs)
     decoding = ctx = running = 0
     for s in core.running:
         if s.computed < s.target:
@@ -43,6 +52,8 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
     queued = running + sum(by_class)
     # a line in another order (SCORPIO's, by deadline) puts no class first: each waits behind all
     ahead = list(accumulate(by_class, initial=running))[1:] if core.policy.class_ordered else [queued] * NUM_CLASSES
+    ahead_net = (list(accumulate(net, initial=running))[1:] if core.policy.class_ordered
+                 else [running + sum(net)] * NUM_CLASSES)
     assert ahead[-1] == queued, "the lowest class waits behind the whole backlog"
     # the pace of the decodes' tokens still to come: a decode step of the batch now
     decode_ms = core.prof.step_ms(decoding, decoding, ctx, 0.0)
@@ -52,6 +63,7 @@ def engine_stats(core: SimEngineCore) -> EngineStats:
         waiting=len(core.waiting),
         queued_prefill_tokens=queued,
         queued_prefill_ahead=ahead,
+        queued_prefill_ahead_net=ahead_net,
         kv_blocks_used=core.pool.used,
         kv_blocks_free=core.pool.available,
         block_size=core.block_size,

@@ -148,6 +148,8 @@ class WorkerCore:
         backlog = stats.queued_prefill_tokens
         by_class = stats.queued_prefill_ahead
         ahead = by_class[klass(priority)] if len(by_class) == NUM_CLASSES else backlog
+        net = stats.queued_prefill_ahead_net  # what it will prefill first: a waiting turn's cached prefix is no wait
+        ahead = net[klass(priority)] if len(net) == NUM_CLASSES else ahead
         here, elsewhere = (0.0, None) if prefill is None else (prefill.here * s_per_token, prefill.elsewhere * s_per_token)
         return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack, here, elsewhere)
 

@@ -81,34 +81,32 @@ def engine_saturated(ahead_s: float, backlog_s: float, tpot_slack_s: float | Non
     """Whether an engine should refuse a new request (the worker's `saturated`), from seconds of
     prefill at its rate:
 
-        saturated  =  ahead_s > ENGINE_BACKLOG_S
-                      or  (backlog_s > tpot_slack_s  and  not  ahead_s + own_s < elsewhere_s)
+        saturated  =  (ahead_s > ENGINE_BACKLOG_S  or  backlog_s > tpot_slack_s)
+                      and  not  ahead_s + own_s < elsewhere_s
 
     `ahead_s` is the prefill the request would wait behind in the engine's order — vLLM's
     priority order runs every running request's chunk first, then the waiting line by (class,
     arrival), so a class-c request waits behind the running prefills and the waiting ones of
-    classes ≤ c, not behind a lower class's (EngineStats.queued_prefill_ahead). `backlog_s` is
-    all the prefill the engine holds: each of its tokens runs beside the running decodes, so the
-    decode term bounds the whole (prefill_budget_s). With ahead = backlog this is
-    `backlog_s > prefill_budget_s(tpot_slack_s)`. So a P0 joins an engine whose backlog is
-    released P1/P2 work it would overtake anyway (the whole-backlog rule sent it back to the
-    queue to retry, the live burst's P0 tail).
+    classes ≤ c, not behind a lower class's; each waiting one net of the prefix it finds
+    cached (EngineStats.queued_prefill_ahead_net where reported). `backlog_s` is all the
+    prefill the engine holds: each of its tokens runs beside the running decodes, so the
+    decode term bounds the whole (prefill_budget_s). With ahead = backlog and no counts this
+    is `backlog_s > prefill_budget_s(tpot_slack_s)`. So a P0 joins an engine whose backlog is
+    released P1/P2 work it would overtake anyway.
 
-    The decode term weighs where the prefill goes instead (round 9): `own_s` is the request's
-    own uncached prefill here and `elsewhere_s` the least it would prefill on any other
-    instance (the router's index: the best other holder's recompute, at this engine's rate;
-    None: not known, the term alone decides). A holder whose backlog is past its decodes'
-    slack still takes the request when its first token comes here, queue and all, before its
-    bare recompute could end anywhere else: refusing would then put more prefill (≥ elsewhere
-    > own) beside some other engine's decodes and delay the request too, to spare these
-    decodes less. A request that recomputes alike everywhere (nothing cached) is refused as
-    before. The ahead term is never waived: no request waits here behind more than
-    ENGINE_BACKLOG_S (the queue keeps the order of a saturated fleet's backlog)."""
-    if ahead_s > ENGINE_BACKLOG_S:
-        return True
-    if tpot_slack_s is None or backlog_s <= tpot_slack_s:
+    The router's counts weigh where the prefill goes instead (round 9 for the decode term,
+    round 10 for both): `own_s` is the request's own uncached prefill here and `elsewhere_s`
+    the least it would prefill on any other instance (the router's index: the best other
+    holder's recompute, at this engine's rate; None: not known, the terms alone decide). A
+    holder takes the request when its first token comes here, queue and all, before its bare
+    recompute could end anywhere else: refusing would put more prefill (≥ elsewhere > own)
+    beside some other engine's decodes and delay the request too — the live ×1 tail was
+    such holders refusing on the ahead term (docs/results-routing.md, round 10). A request
+    that recomputes alike everywhere (nothing cached: a burst's prompts) is refused as
+    before, so under overload the queue still keeps the order of the fleet's backlog."""
+    if elsewhere_s is not None and ahead_s + own_s < elsewhere_s:
         return False
-    return elsewhere_s is None or ahead_s + own_s >= elsewhere_s
+    return ahead_s > ENGINE_BACKLOG_S or (tpot_slack_s is not None and backlog_s > tpot_slack_s)
 
 
 def decode_slack_s(hb) -> float | None:

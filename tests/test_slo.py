@@ -78,20 +78,17 @@ def test_an_engine_is_saturated_by_the_prefill_ahead_or_by_the_whole_backlog_pas
 
 
 @given(seconds, seconds, st.one_of(st.none(), st.floats(-1.0, 1.0, allow_nan=False)), seconds, seconds)
-def test_the_decode_term_is_waived_only_where_r_would_recompute_more_elsewhere(a, b, slack, own, elsewhere):
-    """engine_saturated's own_s / elsewhere_s (the router's counts): the ahead term always
-    refuses; the decode term refuses unless r's first token here comes before its bare
-    recompute elsewhere; no counts, the rule as before."""
+def test_a_refusal_is_waived_exactly_where_r_would_recompute_more_elsewhere(a, b, slack, own, elsewhere):
+    """engine_saturated's own_s / elsewhere_s (the router's counts): either term refuses
+    unless r's first token here comes before its bare recompute elsewhere (round 10: the
+    ahead term too); no counts, the rule as before."""
     ahead, backlog = min(a, b), max(a, b)
     got = engine_saturated(ahead, backlog, slack, own, elsewhere)
     assert engine_saturated(ahead, backlog, slack, own, None) == engine_saturated(ahead, backlog, slack)
     assert got <= engine_saturated(ahead, backlog, slack)  # the counts never add a refusal
-    if ahead > ENGINE_BACKLOG_S:
-        assert got
-    elif slack is not None and backlog > slack:
-        assert got == (ahead + own >= elsewhere)
-    else:
-        assert not got
+    assert got == (engine_saturated(ahead, backlog, slack) and ahead + own >= elsewhere)
+    # nothing cached anywhere (own = elsewhere): the rule as before
+    assert engine_saturated(ahead, backlog, slack, own, own) == engine_saturated(ahead, backlog, slack)
 
 
 def test_a_request_the_engine_runs_first_is_not_held_back_by_the_backlog_behind_it():

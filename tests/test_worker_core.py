@@ -217,6 +217,25 @@ def test_offer_judges_a_request_by_the_prefill_it_would_wait_behind_in_the_engin
     assert c.offer(req("p0e", priority=0), stats(queued=2000, prefill_ms_per_token=0.1))[0].accepted
 
 
+def test_the_live_x1_tails_holders_take_what_they_hold():
+    """Round 10's live run (workers at speed 0.25: 0.298 ms a token of wall time, so the 0.25 s
+    horizon is 838 tokens): every refusal was the ahead term, on a waiting conversation turn
+    counted whole. The ahead term now reads the split net of cached prefixes, and is waived
+    where r's first token comes here before its bare recompute could end elsewhere."""
+    c = core(max_waiting=16)
+    split = lambda gross, net: dict(queued=gross, prefill_ms_per_token=0.2984, tpot_slack_ms=2736.0,  # noqa: E731
+                                    queued_prefill_ahead=[0, gross, gross, gross],
+                                    queued_prefill_ahead_net=[0, net, net, net])
+    # 1,706 tokens ahead (0.51 s), 154 of them to compute (a waiting turn's prefix cached): taken
+    assert c.offer(req("a"), stats(**split(1706, 154)), OfferPrefill(441, 3561))[0].accepted
+    assert c.offer(req("a0"), stats(**split(1706, 154)))[0].accepted  # without the counts too
+    # 1,036 to compute ahead (0.31 s) + 379 of its own, against 2,603 recomputed elsewhere: taken
+    assert c.offer(req("b"), stats(**split(1676, 1036)), OfferPrefill(379, 2603))[0].accepted
+    assert c.offer(req("b0"), stats(**split(1676, 1036)))[0].reason == "saturated"  # no counts: refused
+    # 1,899 ahead + 392 is later than 1,288 recomputed elsewhere: refused, as before
+    assert c.offer(req("d"), stats(**split(2475, 1899)), OfferPrefill(392, 1288))[0].reason == "saturated"
+
+
 def test_a_refusal_reports_the_terms_it_weighed():
     """The worker's `offer_refused` debug line: the gross and net prefill ahead of r's class,
     the whole backlog, the decodes' slack, the rate and the router's counts (round 10: which
@@ -244,9 +263,11 @@ def test_a_holder_past_its_decodes_slack_takes_a_request_that_would_recompute_mo
     assert c.offer(req("c"), engine, OfferPrefill(441, 1000))[0].reason == "saturated"  # 595 + 441 ≥ 1000
     # nothing cached anywhere: the same recompute everywhere, refused as before
     assert c.offer(req("d"), engine, OfferPrefill(3561, 3561))[0].reason == "saturated"
-    # the wait ahead is never waived: 2600 tokens (0.26 s) ahead is past the horizon
+    # the wait ahead is weighed the same way (round 10): 2600 tokens (0.26 s) ahead is past the
+    # horizon, but 2600 + 100 here is still sooner than 10**6 recomputed anywhere else
     crowded = stats(queued=2600, prefill_ms_per_token=0.1, tpot_slack_ms=50.0)
-    assert c.offer(req("e"), crowded, OfferPrefill(100, 10**6))[0].reason == "saturated"
+    assert c.offer(req("e"), crowded, OfferPrefill(100, 10**6))[0].accepted
+    assert c.offer(req("e2"), crowded, OfferPrefill(100, 2700))[0].reason == "saturated"  # 2600 + 100 ≥ 2700
     # the header's form, and a malformed one ignored
     assert OfferPrefill.parse(OfferPrefill(441, 2873).header()) == (441, 2873)
     assert [OfferPrefill.parse(v) for v in (None, "", "1", "a,b", "-1,5", "1,2,3")] == [None] * 6

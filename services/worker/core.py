@@ -47,9 +47,9 @@ class WorkerConfig:
     flow_control: bool = True
     """Refuse a new request ("saturated") while the prefill it would wait behind in the engine's
     order already takes more than ENGINE_BACKLOG_S, or the whole prefill backlog more than its
-    running decodes' TPOT slack (shared.slo.engine_saturated): the queue's flow control, enforced
-    where the state is exact (the router then tries another worker, or the request waits in the
-    queue)."""
+    running decodes' TPOT slack, unless it would recompute more anywhere else
+    (shared.slo.engine_saturated): the queue's flow control, enforced where the state is exact
+    (the router then tries another worker, or the request waits in the queue)."""
 
 
 @dataclass
@@ -137,19 +137,18 @@ class WorkerCore:
     def saturated(stats: EngineStats, decodes_beside: bool = True, priority: int = NUM_CLASSES - 1,
                   prefill: OfferPrefill | None = None) -> bool:
         """The queue's flow-control rule where the state is exact (shared.slo.engine_saturated):
-        the prefill a class-`priority` request would wait behind in the engine's order takes
-        longer than ENGINE_BACKLOG_S, or the whole prefill backlog longer than the running
-        decodes' TPOT slack — unless (`prefill`, the router's counts) the request's first token
-        comes here, behind what is ahead of it, before its own recompute alone could end on any
-        other instance. An engine that reports no per-class split is judged by its whole
-        backlog for every class (shared.slo.prefill_budget_s)."""
+        the prefill a class-`priority` request would wait behind in the engine's order (net of
+        the waiting turns' cached prefixes, where the engine reports it) takes longer than
+        ENGINE_BACKLOG_S, or the whole prefill backlog longer than the running decodes' TPOT
+        slack — unless (`prefill`, the router's counts) the request's first token comes here,
+        behind what is ahead of it, before its own recompute alone could end on any other
+        instance. An engine that reports no per-class split is judged by its whole backlog for
+        every class (shared.slo.prefill_budget_s)."""
         slack = stats.tpot_slack_ms / 1000.0 if decodes_beside and stats.tpot_slack_ms is not None else None
         s_per_token = stats.prefill_ms_per_token / 1000.0
         backlog = stats.queued_prefill_tokens
-        by_class = stats.queued_prefill_ahead
+        by_class = stats.queued_prefill_ahead_net or stats.queued_prefill_ahead  # net: a cached prefix is no wait
         ahead = by_class[klass(priority)] if len(by_class) == NUM_CLASSES else backlog
-        net = stats.queued_prefill_ahead_net  # what it will prefill first: a waiting turn's cached prefix is no wait
-        ahead = net[klass(priority)] if len(net) == NUM_CLASSES else ahead
         here, elsewhere = (0.0, None) if prefill is None else (prefill.here * s_per_token, prefill.elsewhere * s_per_token)
         return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack, here, elsewhere)
 

@@ -16,6 +16,8 @@ import sys
 
 WAIT_S = 10.0
 """How long the sweeper waits for the processes it was told of before it removes the directories."""
+TAG = "tokenyard-janitor"
+"""The sweeper's last argument: what tells it from the processes that die with their parent."""
 
 _SWEEPER = r"""
 import os, shutil, sys, time
@@ -48,7 +50,7 @@ def watch(path: str | None = None, pid: int | None = None) -> None:
     global _sweeper
     if _sweeper is None or _sweeper.poll() is not None:
         try:  # its own session: a Ctrl-C to the terminal's group stops this process, not the sweeper
-            _sweeper = subprocess.Popen([sys.executable, "-S", "-c", _SWEEPER, str(WAIT_S)], stdin=subprocess.PIPE,
+            _sweeper = subprocess.Popen([sys.executable, "-S", "-c", _SWEEPER, str(WAIT_S), TAG], stdin=subprocess.PIPE,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError:
             return

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from tokenyard.shared import natsutil, schemas
+from tokenyard.shared import janitor, natsutil, schemas
 from tokenyard.shared.client import TokenyardClient
 
 from tests.conftest import until
@@ -103,6 +103,8 @@ async def test_the_edge_that_failed_at_start_up_is_named_not_the_sibling_stopped
 
 
 def descendants(pid: int) -> set[int]:
+    """The processes under `pid` that die with it: not shared/janitor.py's sweeper, which outlives
+    its parent on purpose (to remove what the parent leaves) and ends once it has."""
     out: set[int] = set()
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -114,6 +116,9 @@ def descendants(pid: int) -> set[int]:
         except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
             continue
         for child in children:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if janitor.TAG.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
+                    continue
             out |= {int(child), *descendants(int(child))}
     return out
 

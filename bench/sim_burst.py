@@ -11,6 +11,10 @@ queue expired, and per class: when its first refusal came, how many were refused
 and the served requests' TTFT against the class target (and how many served requests missed
 their own deadline, class target + own prefill). The default mix is the design's (5/60/30/5,
 as bench.live_burst's); `--mix 0,60,30,10` is the burst of rounds 3-6.
+
+It also prints when the first admitted request that then failed its deadline arrived (served
+past it, or expired in the queue): where a forecast that knew the burst's future would have
+refused first, the yardstick for admission's first refusal (docs/results-priorities.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,16 @@ import argparse
 import sys
 
 import numpy as np
+
+
+def admitted_but_failed(states: list, t0: float) -> tuple[int, float | None]:
+    """(how many admitted requests then missed their TTFT deadline — served past it, or
+    expired in the queue —, the arrival after t0 of the first of them; None: none did).
+    Requests without a deadline (P3, ttft_budget_s 0) never count."""
+    failed = sorted(st.item.arrival_s - t0 for st in states
+                    if st.expired or (st.finished and len(st.tokens) and st.ttft_budget_s > 0
+                                      and st.tokens[0] - st.item.arrival_s > st.ttft_budget_s))
+    return len(failed), (failed[0] if failed else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("no refusal")
     print(f"refused {len(refused)}  expired {sum(st.expired for st in states)}  of {n}")
+    failed, first_failed = admitted_but_failed(states, t0)
+    if first_failed is not None:
+        print(f"admitted, then late or expired: {failed}, the first arrived {first_failed:.3f} s after the first arrival")
+    else:
+        print("admitted, then late or expired: none")
     for c in range(4):
         mine = [st for st in states if st.item.priority == c]
         if not mine:

@@ -24,7 +24,7 @@ from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.service import ServiceHost
 from tokenyard.shared.tokenizer import ByteTokenizer
 
-from tests.conftest import until
+from tests.conftest import stop_hosts, until
 
 TOK = ByteTokenizer()
 
@@ -50,8 +50,7 @@ async def start_fleet(url: str, workers: int = 2, migration: MigrationConfig | N
 
 
 async def stop_fleet(hosts: list[ServiceHost]) -> None:
-    for h in reversed(hosts):
-        await h.stop()
+    await stop_hosts(hosts)
 
 
 async def crash_worker(host: ServiceHost) -> None:

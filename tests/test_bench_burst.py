@@ -94,3 +94,35 @@ def test_the_first_admitted_request_that_failed_its_deadline_is_where_a_forecast
     failed, first = sim_burst.admitted_but_failed(states, t0=10.0)
     assert failed == 2 and first == pytest.approx(0.2)  # the expired one, before the late one
     assert sim_burst.admitted_but_failed(states[:2], t0=10.0) == (0, None)
+
+
+def test_the_forecast_comparison_sets_each_forecast_on_the_simulators_admission(capsys):
+    import math
+
+    from bench import burst_forecast
+
+    args = sim_burst.parser().parse_args(["--rate", "100", "--seconds", "1", "--input-len", "512", "--output-len", "16"])
+
+    from types import SimpleNamespace
+
+    from tokenyard.services.admission.feasibility import ARRIVAL_WINDOW_S, FleetView
+
+    for name, counted, rate in [("measured", ARRIVAL_WINDOW_S, None), ("whole-wait", math.inf, None),
+                                ("true-rate", ARRIVAL_WINDOW_S, 100 * 528 * 0.05)]:
+        sim = SimpleNamespace(admission=SimpleNamespace(fleet=FleetView()))
+        burst_forecast.forecast(name, args)(sim)
+        assert sim.admission.fleet.overtaking_counted_s == counted
+        if rate is not None:  # P0's share of the design mix 5/60/30/5, at (512 + 16) work a request
+            assert sim.admission.fleet.arrival_rate(range(1), 0.0) == pytest.approx(rate)
+    with pytest.raises(ValueError, match="unknown forecast"):
+        burst_forecast.forecast("psychic", args)(sim)
+    # the measured row is the plain burst's: the same first refusal and counts
+    items, states = sim_burst.burst(args)
+    row = burst_forecast.row(items, states)
+    assert row["first_refusal_s"] == sim_burst.first_refusal(items, states)
+    assert sum(row[f"P{c}"]["sent"] for c in range(4)) == 100
+    assert all(row[f"P{c}"]["met"] == row[f"P{c}"]["served"] - row[f"P{c}"]["late"] for c in range(4))
+    assert burst_forecast.main(["--seeds", "0", "--forecasts", "measured", "--rate", "100", "--seconds", "1",
+                                "--input-len", "512", "--output-len", "16"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 3 and table[2].startswith("| 0 | measured |")

@@ -220,8 +220,6 @@ class _Call:
     outcome: Outcome = Outcome.FAILED
     terminal: bool = False
     """A terminal event arrived: nothing left to abort."""
-    aborted: bool = False
-    """The client stream published the Abort (cancelled while waiting for an event)."""
     first_token: bool = False
     response: web.StreamResponse | None = None
     """The SSE response once its headers went out."""
@@ -370,9 +368,9 @@ class EdgeShell:
             call.outcome = Outcome.ABORTED
             return call.response or web.Response(status=499)
         finally:
-            if not call.terminal and not call.aborted:
-                with contextlib.suppress(Exception):
-                    await self._client.abort(call.request_id, reason="edge_" + call.outcome.value)
+            # A stream left before its end aborts its generation as it closes (`client_left`, that
+            # generation only); a cancelled one aborted as it was cancelled (`client_cancelled`).
+            # One abort each, sent by the client stream, none by the edge itself.
             await events.aclose()
 
     def _trim_if_idle(self) -> None:
@@ -443,9 +441,6 @@ class EdgeShell:
         last); a cancellation here has reached the client stream, which aborts."""
         try:
             batch = await anext(events)
-        except asyncio.CancelledError:
-            call.aborted = True
-            raise
         except StopAsyncIteration:
             raise ApiError(502, "the request's stream ended without a result") from None
         if isinstance(batch[-1], schemas.TERMINAL_EVENTS):

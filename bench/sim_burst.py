@@ -11,6 +11,10 @@ queue expired, and per class: when its first refusal came, how many were refused
 and the served requests' TTFT against the class target (and how many served requests missed
 their own deadline, class target + own prefill). The default mix is the design's (5/60/30/5,
 as bench.live_burst's); `--mix 0,60,30,10` is the burst of rounds 3-6.
+
+It also prints when the first admitted request that then failed its deadline arrived (served
+past it, or expired in the queue): where a forecast that knew the burst's future would have
+refused first, the yardstick for admission's first refusal (docs/results-priorities.md).
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ import sys
 import numpy as np
 
 
-def main(argv: list[str] | None = None) -> int:
-    from tokenyard.loadgen.config import parse_priority_mix
-    from tokenyard.loadgen.workloads.blocks import TraceRequest
-    from tokenyard.shared.slo import ttft_target_s
-    from tokenyard.simulator.cluster import ClusterSim, SimConfig
+def admitted_but_failed(states: list, t0: float) -> tuple[int, float | None]:
+    """(how many admitted requests then missed their TTFT deadline — served past it, or
+    expired in the queue —, the arrival after t0 of the first of them; None: none did).
+    Requests without a deadline (P3, ttft_budget_s 0) never count."""
+    failed = sorted(st.item.arrival_s - t0 for st in states if st.expired or late(st))
+    return len(failed), (failed[0] if failed else None)
 
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.sim_burst", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, default=2)
@@ -38,7 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
                    help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
-    args = p.parse_args(argv)
+    return p
+
+
+def burst(args: argparse.Namespace, prepare=None) -> tuple[list, list]:
+    """The burst's requests (seeded) run through the cluster simulator: (items, final states).
+    `prepare(sim)`, if given, is called before the run (bench.burst_forecast swaps admission's
+    forecast there)."""
+    from tokenyard.loadgen.config import parse_priority_mix
+    from tokenyard.loadgen.workloads.blocks import TraceRequest
+    from tokenyard.simulator.cluster import ClusterSim, SimConfig
+
     rng = np.random.default_rng(args.seed)
     n = int(args.rate * args.seconds)
     arrivals = np.cumsum(rng.exponential(1 / args.rate, n))
@@ -47,8 +64,28 @@ def main(argv: list[str] | None = None) -> int:
     items = [TraceRequest(i, float(arrivals[i]), args.input_len, args.output_len, int(classes[i]),
                           tuple(int(x) for x in rng.integers(1 << 40, size=args.input_len // 16))) for i in range(n)]
     sim = ClusterSim(SimConfig(instances=args.workers, long_prefill_token_threshold=args.long_prefill_token_threshold), 16)
+    if prepare is not None:
+        prepare(sim)
     sim.run(items)
-    states = list(sim.reqs.values())
+    return items, list(sim.reqs.values())
+
+
+def late(st) -> bool:
+    """Served past its own deadline (class target + own prefill; P3 has none)."""
+    return bool(st.finished and len(st.tokens) and st.ttft_budget_s > 0
+                and st.tokens[0] - st.item.arrival_s > st.ttft_budget_s)
+
+
+def first_refusal(items: list, states: list) -> float | None:
+    """When admission first refused, after the first arrival (None: never)."""
+    refused = [st.item.arrival_s for st in states if st.error and not st.expired]
+    return min(refused) - items[0].arrival_s if refused else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tokenyard.shared.slo import ttft_target_s
+
+    items, states = burst(parser().parse_args(argv))
     refused = sorted(st.item.arrival_s for st in states if st.error and not st.expired)
     t0 = items[0].arrival_s
     if refused:
@@ -56,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"first refusal {refused[0] - t0:.3f} s after the first arrival ({before} arrivals before it)")
     else:
         print("no refusal")
-    print(f"refused {len(refused)}  expired {sum(st.expired for st in states)}  of {n}")
+    print(f"refused {len(refused)}  expired {sum(st.expired for st in states)}  of {len(items)}")
+    failed, first_failed = admitted_but_failed(states, t0)
+    if first_failed is not None:
+        print(f"admitted, then late or expired: {failed}, the first arrived {first_failed:.3f} s after the first arrival")
+    else:
+        print("admitted, then late or expired: none")
     for c in range(4):
         mine = [st for st in states if st.item.priority == c]
         if not mine:
@@ -69,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             p99 = float(np.percentile(ttft, 99))
             target = ttft_target_s(c)
             vs = f"= {p99 / target:.2f} × target" if np.isfinite(target) else "(no target)"
-            late = sum(1 for st in mine if st.finished and len(st.tokens)
-                       and st.ttft_budget_s > 0 and st.tokens[0] - st.item.arrival_s > st.ttft_budget_s)
-            line += (f"  served {len(ttft)} ({late} past their deadline)  p50 {np.median(ttft):.2f} s  "
+            line += (f"  served {len(ttft)} ({sum(map(late, mine))} past their deadline)  p50 {np.median(ttft):.2f} s  "
                      f"p99 {p99:.2f} s  {vs}")
         print(line)
     return 0

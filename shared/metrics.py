@@ -88,8 +88,7 @@ class _SnapshotCollector(Collector):
 
 
 ABORT_REASONS = frozenset({"client", "orphaned", schemas.MIGRATED, "client_gap", "client_idle_timeout",
-                           "client_cancelled"})
-EDGE_OUTCOMES = frozenset(o.value for o in schemas.Outcome)
+                           "client_cancelled", "client_left"})
 
 
 class WorkerMetrics:
@@ -112,15 +111,14 @@ class WorkerMetrics:
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                [*names, "finished_reason"], registry=self.registry)
         self.aborts = Counter("tokenyard:worker_aborts", "Requests aborted while running here, by who asked "
-                              "(Abort.reason: client, edge_*, orphaned, migrated, …).", [*names, "reason"],
+                              "(Abort.reason: client, client_left, orphaned, migrated, …).", [*names, "reason"],
                               registry=self.registry)
         self.registry.register(_SnapshotCollector(self._from_heartbeat))
 
     def observe_abort(self, reason: str) -> None:
         """A request aborted while running here; `reason` comes from whoever sent the abort,
         so an unknown one is counted as `other` (a label per client string would grow without bound)."""
-        known = reason in ABORT_REASONS or reason.removeprefix("edge_") in EDGE_OUTCOMES
-        self.aborts.labels(*self.labels.values(), reason if known else "other").inc()
+        self.aborts.labels(*self.labels.values(), reason if reason in ABORT_REASONS else "other").inc()
 
     def observe_finished(self, ttft_s: float | None, e2e_s: float, prompt_tokens: int, output_tokens: int,
                          finish_reason: str) -> None:

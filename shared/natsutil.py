@@ -23,7 +23,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NoStreamResponseError
-from tokenyard.shared import nats_auth, subjects, telemetry
+from tokenyard.shared import janitor, nats_auth, subjects, telemetry
 from tokenyard.shared.procs import die_with_parent
 
 log = telemetry.logger("nats")
@@ -251,6 +251,7 @@ class NatsServer:
             start_new_session=True,
             preexec_fn=die_with_parent(),  # no orphaned server if its parent is killed outright
         )
+        janitor.watch(self.store_dir, self.proc.pid)  # its store and config go even if this process is killed
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             if self.proc.poll() is not None:

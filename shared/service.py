@@ -24,6 +24,13 @@ from tokenyard.shared import metrics, natsutil, telemetry
 
 VERSION = "0.1.0"
 
+STOP_BOUND_S: float | None = None
+"""How long `ServiceHost.stop()` may take. Past it the host logs where the stop and every other
+pending task wait (`stop_overran`), keeps that text in `overran`, and closes its connection, so
+the bus sees the service gone. None, a process's default: no bound (a draining worker lets its
+generations finish, however long they take). The tests set one: a stop that hangs must not leave
+a fleet answering on the session's shared server."""
+
 
 class Shell(Protocol):
     kind: str
@@ -54,6 +61,8 @@ class ServiceHost:
         self.service: Service | None = None
         self._metrics_runner = None
         self._stopped = asyncio.Event()
+        self.overran: str | None = None
+        """Set when stop() passed STOP_BOUND_S: where it and the other pending tasks waited."""
 
     async def start(self) -> ServiceHost:
         telemetry.setup(self.shell.kind)
@@ -86,6 +95,24 @@ class ServiceHost:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        steps = asyncio.ensure_future(self._stop_steps())
+        try:
+            done, _ = await asyncio.wait({steps}, timeout=STOP_BOUND_S)
+        except asyncio.CancelledError:
+            steps.cancel()  # the stop's caller was cancelled: so is the stop
+            raise
+        if steps in done:
+            return steps.result()
+        self.overran = f"{self.shell.kind} {self.shell.instance_id}: stop waits at " + " / ".join(
+            [await_chain(steps), *(await_chain(t) for t in asyncio.all_tasks() if t is not steps
+                                   and t is not asyncio.current_task())])
+        telemetry.logger(self.shell.kind).error("stop_overran", bound_s=STOP_BOUND_S, where=self.overran)
+        steps.cancel()
+        if self.nc and not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    async def _stop_steps(self) -> None:
         await self.shell.stop()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
@@ -108,6 +135,20 @@ class ServiceHost:
         await stop.wait()
         telemetry.logger(self.shell.kind).info("stopping", instance=self.shell.instance_id)
         await self.stop()
+
+
+def await_chain(task: asyncio.Future) -> str:
+    """Where a pending task waits: its coroutines, outermost first, as `name:line`, down to the
+    future it awaits (Task.get_stack shows only the outermost frame of a suspended task)."""
+    coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+    chain = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " > ".join(chain) or repr(task)
 
 
 async def serve_together(hosts: list[ServiceHost]) -> None:

@@ -24,7 +24,7 @@ from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.service import ServiceHost
 from tokenyard.shared.tokenizer import ByteTokenizer
 
-from tests.conftest import until
+from tests.conftest import stop_hosts, until
 
 TOK = ByteTokenizer()
 
@@ -50,8 +50,11 @@ async def start_fleet(url: str, workers: int = 2, migration: MigrationConfig | N
 
 
 async def stop_fleet(hosts: list[ServiceHost]) -> None:
-    for h in reversed(hosts):
-        await h.stop()
+    while CLIENTS:
+        nc = CLIENTS.pop()
+        if not nc.is_closed:
+            await nc.close()
+    await stop_hosts(hosts)
 
 
 async def crash_worker(host: ServiceHost) -> None:
@@ -92,8 +95,14 @@ class Recorder:
         return sum(len(e.token_ids) for e in self.events if isinstance(e, schemas.Chunk))
 
 
+CLIENTS: list = []
+"""The connections start_streams opened; stop_fleet closes those still open (a test that failed
+before its own close would leave them reconnecting to its stopped server for the rest of the run)."""
+
+
 async def start_streams(url: str, n: int, max_tokens: int):
     nc = await natsutil.connect(url, "fault-client")
+    CLIENTS.append(nc)
     client = TokenyardClient(nc)
     recs = [Recorder() for _ in range(n)]
     tasks = [

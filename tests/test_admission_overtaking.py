@@ -78,6 +78,16 @@ def test_a_short_backlog_is_passed_for_the_whole_wait():
     assert priority_wait(600.0, 1000.0, 1500.0) == pytest.approx((600 + 1500 * ARRIVAL_WINDOW_S) / 1000)
 
 
+def test_overtaking_counted_over_the_whole_wait_is_the_textbook_form():
+    """bench.burst_forecast's `whole-wait`: ahead / (D − λ) however long the wait, infinite
+    once λ ≥ D; the fleet's default counts it for T."""
+    assert priority_wait(3700.0, 1000.0, 600.0, counted_s=math.inf) == pytest.approx(9.25)
+    assert priority_wait(3700.0, 1000.0, 600.0) == pytest.approx(4.9)  # (3,700 + 600·2) / 1,000
+    assert priority_wait(600.0, 1000.0, 1500.0, counted_s=math.inf) == math.inf
+    assert priority_wait(600.0, 1000.0, 0.0, counted_s=math.inf) == pytest.approx(0.6)
+    assert FleetView().overtaking_counted_s == ARRIVAL_WINDOW_S
+
+
 def test_one_request_is_not_a_rate_and_the_window_forgets():
     c = core(default_ceiling=0)
     c.on_queue_stats(stats(work=(0, 3000, 0, 0), drain=1000.0), 100.0)

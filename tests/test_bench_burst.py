@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tomllib
 
+import pytest
 from tokenyard.loadgen.records import RequestRecord
 from tokenyard.services.admission.tenants import load_tenants
 from tokenyard.shared.schemas import PriorityClass
@@ -66,3 +67,62 @@ def test_the_simulated_burst_takes_the_design_mix_by_default(capsys):
     assert classes == ["P0", "P1", "P2", "P3"]  # 100 arrivals at 5/60/30/5: every class is drawn
     sent = sum(int(line.split()[2]) for line in lines if line.startswith("P"))
     assert sent == 100
+
+
+def sim_state(arrival: float, priority: int = 1, *, first_token: float | None = None, budget: float = 5.0,
+              expired: bool = False, refused: bool = False):
+    from tokenyard.loadgen.workloads.blocks import TraceRequest
+    from tokenyard.simulator.requests import ReqState
+
+    st = ReqState(TraceRequest(0, arrival, 2000, 100, priority, ()), ttft_budget_s=budget)
+    if first_token is not None:
+        st.tokens.append(first_token)
+        st.finished = True
+    st.expired = expired
+    if expired or refused:
+        st.error = "status_429" if expired else "status_503"
+    return st
+
+
+def test_the_first_admitted_request_that_failed_its_deadline_is_where_a_forecast_should_have_refused():
+    states = [sim_state(10.0, first_token=14.9),                # on time (4.9 s of its 5 s)
+              sim_state(10.3, refused=True),                    # refused: not admitted
+              sim_state(10.5, first_token=15.6),                # late: 5.1 s
+              sim_state(10.2, expired=True),                    # expired in the queue
+              sim_state(10.1, priority=3, first_token=40.0, budget=0.0),  # P3: no deadline
+              sim_state(10.4, first_token=15.3, budget=5.2)]    # its deadline has its own prefill
+    failed, first = sim_burst.admitted_but_failed(states, t0=10.0)
+    assert failed == 2 and first == pytest.approx(0.2)  # the expired one, before the late one
+    assert sim_burst.admitted_but_failed(states[:2], t0=10.0) == (0, None)
+
+
+def test_the_forecast_comparison_sets_each_forecast_on_the_simulators_admission(capsys):
+    import math
+
+    from bench import burst_forecast
+
+    args = sim_burst.parser().parse_args(["--rate", "100", "--seconds", "1", "--input-len", "512", "--output-len", "16"])
+
+    from types import SimpleNamespace
+
+    from tokenyard.services.admission.feasibility import ARRIVAL_WINDOW_S, FleetView
+
+    for name, counted, rate in [("measured", ARRIVAL_WINDOW_S, None), ("whole-wait", math.inf, None),
+                                ("true-rate", ARRIVAL_WINDOW_S, 100 * 528 * 0.05)]:
+        sim = SimpleNamespace(admission=SimpleNamespace(fleet=FleetView()))
+        burst_forecast.forecast(name, args)(sim)
+        assert sim.admission.fleet.overtaking_counted_s == counted
+        if rate is not None:  # P0's share of the design mix 5/60/30/5, at (512 + 16) work a request
+            assert sim.admission.fleet.arrival_rate(range(1), 0.0) == pytest.approx(rate)
+    with pytest.raises(ValueError, match="unknown forecast"):
+        burst_forecast.forecast("psychic", args)(sim)
+    # the measured row is the plain burst's: the same first refusal and counts
+    items, states = sim_burst.burst(args)
+    row = burst_forecast.row(items, states)
+    assert row["first_refusal_s"] == sim_burst.first_refusal(items, states)
+    assert sum(row[f"P{c}"]["sent"] for c in range(4)) == 100
+    assert all(row[f"P{c}"]["met"] == row[f"P{c}"]["served"] - row[f"P{c}"]["late"] for c in range(4))
+    assert burst_forecast.main(["--seeds", "0", "--forecasts", "measured", "--rate", "100", "--seconds", "1",
+                                "--input-len", "512", "--output-len", "16"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 3 and table[2].startswith("| 0 | measured |")

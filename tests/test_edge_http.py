@@ -4,11 +4,14 @@ client and raw aiohttp. One e2e test runs through the real pipeline (`fleet` fix
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 
 import aiohttp
 import msgspec
+import nats.errors
 import openai
 import pytest
 from tokenyard.services.edge.shell import EdgeConfig, EdgeShell, health_subject
@@ -328,6 +331,31 @@ async def test_client_disconnect_aborts_the_request(edge):
             r.close()  # drop the connection mid-stream
         abort = await next_abort(sub, "gone1")
         assert abort.reason == "client_cancelled"
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_write_that_fails_mid_stream_aborts_the_request_once(edge, monkeypatch):
+    """The client's connection resets under a write (no cancellation reaches the handler): the
+    stream, closed unfinished, aborts its generation — once, not also by the edge on its own."""
+    from tokenyard.services.edge import shell as edge_shell
+
+    async def reset(self, data):
+        raise ConnectionResetError("the client is gone")
+
+    monkeypatch.setattr(edge_shell.SseResponse, "write", reset)
+    sub = await edge.nc.subscribe(subjects.ABORT)
+    await edge.nc.flush()
+    try:
+        async with aiohttp.ClientSession() as s:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with asyncio.timeout(5):
+                    await s.post(f"{edge.url}/v1/completions", json={"prompt": "hang", "stream": True},
+                                 headers={"x-request-id": "reset1"})
+        abort = await next_abort(sub, "reset1")
+        assert (abort.reason, abort.reply_to.startswith("_INBOX.")) == ("client_left", True)  # this generation only
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.next_msg(timeout=1.0)  # no second abort, of this request or any
     finally:
         await sub.unsubscribe()
 

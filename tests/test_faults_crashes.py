@@ -45,7 +45,9 @@ async def test_a_dead_workers_streams_complete_by_migration_without_gap_or_repea
             assert rec.last.seq == len(rec.seqs())
         assert {r.last.worker_id for r in recs} == {"fw1"}  # the survivor finished all of them
         assert router.migration.migrated == len(moved) and router.migration.failed == 0
-        assert router.migration.tracked == {} and router._follows == {}
+        # the router hears each stream's end a moment after its client does
+        await until(lambda: router.migration.tracked == {} and router._follows == {},
+                    what="the router forgets the finished streams")
         await client.close()
         await nc.drain()
     finally:

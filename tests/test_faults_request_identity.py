@@ -20,7 +20,7 @@ from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.service import ServiceHost
 
 from tests.conftest import until
-from tests.fault_fleet import Recorder, start_fleet, start_streams, stop_fleet, worker
+from tests.fault_fleet import CLIENTS, Recorder, start_fleet, start_streams, stop_fleet, worker
 
 
 async def test_a_request_whose_offer_answer_came_late_is_served_once_without_a_409(monkeypatch):
@@ -108,6 +108,7 @@ async def test_a_placed_request_whose_route_answer_was_lost_is_not_expired_by_th
         hosts.append(await ServiceHost(router, server.url).start())
         await until(lambda: router.core.view.n == 1)
         nc = await natsutil.connect(server.url, "fault-client")
+        CLIENTS.append(nc)  # closed by stop_fleet should the test fail before its own close
         client = TokenyardClient(nc)
         rec = Recorder()
         # a 0.4 s TTFT target: its deadline passes while the queue waits for the lost answer

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from tokenyard.shared import natsutil, schemas
+from tokenyard.shared import janitor, natsutil, schemas
 from tokenyard.shared.client import TokenyardClient
 
 from tests.conftest import until
@@ -102,6 +103,8 @@ async def test_the_edge_that_failed_at_start_up_is_named_not_the_sibling_stopped
 
 
 def descendants(pid: int) -> set[int]:
+    """The processes under `pid` that die with it: not shared/janitor.py's sweeper, which outlives
+    its parent on purpose (to remove what the parent leaves) and ends once it has."""
     out: set[int] = set()
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -113,6 +116,9 @@ def descendants(pid: int) -> set[int]:
         except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
             continue
         for child in children:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if janitor.TAG.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
+                    continue
             out |= {int(child), *descendants(int(child))}
     return out
 
@@ -129,23 +135,33 @@ def alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 async def test_children_die_with_up_when_it_is_killed_outright(tmp_path):
     err = tmp_path / "up.stderr"  # a file, not a pipe: nobody reads it while the fleet runs
+    tmp = tmp_path / "tmp"  # where `up` keeps the server's store and config, the keys, the edges' metrics
+    tmp.mkdir()
     with err.open("wb") as f:
         up = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tokenyard.cli", "up", "--workers", "1", "--profile", "zero", "--http-port", "0",
             "--nats-port", "0", "--edge-processes", "2", stdout=asyncio.subprocess.PIPE, stderr=f,
+            env={**os.environ, "TMPDIR": str(tmp), "XDG_RUNTIME_DIR": str(tmp_path / "xdg")},
         )
     try:
         async with asyncio.timeout(120):
-            while not (line := await up.stdout.readline()).startswith(b"tokenyard is up"):
+            while not (line := await up.stdout.readline()).startswith(b"  HTTP"):  # after the creds' copies
                 if not line:
                     await up.wait()
                     pytest.fail(f"up exited ({up.returncode}) before the fleet was up:\n{err.read_text()[-3000:]}")
         children = descendants(up.pid)
         assert len(children) >= 6  # nats-server, 2 edges, queue (with the router and admission), macro, a worker
+        kept = {p.name.rsplit("-", 1)[0] for p in tmp.iterdir()}
+        assert kept == {"tokenyard-nats", "tokenyard-creds", "tokenyard-edge-metrics"}, kept
+        copies = sorted(p.name for p in (tmp_path / "xdg").rglob("*.creds"))  # for this machine's commands
+        assert copies == ["client.creds", "observer.creds"], copies
         up.kill()  # SIGKILL: no handler runs, nothing is stopped by the parent
         await up.wait()
         # each child gets SIGTERM from the kernel and drains
         await until(lambda: not any(alive(p) for p in children), timeout_s=60, poll_s=0.1)
+        await until(lambda: not any(tmp.iterdir()), timeout_s=30, poll_s=0.1,
+                    what="the sweeper removes the store, the keys and the metrics files")
+        assert not list((tmp_path / "xdg").rglob("*.creds"))
     finally:
         if up.returncode is None:
             up.kill()

@@ -108,7 +108,7 @@ async def test_a_withdrawn_newcomer_that_the_router_places_nowhere_leaves_the_qu
     nc, got = await inbox(nats_server.url, "_INBOX.new")
     try:
         handed(queue, "dup", "_INBOX.new")
-        await router.asked_event.wait()
+        await asyncio.wait_for(router.asked_event.wait(), 20)  # bounded: a missed step fails, not hangs
         assert queue.withdraw("dup") is False  # on its way
         await abort(nats_server.url, schemas.Abort("dup", reason="duplicate_request_id", reply_to="_INBOX.new"))
         router.outcome = outcome
@@ -131,7 +131,7 @@ async def test_an_abort_naming_another_reply_subject_leaves_the_generation_on_it
     host, queue, router = await start(nats_server.url)
     try:
         handed(queue, "dup", "_INBOX.first")
-        await router.asked_event.wait()
+        await asyncio.wait_for(router.asked_event.wait(), 20)  # bounded: a missed step fails, not hangs
         await abort(nats_server.url, schemas.Abort("dup", reason="duplicate_request_id", reply_to="_INBOX.other"))
         await until(lambda: queue.aborts_heard == 1, what="the abort heard")
         assert queue.core.stopping == {}
@@ -154,7 +154,7 @@ async def test_a_client_abort_during_the_route_ends_the_stream_when_the_router_p
     nc, got = await inbox(nats_server.url, "_INBOX.gone")
     try:
         handed(queue, "gone", "_INBOX.gone")
-        await router.asked_event.wait()
+        await asyncio.wait_for(router.asked_event.wait(), 20)  # bounded: a missed step fails, not hangs
         await abort(nats_server.url, schemas.Abort("gone", reason=reason, reply_to=reply_to))
         await until(lambda: "gone" in queue.core.stopping, what="the abort heard")
         router.answer.set()
@@ -173,7 +173,7 @@ async def test_a_request_placed_after_an_abort_reached_it_on_its_way_is_the_work
     try:
         router.outcome = schemas.Outcome.ROUTED
         handed(queue, "placed", "_INBOX.placed")
-        await router.asked_event.wait()
+        await asyncio.wait_for(router.asked_event.wait(), 20)  # bounded: a missed step fails, not hangs
         await abort(nats_server.url, schemas.Abort("placed", reason="client"))
         await until(lambda: "placed" in queue.core.stopping, what="the abort heard")
         router.answer.set()

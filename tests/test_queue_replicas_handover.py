@@ -119,7 +119,7 @@ async def test_a_handed_request_not_yet_routed_when_its_taker_goes_silent_is_pla
     client = await TokenyardClient.connect(nats_server.url)
     try:
         done = asyncio.create_task(client.generate(schemas.GenerateRequest(prompt="orphan", max_tokens=5)))
-        await stuck.wait()
+        await asyncio.wait_for(stuck.wait(), 20)  # bounded: a missed step fails, not hangs
         await until(lambda: not pair.admission._handing)  # stored and acked, not routed
         pair.silence_a()
         got = await asyncio.wait_for(done, 10 + PEER_SILENT_S)
@@ -161,7 +161,7 @@ async def test_a_reused_id_placed_by_another_replica_before_its_409_is_stopped_a
     try:
         running = asyncio.create_task(first.run(client, schemas.GenerateRequest(
             prompt="first " * 4, max_tokens=500, request_id=rid)))
-        await first.first_chunk.wait()
+        await asyncio.wait_for(first.first_chunk.wait(), 20)  # bounded: a missed step fails, not hangs
         assert set(rw0._streams) == {rid}
         await a_hosts[2].stop()  # `a`'s admission leaves the submit group: `b`'s gets the next request
         _, b_router, b_hosts = await replica()

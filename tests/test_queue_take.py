@@ -9,6 +9,7 @@ A queue shell on a real nats-server with a router in its process that the test a
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import msgspec
@@ -33,7 +34,7 @@ async def test_a_taken_request_with_room_is_released_in_takes_own_turn(nats_serv
         assert placing is not None and not placing.done()
         assert list(queue.core.in_flight) == ["fast"] and len(queue._routes) == 1
         assert queue._local["fast"] == (data, {"traceparent": "x"})  # its encoding goes to the router as is
-        await router.asked_event.wait()
+        await asyncio.wait_for(router.asked_event.wait(), 20)  # bounded: a missed step fails, not hangs
         assert router.asked == ["fast"]
         router.outcome = schemas.Outcome.ROUTED
         router.answer.set()

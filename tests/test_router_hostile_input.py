@@ -6,7 +6,8 @@ next sane request as before."""
 from __future__ import annotations
 
 import pytest
-from tokenyard.services.router.core import MAX_BLOCK_SIZE, RouterConfig, RouterCore, check_inputs
+from tokenyard.services.router.bounds import MAX_BLOCK_SIZE, check_inputs
+from tokenyard.services.router.core import RouterConfig, RouterCore
 from tokenyard.services.router.shell import RouterShell
 from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.service import ServiceHost

@@ -206,7 +206,7 @@ async def test_a_failed_placement_gives_its_joined_asks_its_error_and_a_cancelle
     shell._place = place
     ar = req("r3", reply_to="_INBOX.c.3")
     first = asyncio.create_task(shell._place_once(ar))
-    await offered.wait()
+    await asyncio.wait_for(offered.wait(), 20)  # bounded: a missed step fails, not hangs
     first.cancel()
     await until(first.done)
     release.set()

@@ -284,6 +284,7 @@ class Borrowed:
         return self.eng.drain_kv_events()
 
 
+@pytest.mark.flaky(reruns=2)  # docs/HOUSE.md "Flaky live tests": its abort races a fast tiny model
 async def test_a_vllm_worker_serves_the_fleet_over_nats(nats_server, engine, tiny_model):
     from tokenyard.services.admission.core import AdmissionConfig
     from tokenyard.services.admission.shell import AdmissionShell

@@ -40,7 +40,7 @@ from tokenyard.services.edge.cli import child_command as edge_child_command
 from tokenyard.services.edge.shell import MULTIPROC_ENV
 from tokenyard.services.edge.supervisor import EdgeSupervisor
 from tokenyard.services.router.core import DEFAULT_POLICY
-from tokenyard.shared import config, nats_auth, natsutil
+from tokenyard.shared import config, janitor, nats_auth, natsutil
 from tokenyard.shared.nats_cluster import NatsCluster
 from tokenyard.shared.procs import die_with_parent
 
@@ -309,6 +309,7 @@ class FleetProcesses:
         if self.creds_dir is None:
             self._creds_tmp = tempfile.TemporaryDirectory(prefix="tokenyard-creds-")
             self.creds_dir = self._creds_tmp.name
+            janitor.watch(self.creds_dir)  # the keys go even if this process is killed outright
         return nats_auth.FleetAuth.generate(self.creds_dir, tls=self.nats_tls)
 
     @property

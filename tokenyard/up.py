@@ -12,7 +12,7 @@ import sys
 
 from tokenyard.launcher import NATS_PORT, ROUTER_PLACES, FleetProcesses, nats_port
 from tokenyard.services.router.core import DEFAULT_POLICY
-from tokenyard.shared import config, nats_auth, natsutil
+from tokenyard.shared import config, janitor, nats_auth, natsutil
 
 
 def register(sub) -> None:
@@ -127,6 +127,7 @@ def _leave_local_creds(fleet: FleetProcesses) -> str | None:
         fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(auth.path(user).read_bytes())
+        janitor.watch(str(local))  # gone even if `up` is killed outright (else at its stop, below)
     return str(nats_auth.local_client_creds(fleet.nats_url))
 
 

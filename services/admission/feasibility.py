@@ -157,14 +157,14 @@ def still_decoding(horizon_ms: float, life_ms: float) -> float:
     return 1.0 - x / 2 if x <= 1.0 else 1.0 / (2 * x)
 
 
-def priority_wait(ahead: float, drain: float, overtaking_rate: float) -> float:
+def priority_wait(ahead: float, drain: float, overtaking_rate: float, counted_s: float = ARRIVAL_WINDOW_S) -> float:
     """The wait behind `ahead` work at `drain` > 0 while `overtaking_rate` work per second keeps
-    arriving ahead of it, that arrival counted for no more than ARRIVAL_WINDOW_S (the module's
-    formula)."""
+    arriving ahead of it, that arrival counted for no more than `counted_s` (T, the module's
+    formula; ∞: over the whole wait, the textbook ahead / (D − λ))."""
     if overtaking_rate <= 0 or ahead <= 0:  # nothing ahead: released before anything can pass it
         return max(ahead, 0.0) / drain
     passed_by = ahead / (drain - overtaking_rate) if drain > overtaking_rate else math.inf
-    return min(passed_by, (ahead + overtaking_rate * ARRIVAL_WINDOW_S) / drain)
+    return min(passed_by, (ahead + overtaking_rate * counted_s) / drain)  # counted_s = ∞: passed_by
 
 
 def work_ahead(policy: str, work: list[float], c: int) -> float:
@@ -207,6 +207,10 @@ class FleetView:
     nothing is measured); off: the measured drain alone, which early in a burst is a fresh
     engine's rate and admits requests that then expire (docs/results-priorities.md §3). Round
     4's cap at the steady state D_s(∞) over-refused short overloads and was off by default."""
+    overtaking_counted_s: float = ARRIVAL_WINDOW_S
+    """How long overtaking arrivals are counted in a wait (T, the module's formula); ∞: over the
+    whole wait, the textbook form round 6 set aside (it over-refuses once a short burst of a
+    higher class measures λ ≥ D); another value only for bench.burst_forecast's comparison."""
     queues: dict[str, tuple[float, QueueStats]] = field(default_factory=dict)
     """queue replica → (seen at, its latest state); a state older than stale_after_s is ignored."""
     workers: dict[str, tuple[float, bool]] = field(default_factory=dict)
@@ -467,7 +471,7 @@ class FleetView:
         else:
             drain = self.drain(qs, now, deadline - ENGINE_BACKLOG_S)
             wait = 0.0 if drain is None else priority_wait(
-                ahead, drain, self.arrival_rate(overtaking(qs[0].policy, c), now))
+                ahead, drain, self.arrival_rate(overtaking(qs[0].policy, c), now), self.overtaking_counted_s)
             # (None: no rate known at all, nothing to predict from)
         return Verdict(wait, deadline, depth)
 

@@ -231,8 +231,6 @@ class _Call:
     outcome: Outcome = Outcome.FAILED
     terminal: bool = False
     """A terminal event arrived: nothing left to abort."""
-    aborted: bool = False
-    """The client stream published the Abort (cancelled while waiting for an event)."""
     first_token: bool = False
     response: web.StreamResponse | None = None
     """The SSE response once its headers went out."""
@@ -381,9 +379,8 @@ class EdgeShell:
             call.outcome = Outcome.ABORTED
             return call.response or web.Response(status=499)
         finally:
-            if not call.terminal and not call.aborted:
-                with contextlib.suppress(Exception):
-                    await self._client.abort(call.request_id, reason="edge_" + call.outcome.value)
+            # A stream left before its end aborts its own generation as it closes (`client_left`,
+            # that generation only); a cancelled one aborted as it was cancelled. One abort each.
             await events.aclose()
 
     def _trim_if_idle(self) -> None:
@@ -445,9 +442,6 @@ class EdgeShell:
         last); a cancellation here has reached the client stream, which aborts."""
         try:
             batch = await anext(events)
-        except asyncio.CancelledError:
-            call.aborted = True
-            raise
         except StopAsyncIteration:
             raise ApiError(502, "the request's stream ended without a result") from None
         return self._seen(call, batch)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.mmap_dict import MmapedDict
 from tokenyard.services.edge.shell import MULTIPROC_ENV, fold_lock, forget_dead_processes
-from tokenyard.shared import config, metrics, natsutil
+from tokenyard.shared import config, janitor, metrics, natsutil
 from tokenyard.shared.procs import die_with_parent
 
 START_GRACE_S = natsutil.FIRST_CONNECT_TIMEOUT_S + 5.0
@@ -127,6 +127,7 @@ class EdgeSupervisor:
         self.metrics_url: str | None = None
         self.restarts = 0
         self.dir = tempfile.mkdtemp(prefix="tokenyard-edge-metrics-")
+        janitor.watch(self.dir)  # removed once this process has ended, however it ends
         self.env = {**os.environ, MULTIPROC_ENV: self.dir, "PYTHONMALLOC": os.environ.get("PYTHONMALLOC", "malloc")}
         self.env.pop(config.METRICS_PORT_ENV, None)  # the children's metrics are served here, summed
         self.children: list[_Child] = []

@@ -58,6 +58,7 @@ from nats.js.errors import NotFoundError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
+from tokenyard.services.priority_queue import intake
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.local_router import LocalRouter
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
@@ -226,11 +227,9 @@ class QueueShell:
         self._pull_left -= 1
         if self._pull_left <= 0:
             self._pull_over.set()
-        try:
-            req = codec.decode(msg.data, schemas.AdmittedRequestInTransit)
-        except codec.DecodeError as e:
-            log.error("undecodable_message", error=str(e))
-            await msg.term()
+        req, why = intake.check(msg.data)
+        if req is None or why is not None:
+            await intake.refuse(self.nc, msg, req, why)
             return
         taker = (msg.headers or {}).get(subjects.TAKEN_BY_HEADER)
         handed = self._local.pop(req.request_id, None) is not None

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from tokenyard.services.router import kernels
+from tokenyard.services.router.bounds import check_inputs
 from tokenyard.services.router.filters import (
     AcceptingFilter,
     BatchCapFilter,
@@ -63,11 +64,6 @@ from tokenyard.shared.slo import OfferPrefill
 INDEX_MODES = ("auto", "precise", "approximate")
 _NO_BLOCKS = np.empty(0, dtype=np.int64)
 _NEVER = np.iinfo(np.int64).max
-
-MAX_BLOCK_SIZE = 1 << 16
-MAX_PROMPT_LEN = 1 << 40
-"""Bounds of a route request's numbers (`check_inputs`): far above any model's, and far below
-what overflows the compiled kernels' int64 (blocks · B, Q + N) or loses a float's integers."""
 
 DEFAULT_POLICY = "marginal-latency"
 """The router's default policy: the one name every service, launcher, simulator and benchmark
@@ -378,16 +374,3 @@ class Placement:
     def refused(self, worker_id: str, why: str) -> None:
         self.excluded.add(worker_id)
         self.reason = f"{worker_id} refused: {why}"
-
-
-def check_inputs(req: AdmittedRequest) -> None:
-    """ValueError, naming the field, for a request whose numbers the kernels cannot take: a
-    block size below 1 or over MAX_BLOCK_SIZE, a prompt length below 0 or over MAX_PROMPT_LEN,
-    or a chain of more blocks than MAX_PROMPT_LEN tokens (admission never makes one; a
-    request on `llm.v1.route` from elsewhere may: int64 arithmetic would wrap silently)."""
-    if not 1 <= req.block_size <= MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size {req.block_size} is not in [1, {MAX_BLOCK_SIZE}]")
-    if not 0 <= req.prompt_len <= MAX_PROMPT_LEN:
-        raise ValueError(f"prompt_len {req.prompt_len} is not in [0, {MAX_PROMPT_LEN}]")
-    if len(req.block_hashes) * req.block_size > MAX_PROMPT_LEN:
-        raise ValueError(f"{len(req.block_hashes)} blocks of {req.block_size} tokens exceed {MAX_PROMPT_LEN}")

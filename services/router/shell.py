@@ -32,7 +32,8 @@ from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
-from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore, check_inputs
+from tokenyard.services.router.bounds import check_inputs
+from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
 from tokenyard.services.router.migration import (
     Fail,
     MigrationConfig,

@@ -167,11 +167,14 @@ class _Direct(asyncio.Queue):
 
     def put_nowait(self, msg) -> None:
         self._sub._pending_size -= len(msg.data)  # nats-py counted it in
-        self._deliver(msg)
+        try:
+            self._deliver(msg)
+        except Exception:  # raised into nats-py's reader, it would stop the connection's reading
+            log.exception("a message's delivery failed", subject=msg.subject)
 
 
 def deliver_directly(sub, deliver) -> bool:
-    """Have nats-py's reader call `deliver(msg)` (plain, quick, must not raise) for each message
+    """Have nats-py's reader call `deliver(msg)` (plain and quick; an error is logged) for each message
     of `sub` as it parses it, instead of queueing it for the subscription's task, which costs a
     wake-up of that task per message. Whether it could (a nats-py without the attribute keeps
     delivering through the subscription's own callback, which must do the same)."""

@@ -41,6 +41,31 @@ async def test_deliver_directly_hands_each_message_over_in_the_readers_turn(nats
         await nc.close()
 
 
+async def _unused(msg) -> None:
+    raise AssertionError("delivered through the subscription's task")
+
+
+async def test_a_delivery_that_raises_leaves_the_connection_reading(nats_server):
+    nc = await natsutil.connect(nats_server.url, "direct-raise")
+    got: list[bytes] = []
+
+    def deliver(msg) -> None:
+        if msg.data == b"bad":
+            raise ValueError("a bug in a deliver function")
+        got.append(msg.data)
+
+    try:
+        sub = await nc.subscribe("direct.raise", cb=_unused)
+        natsutil.deliver_directly(sub, deliver)
+        for data in (b"1", b"bad", b"2"):
+            await nc.publish("direct.raise", data)
+        await nc.flush()
+        await until(lambda: got == [b"1", b"2"], what="the message after the failed one")
+        assert nc.is_connected
+    finally:
+        await nc.close()
+
+
 async def test_a_streams_events_reach_its_inbox_without_the_subscriptions_task(nats_server):
     op = await natsutil.connect(nats_server.url, "fake-admission")
     fake = await Scripted(op).start()

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from tokenyard.shared import nats_auth, natsutil
+from tokenyard.shared import janitor, nats_auth, natsutil
 from tokenyard.shared.procs import die_with_parent
 
 CLUSTER_NAME = "tokenyard"
@@ -77,12 +77,14 @@ class NatsCluster:
             out = open(os.path.join(self.log_dir, f"nats-n{i}.log"), "ab")  # noqa: SIM115 (the child owns it)
         proc = subprocess.Popen(self._command(i), stdout=out, stderr=out, start_new_session=True,
                                 preexec_fn=die_with_parent())  # no orphaned node if its parent is killed
+        janitor.watch(pid=proc.pid)  # the stores and configs go once it has exited (start())
         if out is not subprocess.DEVNULL:
             out.close()
         return proc
 
     async def start(self, timeout_s: float = 30.0) -> NatsCluster:
         self._tmp = tempfile.TemporaryDirectory(prefix="tokenyard-nats-cluster-")
+        janitor.watch(self._tmp.name)  # its configs hold the users' passwords: gone even after a SIGKILL
         self.client_ports = self.client_ports or [natsutil.free_port() for _ in range(self.size)]
         self.route_ports = self.route_ports or [natsutil.free_port() for _ in range(self.size)]
         if self.auth is not None:  # this process holds the keys, for the whole URL and each node's

@@ -291,7 +291,7 @@ StrEnum member equals its string, so the two must not share a value."""
 class Abort(msgspec.Struct, omit_defaults=True):
     request_id: str
     reason: str = "client"
-    """Why: `client`, `edge_*`, `orphaned` (its client's lease lapsed), or MIGRATED."""
+    """Why: `client`, `client_left` / `client_cancelled` / … (TokenyardClient's), `orphaned` (its client's lease lapsed), or MIGRATED."""
     reply_to: str = ""
     """Only the generation streaming to this subject ('': any of the id): a reused id's newcomer,
     placed before its store found the id taken, while the first request of the id runs on."""

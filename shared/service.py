@@ -103,13 +103,19 @@ class ServiceHost:
             raise
         if steps in done:
             return steps.result()
-        self.overran = f"{self.shell.kind} {self.shell.instance_id}: stop waits at " + " / ".join(
-            [await_chain(steps), *(await_chain(t) for t in asyncio.all_tasks() if t is not steps
-                                   and t is not asyncio.current_task())])
+        try:
+            self.overran = f"{self.shell.kind} {self.shell.instance_id}: stop waits at " + " / ".join(
+                [await_chain(steps), *(await_chain(t) for t in asyncio.all_tasks() if t is not steps
+                                       and t is not asyncio.current_task())])
+        except Exception as e:  # noqa: BLE001 (the diagnosis must not keep the service on the bus)
+            self.overran = f"{self.shell.kind} {self.shell.instance_id}: stop overran (no diagnosis: {e!r})"
         telemetry.logger(self.shell.kind).error("stop_overran", bound_s=STOP_BOUND_S, where=self.overran)
         steps.cancel()
-        if self.nc and not self.nc.is_closed:
-            with contextlib.suppress(Exception):
+        await asyncio.wait({steps}, timeout=1.0)  # a stop that swallows the cancellation is left behind
+        with contextlib.suppress(Exception):
+            if self._metrics_runner is not None:
+                await self._metrics_runner.cleanup()  # its port is free again
+            if self.nc and not self.nc.is_closed:
                 await self.nc.close()
 
     async def _stop_steps(self) -> None:

@@ -344,6 +344,7 @@ async def test_a_write_that_fails_mid_stream_aborts_the_request_once(edge, monke
         raise ConnectionResetError("the client is gone")
 
     monkeypatch.setattr(edge_shell.SseResponse, "write", reset)
+    monkeypatch.setattr(edge_shell, "HEADERS_HOLD_S", 5.0)  # the first write is the frames', not the held status's
     sub = await edge.nc.subscribe(subjects.ABORT)
     await edge.nc.flush()
     try:

@@ -46,3 +46,18 @@ async def test_the_directory_stays_while_a_process_that_writes_in_it_runs(tmp_pa
     writer.kill()
     writer.wait()
     await until(lambda: not store.exists(), timeout_s=20, what="the sweeper removes the directory")
+
+
+async def test_a_watched_file_goes_and_its_folder_once_empty(tmp_path):
+    folder = tmp_path / "tokenyard" / "nats-4222"
+    folder.mkdir(parents=True)
+    creds = folder / "client.creds"
+    creds.write_text("secret")
+    kept = tmp_path / "tokenyard" / "other"
+    kept.mkdir()
+    (kept / "mine").write_text("someone else's")
+    parent = watching(creds)
+    parent.kill()
+    parent.wait()
+    await until(lambda: not folder.exists(), timeout_s=20, what="the file and its emptied folder go")
+    assert (kept / "mine").read_text() == "someone else's"  # nothing else is touched

@@ -379,8 +379,9 @@ class EdgeShell:
             call.outcome = Outcome.ABORTED
             return call.response or web.Response(status=499)
         finally:
-            # A stream left before its end aborts its own generation as it closes (`client_left`,
-            # that generation only); a cancelled one aborted as it was cancelled. One abort each.
+            # A stream left before its end aborts its generation as it closes (`client_left`, that
+            # generation only); a cancelled one aborted as it was cancelled (`client_cancelled`).
+            # One abort each, sent by the client stream, none by the edge itself.
             await events.aclose()
 
     def _trim_if_idle(self) -> None:

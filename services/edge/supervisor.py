@@ -141,6 +141,7 @@ class EdgeSupervisor:
             proc = self.spawn(index, self.child_cmd, self.env)
         else:
             proc = subprocess.Popen(self.child_cmd, env=self.env, preexec_fn=die_with_parent())
+        janitor.watch(pid=proc.pid)  # writes in self.dir: the sweeper waits for it
         return _Child(index, proc, self.clock(), deaths)
 
     def _say(self, text: str) -> None:

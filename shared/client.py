@@ -38,15 +38,15 @@ What this client guarantees on top: every stream ends with exactly one terminal 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import math
+import itertools
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.inbox import Inbox
 
 LEASE_INTERVAL_S = 1.0
 """How often a client says it is alive (a router probes a lease silent for 3 of these)."""
@@ -194,62 +194,6 @@ async def _ignore(_msg) -> None:
     """The lease's `alive` subscription answers nothing: being subscribed is the answer."""
 
 
-def _ring(waiter: asyncio.Future | None) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
-
-
-class _Inbox:
-    """One stream's messages as the client's one subscription hands them over, and the stream's
-    waiting for them: a future per wait (made only when nothing is pending, so a burst is read in
-    one wake-up) and one lazy timer, moved earlier when a wait needs it and otherwise left to
-    fire (at most once a second: the stream's checks run then), never rescheduled per message."""
-
-    __slots__ = ("request_id", "msgs", "waiter", "timer", "wake_at", "closed")
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.msgs: collections.deque = collections.deque()
-        self.waiter: asyncio.Future | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.wake_at = math.inf
-        self.closed = False
-        """Its client was closed: the stream ends at its next wake-up."""
-
-    def put(self, msg) -> None:
-        self.msgs.append(msg)
-        _ring(self.waiter)
-
-    def end(self) -> None:
-        self.closed = True
-        _ring(self.waiter)
-
-    async def wait(self, loop: asyncio.AbstractEventLoop, until: float) -> None:
-        """Return once a message is pending or the stream is ended, or at `until` (the loop's
-        clock) at the latest (possibly sooner: a timer set for an earlier wait wakes this one;
-        the caller rechecks)."""
-        if self.msgs or self.closed:
-            return
-        if self.timer is None or self.wake_at > until:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer, self.wake_at = loop.call_at(until, self._fire), until
-        self.waiter = loop.create_future()
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
-
-    def _fire(self) -> None:
-        self.timer, self.wake_at = None, math.inf
-        _ring(self.waiter)
-
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-
 class TokenyardClient:
     def __init__(self, nc: Client, owns_connection: bool = False, lease: bool = True):
         self.nc = nc
@@ -259,8 +203,11 @@ class TokenyardClient:
         self._mux_token = self.lease_id or "s" + uuid.uuid4().hex[:15]
         """The inbox level all this client's streams share: the lease (so a router finds it in
         each request's reply subject), or, without a lease, a token that is not one."""
-        self._inboxes: dict[str, _Inbox] = {}
+        self._inboxes: dict[str, Inbox] = {}
         """The open streams' inboxes, by subject."""
+        self._inbox_base = ""
+        """`<prefix>.<token>.`, every stream's inbox but its number (made on first use)."""
+        self._numbers = itertools.count()
         self._mux = None
         self._mux_lock = asyncio.Lock()
         self.closed = False
@@ -304,7 +251,7 @@ class TokenyardClient:
         # Under the connection's own inbox prefix (`_INBOX.<user>` when secured).
         return self.nc.new_inbox().rsplit(".", 1)[0]
 
-    async def _open_inbox(self, request_id: str) -> tuple[str, _Inbox]:
+    async def _open_inbox(self, request_id: str) -> tuple[str, Inbox]:
         """A fresh inbox `<prefix>.<lease>.<n>` for one stream, on the client's one
         subscription `<prefix>.<lease>.*` (made on first use). One subscription for every
         stream: no SUB / UNSUB per request, and nats-py delivers a burst of events for many
@@ -315,16 +262,23 @@ class TokenyardClient:
         if self._mux is None:
             async with self._mux_lock:
                 if self._mux is None:
-                    # Unbounded in nats-py: `_deliver` hands each message on at once, and what
+                    # Unbounded: `_deliver` hands each message on at once, straight from nats-py's
+                    # reader (natsutil.deliver_directly: no task hop per message), and what
                     # waits for a slow reader waits in its own inbox, as it did in a queue per
                     # stream (a bound here would drop events of every stream at once).
-                    self._mux = await self.nc.subscribe(f"{self._prefix()}.{self._mux_token}.*", cb=self._deliver,
+                    self._inbox_base = f"{self._prefix()}.{self._mux_token}."
+                    self._mux = await self.nc.subscribe(self._inbox_base + "*", cb=self._deliver_async,
                                                         pending_msgs_limit=0, pending_bytes_limit=0)
-        subject = f"{self._prefix()}.{self._mux_token}.{uuid.uuid4().hex}"
-        box = self._inboxes[subject] = _Inbox(request_id)
+                    natsutil.deliver_directly(self._mux, self._deliver)
+        # A number, not a random name: the random token before it makes the inbox this client's.
+        subject = f"{self._inbox_base}{next(self._numbers)}"
+        box = self._inboxes[subject] = Inbox(request_id)
         return subject, box
 
-    async def _deliver(self, msg) -> None:
+    async def _deliver_async(self, msg) -> None:
+        self._deliver(msg)
+
+    def _deliver(self, msg) -> None:
         box = self._inboxes.get(msg.subject)
         if box is not None:  # else a stream already over, or a lease probe: nothing to hand on
             box.put(msg)
@@ -367,13 +321,15 @@ class TokenyardClient:
         headers: dict[str, str] | None = None,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         no_responders_retry_s: float = 2.0,
+        published: bool = False,
     ) -> AsyncIterator[list[schemas.StreamEvent]]:
         """Submit and yield the request's events in order, a list at a time: every event that
         had arrived when the reader came back for more (a relay writes each list at once), the
         last list ending with exactly one terminal event. While no admission replica is
         subscribed (none runs, or the only one is reconnecting after its NATS node died) the
         submit is repeated for `no_responders_retry_s`, then answered 503: nothing received it,
-        so a repeat cannot run it twice."""
+        so a repeat cannot run it twice. `published`: first yield an empty list as soon as the
+        request is out (a relay starts it at once, and sets up the rest while it travels)."""
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         rid = request.request_id
@@ -387,6 +343,9 @@ class TokenyardClient:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
             body = codec.encode(request, json=json)
             await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
+            if published:  # let nats-py's flusher send it now, before the caller's set-up runs
+                await asyncio.sleep(0)
+                yield []
             loop = asyncio.get_running_loop()
             give_up = loop.time() + no_responders_retry_s
             reconnects = self.nc.stats["reconnects"]

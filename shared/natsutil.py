@@ -156,6 +156,34 @@ def _skip_abandoned_pongs(nc: Client) -> None:
     nc._process_pong = process_pong
 
 
+class _Direct(asyncio.Queue):
+    """A subscription's pending queue that is never pending: nats-py's reader puts each message
+    here, and it goes to `deliver` there and then (so `get` waits for ever: the subscription's
+    own task sleeps until its unsubscribe cancels it)."""
+
+    def __init__(self, sub, deliver) -> None:
+        super().__init__()
+        self._sub, self._deliver = sub, deliver
+
+    def put_nowait(self, msg) -> None:
+        self._sub._pending_size -= len(msg.data)  # nats-py counted it in
+        try:
+            self._deliver(msg)
+        except Exception:  # raised into nats-py's reader, it would stop the connection's reading
+            log.exception("a message's delivery failed", subject=msg.subject)
+
+
+def deliver_directly(sub, deliver) -> bool:
+    """Have nats-py's reader call `deliver(msg)` (plain and quick; an error is logged) for each message
+    of `sub` as it parses it, instead of queueing it for the subscription's task, which costs a
+    wake-up of that task per message. Whether it could (a nats-py without the attribute keeps
+    delivering through the subscription's own callback, which must do the same)."""
+    if not isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue):
+        return False
+    sub._pending_queue = _Direct(sub, deliver)
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

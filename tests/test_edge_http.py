@@ -381,6 +381,26 @@ async def test_silent_admission_gives_503_and_aborts(edge_nats):
 # ───────────────────────────── e2e ─────────────────────────────
 
 
+async def test_an_edge_whose_client_is_closed_answers_at_once_and_publishes_nothing(edge_nats):
+    """The stream's first yield is then its end, not "published": the edge answers that end
+    (499, the client closed) without waiting for admission or sending the request."""
+    nc = await natsutil.connect(edge_nats.url, "watch-submit")
+    sub = await nc.subscribe(subjects.SUBMIT)
+    await nc.flush()
+    host = await start_edge(edge_nats.url)
+    try:
+        await host.shell._client.close()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{host.shell.port}/v1/completions",
+                              json={"prompt": "hi", "stream": True}) as r:
+                assert r.status == 499
+                assert "closed" in (await r.json())["error"]["message"]
+        assert sub.pending_msgs == 0
+    finally:
+        await host.stop()
+        await nc.close()
+
+
 @pytest.fixture
 def fleet_or_skip(request):
     try:

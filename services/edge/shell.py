@@ -94,6 +94,14 @@ class SseResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
+_ROUTE_ATTRIBUTES = {Endpoint.COMPLETIONS: {"http.route": "/v1/completions"},  # the span's, built once
+                     Endpoint.CHAT: {"http.route": "/v1/chat/completions"}}
+
+def _sse_response(request_id: str) -> SseResponse:
+    return SseResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                            "Cache-Control": "no-cache", "x-request-id": request_id})
+
+
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -205,6 +213,9 @@ class EdgeMetrics:
             multiprocess_mode="livesum",
         )
 
+        self.ttft_of = {e: self.ttft.labels(e.value) for e in Endpoint}
+        """Each endpoint's TTFT child, looked up once (`labels` costs more than `observe`)."""
+
     def snapshot(self) -> dict:
         """Requests by `endpoint,outcome`, for `$SRV.STATS` (shared/metrics.py)."""
         return {"requests": metrics.count_samples(self.requests)}
@@ -302,7 +313,7 @@ class EdgeShell:
                 headers=parent or None,
                 kind=SpanKind.PRODUCER,
                 request_id=request_id,
-                attributes={"http.route": request.path},
+                attributes=_ROUTE_ATTRIBUTES[endpoint],
             ) as span:
                 response = await self._serve(request, call)
                 span.set_attribute("http.response.status_code", response.status)
@@ -318,34 +329,34 @@ class EdgeShell:
             self.metrics.requests.labels(endpoint.value, call.outcome.value).inc()
 
     async def _serve(self, request: web.Request, call: _Call) -> web.StreamResponse:
+        """Published once the body is read and checked; the renderer and deadlines follow it."""
         try:
             body = await http_front.read_body(request, self.max_body_bytes)
             req = core.parse_request(body, call.endpoint, self.config.models, call.request_id,
                                      max_payload=self.max_payload)
-        except ApiError as e:
-            call.outcome = e.outcome()
-            return http_front.error_response(e, call.request_id)
-        assert self._client is not None
-        try:
             headers = core.nats_headers(request.headers)
         except ApiError as e:
             call.outcome = e.outcome()
             return http_front.error_response(e, call.request_id)
-        renderer = core.Renderer(call.endpoint, req, created=int(time.time()))
-        events = self._client.stream_batches(req, headers=headers, idle_timeout_s=self.config.request_timeout_s)
+        assert self._client is not None
+        events = self._client.stream_batches(req, headers=headers, idle_timeout_s=self.config.request_timeout_s,
+                                             published=True)
         try:
+            early = await anext(events)  # the request is out (or, from a closed client, its end)
+            renderer = core.Renderer(call.endpoint, req, created=int(time.time()))
+            sse = _sse_response(call.request_id) if req.stream else None  # unused if refused
             async with asyncio.timeout(self.config.request_timeout_s):
                 try:
                     async with asyncio.timeout(self.config.accept_timeout_s):
-                        batch = await self._next(call, events)
+                        batch = self._seen(call, early) if early else await self._next(call, events)
                 except TimeoutError:
                     raise ApiError(
                         503, "admission did not answer in time", code="admission_unavailable"
                     ) from None
                 if isinstance(batch[0], schemas.Rejected | schemas.Error):
                     raise core.error_from_event(batch[0])
-                if req.stream:
-                    return await self._stream_sse(request, call, renderer, batch, events)
+                if sse is not None:
+                    return await self._stream_sse(request, call, sse, renderer, batch, events)
                 while True:
                     for event in batch:
                         renderer.feed(event)
@@ -386,17 +397,8 @@ class EdgeShell:
             await call.response.write(core.sse(err.error_dict()) + core.SSE_DONE)
         return call.response
 
-    async def _stream_sse(
-        self, request, call: _Call, renderer: core.Renderer, batch: list[schemas.StreamEvent], events
-    ) -> web.StreamResponse:
-        response = SseResponse(
-            status=200,
-            headers={
-                "Content-Type": "text/event-stream; charset=utf-8",
-                "Cache-Control": "no-cache",
-                "x-request-id": call.request_id,
-            },
-        )
+    async def _stream_sse(self, request, call: _Call, response: SseResponse, renderer: core.Renderer,
+                          batch: list[schemas.StreamEvent], events) -> web.StreamResponse:
         await response.prepare(request)  # the headers wait for the first frames (SseResponse)
         call.response = response
         sent = False  # the headers: out yet?
@@ -443,11 +445,15 @@ class EdgeShell:
             batch = await anext(events)
         except StopAsyncIteration:
             raise ApiError(502, "the request's stream ended without a result") from None
+        return self._seen(call, batch)
+
+    def _seen(self, call: _Call, batch: list[schemas.StreamEvent]) -> list[schemas.StreamEvent]:
+        """Note what a batch says of the call (ended; first token: its TTFT), and hand it on."""
         if isinstance(batch[-1], schemas.TERMINAL_EVENTS):
             call.terminal = True
         if not call.first_token and any(isinstance(e, schemas.Chunk) for e in batch):
             call.first_token = True
-            self.metrics.ttft.labels(call.endpoint.value).observe(time.monotonic() - call.started)
+            self.metrics.ttft_of[call.endpoint].observe(time.monotonic() - call.started)
         return batch
 
     # ── the rest of the API ──

@@ -1,0 +1,130 @@
+"""The client's first-token path (shared/client.py, shared/natsutil.py): a relay's request is on
+the wire when its stream first yields (`published=True`: the edge sets up its answer while the
+request travels, instead of before it leaves), and each event reaches its stream's inbox from
+nats-py's reader in the same turn (natsutil.deliver_directly), not through the subscription's
+task. Against the session's secured nats-server, a fake admission answering as the operator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from tokenyard.shared import codec, natsutil, schemas, subjects
+from tokenyard.shared.client import TokenyardClient
+
+from tests.conftest import until
+from tests.test_client_mux import USAGE, Scripted, chunks
+
+
+async def test_deliver_directly_hands_each_message_over_in_the_readers_turn(nats_server):
+    nc = await natsutil.connect(nats_server.url, "direct")
+    via_task: list = []
+    got: list[bytes] = []
+
+    async def cb(msg) -> None:
+        via_task.append(msg)
+
+    try:
+        sub = await nc.subscribe("direct.test", cb=cb)
+        assert natsutil.deliver_directly(sub, lambda msg: got.append(msg.data))
+        for i in range(50):
+            await nc.publish("direct.test", str(i).encode())
+        await nc.flush()
+        await until(lambda: len(got) == 50, what="50 messages delivered")
+        assert got == [str(i).encode() for i in range(50)]  # in order, every one
+        assert via_task == []  # none went through the subscription's task
+        assert sub.pending_msgs == 0 and sub.pending_bytes == 0  # nothing counted as waiting
+        task = sub._wait_for_msgs_task
+        await sub.unsubscribe()
+        await until(lambda: task.done(), what="the subscription's idle task ended")
+    finally:
+        await nc.close()
+
+
+async def _unused(msg) -> None:
+    raise AssertionError("delivered through the subscription's task")
+
+
+async def test_a_delivery_that_raises_leaves_the_connection_reading(nats_server):
+    nc = await natsutil.connect(nats_server.url, "direct-raise")
+    got: list[bytes] = []
+
+    def deliver(msg) -> None:
+        if msg.data == b"bad":
+            raise ValueError("a bug in a deliver function")
+        got.append(msg.data)
+
+    try:
+        sub = await nc.subscribe("direct.raise", cb=_unused)
+        natsutil.deliver_directly(sub, deliver)
+        for data in (b"1", b"bad", b"2"):
+            await nc.publish("direct.raise", data)
+        await nc.flush()
+        await until(lambda: got == [b"1", b"2"], what="the message after the failed one")
+        assert nc.is_connected
+    finally:
+        await nc.close()
+
+
+async def test_a_streams_events_reach_its_inbox_without_the_subscriptions_task(nats_server):
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    fake = await Scripted(op).start()
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="direct"))
+        assert [type(e) for e in await anext(batches)] == [schemas.Accepted]
+        task = client._mux._wait_for_msgs_task  # what handed each message over before
+        task.cancel()
+        await until(lambda: task.done(), what="the subscription's task stopped")
+        await fake.send("direct", *chunks("direct", "abc"), schemas.Finished("direct", 3, "stop", USAGE))
+        out = await asyncio.wait_for(anext(batches), 10.0)  # still delivered: by the reader itself
+        assert [e.text for e in out[:-1]] == list("abc") and isinstance(out[-1], schemas.Finished)
+        assert client._mux.pending_bytes == 0
+        await batches.aclose()
+    finally:
+        await client.close()
+        await op.close()
+
+
+async def test_streams_get_numbered_inboxes_under_the_clients_random_token(nats_server):
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    fake = await Scripted(op).start()
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        for rid in ("n0", "n1", "n2"):
+            batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id=rid))
+            await anext(batches)
+            await batches.aclose()
+        inboxes = [fake.inbox[r] for r in ("n0", "n1", "n2")]
+        base = inboxes[0].rsplit(".", 1)[0]
+        assert inboxes == [f"{base}.0", f"{base}.1", f"{base}.2"]
+        assert base.endswith("." + client.lease_id)  # the lease (16 random hex digits) makes them this client's
+    finally:
+        await client.close()
+        await op.close()
+
+
+async def test_a_published_stream_has_sent_its_request_when_it_first_yields(nats_server):
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    seen: list[schemas.GenerateRequest] = []
+
+    async def on_submit(msg) -> None:
+        seen.append(codec.decode(msg.data, schemas.GenerateRequest))
+
+    await op.subscribe(subjects.SUBMIT, cb=on_submit)
+    await op.flush()
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="early"), published=True)
+        assert await anext(batches) == []  # at once: nothing has answered yet
+        assert client.nc._pending_data_size == 0  # the request left this process before the yield
+        await until(lambda: [r.request_id for r in seen] == ["early"], what="the submit arrived")
+        next_batch = asyncio.ensure_future(anext(batches))
+        await asyncio.sleep(0.05)
+        assert not next_batch.done()  # the stream now waits for events as usual
+        next_batch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await next_batch
+    finally:
+        await client.close()
+        await op.close()

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -270,8 +271,10 @@ class TokenyardClient:
                     self._mux = await self.nc.subscribe(self._inbox_base + "*", cb=self._deliver_async,
                                                         pending_msgs_limit=0, pending_bytes_limit=0)
                     natsutil.deliver_directly(self._mux, self._deliver)
-        # A number, not a random name: the random token before it makes the inbox this client's.
-        subject = f"{self._inbox_base}{next(self._numbers)}"
+        # A number and 48 random bits: the lease token before it is seen by every service (and
+        # logged), so the number alone could be guessed by another client, who could submit a
+        # request naming it as the reply and have the fleet stream into it.
+        subject = f"{self._inbox_base}{next(self._numbers)}{os.urandom(6).hex()}"
         box = self._inboxes[subject] = Inbox(request_id)
         return subject, box
 
@@ -394,6 +397,8 @@ class TokenyardClient:
                         event = codec.decode_event(msg.data, msg.headers)
                     except codec.DecodeError:
                         continue  # not ours to read: garbage on the inbox changes nothing
+                    if event.request_id != rid:
+                        continue  # another request's event (a submit that named this inbox as its reply)
                     for e in check.on_event(event, now):
                         out.append(e)
                         if isinstance(e, schemas.TERMINAL_EVENTS):

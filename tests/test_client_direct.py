@@ -97,8 +97,11 @@ async def test_streams_get_numbered_inboxes_under_the_clients_random_token(nats_
             await batches.aclose()
         inboxes = [fake.inbox[r] for r in ("n0", "n1", "n2")]
         base = inboxes[0].rsplit(".", 1)[0]
-        assert inboxes == [f"{base}.0", f"{base}.1", f"{base}.2"]
+        assert [i.rsplit(".", 1)[0] for i in inboxes] == [base] * 3
         assert base.endswith("." + client.lease_id)  # the lease (16 random hex digits) makes them this client's
+        lasts = [i.rsplit(".", 1)[1] for i in inboxes]  # a number, then 12 random hex digits
+        assert [t[:-12] for t in lasts] == ["0", "1", "2"] and all(len(set(t[-12:])) > 1 for t in lasts)
+        assert len({t[-12:] for t in lasts}) == 3
     finally:
         await client.close()
         await op.close()
@@ -125,6 +128,29 @@ async def test_a_published_stream_has_sent_its_request_when_it_first_yields(nats
         next_batch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await next_batch
+    finally:
+        await client.close()
+        await op.close()
+
+
+async def test_an_event_of_another_request_on_a_streams_inbox_is_not_its_answer(nats_server):
+    """Another client's submit that names this stream's inbox as its reply makes the fleet stream
+    that request's events there: the stream hands on only its own request's events."""
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    fake = await Scripted(op).start()
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        events = []
+        async for e in client.stream(schemas.GenerateRequest(prompt="x", request_id="mine")):
+            events.append(e)
+            if isinstance(e, schemas.Accepted):
+                fake.inbox["evil"] = fake.inbox["mine"]  # the injected request's reply: this inbox
+                await fake.send("evil", schemas.Accepted("evil", 1, 5), *chunks("evil", "PWNED"),
+                                schemas.Finished("evil", 5, "stop", USAGE))
+                await fake.send("mine", *chunks("mine", "ok"), schemas.Finished("mine", 2, "stop", USAGE))
+        assert {e.request_id for e in events} == {"mine"}
+        assert "".join(e.text for e in events if isinstance(e, schemas.Chunk)) == "ok"
+        assert isinstance(events[-1], schemas.Finished) and events[-1].seq == 2
     finally:
         await client.close()
         await op.close()

@@ -147,7 +147,8 @@ class WorkerCore:
         slack = stats.tpot_slack_ms / 1000.0 if decodes_beside and stats.tpot_slack_ms is not None else None
         s_per_token = stats.prefill_ms_per_token / 1000.0
         backlog = stats.queued_prefill_tokens
-        by_class = stats.queued_prefill_ahead_net or stats.queued_prefill_ahead  # net: a cached prefix is no wait
+        net = stats.queued_prefill_ahead_net  # net: a cached prefix is no wait (where the engine reports it)
+        by_class = net if len(net) == NUM_CLASSES else stats.queued_prefill_ahead
         ahead = by_class[klass(priority)] if len(by_class) == NUM_CLASSES else backlog
         here, elsewhere = (0.0, None) if prefill is None else (prefill.here * s_per_token, prefill.elsewhere * s_per_token)
         return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack, here, elsewhere)

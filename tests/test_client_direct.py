@@ -13,7 +13,7 @@ from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
 from tests.conftest import until
-from tests.test_client_mux import USAGE, Scripted, chunks
+from tests.test_client_mux import USAGE, chunks, scripted
 
 
 async def test_deliver_directly_hands_each_message_over_in_the_readers_turn(nats_server):
@@ -67,10 +67,7 @@ async def test_a_delivery_that_raises_leaves_the_connection_reading(nats_server)
 
 
 async def test_a_streams_events_reach_its_inbox_without_the_subscriptions_task(nats_server):
-    op = await natsutil.connect(nats_server.url, "fake-admission")
-    fake = await Scripted(op).start()
-    client = await TokenyardClient.connect(nats_server.url)
-    try:
+    async with scripted(nats_server.url) as (fake, client):
         batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="direct"))
         assert [type(e) for e in await anext(batches)] == [schemas.Accepted]
         task = client._mux._wait_for_msgs_task  # what handed each message over before
@@ -81,16 +78,10 @@ async def test_a_streams_events_reach_its_inbox_without_the_subscriptions_task(n
         assert [e.text for e in out[:-1]] == list("abc") and isinstance(out[-1], schemas.Finished)
         assert client._mux.pending_bytes == 0
         await batches.aclose()
-    finally:
-        await client.close()
-        await op.close()
 
 
 async def test_streams_get_numbered_inboxes_under_the_clients_random_token(nats_server):
-    op = await natsutil.connect(nats_server.url, "fake-admission")
-    fake = await Scripted(op).start()
-    client = await TokenyardClient.connect(nats_server.url)
-    try:
+    async with scripted(nats_server.url) as (fake, client):
         for rid in ("n0", "n1", "n2"):
             batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id=rid))
             await anext(batches)
@@ -102,9 +93,6 @@ async def test_streams_get_numbered_inboxes_under_the_clients_random_token(nats_
         lasts = [i.rsplit(".", 1)[1] for i in inboxes]  # a number, then 12 random hex digits
         assert [t[:-12] for t in lasts] == ["0", "1", "2"] and all(len(set(t[-12:])) > 1 for t in lasts)
         assert len({t[-12:] for t in lasts}) == 3
-    finally:
-        await client.close()
-        await op.close()
 
 
 async def test_a_published_stream_has_sent_its_request_when_it_first_yields(nats_server):
@@ -136,10 +124,7 @@ async def test_a_published_stream_has_sent_its_request_when_it_first_yields(nats
 async def test_an_event_of_another_request_on_a_streams_inbox_is_not_its_answer(nats_server):
     """Another client's submit that names this stream's inbox as its reply makes the fleet stream
     that request's events there: the stream hands on only its own request's events."""
-    op = await natsutil.connect(nats_server.url, "fake-admission")
-    fake = await Scripted(op).start()
-    client = await TokenyardClient.connect(nats_server.url)
-    try:
+    async with scripted(nats_server.url) as (fake, client):
         events = []
         async for e in client.stream(schemas.GenerateRequest(prompt="x", request_id="mine")):
             events.append(e)
@@ -151,6 +136,3 @@ async def test_an_event_of_another_request_on_a_streams_inbox_is_not_its_answer(
         assert {e.request_id for e in events} == {"mine"}
         assert "".join(e.text for e in events if isinstance(e, schemas.Chunk)) == "ok"
         assert isinstance(events[-1], schemas.Finished) and events[-1].seq == 2
-    finally:
-        await client.close()
-        await op.close()

@@ -7,6 +7,7 @@ answering `llm.v1.submit` as the operator."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from tokenyard.services.router.migration import lease_of
 from tokenyard.shared import codec, natsutil, schemas, subjects
@@ -39,6 +40,20 @@ class Scripted:
         for e in events:
             await self.nc.publish(self.inbox[rid], codec.encode(e))
         await self.nc.flush()
+
+
+@contextlib.asynccontextmanager
+async def scripted(url: str):
+    """(a Scripted fake admission answering as the operator, a TokenyardClient as `client`),
+    both closed at the end."""
+    op = await natsutil.connect(url, "fake-admission")
+    fake = await Scripted(op).start()
+    client = await TokenyardClient.connect(url)
+    try:
+        yield fake, client
+    finally:
+        await client.close()
+        await op.close()
 
 
 def chunks(rid: str, texts: str, start: int = 0) -> list[schemas.Chunk]:

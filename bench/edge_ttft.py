@@ -45,7 +45,7 @@ from tokenyard.shared.client import TokenyardClient
 from bench._out import write_result
 from bench.baseline import baseline_env, commit_of
 from bench.edge_cpu import _head, start_edge
-from bench.live_router import _wait_http
+from bench.live_router import _stop, _wait_http
 
 PATHS = ("ref", "this", "nats", "http")
 
@@ -183,13 +183,7 @@ async def main_async(args) -> dict[str, Any]:
             await client.close()
         if nc is not None:
             await nc.close()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
         server.stop()
     return {"baseline": ref, "this": _head(), "requests": args.requests, "gap_ms": args.gap_ms,
             "processes": args.processes, "load_avg": load, "summary": summarize(ttft)}

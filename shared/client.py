@@ -207,7 +207,7 @@ class TokenyardClient:
         self._inboxes: dict[str, Inbox] = {}
         """The open streams' inboxes, by subject."""
         self._inbox_base = ""
-        """`<prefix>.<token>.`, every stream's inbox but its number (made on first use)."""
+        """`<prefix>.<token>.`, every stream's inbox but its last token (made on first use)."""
         self._numbers = itertools.count()
         self._mux = None
         self._mux_lock = asyncio.Lock()
@@ -253,7 +253,7 @@ class TokenyardClient:
         return self.nc.new_inbox().rsplit(".", 1)[0]
 
     async def _open_inbox(self, request_id: str) -> tuple[str, Inbox]:
-        """A fresh inbox `<prefix>.<lease>.<n>` for one stream, on the client's one
+        """A fresh inbox `<prefix>.<lease>.<n><random>` for one stream, on the client's one
         subscription `<prefix>.<lease>.*` (made on first use). One subscription for every
         stream: no SUB / UNSUB per request, and nats-py delivers a burst of events for many
         streams from one task instead of waking one task per stream per event. The

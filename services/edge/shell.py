@@ -342,16 +342,12 @@ class EdgeShell:
         events = self._client.stream_batches(req, headers=headers, idle_timeout_s=self.config.request_timeout_s,
                                              published=True)
         try:
-            try:  # the request is out (or, from a closed client, its end); a stalled connection: 503
-                async with asyncio.timeout(self.config.accept_timeout_s):
-                    early = await anext(events)
-            except TimeoutError:
-                raise ApiError(503, "admission did not answer in time", code="admission_unavailable") from None
-            renderer = core.Renderer(call.endpoint, req, created=int(time.time()))
-            sse = _sse_response(call.request_id) if req.stream else None  # unused if refused
             async with asyncio.timeout(self.config.request_timeout_s):
                 try:
-                    async with asyncio.timeout(self.config.accept_timeout_s):
+                    async with asyncio.timeout(self.config.accept_timeout_s):  # the publish too (a stalled connection)
+                        early = await anext(events)  # the request is out (or, from a closed client, its end)
+                        renderer = core.Renderer(call.endpoint, req, created=int(time.time()))  # while it travels
+                        sse = _sse_response(call.request_id) if req.stream else None  # unused if refused
                         batch = self._seen(call, early) if early else await self._next(call, events)
                 except TimeoutError:
                     raise ApiError(

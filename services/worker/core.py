@@ -147,20 +147,26 @@ class WorkerCore:
         slack = stats.tpot_slack_ms / 1000.0 if decodes_beside and stats.tpot_slack_ms is not None else None
         s_per_token = stats.prefill_ms_per_token / 1000.0
         backlog = stats.queued_prefill_tokens
-        net = stats.queued_prefill_ahead_net  # net: a cached prefix is no wait (where the engine reports it)
-        by_class = net if len(net) == NUM_CLASSES else stats.queued_prefill_ahead
-        ahead = by_class[klass(priority)] if len(by_class) == NUM_CLASSES else backlog
+        _, ahead = WorkerCore.prefill_ahead(stats, priority)  # net: a cached prefix is no wait
         here, elsewhere = (0.0, None) if prefill is None else (prefill.here * s_per_token, prefill.elsewhere * s_per_token)
         return engine_saturated(ahead * s_per_token, backlog * s_per_token, slack, here, elsewhere)
+
+    @staticmethod
+    def prefill_ahead(stats: EngineStats, priority: int) -> tuple[int, int]:
+        """The prefill tokens a class-`priority` request would wait behind in the engine's order:
+        (gross, net of the waiting turns' cached prefixes). An engine without the net split: the
+        gross for both; without any per-class split: its whole backlog."""
+        c = klass(priority)
+        gross_by, net_by = stats.queued_prefill_ahead, stats.queued_prefill_ahead_net
+        gross = gross_by[c] if len(gross_by) == NUM_CLASSES else stats.queued_prefill_tokens
+        return gross, net_by[c] if len(net_by) == NUM_CLASSES else gross
 
     @staticmethod
     def refusal_terms(stats: EngineStats, priority: int, prefill: OfferPrefill | None) -> dict:
         """What a `saturated` refusal weighed, for the worker's debug line (tokens, and the
         decodes' slack in ms): which request waited behind what, and the router's counts."""
-        c = klass(priority)
-        pick = (lambda v, d: v[c] if len(v) == NUM_CLASSES else d)  # noqa: E731
-        ahead = pick(stats.queued_prefill_ahead, stats.queued_prefill_tokens)
-        return dict(ahead=ahead, ahead_net=pick(stats.queued_prefill_ahead_net, ahead),
+        ahead, ahead_net = WorkerCore.prefill_ahead(stats, priority)
+        return dict(ahead=ahead, ahead_net=ahead_net,
                     backlog=stats.queued_prefill_tokens, slack_ms=stats.tpot_slack_ms,
                     ms_per_token=stats.prefill_ms_per_token, waiting=stats.waiting, running=stats.running,
                     here=None if prefill is None else prefill.here,

@@ -56,7 +56,14 @@ from tokenyard.shared import config, natsutil
 
 from bench._out import write_result
 from bench.baseline import baseline_env
-from bench.route_log import choice_summary, placements, route_choices, route_table
+from bench.route_log import (
+    choice_summary,
+    peer_placements,
+    placements,
+    route_choices,
+    route_table,
+    served_lines,
+)
 from tokenyard.launcher import FleetProcesses
 
 PROFILE = "a100-llama3-8b"
@@ -66,6 +73,8 @@ decodes slower than the default 100 ms TPOT SLO and admission refuses most reque
 KEYS = ("completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
         "request_throughput", "prefix_hit_ratio")
 TIME_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms")
+WALL_MS = ("ttft_ms", "since_admitted_ms", "engine_ttft_ms")
+"""A request's times (bench.route_log), wall ms as measured, simulated ms in the JSON."""
 PEERS = {  # name → (module run with `python -m`, pip package, arguments)
     "sglang": ("sglang_router.launch_router", "sglang-router", ["--policy", "cache_aware"]),
     "vllm": ("vllm_router.launch_router", "vllm-router", ["--policy", "cache_aware"]),
@@ -152,13 +161,16 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
     files = []
     try:
         ports = [natsutil.free_port() for _ in range(args.workers)]
+        env = {**os.environ, "TOKENYARD_LOG_LEVEL": "debug"} if args.route_log else None
+        worker_logs = [logs / f"{router}-worker-{i}.log" for i in range(args.workers)]
+        starts = [p.stat().st_size if p.exists() else 0 for p in worker_logs]
         for i, port in enumerate(ports):
-            out = open(logs / f"{router}-worker-{i}.log", "ab")  # noqa: SIM115
+            out = open(worker_logs[i], "ab")  # noqa: SIM115
             files.append(out)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tokenyard.cli", "worker", "--nats", server.url, "--engine", "sim",
                  "--profile", PROFILE, "--speed", str(args.speed), "--id", f"{router}-w{i}", "--http", str(port)],
-                stdout=out, stderr=out))
+                stdout=out, stderr=out, env=env))
         for port in ports:
             _wait_http(f"http://127.0.0.1:{port}/health", procs)
         rport = natsutil.free_port()
@@ -178,6 +190,11 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
                                  for i, u in enumerate(urls)}
         res["fleet_metrics"] = {k: sum(m.get(k, 0.0) for m in res["worker_metrics"].values())
                                 for k in {k for m in res["worker_metrics"].values() for k in m}}
+        if args.route_log:  # each request's worker and what its engine did there
+            for f in files:
+                f.flush()
+            served = [x for i, p in enumerate(worker_logs) for x in served_lines(p, starts[i], f"w{i}")]
+            peer_placements(served, res.get("requests", []))
         return res
     finally:
         _stop(procs)
@@ -254,7 +271,7 @@ def _row(res: dict[str, Any], speed: float) -> dict[str, Any]:
     for k in TIME_KEYS:  # wall ms → simulated ms
         if row[k] is not None:
             row[k] = row[k] * speed
-    row["requests"] = [{**r, "ttft_ms": None if r["ttft_ms"] is None else round(r["ttft_ms"] * speed, 2)}
+    row["requests"] = [{**r, **{k: round(r[k] * speed, 2) for k in WALL_MS if r.get(k) is not None}}
                        for r in res.get("requests", [])]
     return row
 
@@ -391,7 +408,8 @@ def main() -> int:
     ap.add_argument("--log-dir", default="/tmp/tokenyard-live-router", help="every process's log")
     ap.add_argument("--route-log", action="store_true",
                     help="tokenyard's router logs each choice (debug level: the hit and load of every worker); "
-                         "the run keeps what its view expected against what it chose (`route_choices`)")
+                         "the run keeps what its view expected against what it chose (`route_choices`); "
+                         "a peer's workers log what they did with each request (its worker, hit and engine TTFT)")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()
     ours = ("tokenyard", "tokenyard-1edge", "tokenyard-noflow", "tokenyard-ref")

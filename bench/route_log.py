@@ -55,6 +55,39 @@ def placements(choices: list[dict[str, Any]], requests: list[dict[str, Any]]) ->
         i = workers.index(c["worker"])
         req.update(worker=c["worker"], hit=hits[i], best_hit=max(hits), load=c["load"][i], queued=c["queued"][i],
                    notes=c.get("notes", []), offers=req.get("offers", 0) + 1)
+        if "since_admitted_ms" in c:  # wall ms from admission to this offer: the queue's hold and the hops
+            req["since_admitted_ms"] = c["since_admitted_ms"]
+
+
+def served_lines(path: Path, start: int, worker: str) -> list[dict[str, Any]]:
+    """A worker's `http_first_token` debug lines (services/worker/http.py: what its engine did
+    with each request a peer router sent it) from byte `start` on, each named `worker`."""
+    out = []
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            for line in f:
+                if b'"http_first_token"' in line:
+                    with contextlib.suppress(ValueError):
+                        out.append(json.loads(line) | {"worker": worker})
+    except OSError:
+        pass
+    return out
+
+
+def peer_placements(served: list[dict[str, Any]], requests: list[dict[str, Any]]) -> None:
+    """Put on each of the bench's requests where a peer router placed it and what the engine
+    there did (`--route-log`): the worker, the prefix tokens its engine found cached (`hit`)
+    and its own TTFT, from arrival at the worker to the first token (`engine_ttft_ms`, wall).
+    Paired as `placements` does, by prompt tokens in order, the workers' lines merged in the
+    order the requests reached them."""
+    waiting: dict[int, list[dict[str, Any]]] = {}
+    for r in sorted(requests, key=lambda r: r["index"]):
+        waiting.setdefault(r["prompt_len"], []).append(r)
+    for line in sorted(served, key=lambda x: x.get("arrival_s", 0.0)):
+        same = waiting.get(line.get("prompt_tokens"))
+        if same:
+            same.pop(0).update(worker=line["worker"], hit=line["cached_tokens"], engine_ttft_ms=line["ttft_ms"])
 
 
 def choice_summary(choices: list[dict[str, Any]]) -> dict[str, Any]:

@@ -174,3 +174,21 @@ def test_the_sim_twin_replays_the_live_runs_requests_at_their_simulated_times():
     assert all(abs(r.arrival_s / 4.0 - t.arrival_s) < 1e-9 for r, t in zip(live, twin, strict=True))  # … 4× sooner
     rescaled = open_workload("chatbot", num_requests=300, rate_scale=0.25, seed=0).items()  # round 7's
     assert sum(t.prompt_len for t in twin) == 261_977 != sum(t.prompt_len for t in rescaled)  # other conversations
+
+
+def test_peer_placements_pair_the_workers_lines_with_the_benchs_requests_in_arrival_order(tmp_path):
+    from bench.route_log import peer_placements, served_lines
+
+    def line(prompt, cached, arrival, ttft):
+        return json.dumps({"event": "http_first_token", "prompt_tokens": prompt, "cached_tokens": cached,
+                           "arrival_s": arrival, "ttft_ms": ttft}) + "\n"
+
+    w0, w1 = tmp_path / "w0.log", tmp_path / "w1.log"
+    w0.write_text('{"event": "started"}\n' + line(100, 0, 10.0, 30.0) + line(100, 96, 12.0, 8.0))
+    w1.write_text(line(200, 160, 11.0, 20.0))
+    served = served_lines(w0, 0, "w0") + served_lines(w1, 0, "w1") + served_lines(tmp_path / "none.log", 0, "w2")
+    requests = [{"index": 0, "prompt_len": 100}, {"index": 1, "prompt_len": 200}, {"index": 2, "prompt_len": 100},
+                {"index": 3, "prompt_len": 300}]
+    peer_placements(served, requests)
+    assert [(r.get("worker"), r.get("hit"), r.get("engine_ttft_ms")) for r in requests] == [
+        ("w0", 0, 30.0), ("w1", 160, 20.0), ("w0", 96, 8.0), (None, None, None)]  # #3: no line (not served)

@@ -58,7 +58,7 @@ from bench._out import write_result
 from bench.baseline import baseline_env
 from bench.route_log import (
     choice_summary,
-    peer_placements,
+    engine_placements,
     placements,
     route_choices,
     route_table,
@@ -194,7 +194,7 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
             for f in files:
                 f.flush()
             served = [x for i, p in enumerate(worker_logs) for x in served_lines(p, starts[i], f"w{i}")]
-            peer_placements(served, res.get("requests", []))
+            engine_placements(served, res.get("requests", []), peer=True)
         return res
     finally:
         _stop(procs)
@@ -248,6 +248,8 @@ async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] |
         env["TOKENYARD_LOG_LEVEL"] = "debug"
     queue_log = logs / name / "queue.log"
     start = queue_log.stat().st_size if queue_log.exists() else 0
+    worker_starts = [p.stat().st_size if p.exists() else 0
+                     for p in (logs / name / f"worker-{i}.log" for i in range(args.workers))]
     fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
                            router_policy=args.policy, log_dir=str(logs / name), extra_env=env,
                            edge_processes=1 if name == "tokenyard-1edge" else config.edge_processes(),
@@ -260,6 +262,9 @@ async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] |
         choices = route_choices(queue_log, start)
         res["route_choices"] = choice_summary(choices)
         placements(choices, res.get("requests", []))
+        served = [x for i in range(args.workers)
+                  for x in served_lines(logs / name / f"worker-{i}.log", worker_starts[i], f"w{i}")]
+        engine_placements(served, res.get("requests", []), peer=False)
     return res
 
 

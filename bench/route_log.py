@@ -60,14 +60,14 @@ def placements(choices: list[dict[str, Any]], requests: list[dict[str, Any]]) ->
 
 
 def served_lines(path: Path, start: int, worker: str) -> list[dict[str, Any]]:
-    """A worker's `http_first_token` debug lines (services/worker/http.py: what its engine did
-    with each request a peer router sent it) from byte `start` on, each named `worker`."""
+    """A worker's `first_token` debug lines (services/worker/sim/engine.py: what its engine held
+    when each request arrived and did with it) from byte `start` on, each named `worker`."""
     out = []
     try:
         with open(path, "rb") as f:
             f.seek(start)
             for line in f:
-                if b'"http_first_token"' in line:
+                if b'"first_token"' in line:
                     with contextlib.suppress(ValueError):
                         out.append(json.loads(line) | {"worker": worker})
     except OSError:
@@ -75,19 +75,27 @@ def served_lines(path: Path, start: int, worker: str) -> list[dict[str, Any]]:
     return out
 
 
-def peer_placements(served: list[dict[str, Any]], requests: list[dict[str, Any]]) -> None:
-    """Put on each of the bench's requests where a peer router placed it and what the engine
-    there did (`--route-log`): the worker, the prefix tokens its engine found cached (`hit`)
-    and its own TTFT, from arrival at the worker to the first token (`engine_ttft_ms`, wall).
-    Paired as `placements` does, by prompt tokens in order, the workers' lines merged in the
-    order the requests reached them."""
+def engine_placements(served: list[dict[str, Any]], requests: list[dict[str, Any]], peer: bool) -> None:
+    """Put on each of the bench's requests what the engine that served it did (`--route-log`):
+    the prefix tokens it found cached (`engine_hit`), its wall ms from arrival to the first
+    token (`engine_ttft_ms`) and what it held when the request arrived (`engine_running`,
+    `engine_waiting`, `engine_queued`: prompt tokens queued for prefill, whole and net of
+    cached prefixes); behind a peer router (`peer`), also the worker and its hit. Paired as
+    `placements` does, by prompt tokens in order, the workers' lines merged in the order the
+    requests reached them."""
     waiting: dict[int, list[dict[str, Any]]] = {}
     for r in sorted(requests, key=lambda r: r["index"]):
         waiting.setdefault(r["prompt_len"], []).append(r)
-    for line in sorted(served, key=lambda x: x.get("arrival_s", 0.0)):
+    for line in sorted(served, key=lambda x: x.get("arrived_s", 0.0)):
         same = waiting.get(line.get("prompt_tokens"))
-        if same:
-            same.pop(0).update(worker=line["worker"], hit=line["cached_tokens"], engine_ttft_ms=line["ttft_ms"])
+        if not same:
+            continue
+        req = same.pop(0)
+        req.update(engine_worker=line["worker"], engine_hit=line["cached_tokens"], engine_ttft_ms=line["ttft_ms"],
+                   engine_running=line.get("running"), engine_waiting=line.get("waiting"),
+                   engine_queued=[line.get("queued_prefill"), line.get("queued_prefill_net")])
+        if peer:
+            req.update(worker=line["worker"], hit=line["cached_tokens"])
 
 
 def choice_summary(choices: list[dict[str, Any]]) -> dict[str, Any]:

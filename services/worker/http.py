@@ -21,7 +21,6 @@ engine (aiohttp cancels the handler; the engine stream's cleanup aborts).
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 import uuid
 from collections import Counter
@@ -172,11 +171,6 @@ class WorkerHttp:
         try:
             async for out in stream:
                 cached = out.num_cached_tokens
-                if out.new_token_ids and not seq and log.is_enabled_for(logging.DEBUG):
-                    # TOKENYARD_LOG_LEVEL=debug: what this engine did with each request a peer
-                    # router sent it (bench.live_router pairs the lines with its requests)
-                    log.debug("http_first_token", request_id=rid, prompt_tokens=ar.prompt_len, cached_tokens=cached,
-                              arrival_s=round(ar.arrival_s, 4), ttft_ms=round((time.time() - ar.arrival_s) * 1000, 2))
                 if out.new_token_ids:
                     tokens += len(out.new_token_ids)
                     self.generation_tokens += len(out.new_token_ids)

@@ -43,3 +43,20 @@ async def test_a_hand_off_behind_unread_tokens_ends_the_stream_after_them():
         assert engine.take_hand_off("r1") is not None
     finally:
         await engine.stop()
+
+
+async def test_at_debug_level_each_request_logs_what_the_engine_held_and_did_with_it():
+    import structlog
+
+    engine = SimEngine(SimEngineCore(profile("zero"), 16, 1024))
+    await engine.start()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            [_ async for _ in engine.generate(req("r1", tokens=list(range(40)), max_tokens=3))]
+            [_ async for _ in engine.generate(req("r2", tokens=list(range(40)), max_tokens=3))]  # r1's prefix
+    finally:
+        await engine.stop()
+    lines = [x for x in logs if x["event"] == "first_token"]
+    assert [(x["request_id"], x["prompt_tokens"], x["cached_tokens"]) for x in lines] == [("r1", 40, 0), ("r2", 40, 32)]
+    assert lines[0]["running"] == lines[0]["waiting"] == lines[0]["queued_prefill"] == 0  # an idle engine
+    assert all(x["ttft_ms"] >= 0 and x["arrived_s"] > 0 for x in lines)

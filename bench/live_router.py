@@ -385,10 +385,15 @@ def sim_twin(workload: str, base_rate: float, load: float, speed: float, workers
     """The `tokenyard sim` command that replays a run's workload in simulated time: the bench
     hands the client its wall rate, and a synthetic workload's content follows its base rate
     (ChatBot's conversation slots are rate × 30 s), so the twin keeps that rate as the base
-    (`--rate`) and speeds the clock up by 1 / speed (`--rate-scale`), on as many instances."""
+    (`--rate`) and speeds the clock up by 1 / speed (`--rate-scale`), on as many instances. Its
+    workers heartbeat as the live ones do, every HEARTBEAT_INTERVAL_S of wall time, i.e. every
+    0.1 × speed simulated seconds (`--heartbeat-s`): with the simulator's default 0.1 s the
+    router sees a 4× staler fleet than live, and the default's ×3 median differs by 2 ms
+    (docs/results-routing.md, round 11)."""
     rate = base_rate * load * speed * workers / 16
     return (f"tokenyard sim --workload {workload} --instances {workers} --profile {PROFILE} --rate {rate:g} "
-            f"--rate-scale {1 / speed:g} --num-requests {num_prompts} --seed {seed} --compare {DEFAULT_POLICY},sglang")
+            f"--rate-scale {1 / speed:g} --heartbeat-s {config.HEARTBEAT_INTERVAL_S * speed:g} "
+            f"--num-requests {num_prompts} --seed {seed} --compare {DEFAULT_POLICY},sglang")
 
 
 def main() -> int:

@@ -167,7 +167,7 @@ def test_the_sim_twin_replays_the_live_runs_requests_at_their_simulated_times():
 
     cmd = sim_twin("chatbot", 60.0, 3.0, 0.25, 4, 300, 0)
     assert cmd == ("tokenyard sim --workload chatbot --instances 4 --profile a100-llama3-8b --rate 11.25 "
-                   "--rate-scale 4 --num-requests 300 --seed 0 --compare marginal-latency,sglang")
+                   "--rate-scale 4 --heartbeat-s 0.025 --num-requests 300 --seed 0 --compare marginal-latency,sglang")
     live = list(make_workload(BenchConfig(workload="chatbot", num_prompts=300, rate=11.25, seed=0)).requests())
     twin = open_workload("chatbot", num_requests=300, rate=11.25, rate_scale=4.0, seed=0).items()
     assert [r.prompt_len for r in live] == [t.prompt_len for t in twin]  # the same requests …

@@ -236,16 +236,16 @@ async def test_a_worker_answers_the_same_request_again_without_a_word_to_its_cli
     shell = worker_shell.WorkerShell(WorkerConfig("w0", MODEL), engine, ByteTokenizer())
     shell.nc = nc = Inboxes()
     ar = req("r1", max_tokens=1)
-    await shell._on_generate(offer := Offer(ar))
+    await shell.on_generate(offer := Offer(ar))
     await until(lambda: offer.reply is not None, what="the answer (at the first event, or REPLY_HOLD_S)")
     assert offer.reply == schemas.GenerateReply("r1", True)
-    await shell._on_generate(again := Offer(ar))  # a re-ask, a redelivery: the same request
+    await shell.on_generate(again := Offer(ar))  # a re-ask, a redelivery: the same request
     assert again.reply == schemas.GenerateReply("r1", True, schemas.REOFFERED)
-    assert nc.published == [] and list(shell._streams) == ["r1"]  # one generation, no 409
-    await shell._on_generate(reused := Offer(req("r1", reply_to="inbox.other")))  # another request
+    assert nc.published == [] and shell.generating == ["r1"]  # one generation, no 409
+    await shell.on_generate(reused := Offer(req("r1", reply_to="inbox.other")))  # another request
     assert reused.reply == schemas.GenerateReply("r1", True, schemas.Outcome.DUPLICATE)
     assert nc.published == [("inbox.other", schemas.Error("r1", 409, "request id 'r1' is already in use"))]
     await engine.steps.put(EngineOutput("r1", [65], finished=True, finish_reason="length"))
-    await until(lambda: not shell._streams)
+    await until(lambda: not shell.generating)
     to_client = [type(e).__name__ for subject, e in nc.published if subject == ar.reply_to]
     assert to_client == ["Chunk", "Finished"]

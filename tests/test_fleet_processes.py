@@ -178,7 +178,7 @@ async def test_worker_http_gives_each_worker_its_own_front_that_serves_the_engin
     of its own (`tokenyard worker --http PORT`), answering a completion without the control plane."""
     async with FleetProcesses(workers=2, profile="zero", http_port=0, edge_processes=1, metrics=False,
                               worker_http=True) as fleet:
-        cmds = dict(fleet._commands())
+        cmds = dict(fleet.commands())
         ports = [int(cmds[f"worker-{i}"][cmds[f"worker-{i}"].index("--http") + 1]) for i in range(2)]
         assert len(set(ports)) == 2 and fleet.worker_http_urls == [f"http://127.0.0.1:{p}" for p in ports]
         async with aiohttp.ClientSession() as http:
@@ -258,7 +258,7 @@ async def test_edge_processes_killed_under_up_are_named_and_started_again_and_th
         assert "tokenyard:edge_in_flight_requests 0.0" in text
         assert fleet.edge_supervisor is not None and fleet.edge_supervisor.restarts == 2
         # a reported, replaced process keeps nothing open (a crash-looping edge leaked a pipe a restart)
-        assert fleet._replaced == [] and all(first[n].stderr.closed for n in ("edge-0", "edge-1"))
+        assert all(first[n].stderr.closed for n in ("edge-0", "edge-1"))
         with pytest.raises(TimeoutError):  # each death reported once: nothing new to say
             async with asyncio.timeout(0.3):
                 await fleet.next_exit(poll_s=0.05)

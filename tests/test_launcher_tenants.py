@@ -24,7 +24,7 @@ ceiling = "P0"
 
 def admission_cmd(fleet: FleetProcesses) -> list[str]:
     """The command of the process admission runs in (the queue's, by default: --with-admission)."""
-    cmds = dict(fleet._commands())
+    cmds = dict(fleet.commands())
     return cmds.get("admission") or cmds["queue"]
 
 
@@ -48,11 +48,11 @@ def test_a_missing_tenant_file_stops_up_before_anything_starts(tmp_path, capsys)
 
 
 def test_up_passes_the_simulated_workers_scheduling_policy():
-    cmds = dict(FleetProcesses(nats_url="nats://x:1", workers=2, scheduling="scorpio", metrics=False)._commands())
+    cmds = dict(FleetProcesses(nats_url="nats://x:1", workers=2, scheduling="scorpio", metrics=False).commands())
     for name in ("worker-0", "worker-1"):
         i = cmds[name].index("--scheduling")
         assert cmds[name][i + 1] == "scorpio"
-    vllm = dict(FleetProcesses(nats_url="nats://x:1", workers=1, engine="vllm", metrics=False)._commands())
+    vllm = dict(FleetProcesses(nats_url="nats://x:1", workers=1, engine="vllm", metrics=False).commands())
     assert "--scheduling" not in vllm["worker-0"]  # a vLLM worker schedules as vLLM does
 
 

@@ -85,7 +85,7 @@ async def test_a_placed_request_whose_route_answer_was_lost_is_not_expired_by_th
     hosts = await start_fleet(server.url, workers=1, router=False)
     try:
         router = RouterShell(RouterConfig(policy="least-loaded"))
-        route, asks = router._route, []
+        route, asks = router.serve_route, []
 
         async def answer_the_first_ask_late(req) -> None:
             asks.append(req)
@@ -104,7 +104,7 @@ async def test_a_placed_request_whose_route_answer_was_lost_is_not_expired_by_th
 
             await route(Late())
 
-        router._route = answer_the_first_ask_late
+        router.serve_route = answer_the_first_ask_late
         hosts.append(await ServiceHost(router, server.url).start())
         await until(lambda: router.core.view.n == 1)
         nc = await natsutil.connect(server.url, "fault-client")

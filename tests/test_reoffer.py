@@ -25,6 +25,7 @@ from tokenyard.services.priority_queue.policies.fcfs import FCFS
 from tokenyard.services.router import shell as router_shell
 from tokenyard.services.router.core import RouterConfig
 from tokenyard.services.router.migration import MigrationConfig, MigrationCore
+from tokenyard.services.router.reask import key_of
 from tokenyard.services.router.shell import RouterShell
 from tokenyard.services.worker import shell as worker_shell
 from tokenyard.services.worker.core import WorkerConfig
@@ -107,7 +108,8 @@ async def test_the_router_answers_the_same_request_asked_again_from_its_one_plac
             await nc.subscribe(subjects.worker_generate(wid), cb=worker(wid))
             await nc.publish(subjects.heartbeat(wid), codec.encode(builders.hb(wid, model=MODEL, ts=time.time())))
         await until(lambda: shell.core.view.n == 2)
-        ar = codec.encode(req("rq1", reply_to=nc.new_inbox(), arrival_s=time.time()))
+        asked = req("rq1", reply_to=nc.new_inbox(), arrival_s=time.time())
+        ar = codec.encode(asked)
         first = asyncio.create_task(nc.request(subjects.ROUTE, ar, timeout=0.3))
         await until(lambda: offers)
         try:
@@ -116,7 +118,8 @@ async def test_the_router_answers_the_same_request_asked_again_from_its_one_plac
         except TimeoutError:
             pass
         again = asyncio.create_task(nc.request(subjects.ROUTE, ar, timeout=5))
-        await until(lambda: len(shell._inflight) == 2)  # both asks in the router, the offer unanswered
+        # both asks in the router, the offer unanswered: the second joined the first's placement
+        await until(lambda: len(shell.reask.placing.get(key_of(asked), [])) == 1)
         answer.set()
         decision = codec.decode((await again).data, schemas.RouteDecision)
         assert (decision.outcome, decision.worker_id) == ("routed", offers[0])

@@ -104,6 +104,11 @@ class RouterShell:
         if self._monitor:  # after the routes: a stopping router hands its streams to nobody
             self._monitor.cancel()
 
+    @property
+    def following(self) -> list[str]:
+        """The ids of the requests whose streams this replica follows (subscribed to their replies)."""
+        return list(self._follows)
+
     def on_heartbeat(self, hb: schemas.Heartbeat, now: float) -> None:
         self.core.on_heartbeat(hb, now)
         self.migration.on_heartbeat(hb.worker_id, now)
@@ -137,11 +142,13 @@ class RouterShell:
             log.warning("bad_macro_state", subject=msg.subject, error=str(e))
 
     async def _on_route(self, req: Request) -> None:
-        task = asyncio.create_task(self._route(req))
+        task = asyncio.create_task(self.serve_route(req))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _route(self, req: Request) -> None:
+    async def serve_route(self, req: Request) -> None:
+        """One `llm.v1.route` request answered, as its own task (public: the seam tests wrap to
+        delay an answer)."""
         try:
             ar = codec.decode(req.data, schemas.AdmittedRequestInTransit)
             check_inputs(ar)  # before any state is kept for it: the kernels' int64 would wrap

@@ -115,7 +115,7 @@ def _refusal(args) -> str | None:
     return None
 
 
-def _leave_local_creds(fleet: FleetProcesses) -> str | None:
+def leave_local_creds(fleet: FleetProcesses) -> str | None:
     """Copy the `client` and `observer` creds where this machine's commands look
     (nats_auth.local_creds), 0600; the `client` copy's path."""
     auth = fleet.server.auth if fleet.server is not None else None
@@ -131,8 +131,8 @@ def _leave_local_creds(fleet: FleetProcesses) -> str | None:
     return str(nats_auth.local_client_creds(fleet.nats_url))
 
 
-def _remove_local_creds(url: str) -> None:
-    """Undo `_leave_local_creds`, the folder too once empty (one a port ever used piled up)."""
+def remove_local_creds(url: str) -> None:
+    """Undo `leave_local_creds`, the folder too once empty (one a port ever used piled up)."""
     if nats_auth.local_client_creds(url) is None:
         return
     for user in nats_auth.LOCAL_USERS:
@@ -173,7 +173,7 @@ async def _up(args) -> int:
             print(f"           a cluster of {args.nats_cluster} nodes; stream and buckets replicated R"
                   f"{min(3, args.nats_cluster)}")
         if fleet.client_creds:
-            local = _leave_local_creds(fleet)
+            local = leave_local_creds(fleet)
             print(f"  creds    {nats_auth.CREDS_ENV}={fleet.client_creds}   (the `client` user"
                   + (f"; clients on this machine find it in {local})" if local else ")"))
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
@@ -207,5 +207,5 @@ async def _up(args) -> int:
     finally:
         print("stopping: draining services …", flush=True)
         if fleet.client_creds:
-            _remove_local_creds(fleet.nats_url)
+            remove_local_creds(fleet.nats_url)
         await fleet.stop()

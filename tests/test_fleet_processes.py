@@ -83,14 +83,14 @@ async def test_the_edge_that_failed_at_start_up_is_named_not_the_sibling_stopped
     exit it saw first in its list: edge-0, exit code 0 or -15, and edge 0's lines."""
 
     class OneFails(launcher.EdgeSupervisor):
-        def _spawn(self, index: int, deaths: int = 0):
+        def start_child(self, index: int, deaths: int = 0):
             if index == 1:
                 self.child_cmd, good = [sys.executable, "-c", "import sys; print('edge 1 is broken', file=sys.stderr); sys.exit(3)"], self.child_cmd
                 try:
-                    return super()._spawn(index, deaths)
+                    return super().start_child(index, deaths)
                 finally:
                     self.child_cmd = good
-            return super()._spawn(index, deaths)
+            return super().start_child(index, deaths)
 
     monkeypatch.setattr(launcher, "EdgeSupervisor", OneFails)
     fleet = FleetProcesses(workers=0, profile="zero", http_port=0, edge_processes=2, metrics=False)

@@ -11,7 +11,7 @@ from tokenyard.services.admission.tenants import load_tenants
 from tokenyard.shared.schemas import PriorityClass
 
 from tokenyard.launcher import FleetProcesses
-from tokenyard.up import _up, register
+from tokenyard.up import register, run_up
 
 TENANTS = """
 [default]
@@ -43,7 +43,7 @@ def test_a_missing_tenant_file_stops_up_before_anything_starts(tmp_path, capsys)
     p = argparse.ArgumentParser()
     register(p.add_subparsers())
     args = p.parse_args(["up", "--tenants", str(tmp_path / "none.toml")])
-    assert asyncio.run(_up(args)) == 2
+    assert asyncio.run(run_up(args)) == 2
     assert "--tenants: no such file" in capsys.readouterr().err
 
 
@@ -57,11 +57,11 @@ def test_up_passes_the_simulated_workers_scheduling_policy():
 
 
 def test_up_with_macro_scale_passes_the_scheduling_policy_to_the_workers_the_macro_starts():
-    from tokenyard.up import _macro_args
+    from tokenyard.up import macro_args
 
     p = argparse.ArgumentParser()
     register(p.add_subparsers())
     args = p.parse_args(["up", "--macro-scale", "--scheduling", "scorpio"])
-    macro = _macro_args(args)
+    macro = macro_args(args)
     assert macro[macro.index("--worker-scheduling") + 1] == "scorpio"
-    assert "--worker-scheduling" not in _macro_args(p.parse_args(["up", "--scheduling", "scorpio"]))
+    assert "--worker-scheduling" not in macro_args(p.parse_args(["up", "--scheduling", "scorpio"]))

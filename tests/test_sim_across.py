@@ -185,7 +185,7 @@ def _cores(sim: ClusterSim, now: float) -> tuple:
     `oldest_seen_s`, a lower bound that only spares a pass over the fleet, nor admission's
     liveness gaps (test_sim_silent_ticks: `held`)."""
     v = sim.router.view
-    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in (*v._FLOAT, *v._INT, *v._BOOL, "phase"))
+    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in v.COLUMNS)
     queue = tuple((w, repr(rec)) for w, rec in sim.queue.workers.items())
     return (tuple(v.ids), tuple(v.stats[: v.n]), cols, v.decisions), (queue, sim.queue.room_sum), admission_held(sim.admission, now)
 

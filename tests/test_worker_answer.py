@@ -1,5 +1,5 @@
 """The worker's answer to an offer it took leaves with the request's first event
-(services/worker/shell.py, `_Answer`, REPLY_HOLD_S): published in the same turn of the loop,
+(services/worker/shell.py, `OfferAnswer`, REPLY_HOLD_S): published in the same turn of the loop,
 just before it, so nats-py writes both at once — one write on the first token's path, where
 the answer's own write came first. An engine whose first event is not near has the answer go
 alone at the bound; a refusal is answered at once; a generation that ends with no event still

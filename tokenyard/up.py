@@ -78,10 +78,11 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    return asyncio.run(_up(args))
+    return asyncio.run(run_up(args))
 
 
-def _macro_args(args) -> list[str]:
+def macro_args(args) -> list[str]:
+    """The macro-instance's command-line options that `up`'s own options imply."""
     out = ["--mode", args.macro_mode]
     if args.macro_scale:
         out += ["--scale", "--worker-engine", args.engine, "--worker-profile", args.profile,
@@ -141,7 +142,8 @@ def remove_local_creds(url: str) -> None:
         nats_auth.local_client_creds(url).parent.rmdir()
 
 
-async def _up(args) -> int:
+async def run_up(args) -> int:
+    """`tokenyard up` with its parsed options: the exit code (2: options refused)."""
     if (why := _refusal(args)) is not None:
         print(f"tokenyard up: error: {why}", file=sys.stderr)
         return 2
@@ -151,7 +153,7 @@ async def _up(args) -> int:
         scheduling=args.scheduling, nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, router=args.router, admission=args.admission, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
-        macro_args=_macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
+        macro_args=macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
         creds_dir=args.nats_creds_dir, nats_tls=_tls(args),
         edge_processes=args.edge_processes or config.edge_processes(),
     )

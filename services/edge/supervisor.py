@@ -136,7 +136,8 @@ class EdgeSupervisor:
         """The index of the child whose death in start-up stopped the edge (set before its
         siblings are stopped, whose exits follow: a launcher names this one, not them)."""
 
-    def _spawn(self, index: int, deaths: int = 0) -> _Child:
+    def start_child(self, index: int, deaths: int = 0) -> _Child:
+        """Start child `index` (`deaths`: its deaths in a row so far, for the restart backoff)."""
         if self.spawn is not None:
             proc = self.spawn(index, self.child_cmd, self.env)
         else:
@@ -146,7 +147,7 @@ class EdgeSupervisor:
 
     def start_children(self) -> None:
         """Start the `processes` children; the start-up grace counts from now."""
-        self.children = [self._spawn(i) for i in range(self.processes)]
+        self.children = [self.start_child(i) for i in range(self.processes)]
         self._started = self.clock()
 
     def _say(self, text: str) -> None:
@@ -192,7 +193,7 @@ class EdgeSupervisor:
         for i, child in enumerate(self.children):
             if child.proc is None:
                 if now >= child.due:
-                    self.children[i] = self._spawn(child.index, child.deaths)
+                    self.children[i] = self.start_child(child.index, child.deaths)
                     self.restarts += 1
                 continue
             if (rc := child.proc.poll()) is None:

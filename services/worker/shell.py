@@ -119,7 +119,7 @@ class WorkerShell:
 
     async def on_generate(self, req: Request) -> None:
         """The generate endpoint's handler: one offer, answered (an accepted one as its stream
-        starts, see `_Answer`); public as the seam tests hand offers to, or wrap to delay them."""
+        starts, see `OfferAnswer`); public as the seam tests hand offers to, or wrap to delay them."""
         received_ns = time.time_ns()
         try:
             ar = codec.decode(req.data, schemas.AdmittedRequest)
@@ -130,7 +130,7 @@ class WorkerShell:
         stats = self.engine.stats()
         reply, start = self.core.offer(ar, stats, prefill)
         if start:  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
-            answer = _Answer(req, codec.encode(reply))
+            answer = OfferAnswer(req, codec.encode(reply))
             timer = asyncio.get_running_loop().call_later(REPLY_HOLD_S, answer.send_soon)
             task = asyncio.create_task(self.generate(ar, req.headers, received_ns, answer))
             self._streams[ar.request_id] = task
@@ -146,7 +146,7 @@ class WorkerShell:
             await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=codec.content_headers(ar.json))
 
     async def generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None,
-                        received_ns: int = 0, answer: _Answer | None = None) -> None:
+                        received_ns: int = 0, answer: OfferAnswer | None = None) -> None:
         """One accepted request's stream, engine output to events on its reply subject.
         `received_ns`: when the offer came (wall clock), for the hop profile; `answer`: the
         offer's, sent (if not yet) just before the stream's first event, in the same write."""
@@ -333,7 +333,7 @@ class WorkerShell:
                 await self._publish_kv_events()
 
 
-class _Answer:
+class OfferAnswer:
     """The answer to an offer the worker took, sent once: by the generation just before its
     first event (one write for both), or alone when REPLY_HOLD_S passes first (the timer), or
     when the generation ends without an event."""

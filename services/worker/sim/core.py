@@ -52,7 +52,6 @@ from tokenyard.services.worker.sim.ttft_guard import unattainable
 from tokenyard.shared.schemas import AdmittedRequest, EngineStats, Phase
 from tokenyard.shared.slo import DEFAULT_TPOT_SLO_MS
 
-_FILLER = FILLER  # the name tests read the filler text by
 INF = float("inf")
 __all__ = ["FILLER", "Seq", "SimEngineCore", "StepResult"]
 

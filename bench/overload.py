@@ -17,7 +17,7 @@ live). Deterministic: the same command gives the same numbers on any machine.
   are lost), beside `p0_served_share` and the p95 over the served ones only.
 * overload — goodput at each load two ways: at the issue's fixed SLO (TTFT ≤ 2 s and TPOT ≤
   100 ms) and against each request's own deadline (TTFT ≤ shared.slo.ttft_deadline_s: class
-  target + its own predicted prefill, and TPOT ≤ 100 ms); refused (admission; of them the 400s
+  target + its own predicted prefill, capped, and TPOT ≤ 100 ms); refused (admission; of them the 400s
   whose own prefill does not fit their class's deadline cap, and their share of all prompt
   tokens), expired (queue, past the deadline), met / missed its deadline, and the worst
   completed TTFT over its class target (issue 11: ≤ 2) and over its own deadline.

@@ -23,7 +23,7 @@ tokens), plus tokenyard's own:
                         expired (admitted, then rejected by the queue once its TTFT deadline
                         passed: 429), met_slo / missed_slo (completed with TTFT within / beyond
                         its own deadline, shared.slo.ttft_deadline_s: class target + its own
-                        predicted prefill; P3 has none: met), other failures,
+                        predicted prefill, capped; P3 has none: met), other failures,
                         max_ttft_over_target (the worst completed TTFT ÷ its class target) and
                         max_ttft_over_deadline (÷ its own deadline, from arrival)
     preemptions, sim_time_s, wall_s, sim_speed = sim_time_s / wall_s (the only keys that

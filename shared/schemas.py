@@ -213,7 +213,7 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     """`completion` or `chat`: what the edge renders back."""
     deadline_s: float = 0.0
     """Absolute TTFT deadline (unix seconds), admission's `shared.slo.ttft_deadline_s`: the
-    client's ttft_slo_ms, else its class target plus its own predicted prefill; 0 = none (P3,
+    client's ttft_slo_ms, else class target + own predicted prefill, capped; 0 = none (P3,
     or a request made without admission: then arrival + its class's target)."""
     tpot_slo_ms: float = 0.0
     """Per-request TPOT SLO (SCORPIO); 0 = none."""

@@ -37,6 +37,16 @@ DEFAULT_TPOT_SLO_MS: float = 100.0
 """The TPOT SLO of a request that names none (`tpot_slo_ms` 0 or absent), every class alike:
 what an engine's decode slack (the decode term) and SCORPIO hold a decode to."""
 
+TTFT_BOUND: float = 2.0
+"""No admitted request's TTFT above TTFT_BOUND × its class target (issue 11's figure)."""
+
+TTFT_OVERSHOOT: float = 1.15
+"""The most an admitted request's TTFT overshoots its own deadline (TTFT ÷ deadline, from
+arrival), as measured with deadlines capped at TTFT_BOUND × target (no margin) on the runs
+the cap was tuned on (Mooncake ×1.5 and ×3, ChatBot ×3 on 16 and ×6 on 8 instances: at most
+1.13, rounded up to 0.05): deadlines are capped at TTFT_BOUND ÷ this × the class target
+(`deadline_cap_s`). docs/results-priorities.md, Round 11."""
+
 ENGINE_BACKLOG_S: float = min(TTFT_TARGET_S) / 2
 """The prefill backlog, in seconds of prefill, the queue's flow control lets an engine hold
 (half the tightest target: 0.25 s); also the time a request still needs after it leaves the
@@ -127,24 +137,36 @@ def ttft_target_s(priority: int) -> float:
     return TTFT_TARGET_S[klass(priority)]
 
 
+def deadline_cap_s(priority: int) -> float:
+    """The longest TTFT deadline a class-`priority` request gets (from arrival; infinity for P3):
+    TTFT_BOUND × its target ÷ TTFT_OVERSHOOT, so that a TTFT that overshoots its deadline by
+    the most measured still stays within TTFT_BOUND × the target."""
+    return ttft_target_s(priority) * TTFT_BOUND / TTFT_OVERSHOOT
+
+
 def ttft_deadline_s(arrival_s: float, priority: int, ttft_slo_ms: float | None = None,
                     prefill_s: float = 0.0) -> float:
     """A request's TTFT deadline (absolute, seconds; infinity: none), the one definition every
     service and the simulator use (admission's wait check stamps it on the request; the queue's
     deadline order and rejection, and the engines' deadline order, read it back):
 
-        deadline = arrival + ttft_slo_ms / 1000             the client's own bound, prefill included
-                 = arrival + target(class) + prefill_s      otherwise
+        deadline = arrival + ttft_slo_ms / 1000                                the client's own bound
+                 = arrival + min(target(class) + prefill_s, deadline_cap_s)    otherwise
 
-    A class target bounds the wait the fleet imposes, not the compute the prompt needs: a 30k-
-    token prompt whose prefill alone takes longer than P1's 5 s is still served by an idle
-    fleet. `prefill_s` is the request's own prefill as predicted (the fastest fresh worker, whole
-    prompt; 0 when unknown). An explicit `ttft_slo_ms` means what the API says, a TTFT after
-    admission, so a prompt that cannot be prefilled within it is refused (400 slo_infeasible).
+    A class target bounds the wait the fleet imposes, not the compute the prompt needs: a 15k-
+    token P1 prompt whose prefill takes 2 s gets 5 s of wait besides. But no deadline passes
+    deadline_cap_s (TTFT_BOUND × target ÷ TTFT_OVERSHOOT: P0 0.87 s, P1 8.7 s, P2 104 s), so no
+    admitted request is served later than TTFT_BOUND × its class target: a prompt whose own
+    prefill leaves no room within the cap is refused at admission (400 slo_infeasible; ask
+    for a lower class or send ttft_slo_ms) and one that waits past it leaves the queue (429
+    deadline_exceeded). `prefill_s` is the request's own prefill as predicted (the fastest
+    fresh worker, whole prompt; 0 when unknown). An explicit `ttft_slo_ms` is the client's own
+    target and means what the API says, a TTFT after admission, prefill included, so a prompt
+    that cannot be prefilled within it is refused (400 slo_infeasible).
     """
     if ttft_slo_ms is not None:
         return arrival_s + ttft_slo_ms / 1000.0
-    return arrival_s + ttft_target_s(priority) + prefill_s
+    return arrival_s + min(ttft_target_s(priority) + prefill_s, deadline_cap_s(priority))
 
 
 def latest_release_s(deadline_s: float, prefill_s: float) -> float:

@@ -9,8 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenyard.shared.slo import (
     ENGINE_BACKLOG_S,
+    TTFT_BOUND,
+    TTFT_OVERSHOOT,
     TTFT_TARGET_S,
     OfferPrefill,
+    deadline_cap_s,
     engine_saturated,
     latest_release_s,
     prefill_budget_s,
@@ -26,10 +29,31 @@ prefills = st.floats(0.0, 600.0, allow_nan=False)
 
 def test_a_class_target_bounds_the_wait_and_the_prompt_s_own_prefill_is_added():
     assert ttft_deadline_s(100.0, 1) == 105.0
-    assert ttft_deadline_s(100.0, 1, prefill_s=6.3) == 111.3
-    assert ttft_deadline_s(100.0, 0, prefill_s=2.0) == 102.5
+    assert ttft_deadline_s(100.0, 1, prefill_s=2.3) == 107.3
+    assert ttft_deadline_s(100.0, 0, prefill_s=0.2) == pytest.approx(100.7)
     assert ttft_deadline_s(100.0, 3, prefill_s=2.0) == math.inf
     assert ttft_deadline_s(100.0, -1) == 100.5  # out-of-range priorities clamp
+
+
+def test_no_deadline_passes_the_class_cap_so_no_ttft_passes_twice_the_target():
+    """The cap is 2 × target ÷ the measured overshoot: P0 0.87 s, P1 8.7 s, P2 104 s, P3 none."""
+    assert TTFT_BOUND == 2.0 and TTFT_OVERSHOOT > 1.0
+    assert [round(deadline_cap_s(c), 2) for c in range(3)] == [0.87, 8.70, 104.35]
+    assert deadline_cap_s(3) == math.inf
+    assert ttft_deadline_s(100.0, 1, prefill_s=6.3) == pytest.approx(100.0 + 10.0 / TTFT_OVERSHOOT)
+    assert ttft_deadline_s(100.0, 0, prefill_s=2.0) == pytest.approx(100.0 + 1.0 / TTFT_OVERSHOOT)
+    assert ttft_deadline_s(100.0, 2, prefill_s=40.0) == 200.0  # 60 + 40 s, within P2's cap
+    assert ttft_deadline_s(100.0, 3, prefill_s=600.0) == math.inf
+    # a client's own ttft_slo_ms is its target: not capped (its deadline is 1 × it)
+    assert ttft_deadline_s(100.0, 1, 30_000.0, prefill_s=20.0) == 130.0
+
+
+@given(times, st.integers(-2, 5), prefills)
+def test_every_class_deadline_is_within_twice_its_target_over_the_overshoot(arrival, prio, prefill):
+    target = TTFT_TARGET_S[min(max(prio, 0), 3)]
+    due = ttft_deadline_s(arrival, prio, prefill_s=prefill)
+    assert due - arrival <= TTFT_BOUND * target / TTFT_OVERSHOOT + 1e-6
+    assert due - arrival >= min(target, TTFT_BOUND * target / TTFT_OVERSHOOT) - 1e-6
 
 
 def test_an_explicit_ttft_slo_is_the_whole_ttft_prefill_included():
@@ -45,7 +69,10 @@ def test_the_latest_release_leaves_the_engine_backlog_and_the_prefill_before_the
         assert math.isinf(due)
         return
     release = latest_release_s(due, prefill)
-    assert math.isclose(release - arrival, target - ENGINE_BACKLOG_S, abs_tol=1e-6)
+    if prefill <= deadline_cap_s(prio) - target:  # below the cap: the class's whole wait
+        assert math.isclose(release - arrival, target - ENGINE_BACKLOG_S, abs_tol=1e-6)
+    else:  # capped: what the cap leaves after the prefill (< 0: no release can make it)
+        assert math.isclose(release - arrival, deadline_cap_s(prio) - prefill - ENGINE_BACKLOG_S, abs_tol=1e-6)
     assert due >= arrival + target - 1e-6
 
 

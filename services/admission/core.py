@@ -19,7 +19,9 @@ rejected request leaves no trace in any queue, bucket or counter):
   7. shared.validation.tokenize: tokens, block-hash chain; prompt tokens in the vocabulary;
      prompt + max_tokens ≤ max_model_len (400 context_length_exceeded); the request's TTFT
      deadline (shared.slo.ttft_deadline_s: class target + its own predicted prefill, or the
-     client's ttft_slo_ms) is stamped on it; a prompt whose own prefill no worker's running
+     client's ttft_slo_ms) is stamped on it, never past the class's cap (shared.slo.deadline_cap_s);
+     a prompt whose own prefill (+ H) does not fit within that cap on an idle fleet is a 400
+     slo_infeasible that names a lower class or a ttft_slo_ms; a prompt whose own prefill no worker's running
      decodes can absorb within their TPOT SLO is a 503 (feasibility.py, decode capacity; P3
      waits instead); with an explicit ttft_slo_ms, the prompt's own
      prefill on the fastest worker must fit it (400 slo_infeasible) and so must the wait plus
@@ -30,6 +32,7 @@ rejected request leaves no trace in any queue, bucket or counter):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tokenyard.services.admission.feasibility import FleetView
@@ -37,7 +40,7 @@ from tokenyard.services.admission.tenants import TenantPolicy, TenantTable
 from tokenyard.services.admission.token_bucket import TokenBucket
 from tokenyard.shared import config, schemas, validation
 from tokenyard.shared.schemas import GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
-from tokenyard.shared.slo import ENGINE_BACKLOG_S, ttft_deadline_s
+from tokenyard.shared.slo import ENGINE_BACKLOG_S, deadline_cap_s, ttft_deadline_s, ttft_target_s
 from tokenyard.shared.tokenizer import Tokenizer
 
 TIER_HEADER = "x-request-tier"
@@ -166,6 +169,8 @@ class AdmissionCore:
                                                   prepared.max_tokens)
         own = self.fleet.own_prefill_s(prompt_len, now) or 0.0
         deadline = ttft_deadline_s(now, int(priority), req.ttft_slo_ms, own)
+        if self.cfg.slo_check and req.ttft_slo_ms is None and own + ENGINE_BACKLOG_S > deadline - now:
+            return self._beyond_class(rid, priority, prompt_len, own, checked.prompt_param)
         if self.cfg.slo_check and deadline != float("inf"):
             room = self.fleet.decode_room_s(now)
             if room is not None and own > room:
@@ -232,6 +237,20 @@ class AdmissionCore:
                     f"{deadline:g} s TTFT target ({depth} requests queued); retry later",
             retry_after_s=retry_after if retry_after != float("inf") else self.fleet.stale_after_s,
             queue_depth=depth,
+        )
+
+    @staticmethod
+    def _beyond_class(rid: str, priority: PriorityClass, prompt_len: int, own: float, param: str | None) -> Rejected:
+        """The prompt's own prefill leaves no room within its class's deadline cap even on an idle
+        fleet (shared.slo.deadline_cap_s): a 400, since no retry of the same request can pass."""
+        c = int(priority)
+        need_ms = math.ceil((own + ENGINE_BACKLOG_S) * 10) * 100  # to the next 0.1 s
+        return Rejected(
+            request_id=rid, status=400, code="slo_infeasible", param=param,
+            message=f"The {prompt_len}-token prompt takes about {own:.1f} s to prefill, beyond what a P{c} request "
+                    f"may take before its first token ({deadline_cap_s(c):.3g} s at most, from its "
+                    f"{ttft_target_s(c):g} s TTFT target); send it at a lower class ({TIER_HEADER}: "
+                    f"{'P2' if c < 2 else 'P3'}) or with ttft_slo_ms of at least {need_ms}",
         )
 
     def _no_decode_room(self, rid: str, priority: PriorityClass, prompt_len: int, own: float,

@@ -62,7 +62,7 @@ def held(router, queue, admission, now: float) -> tuple:
     """Everything the three cores keep from heartbeats (the queue's `oldest_seen_s` aside: a
     lower bound that only spares a pass over the fleet; admission's liveness gaps aside)."""
     v = router.view
-    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in (*v._FLOAT, *v._INT, *v._BOOL, "phase"))
+    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in v.COLUMNS)
     return ((tuple(v.ids), tuple(v.stats[: v.n]), cols), tuple((w, repr(r)) for w, r in queue.workers.items()),
             queue.room_sum, admission_held(admission, now))
 

@@ -86,6 +86,7 @@ def test_longest_prompt_per_class_on_the_shipped_profiles():
     assert row("a100-llama3-8b") == [4361, 45457, 195901, None]
     assert row("h100-llama3-8b") == [9505, 72840, 287141, None]
     assert row("l20-codellama34b-tp4") == [831, 15970, 110215, None]
+    assert row("h100-qwen3-30b-a3b") == [8210, 60316, 235385, None]
     assert longest_prompt(0.0, 0.0, 1) is None  # a worker that measured nothing: no limit
     assert longest_prompt(2.0, 0.0, 1) == 4097  # vLLM's linear report: (8.696 − 0.5) s ÷ 2 ms = 4097.8
 

@@ -172,3 +172,13 @@ def test_the_ttft_slo_ms_either_400_suggests_is_admitted(prompt_len, a, prio):
         again = admit(c, GenerateRequest(prompt="a" * prompt_len, max_tokens=1, ttft_slo_ms=ms), head, now=100.0)
         assert isinstance(again, AdmittedRequest), again.message
         assert ms - 100 < (prompt_len * a / 1000 + ENGINE_BACKLOG_S) * 1000  # the least, to 100 ms
+
+
+def test_the_explicit_ttft_slo_ms_400_offers_sending_none_only_where_the_class_cap_admits_it():
+    c = core()
+    idle(c)
+    fresh_worker(c, a=2.0, b=1e-4)
+    short = admit(c, GenerateRequest(prompt="a" * 1000, ttft_slo_ms=1000), now=100.0)  # 2.1 s: fits P1's cap
+    assert short.message.endswith("send ttft_slo_ms of at least 2400, or send none to be held to P1's deadline")
+    long = admit(c, GenerateRequest(prompt="a" * 3600, ttft_slo_ms=1000), now=100.0)  # 8.5 s: beyond it
+    assert long.message.endswith("send ttft_slo_ms of at least 8800") and "send none" not in long.message

@@ -53,7 +53,7 @@ def run(workload, **cfg) -> dict[str, Any]:
     res = result(sim, items, GOODPUT)
     good = 0
     p0: list[float] = []
-    refused_prompt = sum(st.item.prompt_len for st in sim.reqs.values() if st.refused_code == "slo_infeasible")
+    refused_prompt = sum(st.item.prompt_len for st in sim.reqs.values() if st.refused_code == "beyond_class_cap")
     all_prompt = sum(st.item.prompt_len for st in sim.reqs.values())
     for st in sim.reqs.values():
         served = st.finished and st.error is None and len(st.tokens) > 0
@@ -67,7 +67,7 @@ def run(workload, **cfg) -> dict[str, Any]:
         good += in_time and tpot * 1000.0 <= GOODPUT["tpot"]
     span = res["duration"]
     res["request_goodput_deadline"] = good / span if span > 0 else 0.0
-    res["refused_infeasible_prompt_share"] = refused_prompt / all_prompt if all_prompt else 0.0
+    res["refused_beyond_class_prompt_share"] = refused_prompt / all_prompt if all_prompt else 0.0
     res["p0_ttft_all_s"] = p0
     return res
 
@@ -84,7 +84,7 @@ def p95_all_ms(ttfts: list[float]) -> float:
 def row(res: dict[str, Any]) -> dict[str, Any]:
     keep = ("completed", "failed", "request_throughput", "request_goodput", "output_throughput",
             "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "preemptions",
-            "request_goodput_deadline", "refused_infeasible_prompt_share")
+            "request_goodput_deadline", "refused_beyond_class_prompt_share")
     out = {k: res[k] for k in keep}
     out["outcomes"] = res["outcomes"]
     out["p95_ttft_ms_by_class"] = {c: v["p95_ttft_ms"] for c, v in res["by_priority"].items()}
@@ -143,8 +143,8 @@ def overload(workload: str, loads: list[float], instances: int, n: int, mix: str
         o = r["outcomes"]["all"]
         print(f"x{load:<5g} goodput@2s {r['request_goodput']:7.2f} req/s  @deadline "
               f"{r['request_goodput_deadline']:7.2f}  served {r['completed']}  refused "
-              f"{o['refused']} (beyond the class: {o['refused_infeasible']}, "
-              f"{r['refused_infeasible_prompt_share']:.1%} of prompt tokens)  expired {o['expired']}\n"
+              f"{o['refused']} (beyond the class: {o['refused_beyond_class']}, "
+              f"{r['refused_beyond_class_prompt_share']:.1%} of prompt tokens)  expired {o['expired']}\n"
               f"{'':6} met {o['met_slo']}  missed {o['missed_slo']}  "
               f"worst TTFT/target {o['max_ttft_over_target']:.2f}  /deadline {o['max_ttft_over_deadline']:.2f}",
               flush=True)

@@ -236,7 +236,7 @@ class ClusterSim:
             req, reply_to="sim", json=False, headers={"x-request-tier": f"P{item.priority}"}, now=now, new_id=rid
         )
         if isinstance(verdict, Rejected):
-            st.error, st.refused_code = f"status_{verdict.status}", verdict.code
+            st.error, st.refused_code = f"status_{verdict.status}", verdict.reason or verdict.code
             return
         st.ttft_budget_s = verdict.deadline_s - now if verdict.deadline_s > 0 else 0.0
         self.queue.offer(verdict, now)

@@ -1,7 +1,8 @@
 """Over real HTTP, the edge and admission on a real nats-server: a prompt whose own prefill
 cannot fit its class's deadline cap (shared.slo.deadline_cap_s) even on an idle fleet is a 400
 `slo_infeasible` in OpenAI's error body, naming its predicted prefill, the class's target and
-what to do (that doing it is admitted: tests/test_admission_limits.py)."""
+what to do (that doing it is admitted: tests/test_admission_class_cap.py), counted in
+Prometheus as reason `beyond_class_cap`."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ async def test_a_prompt_beyond_its_class_cap_is_a_400_over_http_that_says_what_t
                                              "P1 request may take before its first token (8.7 s at most, from its "
                                              "5 s TTFT target)")
             assert err["message"].endswith("(x-request-tier: P2) or with ttft_slo_ms of at least 10300")
+        # Prometheus counts it apart from a client's too-tight ttft_slo_ms (the error code stays slo_infeasible)
+        get = admission.shell.metrics.registry.get_sample_value
+        await until(lambda: get("tokenyard:refusals_total", {"reason": "beyond_class_cap"}) == 1.0,
+                    what="the refusal counted as beyond_class_cap")
+        assert get("tokenyard:refusals_total", {"reason": "slo_infeasible"}) is None
     finally:
         await stop_hosts(hosts)
         await nc.drain()

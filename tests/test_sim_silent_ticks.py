@@ -95,10 +95,12 @@ def test_a_simulated_worker_sends_heartbeats_of_that_shape():
     receive = sim.receivers[0]
     sim.receivers[0] = lambda hb, now: (sent.append(hb), receive(hb, now))[1]
     sim.run(w.items())
-    # all served but two P1 prompts that cannot answer within 2 × 5 s: an 87k-token one refused at
-    # admission, a 46k-token one (0.05 s left to wait within the cap) expired in the queue
-    beyond = sum(r.refused_code == "slo_infeasible" for r in sim.reqs.values())
+    # all served but two P1 prompts that cannot answer within 2 × 5 s, both refused at admission
+    # (400): an 87k-token one and a 46k-token one (8.33 s of prefill) that, with only H to spare,
+    # was admitted with ~0.1 s to wait and expired before its first dispatch (a 429 to retry at
+    # once, forever); CLASS_MARGIN_S (2 H) refuses it instead, so nothing expires on this fleet
+    beyond = sum(r.refused_code == "beyond_class_cap" for r in sim.reqs.values())
     expired = sum(r.expired for r in sim.reqs.values())
-    assert (sum(r.finished for r in sim.reqs.values()), beyond, expired) == (78, 1, 1)
+    assert (sum(r.finished for r in sim.reqs.values()), beyond, expired) == (78, 2, 0)
     assert len(sent) > 80 and {hb.stats.prefill_ms_per_token for hb in sent} == {PMT} and PMT > 0
     assert {hb.output_share for hb in sent} == {0.0}  # the simulator runs no stream (WorkerCore.on_output)

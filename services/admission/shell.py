@@ -174,7 +174,7 @@ class AdmissionShell:
                 outcome = {429: schemas.Outcome.REJECTED_RATE, 503: schemas.Outcome.REJECTED_CAPACITY}.get(
                     verdict.status, schemas.Outcome.REJECTED_INVALID)
                 span.set_attribute("tokenyard.outcome", outcome)
-                self.metrics.observe(outcome, verdict.code)
+                self.metrics.observe(outcome, verdict.reason or verdict.code)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
                 return
             if telemetry.recording():  # where admission's own work ends and JetStream's begins

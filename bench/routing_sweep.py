@@ -96,6 +96,12 @@ def command(
     ]  # fmt: skip
 
 
+def scrub(text: str, traces: str) -> str:
+    """`text` without this machine's paths: the trace folder reads TRACES and the checkout's
+    own prefix is dropped, so a committed result names no path outside the repository."""
+    return (text.replace(traces, "TRACES") if traces else text).replace(str(ROOT) + "/", "")
+
+
 def run_point(
     name: str, load: float, out: Path, traces: str, requests: int | None = None, policies: tuple[str, ...] = POLICIES
 ) -> tuple[str, float, float, int]:
@@ -110,8 +116,8 @@ def run_point(
     wall = time.perf_counter() - t0
     if proc.returncode == 0:
         doc = json.loads(path.read_text())
-        line = shlex.join(cmd)
-        line = (line.replace(traces, "TRACES") if traces else line).replace(str(ROOT) + "/", "")
+        line = scrub(shlex.join(cmd), traces)
+        doc = json.loads(scrub(json.dumps(doc), traces))
         doc["command"] = line
         doc["commands"] = {p: line for p in doc["policies"]}
         if before is not None and set(policies) != set(POLICIES):

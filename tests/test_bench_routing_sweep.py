@@ -27,6 +27,15 @@ def test_the_default_joins_the_peers_json_of_the_same_point(tmp_path):
         sweep.run_point("api", 1.0, tmp_path, "", requests=30, policies=(sweep.DEFAULT,))
 
 
+def test_a_trace_points_json_names_no_path_of_this_machine(tmp_path):
+    traces = str(sweep.TRACES)
+    _, _, _, rc = sweep.run_point("mooncake-report", 1.0, tmp_path, traces, requests=20, policies=("round-robin",))
+    assert rc == 0
+    text = (tmp_path / "mooncake-report_x1.json").read_text()
+    assert traces not in text and str(sweep.ROOT) not in text
+    assert json.loads(text)["command"].startswith("tokenyard sim --workload trace:TRACES/")
+
+
 def metrics(ttft, tpot, hit, goodput, failed=0):
     return {"mean_ttft_ms": ttft, "p99_tpot_ms": tpot, "prefix_hit_ratio": hit, "request_goodput": goodput,
             "failed": failed}

@@ -58,6 +58,11 @@ PLACING_WAIT_S = 0.05
 with the first token: under a millisecond on an idle fleet, REPLY_HOLD_S for a real prefill;
 this is only a bound). Until the store's publish leaves, the request is in this process and on
 the worker it was offered to, not yet in JetStream."""
+STORE_AFTER_S = 0.001
+"""How long a handed request's store waits after its route's answer: the worker's first event came
+with that answer, and its way on to the client — through nats-server, or through the edge in
+this process (`submit`) — goes first, not beside the store, its ack and its copy's delivery on
+the same CPUs (measured: −0.2 ms TTFT over HTTP, −0.1 over NATS; docs/results-latency.md round 11)."""
 TICK_S = config.HEARTBEAT_INTERVAL_S
 """The most admission leaves between two of its own events: it ticks twice as often."""
 
@@ -295,6 +300,7 @@ class AdmissionShell:
             with contextlib.suppress(TimeoutError):  # a bound only: the worker answers within a millisecond or two
                 async with asyncio.timeout(PLACING_WAIT_S):
                     await placing
+            await asyncio.sleep(STORE_AFTER_S)  # the first token, which came with the answer, goes out first
             store = asyncio.ensure_future(self._enqueue(verdict, queued, trace))
             await asyncio.sleep(0)  # the store's first step ran: its publish is in the connection's buffer
             accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)

@@ -58,11 +58,14 @@ PLACING_WAIT_S = 0.05
 with the first token: under a millisecond on an idle fleet, REPLY_HOLD_S for a real prefill;
 this is only a bound). Until the store's publish leaves, the request is in this process and on
 the worker it was offered to, not yet in JetStream."""
-STORE_AFTER_S = 0.001
+STORE_AFTER_S = 0.003
 """How long a handed request's store waits after its route's answer: the worker's first event came
 with that answer, and its way on to the client — through nats-server, or through the edge in
 this process (`submit`) — goes first, not beside the store, its ack and its copy's delivery on
-the same CPUs (measured: −0.2 ms TTFT over HTTP, −0.1 over NATS; docs/results-latency.md round 11)."""
+the same CPUs. Measured side by side (docs/results-latency.md round 11): 1 ms against none
+−0.2 ms TTFT added over HTTP, −0.1 over NATS; 3 ms against 1 ms another −0.13 to −0.2 over HTTP.
+The window in which a crash of this process loses a placed request's stored copy (the worker
+runs it on; its chunks carry the acceptance) grows by as much."""
 TICK_S = config.HEARTBEAT_INTERVAL_S
 """The most admission leaves between two of its own events: it ticks twice as often."""
 

@@ -308,7 +308,8 @@ async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace,
         result["ttft"]["http"] = await timed("http", http_url)
     if cpu:
         result["cpu_ms_per_request"] = cpu
-    result["steps"] = await rate_steps(nats_url, args)
+    result["rate_path"] = args.rate_path
+    result["steps"] = await rate_steps(http_url if args.rate_path == "http" and http_url else nats_url, args)
     result["sustained_rate"] = max((s["rate"] for s in result["steps"] if s["held"]), default=0.0)
     result["verdicts"] = verdicts(result)
     return result
@@ -327,6 +328,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RATES))
     p.add_argument("--step-seconds", type=float, default=3.0, help="each rate step lasts about this long")
     p.add_argument("--min-prompts", type=int, default=500)
+    p.add_argument("--rate-path", choices=("nats", "http"), default="nats",
+                   help="the rate steps' client: on NATS (the target's figure), or on the edge's HTTP port "
+                        "(what the HTTP front's layout, --edge-processes, holds)")
     p.add_argument("--profile-requests", type=int, default=200,
                    help="requests a path for the per-hop profile, on a second, traced fleet (0: skip)")
     p.add_argument("--baseline", metavar="REF",

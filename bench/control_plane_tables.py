@@ -44,7 +44,8 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         t.add_row("total", *(f"{sum(cpu[p].values()):.3f}" for p in cpu))
         console.print(t)
 
-    t = Table(title="Offered rate steps (NATS, max_tokens = 4; req/s and ms)", box=box.SIMPLE_HEAD)
+    t = Table(title=f"Offered rate steps ({result.get('rate_path', 'nats').upper()}, max_tokens = 4; req/s and ms)",
+              box=box.SIMPLE_HEAD)
     columns = (
         "rate",
         "offered",

@@ -17,9 +17,10 @@ live). Deterministic: the same command gives the same numbers on any machine.
   are lost), beside `p0_served_share` and the p95 over the served ones only.
 * overload — goodput at each load two ways: at the issue's fixed SLO (TTFT ≤ 2 s and TPOT ≤
   100 ms) and against each request's own deadline (TTFT ≤ shared.slo.ttft_deadline_s: class
-  target + its own predicted prefill, and TPOT ≤ 100 ms); refused (admission), expired (queue,
-  past the deadline), met / missed its deadline, and the worst completed TTFT over its class
-  target and over its own deadline.
+  target + its own predicted prefill, capped, and TPOT ≤ 100 ms); refused (admission; of them the 400s
+  whose own prefill does not fit their class's deadline cap, and their share of all prompt
+  tokens), expired (queue, past the deadline), met / missed its deadline, and the worst
+  completed TTFT over its class target (issue 11: ≤ 2) and over its own deadline.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def run(workload, **cfg) -> dict[str, Any]:
     res = result(sim, items, GOODPUT)
     good = 0
     p0: list[float] = []
+    refused_prompt = sum(st.item.prompt_len for st in sim.reqs.values() if st.refused_code == "beyond_class_cap")
+    all_prompt = sum(st.item.prompt_len for st in sim.reqs.values())
     for st in sim.reqs.values():
         served = st.finished and st.error is None and len(st.tokens) > 0
         ttft = st.tokens[0] - st.item.arrival_s if served else math.inf
@@ -64,6 +67,7 @@ def run(workload, **cfg) -> dict[str, Any]:
         good += in_time and tpot * 1000.0 <= GOODPUT["tpot"]
     span = res["duration"]
     res["request_goodput_deadline"] = good / span if span > 0 else 0.0
+    res["refused_beyond_class_prompt_share"] = refused_prompt / all_prompt if all_prompt else 0.0
     res["p0_ttft_all_s"] = p0
     return res
 
@@ -80,7 +84,7 @@ def p95_all_ms(ttfts: list[float]) -> float:
 def row(res: dict[str, Any]) -> dict[str, Any]:
     keep = ("completed", "failed", "request_throughput", "request_goodput", "output_throughput",
             "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "preemptions",
-            "request_goodput_deadline")
+            "request_goodput_deadline", "refused_beyond_class_prompt_share")
     out = {k: res[k] for k in keep}
     out["outcomes"] = res["outcomes"]
     out["p95_ttft_ms_by_class"] = {c: v["p95_ttft_ms"] for c, v in res["by_priority"].items()}
@@ -139,7 +143,9 @@ def overload(workload: str, loads: list[float], instances: int, n: int, mix: str
         o = r["outcomes"]["all"]
         print(f"x{load:<5g} goodput@2s {r['request_goodput']:7.2f} req/s  @deadline "
               f"{r['request_goodput_deadline']:7.2f}  served {r['completed']}  refused "
-              f"{o['refused']}  expired {o['expired']}\n{'':6} met {o['met_slo']}  missed {o['missed_slo']}  "
+              f"{o['refused']} (beyond the class: {o['refused_beyond_class']}, "
+              f"{r['refused_beyond_class_prompt_share']:.1%} of prompt tokens)  expired {o['expired']}\n"
+              f"{'':6} met {o['met_slo']}  missed {o['missed_slo']}  "
               f"worst TTFT/target {o['max_ttft_over_target']:.2f}  /deadline {o['max_ttft_over_deadline']:.2f}",
               flush=True)
     return {"loads": rows}

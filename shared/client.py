@@ -267,6 +267,15 @@ class TokenyardClient:
         if self._owns and not self.nc.is_closed:
             await self.nc.drain()
 
+    def open_streams(self) -> dict[str, int]:
+        """request id → events arrived and not yet read, for each stream this client has open."""
+        return {box.request_id: len(box.msgs) for box in self._inboxes.values()}
+
+    @property
+    def leasing(self) -> bool:
+        """Whether this client renews a lease (from its first request until `close`)."""
+        return self._lease_task is not None and not self._lease_task.done()
+
     async def __aenter__(self) -> TokenyardClient:
         return self
 

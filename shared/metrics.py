@@ -181,7 +181,7 @@ class AdmissionMetrics:
         self.registry = CollectorRegistry()
         self.decisions = Counter("tokenyard:admission_decisions", "Admission verdicts by outcome.", ["outcome"],
                                  registry=self.registry)
-        self.refusals = Counter("tokenyard:refusals", "Refused requests by reason (the OpenAI error code).",
+        self.refusals = Counter("tokenyard:refusals", "Refused requests by reason (the OpenAI error code, or a finer one: beyond_class_cap).",
                                 ["reason"], registry=self.registry)
 
     def observe(self, outcome: str, reason: str = "") -> None:

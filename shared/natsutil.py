@@ -81,7 +81,7 @@ async def connect(
     last_error: list[Exception] = []
 
     async def on_reconnected() -> None:  # nats-py counts the reconnect before it calls this
-        _RECONNECTED[nc] = (nc.stats["reconnects"], time.time())
+        note_reconnected(nc, time.time())
 
     async def on_error(e: Exception) -> None:
         if connected:  # before the first connection nats-py reports every failed attempt
@@ -126,6 +126,12 @@ async def connect(
 
 
 _RECONNECTED: weakref.WeakKeyDictionary[Client, tuple[int, float]] = weakref.WeakKeyDictionary()
+
+
+def note_reconnected(nc: Client, now: float) -> None:
+    """`connect`'s reconnect callback: the connection is back, at `now`, from the reconnect nats-py
+    counted last."""
+    _RECONNECTED[nc] = (nc.stats["reconnects"], now)
 
 
 def reconnected_at(nc: Client) -> float | None:

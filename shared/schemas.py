@@ -138,6 +138,7 @@ class Rejected(msgspec.Struct, tag="rejected", tag_field="type"):
     retry_after_s: float | None = None
     queue_depth: Int64 | None = None
     """Requests waiting in the priority queue when admission refused (429 / 503)."""
+    reason: str = ""  # the metrics reason where it differs from `code` (admission's beyond_class_cap)
 
 
 class Chunk(msgspec.Struct, tag="chunk", tag_field="type", omit_defaults=True):
@@ -213,7 +214,7 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     """`completion` or `chat`: what the edge renders back."""
     deadline_s: float = 0.0
     """Absolute TTFT deadline (unix seconds), admission's `shared.slo.ttft_deadline_s`: the
-    client's ttft_slo_ms, else its class target plus its own predicted prefill; 0 = none (P3,
+    client's ttft_slo_ms, else class target + own predicted prefill, capped; 0 = none (P3,
     or a request made without admission: then arrival + its class's target)."""
     tpot_slo_ms: float = 0.0
     """Per-request TPOT SLO (SCORPIO); 0 = none."""
@@ -228,9 +229,8 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     """Its own prefill as admission predicted it (fastest fresh worker, whole prompt); 0 =
     unknown. The queue releases it by deadline − prefill − H (shared.slo.latest_release_s)."""
     kv_from: str = ""
-    """Spatial P/D's decode leg: the prefill worker that computed this request's KV and sent
-    its first token; the request goes to a decode worker, which receives the KV and makes
-    the remaining tokens. Empty: a new request."""
+    """Spatial P/D's decode leg: the prefill worker that computed its KV and first token; a
+    decode worker receives the KV and makes the remaining tokens. Empty: a new request."""
 
 
 def _in_transit(t: type[msgspec.Struct], raw: str) -> type[msgspec.Struct]:

@@ -55,10 +55,10 @@ def setup(service: str, level: str | None = None) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
-            _add_request_id,
+            add_request_id,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _add_trace_ids,
+            add_trace_ids,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ],
@@ -74,13 +74,15 @@ def recording() -> bool:
     return _recording
 
 
-def _add_request_id(_logger, _method, event: dict) -> dict:
+def add_request_id(_logger, _method, event: dict) -> dict:
+    """structlog processor: the current span's request id on each log line (one given wins)."""
     if "request_id" not in event and (rid := _request_id.get()) is not None:
         event["request_id"] = rid
     return event
 
 
-def _add_trace_ids(_logger, _method, event: dict) -> dict:
+def add_trace_ids(_logger, _method, event: dict) -> dict:
+    """structlog processor: the current span's trace and span ids on each log line."""
     ctx = trace.get_current_span().get_span_context()
     if ctx.is_valid:
         event["trace_id"] = format(ctx.trace_id, "032x")

@@ -200,7 +200,7 @@ class ClusterSim:
             if k < n and items[k].arrival_s <= ev.peek_t():
                 t = items[k].arrival_s
                 self.now = t
-                self._arrive(items[k], t)
+                self.arrive(items[k], t)
                 k += 1
                 continue
             self.next_arrival = items[k].arrival_s if k < n else float("inf")
@@ -218,7 +218,9 @@ class ClusterSim:
                 scaling.provisioned(self, data, t)
         self.wall_s = time.perf_counter() - wall0
 
-    def _arrive(self, item: TraceRequest, now: float) -> None:
+    def arrive(self, item: TraceRequest, now: float) -> None:
+        """One trace request arrives: admission, the queue, a dispatch (an event step, as `place`
+        and `start` are: public, so that tests can watch each)."""
         rid = f"r{item.index}"
         st = self.reqs[rid] = ReqState(item)
         full = item.prompt_len // self.block_size
@@ -234,7 +236,7 @@ class ClusterSim:
             req, reply_to="sim", json=False, headers={"x-request-tier": f"P{item.priority}"}, now=now, new_id=rid
         )
         if isinstance(verdict, Rejected):
-            st.error = f"status_{verdict.status}"
+            st.error, st.refused_code = f"status_{verdict.status}", verdict.reason or verdict.code
             return
         st.ttft_budget_s = verdict.deadline_s - now if verdict.deadline_s > 0 else 0.0
         self.queue.offer(verdict, now)
@@ -246,9 +248,10 @@ class ClusterSim:
             st.error = f"status_{rejected.status}"
             st.expired = True
         for req in self.queue.dispatchable(now):
-            self._place(req, now)
+            self.place(req, now)
 
-    def _place(self, req: schemas.AdmittedRequest, now: float) -> None:
+    def place(self, req: schemas.AdmittedRequest, now: float) -> None:
+        """One released request offered worker by worker, as the router's Placement picks them."""
         placement = Placement(self.router, req, only=self.queue.placed_on.get(req.request_id))
         while (choice := placement.next(now)) is not None:
             inst = self.by_id[choice.worker_id]

@@ -17,11 +17,13 @@ tokens), plus tokenyard's own:
     ecoserve_filter     decisions with EcoServe candidates, fallbacks (all refused: least
                         loaded took it), refusals by reason
     pd_handoffs         spatial P/D: requests whose KV went from a prefill to a decode worker
-    outcomes            per class P0..P3 and in all: refused (by admission: 429 / 503),
+    outcomes            per class P0..P3 and in all: refused (by admission: 400 / 429 / 503; of
+                        them refused_beyond_class, the 400s: a prompt whose own prefill does not fit
+                        its class's deadline cap, shared.slo.deadline_cap_s),
                         expired (admitted, then rejected by the queue once its TTFT deadline
                         passed: 429), met_slo / missed_slo (completed with TTFT within / beyond
                         its own deadline, shared.slo.ttft_deadline_s: class target + its own
-                        predicted prefill; P3 has none: met), other failures,
+                        predicted prefill, capped; P3 has none: met), other failures,
                         max_ttft_over_target (the worst completed TTFT ÷ its class target) and
                         max_ttft_over_deadline (÷ its own deadline, from arrival)
     preemptions, sim_time_s, wall_s, sim_speed = sim_time_s / wall_s (the only keys that
@@ -96,7 +98,8 @@ def result(sim: ClusterSim, items: list[TraceRequest], goodput_ms: dict[str, flo
 def outcomes(sim: ClusterSim) -> dict[str, dict[str, float]]:
     keys = ("refused", "expired", "met_slo", "missed_slo", "failed_other")
     worst = {"max_ttft_over_target": 0.0, "max_ttft_over_deadline": 0.0}
-    rows = {f"P{c}": dict.fromkeys(keys, 0) | worst for c in range(NUM_CLASSES)}
+    part = {"refused_beyond_class": 0}  # of `refused`, not beside it: the five keys above partition
+    rows = {f"P{c}": dict.fromkeys(keys, 0) | part | worst for c in range(NUM_CLASSES)}
     for st in sim.reqs.values():
         c = klass(st.item.priority)
         row = rows[f"P{c}"]
@@ -104,6 +107,7 @@ def outcomes(sim: ClusterSim) -> dict[str, dict[str, float]]:
             row["expired"] += 1
         elif st.error is not None and st.error.startswith("status_") and not st.worker:
             row["refused"] += 1
+            row["refused_beyond_class"] += st.refused_code == "beyond_class_cap"
         elif st.finished and st.error is None and len(st.tokens):
             ttft = st.tokens[0] - st.item.arrival_s
             over = ttft / st.ttft_budget_s if st.ttft_budget_s > 0 else 0.0
@@ -112,7 +116,7 @@ def outcomes(sim: ClusterSim) -> dict[str, dict[str, float]]:
             row["max_ttft_over_target"] = max(row["max_ttft_over_target"], ttft / ttft_target_s(c))
         else:
             row["failed_other"] += 1
-    total = {k: sum(r[k] for r in rows.values()) for k in keys}
+    total = {k: sum(r[k] for r in rows.values()) for k in (*keys, *part)}
     for k in worst:
         total[k] = max(r[k] for r in rows.values())
     return rows | {"all": total}

@@ -21,9 +21,11 @@ class ReqState:
     finished: bool = False
     expired: bool = False
     """Admitted, then rejected by the queue once its TTFT deadline passed."""
+    refused_code: str = ""
+    """Admission's refusal reason (Rejected.reason, else .code; '': not refused by admission)."""
     ttft_budget_s: float = 0.0
     """Its TTFT deadline less its arrival, as admission stamped it (shared.slo.ttft_deadline_s:
-    class target + own predicted prefill); 0: none (P3) or not admitted."""
+    class target + own predicted prefill, capped); 0: none (P3) or not admitted."""
 
 
 class ChainCache:

@@ -59,6 +59,8 @@ async def stop_fleet(hosts: list[ServiceHost]) -> None:
 
 async def crash_worker(host: ServiceHost) -> None:
     """Die without a word, as a SIGKILL would: the connection goes, nothing is finished."""
+    # In-process SIGKILL: a service has, by design, no public way to die without a word, so
+    # this reaches into its host and shell (the process-level tests kill real processes).
     shell = host.shell
     host._stopped.set()  # its host's stop() is a no-op from now on
     for t in shell._timers:

@@ -21,6 +21,7 @@ from tokenyard.shared.schemas import (
     QueueStats,
     Rejected,
 )
+from tokenyard.shared.slo import deadline_cap_s
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.builders import hb
@@ -362,16 +363,18 @@ def fresh_worker(c, wid="w0", a=0.1, b=0.0, now=100.0):
 
 
 def test_an_idle_fleet_serves_a_prompt_whose_own_prefill_exceeds_its_class_target():
-    """The class target bounds the wait; the deadline adds the prompt's own prefill."""
-    c = core(tenant_ceiling={"vip": PriorityClass.P0})
+    """The class target bounds the wait; the deadline adds the prompt's own prefill, up to the
+    class's cap (shared.slo.deadline_cap_s: P1 8.70 s)."""
+    c = core()
     c.on_queue_stats(stats(headroom=10**6), 100.0)  # an idle fleet
-    fresh_worker(c, a=1.0, b=1e-4)  # 4000 tokens: 4000 + 1600 ms
-    ok = admit(c, GenerateRequest(prompt="a" * 4000), now=100.0)  # P1: 5 s target, 5.6 s prefill
+    fresh_worker(c, a=1.0, b=1e-4)  # 2000 tokens: 2000 + 400 ms; 4000 tokens: 4000 + 1600 ms
+    ok = admit(c, GenerateRequest(prompt="a" * 2000), now=100.0)  # P1: 5 s target, 2.4 s prefill
     assert isinstance(ok, AdmittedRequest)
-    assert ok.prefill_s == pytest.approx(5.6)
-    assert ok.deadline_s == pytest.approx(100.0 + 5.0 + 5.6)
-    p0 = admit(c, GenerateRequest(prompt="a" * 4000), headers={"x-tenant": "vip", "x-request-tier": "P0"}, now=100.0)
-    assert p0.priority == 0 and p0.deadline_s == pytest.approx(100.0 + 0.5 + 5.6)
+    assert ok.prefill_s == pytest.approx(2.4)
+    assert ok.deadline_s == pytest.approx(100.0 + 5.0 + 2.4)
+    capped = admit(c, GenerateRequest(prompt="a" * 4000), now=100.0)  # 5.6 s: 10.6 s, capped
+    assert capped.prefill_s == pytest.approx(5.6)
+    assert capped.deadline_s == pytest.approx(100.0 + deadline_cap_s(1)) and round(capped.deadline_s, 2) == 108.70
     # P3 has no deadline at all
     assert admit(c, GenerateRequest(prompt="a" * 4000, priority=3), now=100.0).deadline_s == 0.0
 

@@ -56,7 +56,7 @@ async def test_a_store_whose_ack_was_lost_ends_the_stream_with_an_error_and_stop
         assert "Rejected" not in kinds, kinds  # before: rejected 503 after the chunk-borne acceptance
         assert kinds[-1] == "Error" and events[-1].status == 503 and "may have been queued" in events[-1].message
         assert len([e for e in events if isinstance(e, schemas.Chunk)]) < 400  # it stopped early
-        await until(lambda: not worker._streams, what="the request stopped on its worker")
+        await until(lambda: not worker.generating, what="the request stopped on its worker")
     finally:
         await client.close()
         await stop_fleet(hosts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from tokenyard.shared import schemas
 
 from bench.faults.chaos import (
     ABORT_SHARE,
@@ -47,12 +48,11 @@ def test_the_load_is_seeded_half_http_half_nats_with_a_tenth_aborted():
 def test_a_stream_ended_by_the_clients_own_watchdog_is_lost_not_failed_clean():
     idle = Stream("a", 8)
     idle.accepted = True
-    idle._end("error", 504)
-    idle.message = "no event for 60 s"
+    idle.on_event(schemas.Error("a", 504, "no event for 60 s"))
     silent = Stream("b", 8)
     silent.accepted = True
     refused = HttpStream("c", 8)
-    refused._end("rejected", 503)
+    refused.end("rejected", 503)
     refused.message = "no admission service is running"
     never = Stream("d", 8)
     assert [outcome(s) for s in (idle, silent, refused, never)] == ["lost", "lost", "failed_clean", "hung"]

@@ -293,9 +293,9 @@ def test_in_the_simulator_every_request_runs_where_it_was_placed():
     w = HeavyTailWorkload(round(sum(rates) * 15), rate=sum(rates), seed=1, shares=rates)
 
     class Checked(ClusterSim):
-        def _place(self, r, now):
+        def place(self, r, now):
             self.allowed[r.request_id] = self.queue.placed_on.get(r.request_id)
-            super()._place(r, now)
+            super().place(r, now)
 
         def start(self, inst, r, now):
             self.where[r.request_id] = (inst.id, self.allowed[r.request_id])

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import argparse
 
-from tokenyard.cli import _every_parser, build_parser
+from tokenyard.cli import build_parser, every_parser
 
 
 def test_every_flag_of_every_command_is_described():
-    parsers = list(_every_parser(build_parser()))
+    parsers = list(every_parser(build_parser()))
     assert {p.prog for p in parsers} >= {f"tokenyard {c}" for c in ("up", "request", "sim", "tune", "bench serve")}
     for p in parsers:
         assert p.description, p.prog
-        for a in p._actions:
+        for a in p._actions:  # argparse's: no public list of a parser's flags
             if not isinstance(a, argparse._SubParsersAction):  # its choices are checked as parsers
                 assert a.help, (p.prog, a.option_strings or a.dest)
 
 
 def test_defaults_are_shown():
     parser = build_parser()
-    up = next(p for p in _every_parser(parser) if p.prog == "tokenyard up")
+    up = next(p for p in every_parser(parser) if p.prog == "tokenyard up")
     text = " ".join(up.format_help().split())
     assert "(default: 2)" in text  # --workers
     assert "(default: 0)" in text  # --bench-prompts: 0 is a default, not "no default"
@@ -38,13 +38,13 @@ def test_every_help_fits_100_columns_and_keeps_names_whole(monkeypatch):
 
     for columns in ("100", "80"):
         monkeypatch.setenv("COLUMNS", columns)
-        for p in _every_parser(build_parser()):
+        for p in every_parser(build_parser()):
             text = p.format_help()
             assert max(map(len, text.splitlines())) <= 100, (p.prog, columns)
             for name in (*POLICY_NAMES, *POLICIES):
                 if "-" in name:
                     head = name.split("-")[0] + "-\n"
                     assert head not in text, (p.prog, name)
-    up = next(p for p in _every_parser(build_parser()) if p.prog == "tokenyard up")
+    up = next(p for p in every_parser(build_parser()) if p.prog == "tokenyard up")
     text = " ".join(up.format_help().split())
     assert "--policy POLICY" in text and "(one of: multiplicative, multiplicative-exact," in text

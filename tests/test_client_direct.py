@@ -34,7 +34,7 @@ async def test_deliver_directly_hands_each_message_over_in_the_readers_turn(nats
         assert got == [str(i).encode() for i in range(50)]  # in order, every one
         assert via_task == []  # none went through the subscription's task
         assert sub.pending_msgs == 0 and sub.pending_bytes == 0  # nothing counted as waiting
-        task = sub._wait_for_msgs_task
+        task = sub._wait_for_msgs_task  # nats-py has no public handle on a subscription's task
         await sub.unsubscribe()
         await until(lambda: task.done(), what="the subscription's idle task ended")
     finally:
@@ -70,7 +70,7 @@ async def test_a_streams_events_reach_its_inbox_without_the_subscriptions_task(n
     async with scripted(nats_server.url) as (fake, client):
         batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="direct"))
         assert [type(e) for e in await anext(batches)] == [schemas.Accepted]
-        task = client._mux._wait_for_msgs_task  # what handed each message over before
+        task = client._mux._wait_for_msgs_task  # what handed each message over before (nats-py's, no public handle)
         task.cancel()
         await until(lambda: task.done(), what="the subscription's task stopped")
         await fake.send("direct", *chunks("direct", "abc"), schemas.Finished("direct", 3, "stop", USAGE))
@@ -108,7 +108,7 @@ async def test_a_published_stream_has_sent_its_request_when_it_first_yields(nats
     try:
         batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="early"), published=True)
         assert await anext(batches) == []  # at once: nothing has answered yet
-        assert client.nc._pending_data_size == 0  # the request left this process before the yield
+        assert client.nc._pending_data_size == 0  # left this process before the yield (nats-py's count, no public one)
         await until(lambda: [r.request_id for r in seen] == ["early"], what="the submit arrived")
         next_batch = asyncio.ensure_future(anext(batches))
         await asyncio.sleep(0.05)

@@ -77,13 +77,13 @@ async def test_streams_share_one_subscription_and_each_reads_its_own(nats_server
         assert [e.text for e in a if isinstance(e, schemas.Chunk)] == list("abc")
         assert [e.text for e in b if isinstance(e, schemas.Chunk)] == list("wxyz")
         assert {e.request_id for e in a} == {"mux-a"} and {e.request_id for e in b} == {"mux-b"}
-        subs = len(client.nc._subs)  # the streams' one subscription and the lease's `alive`
+        subs = len(client.nc._subs)  # (nats-py's own count: no public one) the streams' one and the lease's `alive`
         assert subs == 2
         await fake.send("mux-a", schemas.Chunk("mux-a", 3, "late", [3]))  # to an inbox no stream reads now
         for i in range(5):
             assert [type(e) for e in await one(f"mux-{i}", "k")] == [schemas.Accepted, schemas.Chunk, schemas.Finished]
         assert len(client.nc._subs) == subs  # requests add no subscription
-        assert client._inboxes == {}  # nor leave an inbox behind
+        assert client.open_streams() == {}  # nor leave an inbox behind
     finally:
         await client.close()
         await op.close()
@@ -98,8 +98,7 @@ async def test_a_burst_that_arrived_meanwhile_is_one_batch(nats_server):
         first = await anext(batches)
         assert [type(e) for e in first] == [schemas.Accepted]
         await fake.send("burst", *chunks("burst", "hello"), schemas.Finished("burst", 5, "stop", USAGE))
-        (box,) = client._inboxes.values()
-        await until(lambda: len(box.msgs) == 6)  # all of it came while the reader was away
+        await until(lambda: client.open_streams() == {"burst": 6})  # all of it came while the reader was away
         burst = await anext(batches)
         assert [getattr(e, "seq", None) for e in burst] == [0, 1, 2, 3, 4, 5]
         assert isinstance(burst[-1], schemas.Finished)
@@ -120,8 +119,7 @@ async def test_a_burst_with_a_repeat_and_a_gap_filled_in_it_comes_out_in_order(n
         await anext(batches)
         c = chunks("holes", "abcd")
         await fake.send("holes", c[0], c[2], c[0], c[3], c[1], schemas.Finished("holes", 4, "stop", USAGE))
-        (box,) = client._inboxes.values()
-        await until(lambda: len(box.msgs) == 6)
+        await until(lambda: client.open_streams() == {"holes": 6})
         out = await anext(batches)
         assert [e.text for e in out[:-1]] == list("abcd") and isinstance(out[-1], schemas.Finished)
         await batches.aclose()
@@ -141,7 +139,7 @@ async def test_a_client_without_a_lease_has_none_in_its_inboxes(nats_server):
         assert lease_of(fake.inbox["nolease"]) == ""  # a router never probes or orphans it
         await fake.send("nolease", schemas.Finished("nolease", 0, "stop", USAGE))
         assert isinstance((await anext(batches))[-1], schemas.Finished)
-        assert client._lease_task is None
+        assert not client.leasing
     finally:
         await client.close()
         await nc.close()
@@ -185,7 +183,7 @@ async def test_close_ends_every_open_stream_with_a_clear_error_and_aborts_it(nat
         await until(lambda: len(aborts) == 2)
         assert sorted((x.request_id, x.reason) for x in aborts) == [("open-a", "client_closed"),
                                                                      ("open-b", "client_closed")]
-        assert client._inboxes == {}
+        assert client.open_streams() == {}
         late = await client.generate(schemas.GenerateRequest(prompt="x", request_id="late"))
         assert late.error is not None and late.error.status == 499 and "late" not in fake.inbox
     finally:

@@ -94,6 +94,24 @@ def test_rejected_requests_are_counted_failed():
     sim = run([ok, too_long], instances=1, max_model_len=150)
     res = result(sim, [ok, too_long], None)
     assert (res["completed"], res["failed"], res["errors"]) == (1, 1, {"status_400": 1})
+    o = res["outcomes"]["all"]  # a 400 for the context length is refused, not beyond its class
+    assert (o["refused"], o["refused_beyond_class"]) == (1, 0)
+
+
+def test_a_prompt_beyond_its_class_cap_is_refused_and_counted_so():
+    """A 60k-token prompt prefills in ~12.5 s on an A100: beyond P1's deadline cap (8.7 s), so
+    admission refuses it (400 slo_infeasible, counted refused and refused_beyond_class); at P2
+    (cap 104 s) it is served, within 2 × its class target; a short one is served as before."""
+    short = req(0, 0.5, 100, 2, PrefixIds(16).ids([("a", 100)]))
+    long_p1 = req(1, 1.0, 60_000, 2, PrefixIds(16).ids([("b", 60_000)]))
+    long_p2 = req(2, 1.0, 60_000, 2, PrefixIds(16).ids([("c", 60_000)]), prio=2)
+    sim = run([short, long_p1, long_p2], instances=2)
+    assert (sim.reqs["r1"].error, sim.reqs["r1"].refused_code) == ("status_400", "beyond_class_cap")
+    o = result(sim, [short, long_p1, long_p2], None)["outcomes"]
+    assert (o["P1"]["refused"], o["P1"]["refused_beyond_class"], o["P1"]["met_slo"]) == (1, 1, 1)
+    assert (o["P2"]["refused"], o["P2"]["met_slo"]) == (0, 1)
+    assert (o["all"]["refused"], o["all"]["refused_beyond_class"], o["all"]["expired"]) == (1, 1, 0)
+    assert 0.15 < o["P2"]["max_ttft_over_target"] < 2.0  # ~12.5 s of prefill against 60 s
 
 
 def test_priorities_reach_the_queue_and_by_priority_blocks():

@@ -389,7 +389,7 @@ async def test_an_edge_whose_client_is_closed_answers_at_once_and_publishes_noth
     await nc.flush()
     host = await start_edge(edge_nats.url)
     try:
-        await host.shell._client.close()
+        await host.shell.client.close()
         async with aiohttp.ClientSession() as s:
             async with s.post(f"http://127.0.0.1:{host.shell.port}/v1/completions",
                               json={"prompt": "hi", "stream": True}) as r:

@@ -35,29 +35,29 @@ class Clock:
 async def test_a_child_that_keeps_dying_is_restarted_after_a_doubling_capped_wait_reset_by_a_steady_life(capsys):
     clock = Clock()
     sup = EdgeSupervisor(["/bin/true"], processes=2, start_grace_s=0.0, clock=clock)
-    sup.children = [sup._spawn(i) for i in range(2)]
+    sup.start_children()
     waits = []
     try:
         for _ in range(8):  # each death at once: 1, 2, 4, … s, at most RESTART_DELAY_MAX_S
             for child in sup.children:
                 child.proc.wait()
-            assert await sup._reap() == 0
+            assert await sup.reap() == 0
             assert all(c.proc is None for c in sup.children)  # none started before its wait is over
             waits.append(sup.children[0].due - clock.now)
             clock.now = sup.children[0].due - 0.001
-            assert await sup._reap() == 0 and all(c.proc is None for c in sup.children)
+            assert await sup.reap() == 0 and all(c.proc is None for c in sup.children)
             clock.now += 0.001
-            assert await sup._reap() == 0 and all(c.proc is not None for c in sup.children)
+            assert await sup.reap() == 0 and all(c.proc is not None for c in sup.children)
         assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, RESTART_DELAY_MAX_S, RESTART_DELAY_MAX_S, RESTART_DELAY_MAX_S]
         assert sup.restarts == 16
         clock.now += STEADY_S  # these lived a while before dying: the wait starts over
         for child in sup.children:
             child.proc.wait()
-        await sup._reap()
+        await sup.reap()
         assert sup.children[0].due - clock.now == 1.0
         assert "exited with code 0; starting it again in 30 s" in capsys.readouterr().err
     finally:
-        await sup._stop_all()
+        await sup.stop_all()
 
 
 async def test_a_child_failing_at_the_edges_start_still_stops_it(tmp_path):
@@ -146,12 +146,12 @@ async def test_a_child_that_fails_its_first_nats_connection_stops_the_edge_inste
     counted as a crash and the children were started again every few seconds for ever."""
     clock = Clock()
     sup = EdgeSupervisor([sys.executable, "-c", "import sys; sys.exit(1)"], processes=2, clock=clock)
-    sup.children = [sup._spawn(i) for i in range(2)]
+    sup.start_children()
     try:
         for child in sup.children:
             child.proc.wait()
         clock.now += natsutil.FIRST_CONNECT_TIMEOUT_S + 1.0  # the connect's bound, and the imports
-        assert await sup._reap() == 1
+        assert await sup.reap() == 1
         assert sup.restarts == 0 and sup.failed == 0
     finally:
-        await sup._stop_all()
+        await sup.stop_all()

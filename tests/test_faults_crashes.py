@@ -46,7 +46,7 @@ async def test_a_dead_workers_streams_complete_by_migration_without_gap_or_repea
         assert {r.last.worker_id for r in recs} == {"fw1"}  # the survivor finished all of them
         assert router.migration.migrated == len(moved) and router.migration.failed == 0
         # the router hears each stream's end a moment after its client does
-        await until(lambda: router.migration.tracked == {} and router._follows == {},
+        await until(lambda: router.migration.tracked == {} and router.following == [],
                     what="the router forgets the finished streams")
         await client.close()
         await nc.drain()
@@ -125,7 +125,7 @@ async def test_a_router_crash_loses_no_queued_request():
         pending = [asyncio.create_task(client.generate(schemas.GenerateRequest(prompt=f"r{i}", max_tokens=20)))
                    for i in range(20)]
         await until(lambda: first.shell.migration.tracked)
-        first._stopped.set()
+        first._stopped.set()  # an in-process SIGKILL: no public way to die without a word
         for t in (first.shell._housekeeping, first.shell._monitor):
             t.cancel()
         await first.nc.close()

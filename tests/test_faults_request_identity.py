@@ -34,7 +34,7 @@ async def test_a_request_whose_offer_answer_came_late_is_served_once_without_a_4
     hosts = await start_fleet(server.url, workers=0, router=False)
     try:
         slow = worker("fw-slow")
-        answer, generate, late, offers, generations = slow._on_generate, slow._generate, [], [], []
+        answer, generate, late, offers, generations = slow.on_generate, slow.generate, [], [], []
 
         async def counted(ar, *args) -> None:
             generations.append(ar.request_id)
@@ -55,7 +55,7 @@ async def test_a_request_whose_offer_answer_came_late_is_served_once_without_a_4
             late.append(req)
             await answer(Late())
 
-        slow._on_generate, slow._generate = answer_the_first_offer_late, counted
+        slow.on_generate, slow.generate = answer_the_first_offer_late, counted
         hosts.insert(0, await ServiceHost(slow, server.url).start())
         hosts.append(await ServiceHost(RouterShell(RouterConfig(policy="least-loaded")), server.url).start())
         await until(lambda: hosts[-1].shell.core.view.n == 1)
@@ -85,7 +85,7 @@ async def test_a_placed_request_whose_route_answer_was_lost_is_not_expired_by_th
     hosts = await start_fleet(server.url, workers=1, router=False)
     try:
         router = RouterShell(RouterConfig(policy="least-loaded"))
-        route, asks = router._route, []
+        route, asks = router.serve_route, []
 
         async def answer_the_first_ask_late(req) -> None:
             asks.append(req)
@@ -104,7 +104,7 @@ async def test_a_placed_request_whose_route_answer_was_lost_is_not_expired_by_th
 
             await route(Late())
 
-        router._route = answer_the_first_ask_late
+        router.serve_route = answer_the_first_ask_late
         hosts.append(await ServiceHost(router, server.url).start())
         await until(lambda: router.core.view.n == 1)
         nc = await natsutil.connect(server.url, "fault-client")

@@ -78,7 +78,7 @@ async def test_a_vanished_clients_generation_is_aborted():
         await asyncio.wait_for(rec.first_chunk.wait(), 20)
         w = hosts[0].shell
         assert len(w.core.running_ids()) == 1
-        client._lease_task.cancel()  # the client dies: no abort, no more lease
+        client._lease_task.cancel()  # the client dies: no abort, no more lease (a fault: no public way)
         await gone.close()
         task.cancel()
         with contextlib.suppress(BaseException):
@@ -106,7 +106,7 @@ async def test_a_late_but_connected_clients_generation_lives_on():
         w = hosts[0].shell
         running = w.core.running_ids()
         assert len(running) == 1
-        client._lease_task.cancel()  # the lease stops: what a stalled loop looks like from outside
+        client._lease_task.cancel()  # the lease stops: a stalled loop from outside (a fault: no public way)
         with contextlib.suppress(asyncio.CancelledError):
             await client._lease_task
         probes: list[str] = []

@@ -101,11 +101,11 @@ async def test_an_idle_workers_kv_events_still_go_out_with_its_heartbeat(plain_n
         await nc.subscribe(subjects.heartbeat("kvidle"), cb=functools.partial(_note, seen, "hb"))
         await nc.flush()
         await until(lambda: "hb" in seen, what="a heartbeat")
-        assert not w._streams and not w._running.is_set()  # idle: the KV poll waits
+        assert not w.generating and not w.kv_poll_awake  # idle: the KV poll waits
         seen.clear()
         w.engine.core.pool.clear()  # nothing cached: AllBlocksCleared
         await until(lambda: "kv" in seen, what="the idle worker's KV event")
-        assert not w._running.is_set()  # it went out without waking the poll
+        assert not w.kv_poll_awake  # it went out without waking the poll
     finally:
         await nc.drain()
         await host.stop()

@@ -84,14 +84,14 @@ async def test_the_edge_that_failed_at_start_up_is_named_not_the_sibling_stopped
     exit it saw first in its list: edge-0, exit code 0 or -15, and edge 0's lines."""
 
     class OneFails(launcher.EdgeSupervisor):
-        def _spawn(self, index: int, deaths: int = 0):
+        def start_child(self, index: int, deaths: int = 0):
             if index == 1:
                 self.child_cmd, good = [sys.executable, "-c", "import sys; print('edge 1 is broken', file=sys.stderr); sys.exit(3)"], self.child_cmd
                 try:
-                    return super()._spawn(index, deaths)
+                    return super().start_child(index, deaths)
                 finally:
                     self.child_cmd = good
-            return super()._spawn(index, deaths)
+            return super().start_child(index, deaths)
 
     monkeypatch.setattr(launcher, "EdgeSupervisor", OneFails)
     fleet = FleetProcesses(workers=0, profile="zero", http_port=0, edge_processes=2, metrics=False)
@@ -179,7 +179,7 @@ async def test_worker_http_gives_each_worker_its_own_front_that_serves_the_engin
     of its own (`tokenyard worker --http PORT`), answering a completion without the control plane."""
     async with FleetProcesses(workers=2, profile="zero", http_port=0, edge_processes=1, metrics=False,
                               worker_http=True) as fleet:
-        cmds = dict(fleet._commands())
+        cmds = dict(fleet.commands())
         ports = [int(cmds[f"worker-{i}"][cmds[f"worker-{i}"].index("--http") + 1]) for i in range(2)]
         assert len(set(ports)) == 2 and fleet.worker_http_urls == [f"http://127.0.0.1:{p}" for p in ports]
         async with aiohttp.ClientSession() as http:
@@ -259,7 +259,7 @@ async def test_edge_processes_killed_under_up_are_named_and_started_again_and_th
         assert "tokenyard:edge_in_flight_requests 0.0" in text
         assert fleet.edge_supervisor is not None and fleet.edge_supervisor.restarts == 2
         # a reported, replaced process keeps nothing open (a crash-looping edge leaked a pipe a restart)
-        assert fleet._replaced == [] and all(first[n].stderr.closed for n in ("edge-0", "edge-1"))
+        assert all(first[n].stderr.closed for n in ("edge-0", "edge-1"))
         with pytest.raises(TimeoutError):  # each death reported once: nothing new to say
             async with asyncio.timeout(0.3):
                 await fleet.next_exit(poll_s=0.05)

@@ -40,7 +40,7 @@ def queue_state(q: QueueCore, now: float) -> tuple:
 
 def view_state(v: FleetView, now: float) -> tuple:
     cols = {name: [repr(x) for x in getattr(v, name)[: v.n].tolist()]  # repr: NaN equals NaN
-            for name in (*FleetView._FLOAT, *FleetView._INT, *FleetView._BOOL, "phase")
+            for name in FleetView.COLUMNS
             if name not in ("hb_decision", "hit", "new", "p", "tree_blocks")}  # scratch and bookkeeping
     return v.ids, v.macro, v.stats, cols, v.fresh(now, 1.0).tolist()
 

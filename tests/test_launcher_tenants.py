@@ -11,7 +11,7 @@ from tokenyard.services.admission.tenants import load_tenants
 from tokenyard.shared.schemas import PriorityClass
 
 from tokenyard.launcher import FleetProcesses
-from tokenyard.up import _up, register
+from tokenyard.up import register, run_up
 
 TENANTS = """
 [default]
@@ -24,7 +24,7 @@ ceiling = "P0"
 
 def admission_cmd(fleet: FleetProcesses) -> list[str]:
     """The command of the process admission runs in (the queue's, by default: --with-admission)."""
-    cmds = dict(fleet._commands())
+    cmds = dict(fleet.commands())
     return cmds.get("admission") or cmds["queue"]
 
 
@@ -43,25 +43,25 @@ def test_a_missing_tenant_file_stops_up_before_anything_starts(tmp_path, capsys)
     p = argparse.ArgumentParser()
     register(p.add_subparsers())
     args = p.parse_args(["up", "--tenants", str(tmp_path / "none.toml")])
-    assert asyncio.run(_up(args)) == 2
+    assert asyncio.run(run_up(args)) == 2
     assert "--tenants: no such file" in capsys.readouterr().err
 
 
 def test_up_passes_the_simulated_workers_scheduling_policy():
-    cmds = dict(FleetProcesses(nats_url="nats://x:1", workers=2, scheduling="scorpio", metrics=False)._commands())
+    cmds = dict(FleetProcesses(nats_url="nats://x:1", workers=2, scheduling="scorpio", metrics=False).commands())
     for name in ("worker-0", "worker-1"):
         i = cmds[name].index("--scheduling")
         assert cmds[name][i + 1] == "scorpio"
-    vllm = dict(FleetProcesses(nats_url="nats://x:1", workers=1, engine="vllm", metrics=False)._commands())
+    vllm = dict(FleetProcesses(nats_url="nats://x:1", workers=1, engine="vllm", metrics=False).commands())
     assert "--scheduling" not in vllm["worker-0"]  # a vLLM worker schedules as vLLM does
 
 
 def test_up_with_macro_scale_passes_the_scheduling_policy_to_the_workers_the_macro_starts():
-    from tokenyard.up import _macro_args
+    from tokenyard.up import macro_args
 
     p = argparse.ArgumentParser()
     register(p.add_subparsers())
     args = p.parse_args(["up", "--macro-scale", "--scheduling", "scorpio"])
-    macro = _macro_args(args)
+    macro = macro_args(args)
     assert macro[macro.index("--worker-scheduling") + 1] == "scorpio"
-    assert "--worker-scheduling" not in _macro_args(p.parse_args(["up", "--scheduling", "scorpio"]))
+    assert "--worker-scheduling" not in macro_args(p.parse_args(["up", "--scheduling", "scorpio"]))

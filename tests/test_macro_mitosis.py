@@ -274,11 +274,11 @@ def test_no_shrink_while_the_queue_holds_a_late_backlog():
                       max_size=300),
        keep=st.floats(10.0, 400.0), window=st.floats(1.0, 400.0))
 def test_window_means_from_running_sums_equal_the_means_recomputed(steps, keep, window):
-    """_History's running sums (and its compaction, made frequent here) give the plain mean of
+    """History's running sums (and its compaction, made frequent here) give the plain mean of
     the kept samples."""
-    from tokenyard.services.macro_instance.mitosis import _History
+    from tokenyard.services.macro_instance.mitosis import History
 
-    h, kept, t = _History(), [], 0.0
+    h, kept, t = History(), [], 0.0
     h.COMPACT_AT = 4
     for dt, u, v in steps:
         t += dt

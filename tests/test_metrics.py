@@ -176,10 +176,9 @@ async def test_live_fleet_counters_agree_with_the_client(fleet):
                                  reply=inbox)
         assert isinstance(codec.decode_event((await sub.next_msg(timeout=5)).data), schemas.Rejected)
         # The client has its last token before the queue and the router have counted their
-        # answer (the worker streams straight to the client): await their counters.
+        # answer (the worker streams straight to the client): await their counters, and the
+        # workers' next heartbeats (every 0.1 s) for their running count.
         async def settled() -> dict[str, str] | None:
-            await fleet.workers[0].shell._publish_heartbeat()
-            await fleet.workers[1].shell._publish_heartbeat()
             text = {k: await scrape(f"http://127.0.0.1:{metrics.bound_port(r)}/metrics") for k, r in runners.items()}
             done = (sample(text["queue"], 'tokenyard:queue_dispatches_total{outcome="routed"}') == 6
                     and sample(text["router"], "tokenyard:router_decisions_total{") == 6

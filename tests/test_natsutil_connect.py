@@ -11,7 +11,9 @@ from tests.conftest import until
 
 
 async def abandon_a_flush(nc) -> None:
-    """A flush whose caller is cancelled after its PING went out, before the PONG is back."""
+    """A flush whose caller is cancelled after its PING went out, before the PONG is back. (The
+    nats-py defect these tests pin lives in its private state, `_pongs` and `_reading_task`:
+    nats-py has no public view of either.)"""
     task = asyncio.create_task(nc.flush())
     while not nc._pongs:  # its PING is on the way and its future waits for the PONG
         await asyncio.sleep(0)
@@ -114,16 +116,14 @@ async def test_an_idle_connection_reconnects_within_the_bound_after_a_silent_out
 def test_reconnected_at_is_none_while_a_counted_reconnect_has_not_called_back():
     """Review of round 9: nats-py counts a reconnect, flushes, then calls back; read in between,
     the kept time was the previous reconnect's, and clocks restarted from a moment long past."""
-    from tokenyard.shared.natsutil import _RECONNECTED
-
     class Conn:
         stats = {"reconnects": 1}
 
     nc = Conn()
     assert natsutil.reconnected_at(nc) is None  # never came back
-    _RECONNECTED[nc] = (1, 100.0)
+    natsutil.note_reconnected(nc, 100.0)  # the callback of the first
     assert natsutil.reconnected_at(nc) == 100.0
     nc.stats = {"reconnects": 2}  # the second reconnect, counted, its callback still to come
     assert natsutil.reconnected_at(nc) is None
-    _RECONNECTED[nc] = (2, 250.0)
+    natsutil.note_reconnected(nc, 250.0)
     assert natsutil.reconnected_at(nc) == 250.0

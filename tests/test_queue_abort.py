@@ -31,6 +31,8 @@ class HeldRouter:
 
     def __init__(self) -> None:
         self.asked: list[str] = []
+        self.data: list[bytes | None] = []
+        """Each ask's `data`: the request as the queue sends it on."""
         self.answer = asyncio.Event()
         self.outcome = schemas.Outcome.NO_CAPACITY
         self.asked_event = asyncio.Event()
@@ -38,6 +40,7 @@ class HeldRouter:
 
     async def route(self, ar, data=None, headers=None, only=None) -> schemas.RouteDecision:
         self.asked.append(ar.request_id)
+        self.data.append(data)
         self.asked_event.set()
         await (self.answer if len(self.asked) == 1 else self.closing).wait()
         return schemas.RouteDecision(ar.request_id, self.outcome, worker_id="qa0" if self.outcome == "routed" else "")
@@ -51,13 +54,13 @@ async def start(url: str) -> tuple[ServiceHost, QueueShell, HeldRouter]:
     router = HeldRouter()
     queue = QueueShell(QueueConfig(), FCFS(), router=router)
     queue.aborts_heard = 0
-    on_abort = queue._on_abort
+    on_abort = queue.on_abort
 
     async def counting(msg) -> None:  # the subscription's handler, counted: a test awaits it
         await on_abort(msg)
         queue.aborts_heard += 1
 
-    queue._on_abort = counting
+    queue.on_abort = counting
     host = await ServiceHost(queue, url).start()
     queue.core.on_heartbeat(hb("qa0", ts=time.time()), time.time())  # one worker with room: a take is released
     return host, queue, router
@@ -87,7 +90,7 @@ async def abort(url: str, abort: schemas.Abort) -> None:
 async def settled(queue: QueueShell, nc) -> None:
     """Whatever the queue was going to publish has reached the test's subscription: its route
     tasks are done, then both connections flushed (the queue's, then the reader's round trip)."""
-    await asyncio.gather(*queue._routes, return_exceptions=True)
+    await until(lambda: queue.kept()["routes"] == 0, what="its routes answered")
     await queue.nc.flush()
     await nc.flush()
 
@@ -115,7 +118,7 @@ async def test_a_withdrawn_newcomer_that_the_router_places_nowhere_leaves_the_qu
         router.answer.set()
         await until(lambda: not queue.core.in_flight and len(queue.core) == 0, what="the newcomer gone")
         assert router.asked == ["dup"]  # asked once: not put back in line
-        assert not queue.core.stopping and not queue._local and not queue._placing
+        assert not queue.core.stopping and (queue.kept()["local"], queue.kept()["placing"]) == (0, 0)
         await settled(queue, nc)
         assert got == []  # admission ended its stream (409): the queue adds nothing after that end
     finally:

@@ -29,7 +29,8 @@ from tests.conftest import until
 
 
 async def crash(host: ServiceHost) -> None:
-    """Die without a word: no acks, no naks, the connection just goes."""
+    """Die without a word: no acks, no naks, the connection just goes (in process: a service has,
+    by design, no public way to, so this reaches into its shell)."""
     host.shell._running = False
     for t in host.shell._tasks:
         t.cancel()

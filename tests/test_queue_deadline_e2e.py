@@ -35,6 +35,7 @@ async def test_a_request_past_its_deadline_is_rejected_with_a_429_and_acked(nats
         assert 0.25 <= waited < 1.5  # leaves once less than 0.25 s of its 0.5 s is left
         stats = json.loads((await nc.request(subjects.QUEUE_STATS, b"", timeout=2)).data)
         assert (stats["depth"], stats["held"]) == (0, 0)
+        assert stats["kept"] == {"local": 0, "stored": 0, "placing": 0, "routes": 0, "held": 0}
         info = await js.consumer_info(subjects.QUEUE_STREAM, subjects.QUEUE_CONSUMER)
         assert info.num_ack_pending == 0 and info.num_pending == 0
     finally:

@@ -39,14 +39,32 @@ def test_a_long_prompt_leaves_by_its_deadline_less_its_own_prefill_and_the_engin
     from tokenyard.shared.slo import ttft_deadline_s
 
     q = QueueCore(QueueConfig(), FCFS())
-    long = sized("long", 30000, 0.0, cls=1)
-    long.prefill_s = 6.0
-    long.deadline_s = ttft_deadline_s(0.0, 1, None, long.prefill_s)  # 11 s
+    long = sized("long", 15000, 0.0, cls=1)
+    long.prefill_s = 2.0
+    long.deadline_s = ttft_deadline_s(0.0, 1, None, long.prefill_s)  # 7 s
     q.offer(long, 0.0)
     assert q.next_expiry() == 4.75
     assert q.expire(4.75) == []
     [(req, rej)] = q.expire(4.76)
-    assert req.request_id == "long" and rej.message.endswith("meet its 11 s TTFT deadline (P1); retry later")
+    assert req.request_id == "long" and rej.message.endswith("meet its 7 s TTFT deadline (P1); retry later")
+
+
+def test_a_capped_deadline_leaves_the_queue_by_the_cap_less_the_prefill_and_the_engine_backlog():
+    """A prefill of 6 s would give P1 11 s; the cap (2 × 5 s ÷ the measured overshoot, 8.70 s)
+    leaves 8.70 − 6 − 0.25 = 2.45 s to wait: the queue expires it then, not at 4.75 s."""
+    from tokenyard.shared.slo import deadline_cap_s, ttft_deadline_s
+
+    q = QueueCore(QueueConfig(), FCFS())
+    long = sized("long", 30000, 0.0, cls=1)
+    long.prefill_s = 6.0
+    long.deadline_s = ttft_deadline_s(0.0, 1, None, long.prefill_s)
+    assert long.deadline_s == deadline_cap_s(1) and round(long.deadline_s, 2) == 8.70
+    q.offer(long, 0.0)
+    assert round(q.next_expiry(), 3) == 2.446
+    assert q.expire(2.44) == []
+    [(req, rej)] = q.expire(2.45)
+    assert (rej.status, rej.code) == (429, "deadline_exceeded")
+    assert rej.message.endswith("meet its 8.7 s TTFT deadline (P1); retry later") and len(q) == 0
 
 
 def test_deadline_expiry_can_be_switched_off():

@@ -158,15 +158,15 @@ def test_aging_moves_a_request_up_one_class_per_threshold():
     p.push(req("old", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
     p.push(req("p2", arrival_s=4.0, priority=2, prompt_len=32, max_tokens=16), 4.0)
     assert p.class_of("old") == 3
-    p._age_until(4.99)
+    p.age_until(4.99)
     assert p.class_of("old") == 3
-    p._age_until(5.0)
+    p.age_until(5.0)
     assert p.class_of("old") == 2  # after 5 s in P3
-    p._age_until(19.99)
+    p.age_until(19.99)
     assert p.class_of("old") == 2
-    p._age_until(20.0)  # 15 s in P2 (p2 arrived at 4: moves at 19)
+    p.age_until(20.0)  # 15 s in P2 (p2 arrived at 4: moves at 19)
     assert (p.class_of("old"), p.class_of("p2")) == (1, 1)
-    p._age_until(1000.0)  # both climb to P0, each at its own time; nothing skips a class
+    p.age_until(1000.0)  # both climb to P0, each at its own time; nothing skips a class
     assert (p.class_of("old"), p.class_of("p2")) == (0, 0)
     assert p.promotions == 5  # old: 3 → 2 → 1 → 0; p2: 2 → 1 → 0
     assert drain(p, 1000.0) == ["old", "p2"]  # LDF in P0: deadline = arrival + 0.5
@@ -177,13 +177,13 @@ def test_deadline_first_aging_skips_the_fair_tier_and_keeps_its_thresholds():
     p.push(req("old", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
     p.push(req("p2", arrival_s=4.0, priority=2, prompt_len=32, max_tokens=16), 4.0)
     p.push(req("p1", arrival_s=4.0, priority=1, prompt_len=32, max_tokens=16), 4.0)
-    p._age_until(5.0)
+    p.age_until(5.0)
     assert p.class_of("old") == 2  # best effort → fair after 5 s in P3
-    p._age_until(48.99)
+    p.age_until(48.99)
     assert [p.class_of(r) for r in ("old", "p2", "p1")] == [2, 2, 0]  # p1: 30 s in P1 at 34
-    p._age_until(49.0)  # p2: 15 + 30 s after its arrival at 4
+    p.age_until(49.0)  # p2: 15 + 30 s after its arrival at 4
     assert [p.class_of(r) for r in ("old", "p2")] == [2, 0]
-    p._age_until(50.0)  # old: 5 + 15 + 30
+    p.age_until(50.0)  # old: 5 + 15 + 30
     assert p.class_of("old") == 0
     assert p.promotions == 4  # never into P1: an aged request's P1 target would be long past
     assert drain(p, 50.0) == ["old", "p1", "p2"]  # LDF in P0: deadlines 0.5, 4.5, 4.5 (arrival order)
@@ -194,8 +194,8 @@ def test_a_lazily_polled_queue_promotes_as_a_busy_one_would():
     for p in (lazy, busy):
         push_all(p, [req("x", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), req("y", arrival_s=10.0, priority=2, prompt_len=32, max_tokens=16)])
     for t in range(0, 53):
-        busy._age_until(float(t))
-    lazy._age_until(52.0)
+        busy.age_until(float(t))
+    lazy.age_until(52.0)
     # x: P2 at 5, P1 at 20, P0 at 50; y (P2 from 10): P1 at 25, P0 only at 55
     assert [lazy.class_of(r) for r in "xy"] == [busy.class_of(r) for r in "xy"] == [0, 1]
 
@@ -205,11 +205,11 @@ def test_aging_can_be_turned_off_and_retuned():
     assert parse_aging("10,4,1") == (float("inf"), 10.0, 4.0, 1.0)
     p = hybrid(aging_s=parse_aging("10,4,1"))
     p.push(req("x", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
-    p._age_until(15.0)  # 1 s in P3, 4 s in P2, 10 s in P1
+    p.age_until(15.0)  # 1 s in P3, 4 s in P2, 10 s in P1
     assert p.class_of("x") == 0
     q = hybrid(aging_s=None)
     q.push(req("x", arrival_s=0.0, priority=3, prompt_len=32, max_tokens=16), 0.0)
-    q._age_until(1e9)
+    q.age_until(1e9)
     assert q.class_of("x") == 3
 
 
@@ -390,11 +390,11 @@ def test_bubble_partitions_stay_sorted_disjoint_and_hold_their_lengths(pushes, w
         k += 1
         for p, q in zip(b.parts, b.parts[1:], strict=False):
             assert p.lo < p.hi <= q.lo
-        for rid, (part, _) in b._home.items():
-            assert part in b.parts and rid in part.line._items
-            r = part.line._items[rid]
-            assert part.lo <= r.prompt_len + r.max_tokens < part.hi
-        assert len(b) == sum(len(p) for p in b.parts)
+        for part in b.parts:
+            for r in part.line.requests():
+                assert b.partition_of(r.request_id) is part
+                assert part.lo <= r.prompt_len + r.max_tokens < part.hi
+        assert len(b) == sum(len(p) for p in b.parts)  # and no request is kept twice or lost
 
 
 # ───────────────────────────── keeps turn ─────────────────────────────

@@ -33,7 +33,8 @@ class Pair:
         self.a, self.a_router, self.b, self.b_router = a, a_router, b, b_router
 
     def silence_a(self) -> None:
-        """`a` stops publishing its QueueStats, as a paused or dead replica does."""
+        """`a` stops publishing its QueueStats, as a paused or dead replica does (a fault: a
+        replica has no public way to fall silent while it stays connected)."""
         for task in self.a._tasks:
             if task.get_coro().__name__ == "_stats_loop":
                 task.cancel()
@@ -52,14 +53,14 @@ async def start_pair(url: str) -> Pair:
     async def never_pulls() -> None:
         return None
 
-    a._pull_loop = never_pulls  # every stored copy reaches `b`
+    a._pull_loop = never_pulls  # every stored copy reaches `b` (a fault set-up: no public way)
     admission = AdmissionShell(AdmissionConfig(), TOK, queue=a)
     for shell in (a_router, a, admission, b_router, b):
         hosts.append(await ServiceHost(shell, url).start())
     ids = {w.core.cfg.worker_id for w in workers}
     await until(lambda: ids <= set(a_router.core.view.ids) and ids <= set(b_router.core.view.ids)
                 and ids <= set(a.core.workers) and ids <= set(b.core.workers)
-                and ids <= set(admission.core.fleet.workers) and a.instance_id in b._peers)
+                and ids <= set(admission.core.fleet.workers) and a.instance_id in b.peers)
     return Pair(hosts, admission, a, a_router, b, b_router)
 
 
@@ -82,7 +83,7 @@ async def test_a_routed_requests_stored_copy_is_not_placed_again_by_another_repl
     rec = Recorder()
     try:
         running = asyncio.create_task(rec.run(client, schemas.GenerateRequest(prompt="long " * 4, max_tokens=600)))
-        await until(lambda: rec.tokens() > 0 and not pair.admission._handing)  # routed, and its store acked
+        await until(lambda: rec.tokens() > 0 and not pair.admission.handing_over)  # routed, and its store acked
         rid = rec.events[0].request_id
         assert [k[0] for k in pair.a_router.reask.placed] == [rid]
         pair.silence_a()
@@ -98,7 +99,8 @@ async def test_a_routed_requests_stored_copy_is_not_placed_again_by_another_repl
                 await asyncio.sleep(0.05)
         assert not running.done()  # still generating on its worker: the copy went while it ran
         assert not pair.b_router.reask.placed and not pair.b.held and len(pair.b.core) == 0
-        assert not pair.a._local and not pair.a._stored and not pair.a.held  # nothing kept for it here
+        kept = pair.a.kept()
+        assert (kept["local"], kept["stored"], kept["held"]) == (0, 0, 0)  # nothing kept for it here
         await asyncio.wait_for(running, 30)
         assert isinstance(rec.last, schemas.Finished) and rec.tokens() == 600 and rec.seqs() == list(range(len(rec.seqs())))
         assert not pair.b_router.reask.placed  # not placed by `b` while it ran, nor after
@@ -109,10 +111,11 @@ async def test_a_routed_requests_stored_copy_is_not_placed_again_by_another_repl
 
 async def test_a_handed_request_not_yet_routed_when_its_taker_goes_silent_is_placed_by_another_replica(nats_server):
     pair = await start_pair(nats_server.url)
-    stuck = asyncio.Event()
+    stuck, stalled = asyncio.Event(), []
 
     async def never_answers(*args, **kwargs):
         stuck.set()
+        stalled.append(asyncio.current_task())  # `a`'s route task, which awaits this call
         await asyncio.Event().wait()  # `a`'s router never places it: `a` stalls with it in flight
 
     pair.a_router.route = never_answers
@@ -120,13 +123,13 @@ async def test_a_handed_request_not_yet_routed_when_its_taker_goes_silent_is_pla
     try:
         done = asyncio.create_task(client.generate(schemas.GenerateRequest(prompt="orphan", max_tokens=5)))
         await asyncio.wait_for(stuck.wait(), 20)  # bounded: a missed step fails, not hangs
-        await until(lambda: not pair.admission._handing)  # stored and acked, not routed
+        await until(lambda: not pair.admission.handing_over)  # stored and acked, not routed
         pair.silence_a()
         got = await asyncio.wait_for(done, 10 + PEER_SILENT_S)
         assert got.finish_reason == "length" and len(got.token_ids) == 5, got
         assert [k[0] for k in pair.b_router.reask.placed] == [got.request_id]  # placed once, by `b`
     finally:
-        for task in pair.a._routes:  # `a`'s stalled route, which its stop would wait for
+        for task in stalled:  # `a`'s stalled route, which its stop would wait for
             task.cancel()
         await client.close()
         await stop_fleet(pair.hosts)
@@ -162,7 +165,7 @@ async def test_a_reused_id_placed_by_another_replica_before_its_409_is_stopped_a
         running = asyncio.create_task(first.run(client, schemas.GenerateRequest(
             prompt="first " * 4, max_tokens=500, request_id=rid)))
         await asyncio.wait_for(first.first_chunk.wait(), 20)  # bounded: a missed step fails, not hangs
-        assert set(rw0._streams) == {rid}
+        assert set(rw0.generating) == {rid}
         await a_hosts[2].stop()  # `a`'s admission leaves the submit group: `b`'s gets the next request
         _, b_router, b_hosts = await replica()
         hosts += b_hosts
@@ -170,8 +173,8 @@ async def test_a_reused_id_placed_by_another_replica_before_its_409_is_stopped_a
             prompt="second " * 4, max_tokens=2000, request_id=rid)), 10)
         assert newcomer.error is not None and newcomer.error.status == 409, newcomer
         await until(lambda: list(b_router.reask.placed.values()) == ["rw1"])  # `b` did place it, on rw1
-        await until(lambda: not rw1._streams, timeout_s=5)  # stopped there by its 409
-        assert set(rw0._streams) == {rid}  # the first runs on
+        await until(lambda: not rw1.generating, timeout_s=5)  # stopped there by its 409
+        assert set(rw0.generating) == {rid}  # the first runs on
         await asyncio.wait_for(running, 30)
         assert isinstance(first.last, schemas.Finished) and first.tokens() == 500
     finally:

@@ -33,7 +33,7 @@ async def test_the_store_waits_for_the_workers_answer_at_most_placing_wait(nats_
         await asyncio.sleep(answer_after_s)
         await self.req.respond(self.data)
 
-    monkeypatch.setattr(worker_shell._Answer, "send", late_send)
+    monkeypatch.setattr(worker_shell.OfferAnswer, "send", late_send)
     monkeypatch.setattr(worker_shell, "REPLY_HOLD_S", 0.0)  # the answer goes at once (then waits above)
     w = worker("sw0")
     fleet = await start(nats_server.url, [w])

@@ -25,21 +25,27 @@ def offered(rid: str, **fields) -> tuple[schemas.AdmittedRequest, bytes]:
     return r, msgspec.msgpack.encode(r)
 
 
-async def test_a_taken_request_with_room_is_released_in_takes_own_turn(nats_server):
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+
+
+async def test_a_taken_request_with_room_is_released_in_takes_own_turn(nats_server, spans):
     host, queue, router = await start(nats_server.url)
     try:
         r, data = offered("fast")
-        placing = queue.take(r, data, {"traceparent": "x"})
+        spans.clear()
+        placing = queue.take(r, data, {"traceparent": f"00-{TRACE_ID}-b7ad6b7169203331-01"})
         # no await since: the route task exists and the request is in flight already
         assert placing is not None and not placing.done()
-        assert list(queue.core.in_flight) == ["fast"] and len(queue._routes) == 1
-        assert queue._local["fast"] == (data, {"traceparent": "x"})  # its encoding goes to the router as is
+        assert list(queue.core.in_flight) == ["fast"] and queue.kept()["routes"] == 1
         await asyncio.wait_for(router.asked_event.wait(), 20)  # bounded: a missed step fails, not hangs
-        assert router.asked == ["fast"]
+        assert router.asked == ["fast"] and router.data == [data]  # its encoding goes to the router as is
         router.outcome = schemas.Outcome.ROUTED
         router.answer.set()
         await until(lambda: placing.done() and not queue.core.in_flight, what="routed")
-        assert "fast" not in queue._local and "fast" not in queue._placing
+        assert (queue.kept()["local"], queue.kept()["placing"]) == (0, 0)  # nothing kept for it
+        traces = [f"{s.context.trace_id:032x}" for s in spans.get_finished_spans()
+                  if s.attributes.get("tokenyard.service") == "queue" and s.name.startswith("process")]
+        assert traces == [TRACE_ID]  # its trace context came with it
     finally:
         router.answer.set()
         router.closing.set()
@@ -57,7 +63,7 @@ async def test_with_a_request_past_its_deadline_waiting_take_leaves_the_release_
         queue.core.on_heartbeat(hb("qa0", ts=now), now)  # room again, in the same turn
         r, data = offered("new", priority=1)
         assert queue.take(r, data, {}) is not None
-        assert not queue._routes and "new" not in queue.core.in_flight  # not in take's turn
+        assert queue.kept()["routes"] == 0 and "new" not in queue.core.in_flight  # not in take's turn
         await until(lambda: got, what="the old one's answer")
         assert [(type(e).__name__, e.status, e.code) for e in got] == [("Rejected", 429, "deadline_exceeded")]
         await until(lambda: router.asked == ["new"], what="the new one routed by the loop")

@@ -77,7 +77,7 @@ async def test_a_request_is_placed_from_admissions_hand_and_its_stored_copy_only
         assert taken == [True] * 6
         assert len(fleet.router.reask.placed) == 6  # each placed once: no stored copy was queued again
         assert fleet.router.metrics.snapshot()["decisions"] == {"least-loaded,routed": 6}
-        await until(lambda: not fleet.queue._local and not fleet.queue.held)  # every copy came and was acked
+        await until(lambda: fleet.queue.kept()["local"] == fleet.queue.kept()["held"] == 0)  # every copy came and was acked
         assert await stored(nats_server.url) == 0
         assert len(fleet.queue.core) == 0 and not fleet.queue.core.in_flight
     finally:
@@ -116,7 +116,7 @@ async def test_a_failed_store_of_a_waiting_request_takes_it_back_and_ends_its_st
         failed.set()
         raise ConnectionError("the fault: JetStream is gone")
 
-    fleet.admission._enqueue = store_fails
+    fleet.admission.store = store_fails
     client = await TokenyardClient.connect(nats_server.url)
     try:
         cfg = fleet.admission.core.cfg
@@ -125,7 +125,7 @@ async def test_a_failed_store_of_a_waiting_request_takes_it_back_and_ends_its_st
         assert got.accepted is not None and got.error is not None and got.error.status == 503, got
         assert "queue unavailable" in got.error.message and not got.token_ids
         assert failed.is_set() and len(fleet.queue.core) == 0 and not fleet.queue.core.in_flight
-        assert not fleet.queue._local
+        assert fleet.queue.kept()["local"] == 0
     finally:
         await client.close()
         await stop_fleet(fleet.hosts)
@@ -134,13 +134,13 @@ async def test_a_failed_store_of_a_waiting_request_takes_it_back_and_ends_its_st
 async def test_a_failed_store_of_a_request_already_on_a_worker_aborts_it_there_and_ends_its_stream_503(nats_server):
     slow = worker("aw-slow")
     on_worker = asyncio.Event()
-    generate = slow._on_generate
+    generate = slow.on_generate
 
     async def noting_generate(req) -> None:
         await generate(req)
         on_worker.set()
 
-    slow._on_generate = noting_generate  # before it serves: the endpoint takes the method then
+    slow.on_generate = noting_generate  # before it serves: the endpoint takes the method then
     fleet = await start(nats_server.url, [slow])
 
     async def store_fails_once_it_runs(verdict, data, headers):
@@ -148,7 +148,7 @@ async def test_a_failed_store_of_a_request_already_on_a_worker_aborts_it_there_a
             await on_worker.wait()
         raise ConnectionError("the fault: JetStream is gone")
 
-    fleet.admission._enqueue = store_fails_once_it_runs
+    fleet.admission.store = store_fails_once_it_runs
     client = await TokenyardClient.connect(nats_server.url)
     try:
         rec = Recorder()
@@ -156,7 +156,7 @@ async def test_a_failed_store_of_a_request_already_on_a_worker_aborts_it_there_a
         assert isinstance(rec.events[0], schemas.Accepted), rec.events
         assert isinstance(rec.last, schemas.Error) and rec.last.status == 503, rec.events  # its one end
         assert rec.tokens() < 2000
-        await until(lambda: not slow._streams)  # the worker stopped it
+        await until(lambda: not slow.generating)  # the worker stopped it
     finally:
         await client.close()
         await stop_fleet(fleet.hosts)
@@ -171,14 +171,15 @@ async def test_another_queue_replica_leaves_a_request_to_the_replica_admission_h
     other = QueueShell(QueueConfig(), FCFS(), router=other_router)
     fleet.hosts += [await ServiceHost(other_router, nats_server.url).start(),
                     await ServiceHost(other, nats_server.url).start()]
-    await until(lambda: fleet.queue.instance_id in other._peers and len(other.core.workers) == 2)
+    await until(lambda: fleet.queue.instance_id in other.peers and len(other.core.workers) == 2)
     client = await TokenyardClient.connect(nats_server.url)
     try:
         done = await asyncio.gather(*(client.generate(schemas.GenerateRequest(prompt=f"pair {i}", max_tokens=2))
                                       for i in range(8)))
         assert [d.finish_reason for d in done] == ["length"] * 8
         assert len(fleet.router.reask.placed) == 8 and not other_router.reask.placed  # each placed once, by its taker
-        await until(lambda: not fleet.queue._local and not fleet.queue.held and not other.held, timeout_s=15)
+        await until(lambda: fleet.queue.kept()["local"] == fleet.queue.kept()["held"] == other.kept()["held"] == 0,
+                    timeout_s=15)
         assert await stored(nats_server.url) == 0  # every copy came back to its taker and was acked
     finally:
         await client.close()
@@ -190,7 +191,7 @@ def test_up_runs_admission_in_the_queues_process_unless_told_to_run_it_separatel
     from tokenyard.launcher import FleetProcesses
 
     fleet = FleetProcesses(nats_url="nats://x:1", workers=1, tenants=__file__)
-    cmds = dict(fleet._commands())
+    cmds = dict(fleet.commands())
     assert "admission" not in cmds
     queue = cmds["queue"]
     parsed = cli.build_parser().parse_args(queue[queue.index("queue"):])  # the queue's CLI takes them all
@@ -199,7 +200,7 @@ def test_up_runs_admission_in_the_queues_process_unless_told_to_run_it_separatel
     assert set(fleet.scrape_targets()) >= {"queue", "router", "admission"}  # each on its own port, as before
     assert fleet.expected()["tokenyard-admission"] == 1  # it still registers as a service of its own
 
-    separate = dict(FleetProcesses(nats_url="nats://x:1", workers=1, admission="separate", metrics=False)._commands())
+    separate = dict(FleetProcesses(nats_url="nats://x:1", workers=1, admission="separate", metrics=False).commands())
     assert "--with-admission" not in separate["queue"] and separate["admission"][3:5] == ["admission", "--nats"]
     with pytest.raises(ValueError, match="admission must be one of"):
-        FleetProcesses(nats_url="nats://x:1", admission="elsewhere")._commands()
+        FleetProcesses(nats_url="nats://x:1", admission="elsewhere").commands()

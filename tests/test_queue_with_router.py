@@ -67,7 +67,7 @@ async def test_the_queue_asks_its_router_in_process_and_no_route_request_crosses
 async def test_an_offer_left_unanswered_is_asked_again_of_the_same_worker_and_served_once(nats_server, monkeypatch):
     monkeypatch.setattr(router_shell, "OFFER_TIMEOUT_S", 0.2)
     slow = worker("lw-slow")
-    on_generate, offers, late_answers = slow._on_generate, [], []
+    on_generate, offers, late_answers = slow.on_generate, [], []
 
     async def answer_the_first_offer_late(req) -> None:
         offers.append(codec.decode(req.data, schemas.AdmittedRequest).request_id)
@@ -86,7 +86,7 @@ async def test_an_offer_left_unanswered_is_asked_again_of_the_same_worker_and_se
 
         await on_generate(Late())
 
-    slow._on_generate = answer_the_first_offer_late
+    slow.on_generate = answer_the_first_offer_late
     hosts, router = await start(nats_server.url, [slow])
     client = await TokenyardClient.connect(nats_server.url)
     try:
@@ -109,7 +109,7 @@ def test_up_runs_the_router_in_the_queues_process_unless_told_to_run_it_separate
 
     fleet = FleetProcesses(nats_url="nats://x:1", workers=1, router_policy="least-loaded", router_args=["--no-migration"],
                            admission="separate")  # admission in the queue too: tests/test_queue_with_admission.py
-    cmds = dict(fleet._commands())
+    cmds = dict(fleet.commands())
     assert "router" not in cmds
     queue = cmds["queue"]
     assert queue[queue.index("queue"):queue.index("--metrics-port")] == [
@@ -120,7 +120,7 @@ def test_up_runs_the_router_in_the_queues_process_unless_told_to_run_it_separate
     assert (parsed.with_router, parsed.router_policy, parsed.no_migration, parsed.policy) == (
         True, "least-loaded", True, "hybrid")
 
-    separate = dict(FleetProcesses(nats_url="nats://x:1", workers=1, router="separate", metrics=False)._commands())
+    separate = dict(FleetProcesses(nats_url="nats://x:1", workers=1, router="separate", metrics=False).commands())
     assert "--with-router" not in separate["queue"] and separate["router"][3:5] == ["router", "--nats"]
     with pytest.raises(ValueError, match="router must be one of"):
-        FleetProcesses(nats_url="nats://x:1", router="elsewhere")._commands()
+        FleetProcesses(nats_url="nats://x:1", router="elsewhere").commands()

@@ -25,6 +25,7 @@ from tokenyard.services.priority_queue.policies.fcfs import FCFS
 from tokenyard.services.router import shell as router_shell
 from tokenyard.services.router.core import RouterConfig
 from tokenyard.services.router.migration import MigrationConfig, MigrationCore
+from tokenyard.services.router.reask import key_of
 from tokenyard.services.router.shell import RouterShell
 from tokenyard.services.worker import shell as worker_shell
 from tokenyard.services.worker.core import WorkerConfig
@@ -107,7 +108,8 @@ async def test_the_router_answers_the_same_request_asked_again_from_its_one_plac
             await nc.subscribe(subjects.worker_generate(wid), cb=worker(wid))
             await nc.publish(subjects.heartbeat(wid), codec.encode(builders.hb(wid, model=MODEL, ts=time.time())))
         await until(lambda: shell.core.view.n == 2)
-        ar = codec.encode(req("rq1", reply_to=nc.new_inbox(), arrival_s=time.time()))
+        asked = req("rq1", reply_to=nc.new_inbox(), arrival_s=time.time())
+        ar = codec.encode(asked)
         first = asyncio.create_task(nc.request(subjects.ROUTE, ar, timeout=0.3))
         await until(lambda: offers)
         try:
@@ -116,7 +118,8 @@ async def test_the_router_answers_the_same_request_asked_again_from_its_one_plac
         except TimeoutError:
             pass
         again = asyncio.create_task(nc.request(subjects.ROUTE, ar, timeout=5))
-        await until(lambda: len(shell._inflight) == 2)  # both asks in the router, the offer unanswered
+        # both asks in the router, the offer unanswered: the second joined the first's placement
+        await until(lambda: len(shell.reask.placing.get(key_of(asked), [])) == 1)
         answer.set()
         decision = codec.decode((await again).data, schemas.RouteDecision)
         assert (decision.outcome, decision.worker_id) == ("routed", offers[0])
@@ -236,16 +239,16 @@ async def test_a_worker_answers_the_same_request_again_without_a_word_to_its_cli
     shell = worker_shell.WorkerShell(WorkerConfig("w0", MODEL), engine, ByteTokenizer())
     shell.nc = nc = Inboxes()
     ar = req("r1", max_tokens=1)
-    await shell._on_generate(offer := Offer(ar))
+    await shell.on_generate(offer := Offer(ar))
     await until(lambda: offer.reply is not None, what="the answer (at the first event, or REPLY_HOLD_S)")
     assert offer.reply == schemas.GenerateReply("r1", True)
-    await shell._on_generate(again := Offer(ar))  # a re-ask, a redelivery: the same request
+    await shell.on_generate(again := Offer(ar))  # a re-ask, a redelivery: the same request
     assert again.reply == schemas.GenerateReply("r1", True, schemas.REOFFERED)
-    assert nc.published == [] and list(shell._streams) == ["r1"]  # one generation, no 409
-    await shell._on_generate(reused := Offer(req("r1", reply_to="inbox.other")))  # another request
+    assert nc.published == [] and shell.generating == ["r1"]  # one generation, no 409
+    await shell.on_generate(reused := Offer(req("r1", reply_to="inbox.other")))  # another request
     assert reused.reply == schemas.GenerateReply("r1", True, schemas.Outcome.DUPLICATE)
     assert nc.published == [("inbox.other", schemas.Error("r1", 409, "request id 'r1' is already in use"))]
     await engine.steps.put(EngineOutput("r1", [65], finished=True, finish_reason="length"))
-    await until(lambda: not shell._streams)
+    await until(lambda: not shell.generating)
     to_client = [type(e).__name__ for subject, e in nc.published if subject == ar.reply_to]
     assert to_client == ["Chunk", "Finished"]

@@ -63,9 +63,11 @@ def test_a_prefix_that_leaves_the_window_leaves_no_state():
     d.record("B", "w0", True, 1, 0.0)  # B fires: cooled down until 100
     d.observe("B", 0.0)
     d.observe("C", 61.0)  # A and B leave the window
-    assert (d._streak, d._blocked) == ({}, {"B": {"w0": 100.0}})  # B's cool-down is not spent yet
+    assert d.kept() == {"counted": 1, "streaks": 0, "cooling": 1}  # C; B's cool-down is not spent yet
+    assert d.blocked("B", 61.0) == ["w0"]
     d.observe("C", 200.0)
-    assert (d._streak, d._blocked, dict(d._counts)) == ({}, {}, {"C": 1})
+    assert d.kept() == {"counted": 1, "streaks": 0, "cooling": 0}  # C alone, B's cool-down gone with it
+    assert d.blocked("B", 99.0) == []  # gone, not merely spent (until 100 it would still hold)
 
 
 def test_the_fallback_holds_while_the_detector_keeps_firing():

@@ -134,7 +134,7 @@ def test_a_request_is_placed_at_most_once_at_a_time_and_never_again_once_routed(
 
 
 async def test_the_shell_answers_a_joined_ask_from_the_one_placement_and_survives_a_cancelled_one():
-    """RouterShell._place_once over the core, `_place` replaced by a placement we release:
+    """RouterShell.place_once over the core, `place` replaced by a placement we release:
     three asks, one placement; the one cancelled while it waited is skipped."""
     import asyncio
 
@@ -149,11 +149,11 @@ async def test_the_shell_answers_a_joined_ask_from_the_one_placement_and_survive
         await release.wait()
         return routed("w7", ar.request_id), 12
 
-    shell._place = place
+    shell.place = place
     ar = req("r1", reply_to="_INBOX.c.1")
-    first = asyncio.create_task(shell._place_once(ar))
-    second = asyncio.create_task(shell._place_once(ar))
-    gone = asyncio.create_task(shell._place_once(ar))
+    first = asyncio.create_task(shell.place_once(ar))
+    second = asyncio.create_task(shell.place_once(ar))
+    gone = asyncio.create_task(shell.place_once(ar))
     await until(lambda: placements and len(shell.reask.placing[key_of(ar)]) == 2)  # both joined the one
     gone.cancel()
     await until(gone.done)
@@ -161,7 +161,7 @@ async def test_the_shell_answers_a_joined_ask_from_the_one_placement_and_survive
     assert await first == (routed("w7"), 12)
     assert await second == (routed("w7"), None)
     assert gone.cancelled() and placements == ["r1"]
-    again, _ = await shell._place_once(ar)
+    again, _ = await shell.place_once(ar)
     assert (again.worker_id, again.reason) == ("w7", schemas.REOFFERED)
 
 
@@ -181,10 +181,10 @@ async def test_a_failed_placement_gives_its_joined_asks_its_error_and_a_cancelle
         await release.wait()
         raise ConnectionError("closing")
 
-    shell._place = broken
+    shell.place = broken
     ar = req("r2", reply_to="_INBOX.c.2")
-    first = asyncio.create_task(shell._place_once(ar))
-    joined = asyncio.create_task(shell._place_once(ar))
+    first = asyncio.create_task(shell.place_once(ar))
+    joined = asyncio.create_task(shell.place_once(ar))
     await until(lambda: len(shell.reask.placing.get(key_of(ar), [])) == 1)
     release.set()
     for ask in (first, joined):
@@ -203,13 +203,13 @@ async def test_a_failed_placement_gives_its_joined_asks_its_error_and_a_cancelle
         await release.wait()
         return routed("w3", ar.request_id), 5
 
-    shell._place = place
+    shell.place = place
     ar = req("r3", reply_to="_INBOX.c.3")
-    first = asyncio.create_task(shell._place_once(ar))
+    first = asyncio.create_task(shell.place_once(ar))
     await asyncio.wait_for(offered.wait(), 20)  # bounded: a missed step fails, not hangs
     first.cancel()
     await until(first.done)
     release.set()
     await until(lambda: key_of(ar) in shell.reask.placed)
-    again, _ = await shell._place_once(ar)
+    again, _ = await shell.place_once(ar)
     assert (again.worker_id, again.reason) == ("w3", schemas.REOFFERED)

@@ -432,12 +432,12 @@ def test_up_leaves_the_client_and_observer_creds_for_this_machine_and_takes_them
     auth = nats_auth.FleetAuth.generate(tmp_path / "creds")
     url = "nats://127.0.0.1:14224"
     fleet = SimpleNamespace(server=SimpleNamespace(auth=auth), nats_url=url)
-    left = up._leave_local_creds(fleet)
+    left = up.leave_local_creds(fleet)
     folder = tmp_path / "run" / "tokenyard" / "nats-14224"
     assert left == str(folder / "client.creds")
     for user in (nats_auth.CLIENT, nats_auth.OBSERVER):
         assert nats_auth.load_creds(folder / f"{user}.creds") == auth.credentials(user)
         assert (folder / f"{user}.creds").stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in folder.iterdir()) == ["client.creds", "observer.creds"]  # never the operator's
-    up._remove_local_creds(url)
+    up.remove_local_creds(url)
     assert not folder.exists()

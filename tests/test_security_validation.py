@@ -58,7 +58,7 @@ def admission(req: GenerateRequest):
 def worker_front(req: GenerateRequest):
     endpoint = Endpoint.CHAT if req.messages is not None else Endpoint.COMPLETIONS
     try:
-        return FRONT._admit(req, endpoint)
+        return FRONT.admit(req, endpoint)
     except ApiError as e:
         return e
 

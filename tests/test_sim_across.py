@@ -185,7 +185,7 @@ def _cores(sim: ClusterSim, now: float) -> tuple:
     `oldest_seen_s`, a lower bound that only spares a pass over the fleet, nor admission's
     liveness gaps (test_sim_silent_ticks: `held`)."""
     v = sim.router.view
-    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in (*v._FLOAT, *v._INT, *v._BOOL, "phase"))
+    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in v.COLUMNS)
     queue = tuple((w, repr(rec)) for w, rec in sim.queue.workers.items())
     return (tuple(v.ids), tuple(v.stats[: v.n]), cols, v.decisions), (queue, sim.queue.room_sum), admission_held(sim.admission, now)
 
@@ -201,8 +201,8 @@ def _replay(spec: dict, cfg):
         for k, f in enumerate(sim.receivers)
     ]
     reads: list[tuple] = []  # what the cores hold at every arrival, when admission and the router read them
-    arrive = sim._arrive
-    sim._arrive = lambda item, now: (reads.append((now, _cores(sim, now))), arrive(item, now))[1]
+    arrive = sim.arrive
+    sim.arrive = lambda item, now: (reads.append((now, _cores(sim, now))), arrive(item, now))[1]
     sim.run(items)
     res = {k: v for k, v in result(sim, items, {"ttft": 2000.0, "tpot": 100.0}).items() if k not in WALL_CLOCK_KEYS}
     per_req = [(rid, list(s.tokens), s.finished, s.error, s.cached_tokens, s.worker) for rid, s in sorted(sim.reqs.items())]

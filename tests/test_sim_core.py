@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
-from tokenyard.services.worker.sim.core import _FILLER, SimEngineCore
+from tokenyard.services.worker.sim.core import FILLER, SimEngineCore
 from tokenyard.services.worker.sim.latency import PROFILES, LatencyProfile
 from tokenyard.services.worker.sim.slack import FREE_PREFILL_MS_PER_TOKEN
 from tokenyard.shared import hashing
@@ -35,7 +35,7 @@ def engine(budget: int = 64, max_seqs: int = 8, blocks: int = 64, base: str = "z
 
 
 def token(rid: str, pos: int) -> int:
-    return _FILLER[(len(rid) + pos) % len(_FILLER)]
+    return FILLER[(len(rid) + pos) % len(FILLER)]
 
 
 def out(

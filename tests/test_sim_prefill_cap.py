@@ -28,9 +28,9 @@ class Recording(SimEngineCore):
         super().__init__(*a, **kw)
         self.chunks: list[tuple[str, int]] = []
 
-    def _advance_prefill(self, seq, n, outputs):
+    def advance_prefill(self, seq, n, outputs):
         self.chunks.append((seq.rid, n))
-        super()._advance_prefill(seq, n, outputs)
+        super().advance_prefill(seq, n, outputs)
 
 
 def prof(budget: int = 16, cap: int = 4, max_seqs: int = 8, base: str = "zero") -> LatencyProfile:

@@ -4,6 +4,8 @@ router's VBS filter."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from tokenyard.services.router.filters import VbsFilter
@@ -53,7 +55,10 @@ def test_credit_batching_runs_each_request_at_its_trp():
 def test_long_steps_make_loose_requests_run_before_their_slo_passes():
     pol = ScorpioPolicy(PROF)
     running = [decoding("a", 50, 0), decoding("c", 150, 1)]
-    pol._last_step_ms = 40.0  # steps take 40 ms: c (TRP 1/3) would wait 120 ms between tokens
+    # steps take 40 ms (the engine's last, as each step's budget reads it): c (TRP 1/3) would
+    # wait 120 ms between tokens
+    no_decode = SimpleNamespace(last_step_s=0.040, step_overhead_s=0.0, running=[])
+    assert pol.token_budget(no_decode) == PROF.max_num_batched_tokens  # nothing decodes: the full budget
     batches = [[s.rid for s in pol.step_batch(running)] for _ in range(4)]
     # c runs once gap + 2·40 > 150, gap the time since its last token: 40 (no), 80 (yes), then
     # 0 and 40 after it ran (no, no); its credits alone would wait three steps

@@ -62,7 +62,7 @@ def held(router, queue, admission, now: float) -> tuple:
     """Everything the three cores keep from heartbeats (the queue's `oldest_seen_s` aside: a
     lower bound that only spares a pass over the fleet; admission's liveness gaps aside)."""
     v = router.view
-    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in (*v._FLOAT, *v._INT, *v._BOOL, "phase"))
+    cols = tuple(getattr(v, c)[: v.n].tobytes() for c in v.COLUMNS)
     return ((tuple(v.ids), tuple(v.stats[: v.n]), cols), tuple((w, repr(r)) for w, r in queue.workers.items()),
             queue.room_sum, admission_held(admission, now))
 
@@ -95,6 +95,12 @@ def test_a_simulated_worker_sends_heartbeats_of_that_shape():
     receive = sim.receivers[0]
     sim.receivers[0] = lambda hb, now: (sent.append(hb), receive(hb, now))[1]
     sim.run(w.items())
-    assert sum(r.finished for r in sim.reqs.values()) == 80
+    # all served but two P1 prompts that cannot answer within 2 × 5 s, both refused at admission
+    # (400): an 87k-token one and a 46k-token one (8.33 s of prefill) that, with only H to spare,
+    # was admitted with ~0.1 s to wait and expired before its first dispatch (a 429 to retry at
+    # once, forever); CLASS_MARGIN_S (2 H) refuses it instead, so nothing expires on this fleet
+    beyond = sum(r.refused_code == "beyond_class_cap" for r in sim.reqs.values())
+    expired = sum(r.expired for r in sim.reqs.values())
+    assert (sum(r.finished for r in sim.reqs.values()), beyond, expired) == (78, 2, 0)
     assert len(sent) > 80 and {hb.stats.prefill_ms_per_token for hb in sent} == {PMT} and PMT > 0
     assert {hb.output_share for hb in sent} == {0.0}  # the simulator runs no stream (WorkerCore.on_output)

@@ -10,7 +10,7 @@ from functools import partial
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.worker.engine import EngineOutput
-from tokenyard.services.worker.sim.core import _FILLER, SimEngineCore
+from tokenyard.services.worker.sim.core import FILLER, SimEngineCore
 from tokenyard.services.worker.sim.latency import PROFILES
 from tokenyard.services.worker.sim.preemption import PreemptionMode, wants_swap
 from tokenyard.services.worker.sim.scheduler import VllmPolicy
@@ -29,7 +29,7 @@ def engine(budget=64, max_seqs=8, blocks=64, host=0, mode="recompute", base="zer
 
 
 def out(rid: str, pos: int, done: bool = False, cached: int = 0) -> EngineOutput:
-    return EngineOutput(rid, [_FILLER[(len(rid) + pos) % len(_FILLER)]], done, "length" if done else None, cached)
+    return EngineOutput(rid, [FILLER[(len(rid) + pos) % len(FILLER)]], done, "length" if done else None, cached)
 
 
 def drain(core: SimEngineCore, limit: int = 500) -> list[EngineOutput]:
@@ -270,7 +270,7 @@ def test_mooncake_style_requests_with_512_token_blocks_and_no_text():
     assert [h for e in stored for h in e.block_hashes] == hashing.ids_chain([0, 1])
     assert all(e.token_ids == [] and e.block_size == 512 for e in stored)
     core.add(builders.req("t1", 1900, 2, 1, chain=hashing.ids_chain([0, 1, 7, 8]), block_size=512, reply_to=""))
-    assert drain(core)[-1] == EngineOutput("t1", [_FILLER[(2 + 1) % len(_FILLER)]], True, "length", 1024)
+    assert drain(core)[-1] == EngineOutput("t1", [FILLER[(2 + 1) % len(FILLER)]], True, "length", 1024)
 
 
 # ───────────────────────────── properties, per tier ─────────────────────────────

@@ -8,11 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tokenyard.shared.slo import (
+    CLASS_MARGIN_S,
     ENGINE_BACKLOG_S,
+    TTFT_BOUND,
+    TTFT_OVERSHOOT,
     TTFT_TARGET_S,
     OfferPrefill,
+    deadline_cap_s,
     engine_saturated,
+    fits_class,
     latest_release_s,
+    longest_prompt,
+    min_ttft_slo_ms,
     prefill_budget_s,
     request_deadline_s,
     ttft_deadline_s,
@@ -26,10 +33,70 @@ prefills = st.floats(0.0, 600.0, allow_nan=False)
 
 def test_a_class_target_bounds_the_wait_and_the_prompt_s_own_prefill_is_added():
     assert ttft_deadline_s(100.0, 1) == 105.0
-    assert ttft_deadline_s(100.0, 1, prefill_s=6.3) == 111.3
-    assert ttft_deadline_s(100.0, 0, prefill_s=2.0) == 102.5
+    assert ttft_deadline_s(100.0, 1, prefill_s=2.3) == 107.3
+    assert ttft_deadline_s(100.0, 0, prefill_s=0.2) == pytest.approx(100.7)
     assert ttft_deadline_s(100.0, 3, prefill_s=2.0) == math.inf
     assert ttft_deadline_s(100.0, -1) == 100.5  # out-of-range priorities clamp
+
+
+def test_no_deadline_passes_the_class_cap_so_no_ttft_passes_twice_the_target():
+    """The cap is 2 × target ÷ the measured overshoot: P0 0.87 s, P1 8.7 s, P2 104 s, P3 none."""
+    assert TTFT_BOUND == 2.0 and TTFT_OVERSHOOT > 1.0
+    assert [round(deadline_cap_s(c), 2) for c in range(3)] == [0.87, 8.70, 104.35]
+    assert deadline_cap_s(3) == math.inf
+    assert ttft_deadline_s(100.0, 1, prefill_s=6.3) == pytest.approx(100.0 + 10.0 / TTFT_OVERSHOOT)
+    assert ttft_deadline_s(100.0, 0, prefill_s=2.0) == pytest.approx(100.0 + 1.0 / TTFT_OVERSHOOT)
+    assert ttft_deadline_s(100.0, 2, prefill_s=40.0) == 200.0  # 60 + 40 s, within P2's cap
+    assert ttft_deadline_s(100.0, 3, prefill_s=600.0) == math.inf
+    # a client's own ttft_slo_ms is its target: not capped (its deadline is 1 × it)
+    assert ttft_deadline_s(100.0, 1, 30_000.0, prefill_s=20.0) == 130.0
+
+
+@given(times, st.integers(-2, 2), prefills, st.floats(0.0, 1.0))
+def test_a_ttft_within_the_measured_overshoot_of_its_deadline_is_within_twice_its_class_target(
+        arrival, prio, prefill, overshoot):
+    """Issue 11's claim as the cap makes it: any TTFT ≤ TTFT_OVERSHOOT × its deadline (from
+    arrival) is ≤ TTFT_BOUND × the class target, whatever the prompt's prefill; and a request
+    `fits_class` admits has CLASS_MARGIN_S to spare before that deadline beyond its prefill."""
+    target = TTFT_TARGET_S[min(max(prio, 0), 3)]
+    due = ttft_deadline_s(arrival, prio, prefill_s=prefill)
+    ttft = overshoot * TTFT_OVERSHOOT * (due - arrival)
+    assert ttft <= TTFT_BOUND * target * (1 + 1e-9)
+    if fits_class(prefill, prio):
+        assert latest_release_s(due, prefill) - arrival >= CLASS_MARGIN_S - ENGINE_BACKLOG_S - 1e-9
+
+
+def test_fits_class_is_own_prefill_plus_the_margin_within_the_cap_boundary_included():
+    cap = deadline_cap_s(1)
+    assert CLASS_MARGIN_S == 0.5 and fits_class(cap - CLASS_MARGIN_S, 1)
+    assert not fits_class(cap - CLASS_MARGIN_S + 1e-9, 1)
+    assert fits_class(1e6, 3) and not fits_class(1.0, 0) and fits_class(0.0, 0)
+
+
+def test_longest_prompt_per_class_on_the_shipped_profiles():
+    """The thresholds README and results-priorities Round 11 quote, computed, not by hand: on a
+    simulated worker of each profile (its heartbeat's a = prefill_ms_per_token, b = p3 / 2)."""
+    from tokenyard.services.worker.sim.latency import profile
+    from tokenyard.services.worker.sim.slack import prefill_ms_per_token
+
+    def row(name):
+        p = profile(name)
+        return [longest_prompt(prefill_ms_per_token(p), p.p3 / 2, c) for c in range(4)]
+
+    assert row("a100-llama3-8b") == [4361, 45457, 195901, None]
+    assert row("h100-llama3-8b") == [9505, 72840, 287141, None]
+    assert row("l20-codellama34b-tp4") == [831, 15970, 110215, None]
+    assert row("h100-qwen3-30b-a3b") == [8210, 60316, 235385, None]
+    assert longest_prompt(0.0, 0.0, 1) is None  # a worker that measured nothing: no limit
+    assert longest_prompt(2.0, 0.0, 1) == 4097  # vLLM's linear report: (8.696 − 0.5) s ÷ 2 ms = 4097.8
+
+
+@given(st.floats(0.0, 600.0, allow_nan=False))
+def test_the_least_ttft_slo_ms_suggested_is_admitted_and_the_least_to_100_ms(prefill):
+    ms = min_ttft_slo_ms(prefill)
+    assert ms % 100 == 0 and prefill + ENGINE_BACKLOG_S <= ms / 1000.0
+    assert prefill + ENGINE_BACKLOG_S > (ms - 100) / 1000.0 - 1e-9
+    assert min_ttft_slo_ms(3300 * 0.0005) == 2000  # 1.65 + 0.25 = 1.9000000000000001: 1900 is refused
 
 
 def test_an_explicit_ttft_slo_is_the_whole_ttft_prefill_included():
@@ -45,7 +112,10 @@ def test_the_latest_release_leaves_the_engine_backlog_and_the_prefill_before_the
         assert math.isinf(due)
         return
     release = latest_release_s(due, prefill)
-    assert math.isclose(release - arrival, target - ENGINE_BACKLOG_S, abs_tol=1e-6)
+    if prefill <= deadline_cap_s(prio) - target:  # below the cap: the class's whole wait
+        assert math.isclose(release - arrival, target - ENGINE_BACKLOG_S, abs_tol=1e-6)
+    else:  # capped: what the cap leaves after the prefill (< 0: no release can make it)
+        assert math.isclose(release - arrival, deadline_cap_s(prio) - prefill - ENGINE_BACKLOG_S, abs_tol=1e-6)
     assert due >= arrival + target - 1e-6
 
 

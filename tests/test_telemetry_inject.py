@@ -1,5 +1,7 @@
 """What a hop passes on when spans are not recorded: the incoming trace context, and nothing
-when none came in (no header block on the publish for the receiver to parse)."""
+when none came in (no header block on the publish for the receiver to parse). Spans on or off
+is decided once per process (telemetry.setup, from the tracer provider); the tests set its
+module switch `_recording` to run both ways in one process."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def test_with_spans_off_an_incoming_context_is_passed_on(monkeypatch):
 def test_a_log_line_inside_a_span_carries_its_request_id_and_one_outside_does_not(monkeypatch):
     for recording in (False, True):
         monkeypatch.setattr(telemetry, "_recording", recording)
-        line = telemetry._add_request_id
+        line = telemetry.add_request_id
         with telemetry.span("router", "process", "llm.v1.route", request_id="r1"):
             assert line(None, "info", {"event": "x"}) == {"event": "x", "request_id": "r1"}
             with telemetry.span("router", "send", "llm.v1.worker.w0.generate", request_id="r2"):
@@ -46,7 +48,7 @@ def test_a_span_left_by_an_exception_gives_back_the_request_id_and_trace_context
     injected next belongs to the outer trace, not the failed span's."""
     from opentelemetry import trace
 
-    line = telemetry._add_request_id
+    line = telemetry.add_request_id
     inner = "00-11111111111111111111111111111111-2222222222222222-01"
     for recording in (False, True):
         monkeypatch.setattr(telemetry, "_recording", recording)

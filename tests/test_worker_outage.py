@@ -173,11 +173,13 @@ class StepEngine:
     name = "step"
 
     def __init__(self) -> None:
-        self.steps: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self.steps: asyncio.Queue[EngineOutput | None] = asyncio.Queue()
 
     async def generate(self, req):
         while True:
             out = await self.steps.get()
+            if out is None:  # the request ends with no further output (an abort)
+                return
             yield out
             if out.finished:
                 return
@@ -198,7 +200,7 @@ async def test_the_shell_sends_finished_after_the_replay_of_the_chunks_it_covers
     ar = req("r1", max_tokens=5)
     _, start = shell.core.offer(ar, stats())
     assert start
-    generating = asyncio.create_task(shell._generate(ar, None))
+    generating = asyncio.create_task(shell.generate(ar, None))
 
     async def token(finished: bool = False) -> None:
         await engine.steps.put(EngineOutput("r1", [65], finished=finished, finish_reason="length" if finished else None))
@@ -212,7 +214,7 @@ async def test_the_shell_sends_finished_after_the_replay_of_the_chunks_it_covers
     await token(finished=True)
     await generating
     nc.is_connected, nc.stats["reconnects"] = True, 1
-    shell._check_reconnect()
+    shell.check_reconnect()
     # the replay: the three chunks of the last second, the two of the outage, and the end
     await until(lambda: sum(isinstance(e, schemas.Chunk) for e in nc.published) >= 3 + 2 + 5
                 and isinstance(nc.published[-1], schemas.Finished), timeout_s=5)

@@ -29,12 +29,14 @@ class HelpFormatter(argparse.HelpFormatter):
         return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
-def _every_parser(parser: argparse.ArgumentParser):
+def every_parser(parser: argparse.ArgumentParser):
+    """`parser` and each of its subcommands' parsers, depth first (argparse keeps them in private
+    fields: there is no public list)."""
     yield parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
-                yield from _every_parser(child)
+                yield from every_parser(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (edge_cli, admission_cli, queue_cli, router_cli, macro_cli, worker_cli, loadgen_cli, sim_cli, tune_cli):
         module.register(sub)
     _add_nats_credentials(sub)
-    for p in _every_parser(parser):
+    for p in every_parser(parser):
         p.formatter_class = HelpFormatter
         _name_long_choices(p)
         for action in p._actions:  # a subcommand without a description shows its one-line help

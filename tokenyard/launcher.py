@@ -164,7 +164,8 @@ class FleetProcesses:
         """Each worker's own HTTP front, in worker order (with `worker_http`; else none)."""
         return [f"http://127.0.0.1:{port}" for port in self.worker_http_ports]
 
-    def _commands(self) -> list[tuple[str, list[str]]]:
+    def commands(self) -> list[tuple[str, list[str]]]:
+        """(name, command line) of each service process `start` runs, in start order."""
         base = [sys.executable, "-m", "tokenyard.cli"]
         url = ["--nats", self.nats_url or ""]
         cmds = [
@@ -266,7 +267,7 @@ class FleetProcesses:
             nc = await natsutil.connect(self.nats_url, "tokenyard-launcher")
             await natsutil.ensure_queue_stream(nc)
             await natsutil.topology_bucket(nc)
-            for name, cmd in self._commands():
+            for name, cmd in self.commands():
                 if name.startswith("edge-"):  # one of several on the port: the supervisor starts them
                     if self.edge_supervisor is None:
                         self._supervise_edges(cmd, env)

@@ -80,10 +80,11 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    return asyncio.run(_up(args))
+    return asyncio.run(run_up(args))
 
 
-def _macro_args(args) -> list[str]:
+def macro_args(args) -> list[str]:
+    """The macro-instance's command-line options that `up`'s own options imply."""
     out = ["--mode", args.macro_mode]
     if args.macro_scale:
         out += ["--scale", "--worker-engine", args.engine, "--worker-profile", args.profile,
@@ -117,7 +118,7 @@ def _refusal(args) -> str | None:
     return None
 
 
-def _leave_local_creds(fleet: FleetProcesses) -> str | None:
+def leave_local_creds(fleet: FleetProcesses) -> str | None:
     """Copy the `client` and `observer` creds where this machine's commands look
     (nats_auth.local_creds), 0600; the `client` copy's path."""
     auth = fleet.server.auth if fleet.server is not None else None
@@ -133,8 +134,8 @@ def _leave_local_creds(fleet: FleetProcesses) -> str | None:
     return str(nats_auth.local_client_creds(fleet.nats_url))
 
 
-def _remove_local_creds(url: str) -> None:
-    """Undo `_leave_local_creds`, the folder too once empty (one a port ever used piled up)."""
+def remove_local_creds(url: str) -> None:
+    """Undo `leave_local_creds`, the folder too once empty (one a port ever used piled up)."""
     if nats_auth.local_client_creds(url) is None:
         return
     for user in nats_auth.LOCAL_USERS:
@@ -143,7 +144,8 @@ def _remove_local_creds(url: str) -> None:
         nats_auth.local_client_creds(url).parent.rmdir()
 
 
-async def _up(args) -> int:
+async def run_up(args) -> int:
+    """`tokenyard up` with its parsed options: the exit code (2: options refused)."""
     if (why := _refusal(args)) is not None:
         print(f"tokenyard up: error: {why}", file=sys.stderr)
         return 2
@@ -153,7 +155,7 @@ async def _up(args) -> int:
         scheduling=args.scheduling, nats_url=args.nats, nats_port=port, nats_cluster=args.nats_cluster, http_port=args.http_port,
         router_policy=args.policy, router=args.router, admission=args.admission, macro_size=args.macro_size, model=args.model, log_dir=args.log_dir,
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
-        macro_args=_macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
+        macro_args=macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
         creds_dir=args.nats_creds_dir, nats_tls=_tls(args),
         edge_processes=args.edge_processes,
     )
@@ -175,7 +177,7 @@ async def _up(args) -> int:
             print(f"           a cluster of {args.nats_cluster} nodes; stream and buckets replicated R"
                   f"{min(3, args.nats_cluster)}")
         if fleet.client_creds:
-            local = _leave_local_creds(fleet)
+            local = leave_local_creds(fleet)
             print(f"  creds    {nats_auth.CREDS_ENV}={fleet.client_creds}   (the `client` user"
                   + (f"; clients on this machine find it in {local})" if local else ")"))
         print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
@@ -209,5 +211,5 @@ async def _up(args) -> int:
     finally:
         print("stopping: draining services …", flush=True)
         if fleet.client_creds:
-            _remove_local_creds(fleet.nats_url)
+            remove_local_creds(fleet.nats_url)
         await fleet.stop()

@@ -247,7 +247,7 @@ class Chaos:
         try:
             async with self.http.post(f"{self.fleet.http_url}/v1/completions", json=body, headers=headers) as r:
                 if r.status != 200:
-                    s._end("rejected", r.status)
+                    s.end("rejected", r.status)
                     s.message = (await r.text())[:120]
                     return
                 s.accepted = True
@@ -264,12 +264,12 @@ class Chaos:
                         s.on_payload(payload)
         except (aiohttp.ClientError, ValueError) as e:
             if not s.terminal:
-                s._end("error", 0)
+                s.end("error", 0)
                 s.message = f"client: {e!r}"
         await self._check_left_running(s)
 
     def _aborted(self, s: Stream) -> None:
-        s._end("aborted", 0)
+        s.end("aborted", 0)
         self.aborted_at[s.request_id] = time.monotonic()
 
     async def _check_left_running(self, s: Stream) -> None:

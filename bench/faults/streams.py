@@ -73,16 +73,17 @@ class Stream:
                 self.tokens += len(e.token_ids)
                 self.first_chunk.set()
             case schemas.Finished():
-                self._end("finished", 200)
+                self.end("finished", 200)
                 self.finished_seq, self.worker_id = e.seq, e.worker_id
             case schemas.Error():
-                self._end("error", e.status)
+                self.end("error", e.status)
                 self.message = e.message
             case schemas.Rejected():
-                self._end("rejected", e.status)
+                self.end("rejected", e.status)
                 self.message = e.message
 
-    def _end(self, kind: str, status: int) -> None:
+    def end(self, kind: str, status: int) -> None:
+        """The stream's end, as its reader saw it (an event, or an HTTP answer)."""
         self.terminal, self.status, self.end_s = kind, status, time.monotonic()
         self.done.set()
 
@@ -112,11 +113,11 @@ class HttpStream(Stream):
         if self.terminal:
             return
         if payload.strip() == "[DONE]":
-            self._end("finished", 200)
+            self.end("finished", 200)
             return
         obj = json.loads(payload)
         if err := obj.get("error"):  # an SSE error frame names a code, not a status
-            self._end("error", 0)
+            self.end("error", 0)
             self.message = f"{err.get('code') or err.get('type')}: {err.get('message', '')}"
             return
         for choice in obj.get("choices") or ():
@@ -148,7 +149,7 @@ async def submit(nc: Client, max_tokens: int, prompt: str, headers: dict | None 
     async def cb(msg) -> None:
         if not msg.data:
             if msg.headers and msg.headers.get("Status") == "503":
-                s._end("rejected", 503)
+                s.end("rejected", 503)
             return
         with contextlib.suppress(codec.DecodeError):
             s.on_event(codec.decode_event(msg.data, msg.headers))
@@ -183,7 +184,7 @@ async def submit_via_http(http: aiohttp.ClientSession, base_url: str, max_tokens
         try:
             async with http.post(f"{base_url}/v1/completions", json=body, headers={"x-request-id": s.request_id}) as r:
                 if r.status != 200:
-                    s._end("error", r.status)
+                    s.end("error", r.status)
                     s.message = (await r.text())[:120]
                     return
                 reader = SSEReader()
@@ -194,7 +195,7 @@ async def submit_via_http(http: aiohttp.ClientSession, base_url: str, max_tokens
                     s.on_payload(payload)
         except (aiohttp.ClientError, json.JSONDecodeError) as e:
             if not s.terminal:
-                s._end("error", 0)
+                s.end("error", 0)
                 s.message = f"client: {e!r}"
 
     s.task = asyncio.create_task(read())

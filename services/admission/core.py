@@ -19,11 +19,16 @@ rejected request leaves no trace in any queue, bucket or counter):
   7. shared.validation.tokenize: tokens, block-hash chain; prompt tokens in the vocabulary;
      prompt + max_tokens ≤ max_model_len (400 context_length_exceeded); the request's TTFT
      deadline (shared.slo.ttft_deadline_s: class target + its own predicted prefill, or the
-     client's ttft_slo_ms) is stamped on it; a prompt whose own prefill no worker's running
+     client's ttft_slo_ms) is stamped on it, never past the class's cap (shared.slo.deadline_cap_s);
+     a prompt whose own prefill on the fastest worker the fleet has shown lately
+     (FleetView.best_prefill_s), + CLASS_MARGIN_S, does not fit that cap is a 400 slo_infeasible
+     ("never on this fleet": metrics reason beyond_class_cap) naming the highest class it fits
+     (none for a pinned tenant) and the least ttft_slo_ms admitted; one that fits only on a
+     known faster worker not up now is a 503 with Retry-After; a prompt whose own prefill no worker's running
      decodes can absorb within their TPOT SLO is a 503 (feasibility.py, decode capacity; P3
      waits instead); with an explicit ttft_slo_ms, the prompt's own
-     prefill on the fastest worker must fit it (400 slo_infeasible) and so must the wait plus
-     that prefill (503 overloaded);
+     prefill on the fastest worker shown must fit it (400 slo_infeasible; on the fresh ones: 503)
+     and so must the wait plus that prefill (503 overloaded);
   8. token buckets on the exact price prompt + max_tokens; both are charged together only
      now, when the request is admitted.
 """
@@ -37,7 +42,14 @@ from tokenyard.services.admission.tenants import TenantPolicy, TenantTable
 from tokenyard.services.admission.token_bucket import TokenBucket
 from tokenyard.shared import config, schemas, validation
 from tokenyard.shared.schemas import GenerateRequest, Heartbeat, PriorityClass, QueueStats, Rejected
-from tokenyard.shared.slo import ENGINE_BACKLOG_S, ttft_deadline_s
+from tokenyard.shared.slo import (
+    ENGINE_BACKLOG_S,
+    deadline_cap_s,
+    fits_class,
+    min_ttft_slo_ms,
+    ttft_deadline_s,
+    ttft_target_s,
+)
 from tokenyard.shared.tokenizer import Tokenizer
 
 TIER_HEADER = "x-request-tier"
@@ -165,20 +177,29 @@ class AdmissionCore:
         tokens, prompt_len, chain, max_tokens = (prepared.tokens, prepared.prompt_len, prepared.chain,
                                                   prepared.max_tokens)
         own = self.fleet.own_prefill_s(prompt_len, now) or 0.0
+        best = self.fleet.best_prefill_s(prompt_len, now) or own  # the fastest shown: ≤ own where both known
         deadline = ttft_deadline_s(now, int(priority), req.ttft_slo_ms, own)
+        if self.cfg.slo_check and req.ttft_slo_ms is None:
+            if not fits_class(best, priority):
+                return self._beyond_class(rid, priority, policy, prompt_len, best, checked.prompt_param)
+            if not fits_class(own, priority):
+                return self._faster_not_up(rid, prompt_len, own, best, deadline_cap_s(priority), now)
         if self.cfg.slo_check and deadline != float("inf"):
             room = self.fleet.decode_room_s(now)
             if room is not None and own > room:
                 return self._no_decode_room(rid, priority, prompt_len, own, room, now)
         if self.cfg.slo_check and req.ttft_slo_ms is not None:
             slo = req.ttft_slo_ms / 1000.0
-            if own + ENGINE_BACKLOG_S > slo:
+            if best + ENGINE_BACKLOG_S > slo:
+                none = (f", or send none to be held to P{int(priority)}'s deadline"
+                        if fits_class(best, priority) else "")
                 return bad(
-                    f"The {prompt_len}-token prompt takes about {own:.1f} s to prefill, beyond the "
-                    f"{slo:g} s ttft_slo_ms asked for; ask for a larger ttft_slo_ms, or send none to be "
-                    f"held to the class's target for waiting ({TIER_HEADER})",
+                    f"The {prompt_len}-token prompt takes about {best:.1f} s to prefill, beyond the "
+                    f"{slo:g} s ttft_slo_ms asked for; send ttft_slo_ms of at least {min_ttft_slo_ms(best)}{none}",
                     checked.prompt_param, "slo_infeasible",
                 )
+            if own + ENGINE_BACKLOG_S > slo:
+                return self._faster_not_up(rid, prompt_len, own, best, slo, now)
             if verdict is not None and verdict.wait_s > 0 and verdict.wait_s + ENGINE_BACKLOG_S + own > slo:
                 return self._overloaded(rid, priority, verdict.wait_s, slo,
                                         verdict.wait_s + ENGINE_BACKLOG_S + own - slo, verdict.depth, now)
@@ -232,6 +253,35 @@ class AdmissionCore:
                     f"{deadline:g} s TTFT target ({depth} requests queued); retry later",
             retry_after_s=retry_after if retry_after != float("inf") else self.fleet.stale_after_s,
             queue_depth=depth,
+        )
+
+    @staticmethod
+    def _beyond_class(rid: str, priority: PriorityClass, policy: TenantPolicy, prompt_len: int, own: float,
+                      param: str | None) -> Rejected:
+        """The prompt's own prefill on the fastest worker this fleet has shown leaves no room within
+        its class's deadline cap even on an idle fleet (shared.slo.fits_class): a 400, since no
+        retry of the same request can pass. It names the highest class the prompt fits (P3 always
+        does), unless the tenant is pinned to its class, and the least ttft_slo_ms admitted."""
+        c = int(priority)
+        lower = next(k for k in range(c + 1, 4) if fits_class(own, k))
+        tier = "" if policy.pinned_class is not None else f"at a lower class ({TIER_HEADER}: P{lower}) or "
+        return Rejected(
+            request_id=rid, status=400, code="slo_infeasible", param=param, reason="beyond_class_cap",
+            message=f"The {prompt_len}-token prompt takes about {own:.1f} s to prefill, beyond what a P{c} request "
+                    f"may take before its first token ({deadline_cap_s(c):.3g} s at most, from its "
+                    f"{ttft_target_s(c):g} s TTFT target); send it {tier}with ttft_slo_ms of at least "
+                    f"{min_ttft_slo_ms(own)}",
+        )
+
+    def _faster_not_up(self, rid: str, prompt_len: int, own: float, best: float, bound: float,
+                       now: float) -> Rejected:
+        """The prompt fits its bound on the fastest worker this fleet has shown, not on the ones up
+        now (that one is stale, draining or restarting): a 503 with Retry-After, not a 400."""
+        return Rejected(
+            request_id=rid, status=503, code="overloaded",
+            message=f"The {prompt_len}-token prompt takes about {own:.1f} s to prefill on the workers up now, "
+                    f"beyond its {bound:.3g} s; a faster worker of this fleet ({best:.1f} s) is not up; retry later",
+            retry_after_s=self.fleet.stale_after_s, queue_depth=self.fleet.depth(now),
         )
 
     def _no_decode_room(self, rid: str, priority: PriorityClass, prompt_len: int, own: float,

@@ -127,6 +127,9 @@ admitted at one instant is not a rate."""
 PREFIX_STRIDE = 4
 """Admission remembers every 4th block hash of a prompt's chain (a chain hash names its whole
 prefix): a shared prefix is found to within 4 blocks, at a quarter of the memory."""
+KNOWN_PREFILL_S = 600.0
+"""A worker's prefill cost counts for the class-cap 400 (`best_prefill_s`) while it was heard from
+within this (ten minutes: a stale spell or a restart, not a decommissioned worker's)."""
 SHAPE_WEIGHT = 1 / 32
 """The weight of each admitted request in the mean request shape (P, M) of the sustainable
 drain: the shape of about the last 32 requests, what a queue's backlog is made of."""
@@ -328,6 +331,13 @@ class FleetView:
         up = self.up_at(now)
         times = [prompt_len * a + prompt_len * prompt_len * b for w, (a, b) in self.prefill_cost.items()
                  if w in up]
+        return min(times) / 1000.0 if times else None
+
+    def best_prefill_s(self, prompt_len: int, now: float) -> float | None:
+        """The request's prefill alone on the fastest worker heard within KNOWN_PREFILL_S, fresh or
+        not: what this fleet can do, so a class-cap 400 does not depend on who is up now."""
+        times = [prompt_len * a + prompt_len * prompt_len * b for w, (a, b) in self.prefill_cost.items()
+                 if w in self.workers and now - self.workers[w][0] <= KNOWN_PREFILL_S]
         return min(times) / 1000.0 if times else None
 
     def on_admitted(self, c: int, cost: float, prompt_len: int, now: float,

@@ -109,6 +109,11 @@ class AdmissionShell:
         self._inflight: set[asyncio.Task] = set()
         self._ticker: asyncio.Task | None = None
 
+    @property
+    def handing_over(self) -> list[str]:
+        """The ids of the requests handed to the queue in this process whose store has not ended."""
+        return list(self._handing)
+
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -200,7 +205,7 @@ class AdmissionShell:
                 outcome = {429: schemas.Outcome.REJECTED_RATE, 503: schemas.Outcome.REJECTED_CAPACITY}.get(
                     verdict.status, schemas.Outcome.REJECTED_INVALID)
                 span.set_attribute("tokenyard.outcome", outcome)
-                self.metrics.observe(outcome, verdict.code)
+                self.metrics.observe(outcome, verdict.reason or verdict.code)
                 log.info("rejected", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
                 return
             if telemetry.recording():  # where admission's own work ends and JetStream's begins
@@ -220,8 +225,9 @@ class AdmissionShell:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _enqueue(self, verdict: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]):
-        """(the PubAck, whether it took a retry). `data`: `verdict` encoded. One plain attempt
+    async def store(self, verdict: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]):
+        """The JetStream store of one admitted request (public: the seam tests replace with a
+        failing store): (the PubAck, whether it took a retry). `data`: `verdict` encoded. One plain attempt
         first, so that its ack's `duplicate` tells a reused request id; then retried through a
         cluster node's failover (natsutil.publish_durably), where a duplicate may be an earlier
         attempt that landed."""
@@ -248,7 +254,7 @@ class AdmissionShell:
             if after is not None:
                 await asyncio.wait([after])
             try:
-                ack, retried = await self._enqueue(verdict, queued, trace)
+                ack, retried = await self.store(verdict, queued, trace)
             except MaybeStored as e:  # it may run (its first chunk then says `accepted`): no `rejected`
                 # after that; an error ends the stream, whatever came first, and an abort stops
                 # the copy wherever it went (a queue's, or a worker's)
@@ -304,7 +310,7 @@ class AdmissionShell:
                 async with asyncio.timeout(PLACING_WAIT_S):
                     await placing
             await asyncio.sleep(STORE_AFTER_S)  # the first token, which came with the answer, goes out first
-            store = asyncio.ensure_future(self._enqueue(verdict, queued, trace))
+            store = asyncio.ensure_future(self.store(verdict, queued, trace))
             await asyncio.sleep(0)  # the store's first step ran: its publish is in the connection's buffer
             accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
             await respond(codec.encode(accepted, json=json), headers=codec.content_headers(json))

@@ -256,7 +256,7 @@ class EdgeShell:
         """Most requests in flight at once since the last trim."""
         self.log = telemetry.logger(self.kind)
         self._nc: Client | None = None
-        self._client: TokenyardClient | None = None
+        self.client: TokenyardClient | None = None  # every HTTP request's stream (made at start)
         self._runner: web.AppRunner | None = None
         self._started_at = 0
         self.max_body_bytes = 0
@@ -266,7 +266,7 @@ class EdgeShell:
 
     async def start(self, nc: Client, service: Service) -> None:
         self._nc = nc
-        self._client = TokenyardClient(nc, admission=self.admission)
+        self.client = TokenyardClient(nc, admission=self.admission)
         self._started_at = int(time.time())
         self.max_body_bytes = self.config.max_body_bytes or openai_api.body_limit(nc.max_payload)
         self.max_payload = nc.max_payload
@@ -285,8 +285,8 @@ class EdgeShell:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._client is not None:
-            await self._client.close()  # ends its lease: nothing of this edge's is left running
+        if self.client is not None:
+            await self.client.close()  # ends its lease: nothing of this edge's is left running
 
     # ── generation ──
 
@@ -345,8 +345,8 @@ class EdgeShell:
         except ApiError as e:
             call.outcome = e.outcome()
             return http_front.error_response(e, call.request_id)
-        assert self._client is not None
-        events = self._client.stream_batches(req, headers=headers, idle_timeout_s=self.config.request_timeout_s,
+        assert self.client is not None
+        events = self.client.stream_batches(req, headers=headers, idle_timeout_s=self.config.request_timeout_s,
                                              published=True)
         try:
             async with asyncio.timeout(self.config.request_timeout_s):

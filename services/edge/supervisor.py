@@ -136,13 +136,19 @@ class EdgeSupervisor:
         """The index of the child whose death in start-up stopped the edge (set before its
         siblings are stopped, whose exits follow: a launcher names this one, not them)."""
 
-    def _spawn(self, index: int, deaths: int = 0) -> _Child:
+    def start_child(self, index: int, deaths: int = 0) -> _Child:
+        """Start child `index` (`deaths`: its deaths in a row so far, for the restart backoff)."""
         if self.spawn is not None:
             proc = self.spawn(index, self.child_cmd, self.env)
         else:
             proc = subprocess.Popen(self.child_cmd, env=self.env, preexec_fn=die_with_parent())
         janitor.watch(pid=proc.pid)  # writes in self.dir: the sweeper waits for it
         return _Child(index, proc, self.clock(), deaths)
+
+    def start_children(self) -> None:
+        """Start the `processes` children; the start-up grace counts from now."""
+        self.children = [self.start_child(i) for i in range(self.processes)]
+        self._started = self.clock()
 
     def _say(self, text: str) -> None:
         print(f"tokenyard edge: {text}", file=sys.stderr, flush=True)
@@ -158,15 +164,14 @@ class EdgeSupervisor:
         try:
             if stop.is_set():  # asked to stop before it ran (a launcher stopping in start-up): start none
                 return 0
-            self.children = [self._spawn(i) for i in range(self.processes)]
-            self._started = self.clock()
+            self.start_children()
             if self.metrics_port is not None:
                 registry = CollectorRegistry()
                 multiprocess.MultiProcessCollector(registry, self.dir)
                 runner = await metrics.serve(registry, self.metrics_port, self.metrics_host)
                 self.metrics_url = f"http://127.0.0.1:{metrics.bound_port(runner)}/metrics"
             while not stop.is_set():
-                code = await self._reap()
+                code = await self.reap()
                 if code:
                     break
                 try:
@@ -174,20 +179,21 @@ class EdgeSupervisor:
                 except TimeoutError:
                     pass
         finally:
-            await self._stop_all()
+            await self.stop_all()
             if runner is not None:
                 await runner.cleanup()
             shutil.rmtree(self.dir, ignore_errors=True)
         return code
 
-    async def _reap(self) -> int:
-        """Handle the children that exited, and start those whose restart is due: 0 to go on,
-        else the exit code to stop with."""
+    async def reap(self) -> int:
+        """One step of the supervision loop (`run` takes one every 0.2 s; public as the step
+        tests drive on their own clock): handle the children that exited, and start those
+        whose restart is due: 0 to go on, else the exit code to stop with."""
         now = self.clock()
         for i, child in enumerate(self.children):
             if child.proc is None:
                 if now >= child.due:
-                    self.children[i] = self._spawn(child.index, child.deaths)
+                    self.children[i] = self.start_child(child.index, child.deaths)
                     self.restarts += 1
                 continue
             if (rc := child.proc.poll()) is None:
@@ -203,7 +209,7 @@ class EdgeSupervisor:
             self.children[i] = _Child(child.index, None, child.started, deaths, due=now + delay)
         return 0
 
-    async def _stop_all(self, timeout_s: float = 35.0) -> None:
+    async def stop_all(self, timeout_s: float = 35.0) -> None:
         """SIGTERM every child (each drains its streams, up to its shutdown timeout), then wait."""
         for child in self.children:
             if child.proc is not None and child.proc.poll() is None:

@@ -75,7 +75,7 @@ class Decision:
     into: str = ""
 
 
-class _History:
+class History:
     """Samples (t, u, v) with running sums, so a window's mean costs a bisection, not a pass
     over the window: at a 0.1 s tick a 10-minute window holds 6,000 samples, and summing them
     every tick for every macro-instance was the simulator's whole run time."""
@@ -122,11 +122,11 @@ class _History:
 class Mitosis:
     def __init__(self, cfg: MitosisConfig):
         self.cfg = cfg
-        self.hist: dict[str, _History] = {}
+        self.hist: dict[str, History] = {}
 
     def observe(self, macro_id: str, now: float, util: float, violation: float) -> None:
         keep = max(self.cfg.grow_window_s, self.cfg.shrink_window_s)
-        self.hist.setdefault(macro_id, _History()).add(now, util, violation, keep)
+        self.hist.setdefault(macro_id, History()).add(now, util, violation, keep)
 
     def forget(self, macro_id: str) -> None:
         self.hist.pop(macro_id, None)

@@ -40,7 +40,8 @@ policy may still release `p0_reserve_per_worker` P0 requests per fresh worker an
 (the engines run P0 first: vLLM's priority scheduling).
 
 Deadlines: a request that can no longer meet its TTFT deadline (shared.slo.ttft_deadline_s:
-its own `ttft_slo_ms`, else its class target plus its own predicted prefill; P3 has none)
+its own `ttft_slo_ms`, else class target + own predicted prefill, no more than the class's
+cap, shared.slo.deadline_cap_s; P3 has none)
 leaves with a 429 `deadline_exceeded` (`expire`) — once it is past deadline − prefill − H
 (shared.slo.latest_release_s), since a released request may still wait up to H in its engine
 and then needs its prefill; serving it would only delay the requests behind it.

@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import contextvars
 import time
-from collections import OrderedDict
 
 import msgspec
 from nats.aio.client import Client
@@ -62,6 +61,7 @@ from tokenyard.services.priority_queue import intake
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.local_router import LocalRouter
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
+from tokenyard.services.priority_queue.seen_ids import SeenIds
 from tokenyard.services.priority_queue.state_gate import StatsGate
 from tokenyard.services.priority_queue.stored_copies import StoredCopies
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
@@ -81,9 +81,6 @@ state_gate.UNCHANGED_STATS_S while its state does not change) for this long is g
 from admission in its process are anyone's (`_on_pulled`)."""
 TAKEN_RETRY_S = 0.5
 """A request another live replica took is handed back to JetStream for this long."""
-SEEN_REMEMBERED = 50_000
-"""Request ids a queue remembers for `take`'s duplicate check (as many as a router or a worker
-remembers): past that many within JetStream's window, a reused id is the worker's to answer."""
 PULL_GRACE_S = 1.0
 """A pull whose end (its 408) never came is renewed this long after it expired: a NATS
 restart forgets pull requests, and so does a failover to another node."""
@@ -114,9 +111,7 @@ class QueueShell:
         over here whose store admission saw acked while it still waits or is being placed: the
         copy is deleted once it is routed (`_settle`)."""
         self.copies = StoredCopies()  # deletes of stored copies by sequence (`_settle`)
-        self._seen: OrderedDict[str, float] = OrderedDict()
-        """request id → when this queue first had it, for JetStream's duplicate window (at most
-        SEEN_REMEMBERED): `take` hands a seen id to JetStream's duplicate check instead of placing it."""
+        self.seen = SeenIds()  # ids had within JetStream's duplicate window: `take` leaves them to it
         self._placing: dict[str, asyncio.Future] = {}
         """request id → what `take` returned for it, until its route has an answer (or it
         waits for room, or it was taken back)."""
@@ -160,7 +155,7 @@ class QueueShell:
         self._pull_inbox = nc.new_inbox()
         self._pull_sub = await nc.subscribe(f"{self._pull_inbox}.*", cb=self._on_pulled)
         await self.feeds.heartbeats.join(nc, self.on_heartbeat)
-        await nc.subscribe(subjects.ABORT, cb=self._on_abort)
+        await nc.subscribe(subjects.ABORT, cb=self.on_abort)
         await self.feeds.queue_states.join(nc, self.on_peer_state)
         await service.add_endpoint(name="stats", subject=subjects.QUEUE_STATS, handler=self._on_stats)
         self._running = True
@@ -244,7 +239,7 @@ class QueueShell:
         if taker and taker != self.instance_id and time.time() - self._peers.get(taker, self._started) < PEER_SILENT_S:
             await msg.nak(delay=TAKEN_RETRY_S)  # the replica admission handed it to places it (and acks it)
             return
-        self._was_seen(req.request_id, time.time())
+        self.seen.check(req.request_id, time.time())
         self.held[req.request_id] = msg  # a redelivery replaces the older delivery
         if telemetry.recording():
             self._received_ns[req.request_id] = time.time_ns()
@@ -261,7 +256,7 @@ class QueueShell:
         decides, and its duplicate check answers)."""
         rid = req.request_id
         now = time.time()
-        if rid in self._local or rid in self.held or self._was_seen(rid, now) or not self.core.offer(req, now):
+        if rid in self._local or rid in self.held or self.seen.check(rid, now) or not self.core.offer(req, now):
             return None
         self._local[rid] = (data, headers)
         placing = self._placing[rid] = asyncio.get_running_loop().create_future()
@@ -272,6 +267,14 @@ class QueueShell:
             self._release(now)  # route starts on the loop's next step, not after the dispatch loop's turn
         self._wake.set()  # the loop does the rest (expiry; a request that waits for room is stored at once)
         return placing
+
+    def kept(self) -> dict[str, int]:
+        """What this replica keeps for requests, counted (the stats endpoint's `kept`): handed over
+        here and not yet stored (`local`), stored copies to delete once routed (`stored`), `take`
+        futures not yet done (`placing`), routes being asked (`routes`), JetStream messages held
+        (`held`). All 0 once every request here is routed or ended."""
+        return {"local": len(self._local), "stored": len(self._stored), "placing": len(self._placing),
+                "routes": len(self._routes), "held": len(self.held)}
 
     def stored(self, request_id: str, seq: int) -> None:
         """Admission's store of a request it handed over (`take`) was acked: `seq` is its copy's
@@ -307,16 +310,6 @@ class QueueShell:
         placing = self._placing.pop(request_id, None)
         if placing is not None and not placing.done():
             placing.set_result(None)
-
-    def _was_seen(self, request_id: str, now: float) -> bool:
-        """Whether this queue had `request_id` within JetStream's duplicate window; notes it if not."""
-        seen = self._seen
-        while seen and (len(seen) >= SEEN_REMEMBERED or next(iter(seen.values())) < now - natsutil.QUEUE_DUPLICATE_WINDOW_S):
-            seen.popitem(last=False)
-        if request_id in seen:
-            return True
-        seen[request_id] = now
-        return False
 
     def withdraw(self, request_id: str) -> bool:
         """Admission takes back a request it handed over (`take`) whose JetStream store failed
@@ -417,6 +410,11 @@ class QueueShell:
             ROUTER_DOWN_BACKOFF_MAX_S, max(self.core.cfg.retry_backoff_s, 2 * self.router_down_backoff_s)
         )
 
+    @property
+    def peers(self) -> dict[str, float]:
+        """The other queue replicas heard on `llm.v1.pq.state` → when last (a copy)."""
+        return dict(self._peers)
+
     def on_peer_state(self, stats: schemas.QueueStats, now: float) -> None:
         if stats.instance_id != self.instance_id:
             self._peers[stats.instance_id] = now
@@ -426,7 +424,8 @@ class QueueShell:
         if len(self.core):
             self._wake.set()
 
-    async def _on_abort(self, msg: Msg) -> None:
+    async def on_abort(self, msg: Msg) -> None:
+        """`llm.v1.abort`'s handler (public: the seam tests wrap to await an abort heard)."""
         try:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
@@ -495,5 +494,5 @@ class QueueShell:
         stats = {"depth": len(self.core), "in_flight": len(self.core.in_flight), "held": len(self.held),
                  "headroom": self.core.headroom(now), "policy": self.core.policy.name,
                  "depth_by_class": s.depth, "work_tokens_by_class": s.work_tokens,
-                 "drain_tokens_per_s": s.drain_tokens_per_s}
+                 "drain_tokens_per_s": s.drain_tokens_per_s, "kept": self.kept()}
         await req.respond(msgspec.json.encode(stats))

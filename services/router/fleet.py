@@ -81,6 +81,8 @@ class FleetView:
     the silence after which the row is out (shared.staleness, from the interval its worker
     announces). `load`: running + waiting, the sequences on the row (the default's bound and
     stall), kept by the writers below instead of added up per decision."""
+    COLUMNS = (*_FLOAT, *_INT, *_BOOL, "phase")
+    """Every per-worker column (an array of the view's rows, by that name)."""
 
     def __init__(self, capacity: int = 16):
         self.n = 0
@@ -109,7 +111,7 @@ class FleetView:
         Whoever writes those columns directly calls `rows_written()`."""
 
     def _alloc(self, capacity: int) -> None:
-        old = {name: getattr(self, name, None) for name in (*self._FLOAT, *self._INT, *self._BOOL, "phase")}
+        old = {name: getattr(self, name, None) for name in self.COLUMNS}
         for names, dtype in ((self._FLOAT, np.float64), (self._INT, np.int64), (self._BOOL, np.bool_)):
             for name in names:
                 setattr(self, name, np.zeros(capacity, dtype=dtype))
@@ -290,7 +292,7 @@ class FleetView:
         for wid in gone:
             i, last = self.slot.pop(wid), self.n - 1
             if i != last:
-                for name in (*self._FLOAT, *self._INT, *self._BOOL, "phase"):
+                for name in self.COLUMNS:
                     arr = getattr(self, name)
                     arr[i] = arr[last]
                 self.ids[i], self.macro[i], self.stats[i] = self.ids[last], self.macro[last], self.stats[last]

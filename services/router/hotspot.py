@@ -104,6 +104,12 @@ class HotspotDetector:
             f.clear()
         return True
 
+    def kept(self) -> dict[str, int]:
+        """The prefixes it keeps state for, counted: in the window (`counted`), with a run of
+        placements on one worker (`streaks`), cooling a worker down (`cooling`). A prefix that
+        leaves the window leaves the first two, and the third once its cool-down is spent."""
+        return {"counted": len(self._counts), "streaks": len(self._streak), "cooling": len(self._blocked)}
+
     def fallback(self, now: float) -> bool:
         return now < self.fallback_until
 

@@ -104,6 +104,11 @@ class RouterShell:
         if self._monitor:  # after the routes: a stopping router hands its streams to nobody
             self._monitor.cancel()
 
+    @property
+    def following(self) -> list[str]:
+        """The ids of the requests whose streams this replica follows (subscribed to their replies)."""
+        return list(self._follows)
+
     def on_heartbeat(self, hb: schemas.Heartbeat, now: float) -> None:
         self.core.on_heartbeat(hb, now)
         self.migration.on_heartbeat(hb.worker_id, now)
@@ -137,11 +142,13 @@ class RouterShell:
             log.warning("bad_macro_state", subject=msg.subject, error=str(e))
 
     async def _on_route(self, req: Request) -> None:
-        task = asyncio.create_task(self._route(req))
+        task = asyncio.create_task(self.serve_route(req))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _route(self, req: Request) -> None:
+    async def serve_route(self, req: Request) -> None:
+        """One `llm.v1.route` request answered, as its own task (public: the seam tests wrap to
+        delay an answer)."""
         try:
             ar = codec.decode(req.data, schemas.AdmittedRequestInTransit)
             check_inputs(ar)  # before any state is kept for it: the kernels' int64 would wrap
@@ -162,7 +169,7 @@ class RouterShell:
         `only`: the workers the queue released it to (None: any)."""
         with telemetry.span(self.kind, "process", subjects.ROUTE, headers, request_id=ar.request_id) as span:
             t0 = time.perf_counter()
-            decision, hit_tokens = await self._place_once(ar, span, data=data, only=only)
+            decision, hit_tokens = await self.place_once(ar, span, data=data, only=only)
             self.metrics.observe(decision.outcome, time.perf_counter() - t0, hit_tokens, ar.prompt_len)
             span.set_attribute("tokenyard.outcome", decision.outcome)
             if decision.worker_id:
@@ -175,11 +182,12 @@ class RouterShell:
         fresh = view.fresh(time.time(), self.core.cfg.stale_after_s)
         return view.queued_prefill[: view.n][fresh], view.bs[: view.n][fresh]
 
-    async def _place_once(
+    async def place_once(
         self, ar: schemas.AdmittedRequest, span=None, data: bytes | None = None, only: frozenset[str] | None = None,
     ) -> tuple[schemas.RouteDecision, int | None]:
-        """`_place` for a queue's route request, idempotent per request (see the module and
-        services/router/reask.py)."""
+        """`place` for a queue's route request, idempotent per request (see the module and
+        services/router/reask.py): the seam `route` runs, public so that tests drive it with
+        `place` replaced by a placement they release."""
         key = key_of(ar)  # a P/D decode leg is placed on its own
         tracked = self.migration.tracked.get(ar.request_id)  # a placed request may have moved since
         waiter = asyncio.get_running_loop().create_future()
@@ -191,7 +199,7 @@ class RouterShell:
         # The placement runs as its own task and settles when it ends, whatever becomes of this
         # ask: a first asker cancelled mid-offer (a queue's shutdown) neither cancels an offer a
         # worker may already have taken nor leaves it unremembered (a re-ask would place it twice).
-        placing = asyncio.ensure_future(self._place(ar, span, data=data, only=only))
+        placing = asyncio.ensure_future(self.place(ar, span, data=data, only=only))
         placing.add_done_callback(lambda done: self._settle(key, done))
         return await asyncio.shield(placing)
 
@@ -211,11 +219,12 @@ class RouterShell:
             else:
                 w.set_exception(placing.exception())
 
-    async def _place(
+    async def place(
         self, ar: schemas.AdmittedRequest, span=None, exclude: frozenset[str] = frozenset(), data: bytes | None = None,
         only: frozenset[str] | None = None,
     ) -> tuple[schemas.RouteDecision, int | None]:
-        """The decision, and the prefix-hit tokens on the worker that took the request. `data`:
+        """One placement (`place_once` runs it at most once per request; a re-issue runs it
+        again): the decision, and the prefix-hit tokens on the worker that took the request. `data`:
         `ar` as it came, MessagePack; offered as it is (an 8k-token prompt costs ~0.3 ms of CPU
         to encode or decode, and this hop changes nothing in it).
 
@@ -427,7 +436,7 @@ class RouterShell:
         # Fence: a worker wrongly thought dead stops sending (it keeps the id open).
         await self.nc.publish(subjects.ABORT, codec.encode(
             schemas.Abort(ar.request_id, reason=MIGRATED, before_migration=ar.migrations)))
-        decision, _ = await self._place(ar, exclude=effect.exclude)
+        decision, _ = await self.place(ar, exclude=effect.exclude)
         log.info("migrated", request_id=ar.request_id, from_worker=effect.old_worker, outcome=decision.outcome,
                  to_worker=decision.worker_id, resume_tokens=len(ar.resume_token_ids), migrations=ar.migrations)
         if decision.outcome != schemas.Outcome.NO_CAPACITY:

@@ -97,7 +97,7 @@ class WorkerHttp:
             rid = request_id_from(request.headers.get("x-request-id"), f"http-{uuid.uuid4().hex}")
             body = await http_front.read_body(request, self.cfg.max_body_bytes)
             req = parse_request(body, endpoint, [self.cfg.model], rid, max_model_len=self.cfg.max_model_len)
-            ar = self._admit(req, endpoint)
+            ar = self.admit(req, endpoint)
         except ApiError as e:
             return http_front.error_response(e)
         renderer = Renderer(endpoint, req, created=int(time.time()))
@@ -130,8 +130,9 @@ class WorkerHttp:
         return validation.Limits(models=(self.cfg.model,), max_model_len=self.cfg.max_model_len,
                                  block_size=self.cfg.block_size)
 
-    def _admit(self, req: schemas.GenerateRequest, endpoint: Endpoint) -> schemas.AdmittedRequest:
-        """What admission does for a request (shared.validation, the same functions), without
+    def admit(self, req: schemas.GenerateRequest, endpoint: Endpoint) -> schemas.AdmittedRequest:
+        """The worker front's admission of one request (public: tests hold it to admission's).
+        What admission does for a request (shared.validation, the same functions), without
         its fleet-wide parts (tiers, rates); then what only this engine can say: KV capacity
         and a full waiting line."""
         limits = self._limits()

@@ -84,13 +84,24 @@ class WorkerShell:
         self.outage = OutageReplay(after_s=REPLAY_AFTER_S, before_s=REPLAY_BEFORE_S)
         self._replay_task: asyncio.Task | None = None
 
+    @property
+    def generating(self) -> list[str]:
+        """The ids of the requests whose streams run here (until each stream's last event is sent)."""
+        return list(self._streams)
+
+    @property
+    def kv_poll_awake(self) -> bool:
+        """Whether the KV poll runs; it sleeps while no generation runs (an idle worker's KV
+        events go out with its heartbeats)."""
+        return self._running.is_set()
+
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
         wid = self.core.cfg.worker_id
         await self.engine.start()
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
         await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
-        await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self._on_generate)
+        await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self.on_generate)
         await service.add_endpoint(name="status", subject=subjects.worker_status(wid), handler=self._on_status)
         await self._publish_heartbeat()
         self._timers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._kv_loop())]
@@ -106,7 +117,9 @@ class WorkerShell:
         await self._publish_kv_events()
         await self.engine.stop()
 
-    async def _on_generate(self, req: Request) -> None:
+    async def on_generate(self, req: Request) -> None:
+        """The generate endpoint's handler: one offer, answered (an accepted one as its stream
+        starts, see `OfferAnswer`); public as the seam tests hand offers to, or wrap to delay them."""
         received_ns = time.time_ns()
         try:
             ar = codec.decode(req.data, schemas.AdmittedRequest)
@@ -117,9 +130,9 @@ class WorkerShell:
         stats = self.engine.stats()
         reply, start = self.core.offer(ar, stats, prefill)
         if start:  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
-            answer = _Answer(req, codec.encode(reply))
+            answer = OfferAnswer(req, codec.encode(reply))
             timer = asyncio.get_running_loop().call_later(REPLY_HOLD_S, answer.send_soon)
-            task = asyncio.create_task(self._generate(ar, req.headers, received_ns, answer))
+            task = asyncio.create_task(self.generate(ar, req.headers, received_ns, answer))
             self._streams[ar.request_id] = task
             self._running.set()
             task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))
@@ -132,9 +145,10 @@ class WorkerShell:
             error = self.core.reused_id_error(ar)
             await self.nc.publish(ar.reply_to, codec.encode(error, json=ar.json), headers=codec.content_headers(ar.json))
 
-    async def _generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None,
-                        received_ns: int = 0, answer: _Answer | None = None) -> None:
-        """`received_ns`: when the offer came (wall clock), for the hop profile; `answer`: the
+    async def generate(self, ar: schemas.AdmittedRequest, headers: dict[str, str] | None,
+                        received_ns: int = 0, answer: OfferAnswer | None = None) -> None:
+        """One accepted request's stream, engine output to events on its reply subject.
+        `received_ns`: when the offer came (wall clock), for the hop profile; `answer`: the
         offer's, sent (if not yet) just before the stream's first event, in the same write."""
         subject = subjects.worker_generate(self.core.cfg.worker_id)
         attrs = {
@@ -186,11 +200,13 @@ class WorkerShell:
 
     async def _send(self, subject: str, data: bytes, headers: dict[str, str] | None, *, terminal: bool) -> None:
         """Publish a stream event, or hold it for the replay while the connection is unsure."""
-        self._check_reconnect()
+        self.check_reconnect()
         if self.outage.send(time.monotonic(), self.nc.is_connected, (subject, data, headers), terminal):
             await self.nc.publish(subject, data, headers=headers)
 
-    def _check_reconnect(self) -> None:
+    def check_reconnect(self) -> None:
+        """Notice a reconnect (nats-py's count) and start the replay; every send and heartbeat
+        tick runs it."""
         if self.outage.observe(time.monotonic(), self.nc.stats["reconnects"]) and (
             self._replay_task is None or self._replay_task.done()
         ):
@@ -202,7 +218,7 @@ class WorkerShell:
         wait for the next reconnect, which makes the replay due anew."""
         sent = 0
         while self.outage.pending:
-            self._check_reconnect()
+            self.check_reconnect()
             wait = self.outage.due_at - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -291,7 +307,7 @@ class WorkerShell:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            self._check_reconnect()
+            self.check_reconnect()
             if not self._running.is_set():  # the KV poll sleeps: events that trail it go now
                 with contextlib.suppress(Exception):  # (a failure here costs no heartbeat)
                     await self._publish_kv_events()
@@ -317,7 +333,7 @@ class WorkerShell:
                 await self._publish_kv_events()
 
 
-class _Answer:
+class OfferAnswer:
     """The answer to an offer the worker took, sent once: by the generation just before its
     first event (one write for both), or alone when REPLY_HOLD_S passes first (the timer), or
     when the generation ends without an event."""

@@ -144,6 +144,11 @@ class BubbleLine:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._home
 
+    def partition_of(self, request_id: str) -> Partition | None:
+        """The partition a waiting request is kept in (None: not waiting here)."""
+        home = self._home.get(request_id)
+        return None if home is None else home[0]
+
     def __len__(self) -> int:
         return len(self._home)
 
@@ -235,9 +240,9 @@ class BubbleLine:
             i += 1
 
     def _merge(self, a: Partition, b: Partition) -> None:
-        for rid in list(b.line._items):
-            req = b.line.remove(rid)
-            assert req is not None
+        for req in b.line.requests():
+            rid = req.request_id
+            b.line.remove(rid)
             cls = self._home[rid][1]
             a.line.push(req, cls)
             self._home[rid] = (a, cls)

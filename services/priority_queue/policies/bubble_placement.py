@@ -181,14 +181,14 @@ class BubblePlacement:
         self.inner.push(req, now)
 
     def pop(self, now: float) -> AdmittedRequest | None:
-        self._age_until(now)
+        self.age_until(now)
         best = min(self._heads(range(self.ranges)), default=None)
         if best is not None:
             return self._unpark(best[2])
         return self.inner.pop(now)
 
     def pop_realtime(self, now: float) -> AdmittedRequest | None:
-        self._age_until(now)
+        self.age_until(now)
         for k in range(self.ranges):
             for cls, _, rid in self._heads([k]):
                 if cls == 0:
@@ -213,7 +213,7 @@ class BubblePlacement:
         """What may go to the router now, each with the workers it may go to (module doc)."""
         if not rooms:
             return []
-        self._age_until(now)
+        self.age_until(now)
         self._split(rooms, now)
         members: list[list[str]] = [[] for _ in self.groups]
         for wid in rooms:
@@ -358,8 +358,9 @@ class BubblePlacement:
         if due < math.inf:
             heapq.heappush(self.aging, (due, seq, req.request_id))
 
-    def _age_until(self, now: float) -> None:
-        """Move each parked request due for promotion to the class it has aged into."""
+    def age_until(self, now: float) -> None:
+        """The policy's aging step (public: its entry points run it, and tests drive it): move each
+        parked request due for promotion to the class it has aged into."""
         while self.aging and self.aging[0][0] <= now:
             _, seq, rid = heapq.heappop(self.aging)
             home = self.where.get(rid)

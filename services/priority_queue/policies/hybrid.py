@@ -100,7 +100,7 @@ class ClassScheduler:
         self._enter(req, klass(req), req.arrival_s)
 
     def pop(self, now: float) -> AdmittedRequest | None:
-        self._age_until(now)
+        self.age_until(now)
         for c in self.strict:
             if len(self.lines[c]):
                 return self._take(c)
@@ -115,7 +115,7 @@ class ClassScheduler:
         return None
 
     def pop_realtime(self, now: float) -> AdmittedRequest | None:
-        self._age_until(now)
+        self.age_until(now)
         return self._take(0) if len(self.lines[0]) else None
 
     def remove(self, request_id: str) -> AdmittedRequest | None:
@@ -163,7 +163,9 @@ class ClassScheduler:
                 to -= 1
         return (to, limit) if to >= 0 else (c, float("inf"))  # no tier above: it stays
 
-    def _age_until(self, now: float) -> None:
+    def age_until(self, now: float) -> None:
+        """The policy's aging step (public: push and pop run it, and tests drive it): promote every
+        request that has spent its class's threshold by `now`, as often as it is due."""
         for line in self.lines:  # the lines' clock too (bubble.py: when a range is overdue)
             line.at(now)
         # Lower classes first, so a request may climb several classes in one call.

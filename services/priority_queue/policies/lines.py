@@ -73,6 +73,10 @@ class HeapLine:
     def remove(self, request_id: str) -> AdmittedRequest | None:
         return self._items.pop(request_id, None)
 
+    def requests(self) -> list[AdmittedRequest]:
+        """The waiting requests, in no particular order (a copy: safe to remove while iterating)."""
+        return list(self._items.values())
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -52,7 +52,6 @@ from tokenyard.services.worker.sim.ttft_guard import unattainable
 from tokenyard.shared.schemas import AdmittedRequest, EngineStats, Phase
 from tokenyard.shared.slo import DEFAULT_TPOT_SLO_MS
 
-_FILLER = FILLER  # the name tests read the filler text by
 INF = float("inf")
 __all__ = ["FILLER", "Seq", "SimEngineCore", "StepResult"]
 
@@ -270,7 +269,7 @@ class SimEngineCore:
         dur = prof.step_ms(tokens, len(decodes), decode_ctx, attn) / 1000.0 + self.step_transfer_s
         self.last_step_s = dur
         for seq, n in chunks.items():
-            self._advance_prefill(seq, n, outputs)
+            self.advance_prefill(seq, n, outputs)
         if self.hand_off:
             self._hand_off(outputs)
         append = outputs.append
@@ -345,7 +344,8 @@ class SimEngineCore:
         seq.private -= len(new)
         seq.cached.extend(new)
 
-    def _advance_prefill(self, seq: Seq, n: int, outputs: list[EngineOutput]) -> None:
+    def advance_prefill(self, seq: Seq, n: int, outputs: list[EngineOutput]) -> None:
+        """A step computed `n` more of `seq`'s prompt tokens (one chunk; public: tests note each)."""
         seq.computed += n
         chain = seq.req.block_hashes
         full = min(seq.computed // self.block_size, len(chain))

@@ -108,7 +108,8 @@ async def test_the_in_process_edge_answers_as_the_nats_path_and_publishes_no_sub
         assert len(submits) == 1  # neither HTTP request crossed NATS to admission
         await until(lambda: front.admission.metrics.snapshot()["decisions"] == {"admitted": 3},
                     what="all three admitted by the one admission, once each (counted at the store's ack)")
-        await until(lambda: not front.hosts[1].shell._local and not front.hosts[1].shell.held)
+        queue = front.hosts[1].shell
+        await until(lambda: queue.kept()["local"] == queue.kept()["held"] == 0, what="every stored copy acked")
         assert await stored(nats_server.url) == 0  # each stored copy acked: nothing runs twice later
     finally:
         await client.close()
@@ -134,7 +135,7 @@ async def test_a_client_that_leaves_the_in_process_edge_aborts_its_generation(na
                 pass
         assert abort.reason == "client_cancelled"
         workers = [h.shell for h in hosts if h.shell.kind == "worker"]
-        await until(lambda: not any(w._streams for w in workers), what="the generation stopped on its worker")
+        await until(lambda: not any(w.generating for w in workers), what="the generation stopped on its worker")
     finally:
         await spy.drain()
         await stop_hosts(hosts)
@@ -178,7 +179,8 @@ async def test_two_fronts_side_by_side_lose_and_double_no_request(nats_server):
         assert len(placed[0]) == 12 and len(placed[1]) == 12  # each by the front it came to
         for f in fronts:
             q = f.hosts[1].shell
-            await until(lambda q=q: not q._local and not q.held, timeout_s=15, what="every stored copy acked")
+            await until(lambda q=q: q.kept()["local"] == q.kept()["held"] == 0, timeout_s=15,
+                        what="every stored copy acked")
         assert await stored(nats_server.url) == 0
         assert sum(sum(w.metrics.snapshot()["finished"].values()) for w in workers) == 24  # each generated once
     finally:
@@ -190,7 +192,7 @@ def test_up_runs_the_edge_in_the_queues_process_unless_given_edge_processes():
     from tokenyard.launcher import FleetProcesses
 
     fleet = FleetProcesses(nats_url="nats://x:1", workers=1, http_port=8123)
-    cmds = dict(fleet._commands())
+    cmds = dict(fleet.commands())
     assert not any(name.startswith("edge") for name in cmds)
     queue = cmds["queue"]
     parsed = cli.build_parser().parse_args(queue[queue.index("queue"):])
@@ -198,10 +200,10 @@ def test_up_runs_the_edge_in_the_queues_process_unless_given_edge_processes():
     assert fleet.expected()["tokenyard-edge"] == 1  # it still registers as a service of its own
     assert fleet.scrape_targets()["edge"] == "http://127.0.0.1:8123/metrics"
 
-    own = dict(FleetProcesses(nats_url="nats://x:1", workers=1, http_port=8123, edge_processes=2)._commands())
+    own = dict(FleetProcesses(nats_url="nats://x:1", workers=1, http_port=8123, edge_processes=2).commands())
     assert {"edge-0", "edge-1"} <= set(own) and "--http-port" not in own["queue"]
     alone = FleetProcesses(nats_url="nats://x:1", workers=1, admission="separate")
-    assert alone.edge_count == config.edge_processes() and "--http-port" not in dict(alone._commands())["queue"]
+    assert alone.edge_count == config.edge_processes() and "--http-port" not in dict(alone.commands())["queue"]
 
 
 def test_queue_refuses_an_http_port_without_admission_in_its_process():

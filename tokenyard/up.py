@@ -22,9 +22,9 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "up", help="start nats-server and every service as processes",
-        description="Bring a whole fleet up on this machine: a NATS server, the edge (HTTP), admission, "
-        "queue, router, macro-instance controller and N workers, each its own process. Ctrl-C drains "
-        "and stops everything.",
+        description="Bring a whole fleet up on this machine: a NATS server; the queue, with the HTTP edge, "
+        "admission and the router in its process (each asked by a call); the macro-instance controller; N workers. "
+        "Ctrl-C drains and stops everything.",
     )
     p.add_argument("--workers", type=int, default=2, help="engine instances to start (at least 1)")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim",

@@ -23,6 +23,10 @@ after `accepted`, and the queue gives the request back (`withdraw`); one already
 is aborted there. A reused id this process's queue has seen (JetStream's window) is not handed
 over: it takes the path above, and its duplicate is `rejected` 409 as ever.
 
+An edge in the same process (`tokenyard queue --with-admission --http-port P`, `tokenyard up`'s
+default) hands its requests over by a call (`submit`) instead of on `llm.v1.submit`; they are
+decided the same way, and admission's own answers go straight into the stream's inbox.
+
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
 A tick every TICK_S / 2 tells the core it is awake: a longer gap between its events is its own

@@ -56,7 +56,14 @@ from tokenyard.shared import config, natsutil
 
 from bench._out import write_result
 from bench.baseline import baseline_env, has_text
-from bench.route_log import choice_summary, placements, route_choices, route_table
+from bench.route_log import (
+    choice_summary,
+    engine_placements,
+    placements,
+    route_choices,
+    route_table,
+    served_lines,
+)
 from tokenyard.launcher import FleetProcesses
 
 PROFILE = "a100-llama3-8b"
@@ -66,6 +73,8 @@ decodes slower than the default 100 ms TPOT SLO and admission refuses most reque
 KEYS = ("completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
         "request_throughput", "prefix_hit_ratio")
 TIME_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms")
+WALL_MS = ("ttft_ms", "since_admitted_ms", "engine_ttft_ms")
+"""A request's times (bench.route_log), wall ms as measured, simulated ms in the JSON."""
 PEERS = {  # name → (module run with `python -m`, pip package, arguments)
     "sglang": ("sglang_router.launch_router", "sglang-router", ["--policy", "cache_aware"]),
     "vllm": ("vllm_router.launch_router", "vllm-router", ["--policy", "cache_aware"]),
@@ -162,13 +171,16 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
     files = []
     try:
         ports = [natsutil.free_port() for _ in range(args.workers)]
+        env = {**os.environ, "TOKENYARD_LOG_LEVEL": "debug"} if args.route_log else None
+        worker_logs = [logs / f"{router}-worker-{i}.log" for i in range(args.workers)]
+        starts = [p.stat().st_size if p.exists() else 0 for p in worker_logs]
         for i, port in enumerate(ports):
-            out = open(logs / f"{router}-worker-{i}.log", "ab")  # noqa: SIM115
+            out = open(worker_logs[i], "ab")  # noqa: SIM115
             files.append(out)
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tokenyard.cli", "worker", "--nats", server.url, "--engine", "sim",
                  "--profile", PROFILE, "--speed", str(args.speed), "--id", f"{router}-w{i}", "--http", str(port)],
-                stdout=out, stderr=out))
+                stdout=out, stderr=out, env=env))
         for port in ports:
             _wait_http(f"http://127.0.0.1:{port}/health", procs)
         rport = natsutil.free_port()
@@ -188,6 +200,11 @@ async def _peer(router: str, args, bench: BenchConfig, logs: Path) -> dict[str, 
                                  for i, u in enumerate(urls)}
         res["fleet_metrics"] = {k: sum(m.get(k, 0.0) for m in res["worker_metrics"].values())
                                 for k in {k for m in res["worker_metrics"].values() for k in m}}
+        if args.route_log:  # each request's worker and what its engine did there
+            for f in files:
+                f.flush()
+            served = [x for i, p in enumerate(worker_logs) for x in served_lines(p, starts[i], f"w{i}")]
+            engine_placements(served, res.get("requests", []), peer=True)
         return res
     finally:
         _stop(procs)
@@ -241,6 +258,8 @@ async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] |
         env["TOKENYARD_LOG_LEVEL"] = "debug"
     queue_log = logs / name / "queue.log"
     start = queue_log.stat().st_size if queue_log.exists() else 0
+    worker_starts = [p.stat().st_size if p.exists() else 0
+                     for p in (logs / name / f"worker-{i}.log" for i in range(args.workers))]
     fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
                            router_policy=args.policy, log_dir=str(logs / name), extra_env=env,
                            edge_processes=_edge_processes(name, args),
@@ -253,6 +272,9 @@ async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] |
         choices = route_choices(queue_log, start)
         res["route_choices"] = choice_summary(choices)
         placements(choices, res.get("requests", []))
+        served = [x for i in range(args.workers)
+                  for x in served_lines(logs / name / f"worker-{i}.log", worker_starts[i], f"w{i}")]
+        engine_placements(served, res.get("requests", []), peer=False)
     return res
 
 
@@ -264,7 +286,7 @@ def _row(res: dict[str, Any], speed: float) -> dict[str, Any]:
     for k in TIME_KEYS:  # wall ms → simulated ms
         if row[k] is not None:
             row[k] = row[k] * speed
-    row["requests"] = [{**r, "ttft_ms": None if r["ttft_ms"] is None else round(r["ttft_ms"] * speed, 2)}
+    row["requests"] = [{**r, **{k: round(r[k] * speed, 2) for k in WALL_MS if r.get(k) is not None}}
                        for r in res.get("requests", [])]
     return row
 
@@ -373,10 +395,15 @@ def sim_twin(workload: str, base_rate: float, load: float, speed: float, workers
     """The `tokenyard sim` command that replays a run's workload in simulated time: the bench
     hands the client its wall rate, and a synthetic workload's content follows its base rate
     (ChatBot's conversation slots are rate × 30 s), so the twin keeps that rate as the base
-    (`--rate`) and speeds the clock up by 1 / speed (`--rate-scale`), on as many instances."""
+    (`--rate`) and speeds the clock up by 1 / speed (`--rate-scale`), on as many instances. Its
+    workers heartbeat as the live ones do, every HEARTBEAT_INTERVAL_S of wall time, i.e. every
+    0.1 × speed simulated seconds (`--heartbeat-s`): with the simulator's default 0.1 s the
+    router sees a 4× staler fleet than live, and the default's ×3 median differs by 2 ms
+    (docs/results-routing.md, round 11)."""
     rate = base_rate * load * speed * workers / 16
     return (f"tokenyard sim --workload {workload} --instances {workers} --profile {PROFILE} --rate {rate:g} "
-            f"--rate-scale {1 / speed:g} --num-requests {num_prompts} --seed {seed} --compare {DEFAULT_POLICY},sglang")
+            f"--rate-scale {1 / speed:g} --heartbeat-s {config.HEARTBEAT_INTERVAL_S * speed:g} "
+            f"--num-requests {num_prompts} --seed {seed} --compare {DEFAULT_POLICY},sglang")
 
 
 def main() -> int:
@@ -401,7 +428,8 @@ def main() -> int:
     ap.add_argument("--log-dir", default="/tmp/tokenyard-live-router", help="every process's log")
     ap.add_argument("--route-log", action="store_true",
                     help="tokenyard's router logs each choice (debug level: the hit and load of every worker); "
-                         "the run keeps what its view expected against what it chose (`route_choices`)")
+                         "the run keeps what its view expected against what it chose (`route_choices`); "
+                         "a peer's workers log what they did with each request (its worker, hit and engine TTFT)")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()
     ours = ("tokenyard", "tokenyard-1edge", "tokenyard-noflow", "tokenyard-ref")

@@ -55,6 +55,47 @@ def placements(choices: list[dict[str, Any]], requests: list[dict[str, Any]]) ->
         i = workers.index(c["worker"])
         req.update(worker=c["worker"], hit=hits[i], best_hit=max(hits), load=c["load"][i], queued=c["queued"][i],
                    notes=c.get("notes", []), offers=req.get("offers", 0) + 1)
+        if "since_admitted_ms" in c:  # wall ms from admission to this offer: the queue's hold and the hops
+            req["since_admitted_ms"] = c["since_admitted_ms"]
+
+
+def served_lines(path: Path, start: int, worker: str) -> list[dict[str, Any]]:
+    """A worker's `first_token` debug lines (services/worker/sim/engine.py: what its engine held
+    when each request arrived and did with it) from byte `start` on, each named `worker`."""
+    out = []
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            for line in f:
+                if b'"first_token"' in line:
+                    with contextlib.suppress(ValueError):
+                        out.append(json.loads(line) | {"worker": worker})
+    except OSError:
+        pass
+    return out
+
+
+def engine_placements(served: list[dict[str, Any]], requests: list[dict[str, Any]], peer: bool) -> None:
+    """Put on each of the bench's requests what the engine that served it did (`--route-log`):
+    the prefix tokens it found cached (`engine_hit`), its wall ms from arrival to the first
+    token (`engine_ttft_ms`) and what it held when the request arrived (`engine_running`,
+    `engine_waiting`, `engine_queued`: prompt tokens queued for prefill, whole and net of
+    cached prefixes); behind a peer router (`peer`), also the worker and its hit. Paired as
+    `placements` does, by prompt tokens in order, the workers' lines merged in the order the
+    requests reached them."""
+    waiting: dict[int, list[dict[str, Any]]] = {}
+    for r in sorted(requests, key=lambda r: r["index"]):
+        waiting.setdefault(r["prompt_len"], []).append(r)
+    for line in sorted(served, key=lambda x: x.get("arrived_s", 0.0)):
+        same = waiting.get(line.get("prompt_tokens"))
+        if not same:
+            continue
+        req = same.pop(0)
+        req.update(engine_worker=line["worker"], engine_hit=line["cached_tokens"], engine_ttft_ms=line["ttft_ms"],
+                   engine_running=line.get("running"), engine_waiting=line.get("waiting"),
+                   engine_queued=[line.get("queued_prefill"), line.get("queued_prefill_net")])
+        if peer:
+            req.update(worker=line["worker"], hit=line["cached_tokens"])
 
 
 def choice_summary(choices: list[dict[str, Any]]) -> dict[str, Any]:

@@ -63,6 +63,9 @@ def register(sub) -> None:
                         "(default: %(default)s, as `tokenyard queue`)")
     p.add_argument("--flow-control", choices=("on", "off"), default="on",
                    help="the queue holds the backlog while the fleet is saturated (default: on, as live)")
+    p.add_argument("--heartbeat-s", type=float, default=0.1, metavar="S",
+                   help="workers' heartbeat interval, virtual seconds (default 0.1, as live at full speed; a live "
+                        "worker at --speed X sends one every 0.1 × X of its simulated seconds)")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and the policies: same seed, same run")
@@ -113,6 +116,7 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
         "mitosis": args.mitosis,
         "queue_policy": args.queue_policy,
         "flow_control": args.flow_control,
+        "heartbeat_s": args.heartbeat_s,
         "priority_mix": args.priority_mix,
         "seed": args.seed,
         "rate": args.rate,
@@ -155,12 +159,15 @@ def main(args: argparse.Namespace) -> int:
         )
         if not workload.items():
             raise ValueError("the workload has no requests")
+        if args.heartbeat_s <= 0:
+            raise ValueError("--heartbeat-s must be positive")
         cfg = SimConfig(
             instances=args.instances,
             profile=args.profile,
             policy=policies[0],
             queue_policy=args.queue_policy,
             flow_control=args.flow_control == "on",
+            heartbeat_s=args.heartbeat_s,
             macro_size=args.macro_size,
             mode=modes[0],
             seed=args.seed,

@@ -167,10 +167,33 @@ def test_the_sim_twin_replays_the_live_runs_requests_at_their_simulated_times():
 
     cmd = sim_twin("chatbot", 60.0, 3.0, 0.25, 4, 300, 0)
     assert cmd == ("tokenyard sim --workload chatbot --instances 4 --profile a100-llama3-8b --rate 11.25 "
-                   "--rate-scale 4 --num-requests 300 --seed 0 --compare marginal-latency,sglang")
+                   "--rate-scale 4 --heartbeat-s 0.025 --num-requests 300 --seed 0 --compare marginal-latency,sglang")
     live = list(make_workload(BenchConfig(workload="chatbot", num_prompts=300, rate=11.25, seed=0)).requests())
     twin = open_workload("chatbot", num_requests=300, rate=11.25, rate_scale=4.0, seed=0).items()
     assert [r.prompt_len for r in live] == [t.prompt_len for t in twin]  # the same requests …
     assert all(abs(r.arrival_s / 4.0 - t.arrival_s) < 1e-9 for r, t in zip(live, twin, strict=True))  # … 4× sooner
     rescaled = open_workload("chatbot", num_requests=300, rate_scale=0.25, seed=0).items()  # round 7's
     assert sum(t.prompt_len for t in twin) == 261_977 != sum(t.prompt_len for t in rescaled)  # other conversations
+
+
+def test_engine_placements_pair_the_workers_lines_with_the_benchs_requests_in_arrival_order(tmp_path):
+    from bench.route_log import engine_placements, served_lines
+
+    def line(prompt, cached, arrived, ttft, queued=(0, 0)):
+        return json.dumps({"event": "first_token", "prompt_tokens": prompt, "cached_tokens": cached,
+                           "arrived_s": arrived, "ttft_ms": ttft, "running": 3, "waiting": 1,
+                           "queued_prefill": queued[0], "queued_prefill_net": queued[1]}) + "\n"
+
+    w0, w1 = tmp_path / "w0.log", tmp_path / "w1.log"
+    w0.write_text('{"event": "started"}\n' + line(100, 0, 10.0, 30.0, (500, 120)) + line(100, 96, 12.0, 8.0))
+    w1.write_text(line(200, 160, 11.0, 20.0))
+    served = served_lines(w0, 0, "w0") + served_lines(w1, 0, "w1") + served_lines(tmp_path / "none.log", 0, "w2")
+    requests = [{"index": 0, "prompt_len": 100}, {"index": 1, "prompt_len": 200}, {"index": 2, "prompt_len": 100},
+                {"index": 3, "prompt_len": 300}]
+    engine_placements(served, requests, peer=True)
+    assert [(r.get("worker"), r.get("hit"), r.get("engine_ttft_ms")) for r in requests] == [
+        ("w0", 0, 30.0), ("w1", 160, 20.0), ("w0", 96, 8.0), (None, None, None)]  # #3: no line (not served)
+    assert (requests[0]["engine_queued"], requests[0]["engine_running"], requests[0]["engine_waiting"]) == ([500, 120], 3, 1)
+    ours = [{"index": 0, "prompt_len": 100, "worker": "w1", "hit": 64}]  # behind tokenyard: the route log's stay
+    engine_placements(served_lines(w0, 0, "w0"), ours, peer=False)
+    assert (ours[0]["worker"], ours[0]["hit"], ours[0]["engine_worker"], ours[0]["engine_hit"]) == ("w1", 64, "w0", 0)

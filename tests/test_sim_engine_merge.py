@@ -43,3 +43,29 @@ async def test_a_hand_off_behind_unread_tokens_ends_the_stream_after_them():
         assert engine.take_hand_off("r1") is not None
     finally:
         await engine.stop()
+
+
+async def test_at_debug_level_each_request_logs_what_the_engine_held_and_did_with_it(monkeypatch):
+    from tokenyard.services.worker.sim import engine as engine_module
+
+    class Debug:  # the module's logger at TOKENYARD_LOG_LEVEL=debug, whatever an earlier test configured
+        lines: list[tuple[str, dict]] = []
+
+        def is_enabled_for(self, level):
+            return True
+
+        def debug(self, event, **kw):
+            self.lines.append((event, kw))
+
+    monkeypatch.setattr(engine_module, "log", Debug())
+    engine = SimEngine(SimEngineCore(profile("zero"), 16, 1024))
+    await engine.start()
+    try:
+        [_ async for _ in engine.generate(req("r1", tokens=list(range(40)), max_tokens=3))]
+        [_ async for _ in engine.generate(req("r2", tokens=list(range(40)), max_tokens=3))]  # r1's prefix
+    finally:
+        await engine.stop()
+    lines = [kw for event, kw in Debug.lines if event == "first_token"]
+    assert [(x["request_id"], x["prompt_tokens"], x["cached_tokens"]) for x in lines] == [("r1", 40, 0), ("r2", 40, 32)]
+    assert lines[0]["running"] == lines[0]["waiting"] == lines[0]["queued_prefill"] == 0  # an idle engine
+    assert all(x["ttft_ms"] >= 0 and x["arrived_s"] > 0 for x in lines)

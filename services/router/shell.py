@@ -265,7 +265,8 @@ class RouterShell:
                 span.set_attributes(span_attributes(choice))
             if log.is_enabled_for(logging.DEBUG):  # TOKENYARD_LOG_LEVEL=debug: where each request went, and why
                 log.debug("route_choice", request_id=rid, worker=choice.worker_id, prompt_tokens=ar.prompt_len,
-                          notes=list(choice.notes), **self.core.rows())
+                          notes=list(choice.notes), since_admitted_ms=round((time.time() - ar.arrival_s) * 1000, 2),
+                          **self.core.rows())
             self.core.offer_out(choice.worker_id, ar, choice)
             try:
                 reply = await self._offer(ar, choice.worker_id, data, choice.prefill)

@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
 from tokenyard.services.worker.engine import EngineOutput, EngineStats
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.overhead import StepOverhead
+from tokenyard.shared import telemetry
 from tokenyard.shared.schemas import AdmittedRequest, KVEvent
+
+log = telemetry.logger("worker")
 
 EXPIRE_POLL_S = 0.1
 """How often an idle engine holding requests back checks their deadlines (the simulator's tick)."""
@@ -63,6 +67,7 @@ class SimEngine:
 
     async def generate(self, req: AdmittedRequest) -> AsyncIterator[EngineOutput]:
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        first = _FirstToken(req, self.core.stats(), time.monotonic()) if log.is_enabled_for(logging.DEBUG) else None
         if req.kv_from:  # a P/D decode leg: its KV crosses the inter-node link, then it decodes
             await asyncio.sleep(self.core.prof.network_s(req.prompt_len) / self.speed)
             self.core.add_prefilled(req)
@@ -79,6 +84,9 @@ class SimEngine:
                     handed_off = nxt.finish_reason == HANDED_OFF
                     if not handed_off:
                         out = _merge(out, nxt)
+                if first is not None and out.new_token_ids:
+                    first.log(out.num_cached_tokens)
+                    first = None
                 if out.finish_reason != HANDED_OFF:
                     yield out
                 if out.finished or handed_off:
@@ -161,3 +169,22 @@ def _merge(out: EngineOutput, nxt: EngineOutput) -> EngineOutput:
     """Two outputs of one stream as one: both steps' tokens, the later one's finish."""
     return EngineOutput(out.request_id, [*out.new_token_ids, *nxt.new_token_ids], nxt.finished, nxt.finish_reason,
                         nxt.num_cached_tokens or out.num_cached_tokens)
+
+
+class _FirstToken:
+    """TOKENYARD_LOG_LEVEL=debug: one `first_token` line per request — what the engine held
+    when it arrived (running and waiting requests, prompt tokens queued for prefill) and what
+    it did with it (prefix tokens found cached, wall ms to its first token). bench.live_router
+    --route-log pairs the lines with its requests, behind any router."""
+
+    __slots__ = ("req", "stats", "t0")
+
+    def __init__(self, req: AdmittedRequest, stats: EngineStats, t0: float):
+        self.req, self.stats, self.t0 = req, stats, t0
+
+    def log(self, cached: int) -> None:
+        s = self.stats
+        log.debug("first_token", request_id=self.req.request_id, prompt_tokens=self.req.prompt_len,
+                  cached_tokens=cached, arrived_s=round(time.time() - (time.monotonic() - self.t0), 4),
+                  ttft_ms=round((time.monotonic() - self.t0) * 1000, 2), running=s.running, waiting=s.waiting,
+                  queued_prefill=s.queued_prefill_tokens, queued_prefill_net=(s.queued_prefill_ahead_net or [None])[-1])

@@ -5,12 +5,14 @@
     python -m bench.control_plane --baseline main    # side by side with another commit's code
     python -m bench.control_plane --baseline HEAD --baseline-router separate   # the router's crossing alone
     python -m bench.control_plane --baseline HEAD --baseline-admission separate   # admission's hand-over alone
+    python -m bench.control_plane --baseline HEAD --baseline-edge-processes 2   # the edge's own processes alone
 
 It brings a fleet up with `tokenyard.launcher.FleetProcesses(workers=2, profile="zero")`:
 simulated workers whose every step takes zero time, so whatever latency a client sees is the
 control plane's (edge → admission → queue → router → worker → back to the client). The router
 and admission run in the queue's process, as `tokenyard up` runs them (`--router separate`,
-`--admission separate`: each its own process, one NATS crossing more each).
+`--admission separate`: each its own process, one NATS crossing more each), and so does the
+HTTP edge (`--edge-processes N`: N edge processes of their own, one more crossing each way).
 
 (a) Time added to first token. `bench serve` with max_tokens = 1, short prompts, at a low
     Poisson rate (default 20 req/s, so requests do not queue behind each other), after a
@@ -208,7 +210,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from tokenyard.launcher import FleetProcesses
 
     async with FleetProcesses(workers=args.workers, profile="zero", http_port=0, model=args.model,
-                              router=args.router, admission=args.admission, worker_http=True) as fleet:
+                              router=args.router, admission=args.admission, worker_http=True,
+                              edge_processes=args.edge_processes) as fleet:
         result = await measure(fleet.nats_url, fleet.http_url, args, fleet)
     result["router"] = args.router
     if args.profile_requests > 0:
@@ -239,19 +242,27 @@ async def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
     if base_admission == "in-queue" and not can:
         raise ValueError(f"{args.baseline} has no admission in the queue's process (tokenyard queue --with-admission)")
     admissions = {args.baseline: base_admission, THIS_TREE: args.admission}
+    # A commit from before `tokenyard queue --http-port` runs its edge on its own, as its `up` does.
+    can = has_text(args.baseline, "services/priority_queue/cli.py", "--http-port")
+    base_edges = args.baseline_edge_processes
+    if base_edges is None:
+        base_edges = 0 if can else shared_config.edge_processes()
+    if base_edges == 0 and not can:
+        raise ValueError(f"{args.baseline} has no edge in the queue's process (tokenyard queue --http-port)")
+    edges = {args.baseline: base_edges, THIS_TREE: args.edge_processes}
     with baseline_env(args.baseline) as env:
         fleets = {args.baseline: env, THIS_TREE: {}}
         ttft = await hop_profile.side_by_side(fleets, args.workers, args.model, args.ttft_prompts, args.ttft_rate,
                                               traced=False, warmup=args.warmup, routers=routers,
-                                              admissions=admissions)
+                                              admissions=admissions, edges=edges)
         hops = None
         if args.profile_requests > 0:
             hops = await hop_profile.side_by_side(fleets, args.workers, args.model, args.profile_requests,
                                                   args.ttft_rate, traced=True, warmup=args.warmup, routers=routers,
-                                                  admissions=admissions)
+                                                  admissions=admissions, edges=edges)
     result: dict[str, Any] = {"workers": args.workers, "baseline": args.baseline,
                               "baseline_commit": commit_of(args.baseline), "routers": routers,
-                              "admissions": admissions,
+                              "admissions": admissions, "edge_processes": edges,
                               "paired_ttft": ttft, "paired_hops": hops}
     mine = ttft[THIS_TREE]
     result["ttft"] = {path: {"completed": r["completed"], "failed": r["sent"] - r["completed"],
@@ -297,7 +308,8 @@ async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace,
         result["ttft"]["http"] = await timed("http", http_url)
     if cpu:
         result["cpu_ms_per_request"] = cpu
-    result["steps"] = await rate_steps(nats_url, args)
+    result["rate_path"] = args.rate_path
+    result["steps"] = await rate_steps(http_url if args.rate_path == "http" and http_url else nats_url, args)
     result["sustained_rate"] = max((s["rate"] for s in result["steps"] if s["held"]), default=0.0)
     result["verdicts"] = verdicts(result)
     return result
@@ -316,6 +328,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RATES))
     p.add_argument("--step-seconds", type=float, default=3.0, help="each rate step lasts about this long")
     p.add_argument("--min-prompts", type=int, default=500)
+    p.add_argument("--rate-path", choices=("nats", "http"), default="nats",
+                   help="the rate steps' client: on NATS (the target's figure), or on the edge's HTTP port "
+                        "(what the HTTP front's layout, --edge-processes, holds)")
     p.add_argument("--profile-requests", type=int, default=200,
                    help="requests a path for the per-hop profile, on a second, traced fleet (0: skip)")
     p.add_argument("--baseline", metavar="REF",
@@ -328,6 +343,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where this tree's fleet runs admission: in the queue's process, or its own")
     p.add_argument("--baseline-admission", choices=("in-queue", "separate"), default=None,
                    help="the same for the --baseline fleet (default: in-queue where that commit has it, else separate)")
+    p.add_argument("--edge-processes", type=int, default=0, metavar="N",
+                   help="this tree's fleet's edge processes of their own (default 0: the edge in the queue's process, "
+                        "as `tokenyard up` runs it)")
+    p.add_argument("--baseline-edge-processes", type=int, default=None, metavar="N",
+                   help="the same for the --baseline fleet (default: what that commit's `up` runs — in the queue's "
+                        "process where it has `queue --http-port`, else one per CPU)")
     p.add_argument("--json", help="write the result here")
     return p.parse_args(argv)
 

@@ -44,7 +44,8 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         t.add_row("total", *(f"{sum(cpu[p].values()):.3f}" for p in cpu))
         console.print(t)
 
-    t = Table(title="Offered rate steps (NATS, max_tokens = 4; req/s and ms)", box=box.SIMPLE_HEAD)
+    t = Table(title=f"Offered rate steps ({result.get('rate_path', 'nats').upper()}, max_tokens = 4; req/s and ms)",
+              box=box.SIMPLE_HEAD)
     columns = (
         "rate",
         "offered",
@@ -118,10 +119,12 @@ def print_added(by_label: dict[str, dict[str, Any]], console: Console, path: str
 
 def print_side_by_side(result: dict[str, Any], console: Console) -> None:
     routers, admissions = result.get("routers", {}), result.get("admissions", {})
+    edges = result.get("edge_processes", {})
 
-    def named(k: str) -> str:  # each fleet named with where it runs its router and admission
+    def named(k: str) -> str:  # each fleet named with where it runs its router, admission and edge
         where = [f"router {routers[k]}"] if k in routers else []
         where += [f"admission {admissions[k]}"] if k in admissions else []
+        where += [f"edge {'in-queue' if edges[k] == 0 else f'×{edges[k]}'}"] if k in edges else []
         return f"{k} ({', '.join(where)})" if where else k
 
     ttft = {named(k): v for k, v in result["paired_ttft"].items()}

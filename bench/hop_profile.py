@@ -272,13 +272,15 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                        traced: bool, warmup: int = 20,
                        prompt: str = "a short prompt of a few words",
                        routers: dict[str, str] | None = None,
-                       admissions: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+                       admissions: dict[str, str] | None = None,
+                       edges: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """One fleet per label (its environment: e.g. bench/baseline.py's, to run another commit's
     code), all up at once; the requests go to them in turn (a fresh random order each round),
     so each fleet sees the same machine at the same moments. Per label and path: the client's
     TTFT percentiles and, when `traced`, the per-hop segments. `routers`: label → where that
     fleet runs its router (FleetProcesses.router; default in the queue's process); `admissions`:
-    the same for admission (FleetProcesses.admission)."""
+    the same for admission (FleetProcesses.admission); `edges`: its edge processes
+    (FleetProcesses.edge_processes; default 0, the edge in the queue's process)."""
     from tokenyard.shared import natsutil
     from tokenyard.shared.client import TokenyardClient
 
@@ -296,6 +298,7 @@ async def side_by_side(fleets: dict[str, dict[str, str]], workers: int, model: s
                 fleet = await stack.enter_async_context(FleetProcesses(
                     workers=workers, profile="zero", http_port=0, model=model,
                     router=(routers or {}).get(label, "in-queue"), admission=(admissions or {}).get(label, "in-queue"),
+                    edge_processes=(edges or {}).get(label, 0),
                     extra_env={**env, **(tracing if traced else {})}, worker_http=not traced))
                 await wait_healthy(http, fleet.worker_http_urls)
                 client = await stack.enter_async_context(await TokenyardClient.connect(fleet.nats_url))

@@ -8,9 +8,9 @@ the same kind of simulated workers, the same seeded workload from `tokenyard ben
 * tokenyard: `tokenyard up`'s processes (edge, admission, queue, router with its default
   policy, macro-instance, N `tokenyard worker --engine sim` workers), the client on the edge's
   HTTP port.
-  The edge runs as `tokenyard up`'s default number of processes (one per CPU).
-* tokenyard-1edge: the same with a single edge process (`--edge-processes 1`, the edge before
-  round 6).
+  The edge runs as `tokenyard up` runs it by default: in the queue's process (round 11).
+* tokenyard-1edge: the same with a single edge process of its own (`--edge-processes 1`, the
+  edge before round 6).
 * tokenyard-noflow: the default fleet with the queue's flow control off (`tokenyard queue
   --flow-control off`: requests go to the router as they come, not when a worker's heartbeat
   shows room). A diagnostic of where the time goes, not a setting to use.
@@ -55,7 +55,7 @@ from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import config, natsutil
 
 from bench._out import write_result
-from bench.baseline import baseline_env
+from bench.baseline import baseline_env, has_text
 from bench.route_log import (
     choice_summary,
     engine_placements,
@@ -103,6 +103,16 @@ def cpu_s(procs: list[tuple[str, subprocess.Popen]]) -> dict[str, float]:
 
 IDLE_WINDOW_S = 5.0
 """Before each run: how long the fleet is watched with no request in flight (`idle_cpu_ms_per_s`)."""
+
+
+def _edge_processes(name: str, args) -> int:
+    """What `tokenyard up` runs for the fleet `name`: the edge in the queue's process (0), or, on
+    a --baseline commit from before `tokenyard queue --http-port`, one edge process per CPU."""
+    if name == "tokenyard-1edge":
+        return 1
+    if name == "tokenyard-ref" and not has_text(args.baseline, "services/priority_queue/cli.py", "--http-port"):
+        return config.edge_processes()
+    return 0
 
 
 async def measured(bench: BenchConfig, procs: list[tuple[str, subprocess.Popen]]) -> dict[str, Any]:
@@ -252,7 +262,7 @@ async def _tokenyard(args, bench: BenchConfig, logs: Path, env: dict[str, str] |
                      for p in (logs / name / f"worker-{i}.log" for i in range(args.workers))]
     fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
                            router_policy=args.policy, log_dir=str(logs / name), extra_env=env,
-                           edge_processes=1 if name == "tokenyard-1edge" else config.edge_processes(),
+                           edge_processes=_edge_processes(name, args),
                            router_args=["--flow-control", "off"] if name == "tokenyard-noflow" else [])
     async with fleet:
         bench.target = fleet.http_url

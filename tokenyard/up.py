@@ -22,9 +22,9 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "up", help="start nats-server and every service as processes",
-        description="Bring a whole fleet up on this machine: a NATS server, the edge (HTTP), admission, "
-        "queue, router, macro-instance controller and N workers, each its own process. Ctrl-C drains "
-        "and stops everything.",
+        description="Bring a whole fleet up on this machine: a NATS server; the queue, with the HTTP edge, "
+        "admission and the router in its process (each asked by a call); the macro-instance controller; N workers. "
+        "Ctrl-C drains and stops everything.",
     )
     p.add_argument("--workers", type=int, default=2, help="engine instances to start (at least 1)")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
@@ -48,9 +48,11 @@ def register(sub) -> None:
     p.add_argument("--nats-cluster", type=int, default=0, metavar="N",
                    help="start N nats-servers clustered over loopback routes (JetStream R3) instead of one")
     p.add_argument("--http-port", type=int, default=8000, help="port of the OpenAI-compatible HTTP API")
-    p.add_argument("--edge-processes", type=int, default=None, metavar="N",
-                   help="edge processes serving the HTTP port together (default: one per CPU, at most "
-                        f"{config.EDGE_MAX_PROCESSES}: {config.edge_processes()} here)")
+    p.add_argument("--edge-processes", type=int, default=0, metavar="N",
+                   help="edge processes of their own serving the HTTP port together, to scale the HTTP front "
+                        "apart (default 0: the edge runs in the queue's process and hands each request to admission "
+                        f"by a call; with --admission separate, one per CPU, at most {config.EDGE_MAX_PROCESSES}: "
+                        f"{config.edge_processes()} here)")
     p.add_argument("--policy", choices=list(POLICIES), default=DEFAULT_POLICY,
                    help=f"how the router picks a worker (default {DEFAULT_POLICY})")
     p.add_argument("--router", choices=ROUTER_PLACES, default="in-queue",
@@ -107,8 +109,8 @@ def _refusal(args) -> str | None:
         return "--speed must be > 0"
     if args.macro_size < 1:
         return "--macro-size must be at least 1"
-    if args.edge_processes is not None and args.edge_processes < 1:
-        return "--edge-processes must be at least 1"
+    if args.edge_processes < 0:
+        return "--edge-processes must be at least 0"
     if args.tenants and not os.path.isfile(args.tenants):
         return f"--tenants: no such file: {args.tenants}"
     if args.http_port and natsutil.port_taken("127.0.0.1", args.http_port):  # edges share theirs (SO_REUSEPORT)
@@ -155,7 +157,7 @@ async def run_up(args) -> int:
         ready_timeout_s=300.0 if args.engine == "vllm" else 60.0,  # a vLLM engine starts in 15-60 s
         macro_args=macro_args(args), tenants=args.tenants, nats_secure=not args.no_nats_auth,
         creds_dir=args.nats_creds_dir, nats_tls=_tls(args),
-        edge_processes=args.edge_processes or config.edge_processes(),
+        edge_processes=args.edge_processes,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

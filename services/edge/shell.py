@@ -19,6 +19,10 @@ them). Each has its own NATS connection, client lease and inbox subscription, an
 to one directory (prometheus_client's multiprocess mode, env PROMETHEUS_MULTIPROC_DIR, set by
 whoever starts them), and `/metrics` on any of them is the sum over all of them.
 
+In the queue's process (`tokenyard queue --with-admission --http-port P`, `tokenyard up`'s
+default) the edge hands each request to admission by a call (AdmissionShell.submit) and gets
+admission's answers straight in the stream's inbox: one process and two crossings fewer.
+
 The HTTP status is decided before any byte goes out, hence the wait for the first event.
 The edge's client holds a lease (`llm.v1.lease.<id>`, shared/client.py): if the edge dies,
 the routers abort its requests within seconds. A client that goes away aborts its request:
@@ -60,7 +64,7 @@ from prometheus_client import (
 from tokenyard.services.edge import core
 from tokenyard.services.edge.core import ApiError, Endpoint
 from tokenyard.shared import config, http_front, metrics, openai_api, schemas, subjects, telemetry, validation
-from tokenyard.shared.client import TokenyardClient
+from tokenyard.shared.client import LocalAdmission, TokenyardClient
 from tokenyard.shared.schemas import Outcome
 from tokenyard.shared.service import new_instance_id
 
@@ -239,8 +243,11 @@ class _Call:
 class EdgeShell:
     kind = "edge"
 
-    def __init__(self, cfg: EdgeConfig | None = None, instance_id: str | None = None):
+    def __init__(self, cfg: EdgeConfig | None = None, instance_id: str | None = None,
+                 admission: LocalAdmission | None = None):
+        """`admission`: in this process, handed each request by a call; None: `llm.v1.submit`."""
         self.config = cfg or EdgeConfig()
+        self.admission = admission
         self.instance_id = instance_id or new_instance_id(self.kind)
         self.metrics = EdgeMetrics()
         self.port: int | None = None
@@ -259,7 +266,7 @@ class EdgeShell:
 
     async def start(self, nc: Client, service: Service) -> None:
         self._nc = nc
-        self.client = TokenyardClient(nc)
+        self.client = TokenyardClient(nc, admission=self.admission)
         self._started_at = int(time.time())
         self.max_body_bytes = self.config.max_body_bytes or openai_api.body_limit(nc.max_payload)
         self.max_payload = nc.max_payload

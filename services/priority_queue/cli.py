@@ -8,6 +8,11 @@ by a call, one NATS crossing fewer per request; it still serves `llm.v1.route` f
 admitted request is handed to the queue by a call while JetStream stores it, one crossing fewer
 again; admission's options are taken as `tokenyard admission` takes them.
 
+`--http-port P` (with `--with-admission`) serves the OpenAI HTTP API from this process too (also
+what `tokenyard up` starts): the edge hands each request to admission by a call, not over NATS
+(services/edge/shell.py); `tokenyard edge` still runs the HTTP front on its own, to scale it apart.
+Several such processes may run side by side, each an admission, queue and router replica.
+
 `make_policy(name)` is the one registry of queue policies (services.priority_queue.policies
 .registry), shared with `tokenyard sim --queue-policy`."""
 
@@ -60,10 +65,18 @@ def register(sub) -> None:
     g.add_argument("--admission-metrics-port", type=int, default=None,
                    help="that admission's Prometheus /metrics port (0: any free port)")
     add_admission_arguments(g)
+    g = p.add_argument_group("the HTTP edge in this process (with --with-admission)")
+    g.add_argument("--http-port", type=int, default=None,
+                   help="serve the OpenAI-compatible HTTP API on this port from this process, its requests handed "
+                        "to admission by a call (0: any free port; default: no HTTP here, run `tokenyard edge`)")
+    g.add_argument("--http-host", default="127.0.0.1", help="the HTTP bind address (default: %(default)s)")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
+    if args.http_port is not None and not args.with_admission:
+        raise SystemExit("tokenyard queue: error: --http-port needs --with-admission (the edge hands its requests "
+                         "to admission in this process)")
     from tokenyard.services.priority_queue.core import QueueConfig
     from tokenyard.services.priority_queue.shell import QueueShell
     from tokenyard.shared.feed import ProcessFeeds
@@ -87,7 +100,16 @@ def main(args) -> int:
         return 0
     from tokenyard.services.admission.cli import admission_shell
 
-    # admission last: it takes requests only once its queue serves, and stops taking them first
-    run(admission_shell(args, queue=queue, feeds=feeds), args.nats, args.admission_metrics_port,
-        also=[*also, (queue, args.metrics_port)], name="queue")
+    # admission after its queue: it takes requests only once its queue serves, and stops taking
+    # them first; the edge after admission, for the same reason
+    admission = admission_shell(args, queue=queue, feeds=feeds)
+    also = [*also, (queue, args.metrics_port)]
+    if args.http_port is None:
+        run(admission, args.nats, args.admission_metrics_port, also=also, name="queue")
+        return 0
+    from tokenyard.services.edge.shell import EdgeConfig, EdgeShell
+
+    edge = EdgeShell(EdgeConfig(host=args.http_host, http_port=args.http_port,
+                                models=args.model or [config.DEFAULT_MODEL]), admission=admission)
+    run(edge, args.nats, None, also=[*also, (admission, args.admission_metrics_port)], name="queue")
     return 0

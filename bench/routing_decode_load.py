@@ -17,6 +17,12 @@ Each name is GUARD-TIE-STALL:
 
     python -m bench.routing_decode_load --tune [--only q-rq0-half,…] [--workloads …] [--loads …]
     python -m bench.routing_decode_load --reported OUT [--only …]   # beside the committed peers
+    python -m bench.routing_decode_load --twin 24 [--only q-own-half]   # the live-cadence twin
+
+`--twin N` runs round 11's live-cadence twin (ChatBot, 4 × a100-llama3-8b, 300 requests, rate
+3.75 and 11.25 req/s × 4, heartbeat 0.025 s: bench.live_router's twin at ×1 and ×3) on seeds
+0 … N−1 with the variants, the router's default and sglang, and prints each one's TTFT p50 /
+p99 per seed and how many seeds each wins against sglang.
 
 `q-own-half` is rounds 4–11's default and `q-rq0-half` the router's default since round 12
 (tests/test_bench_routing_decode_load.py pins the latter against the router). Numbers:
@@ -104,6 +110,28 @@ VARIANTS = [f"{g}-{t}-{s}" for g in ("q", "qx", "qh", "qm", "qd", "qxd") for t i
             for s in ("half", "excess", "bexcess")]
 
 
+def twin(names: list[str], seeds: int) -> None:
+    from tokenyard.loadgen.workloads import open_workload
+    from tokenyard.simulator.cluster import SimConfig
+    from tokenyard.simulator.run import simulate
+
+    policies = {**{n: register(n) for n in names}, "default": core.DEFAULT_POLICY, "sglang": "sglang"}
+    for rate in (3.75, 11.25):
+        won = {k: [0, 0] for k in policies}
+        for seed in range(seeds):
+            w = open_workload("chatbot", num_requests=300, rate=rate, rate_scale=4, seed=seed)
+            got = {k: simulate(w, SimConfig(instances=4, profile="a100-llama3-8b", policy=p, heartbeat_s=0.025,
+                                            seed=seed), None) for k, p in policies.items()}
+            ref = got["sglang"]
+            for k, r in got.items():
+                won[k][0] += r["median_ttft_ms"] < ref["median_ttft_ms"]
+                won[k][1] += r["p99_ttft_ms"] < ref["p99_ttft_ms"]
+            print(f"×{rate / 3.75:g} seed {seed}: " + " | ".join(
+                f"{k} {r['median_ttft_ms']:.1f} / {r['p99_ttft_ms']:.1f}" for k, r in got.items()), flush=True)
+        print(f"×{rate / 3.75:g}, seeds won against sglang (p50, p99): " + ", ".join(
+            f"{k} {a}, {b}" for k, (a, b) in won.items() if k != "sglang"), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(VARIANTS))
@@ -111,8 +139,12 @@ def main() -> int:
     ap.add_argument("--workloads", default="mooncake-tune-a,mooncake-tune-b,mooncake-tune-c,chatbot")
     ap.add_argument("--loads", default="0.5,1,1.5,2,3")
     ap.add_argument("--reported", metavar="OUT", help="each variant on the reported cells, into OUT/VARIANT")
+    ap.add_argument("--twin", type=int, metavar="N", help="the live-cadence twin on seeds 0 … N−1")
     args = ap.parse_args()
     names = [x for x in args.only.split(",") if x]
+    if args.twin:
+        twin(names, args.twin)
+        return 0
     if args.reported:
         for name in names:
             print(ra.reported(name, register(name), Path(args.reported) / name, str(ra.TRACES), 1000), flush=True)

@@ -80,7 +80,8 @@ candidates' mean of B, all on instance i; lower cost wins):
                           exemption
   --only also takes a router policy by name (a peer, or `marginal-latency` itself), run as is.
 These are measurements of the default's design, not policies: none of them is offered by the
-router (only `slackhalf-bl-stickyq` is, as `marginal-latency`; `bl-stickyq` was round 3's
+router (only `slackhalf-bl-stickyq-trq0` is, as `marginal-latency` since round 12;
+`slackhalf-bl-stickyq` was rounds 4–11's default, `bl-stickyq` round 3's
 default, `bl` round 2's, `default` the one before). The reported
 workloads (mooncake-report, api) are here only to show what the change did there after it
 was chosen; the choice used mooncake-tune and chatbot.

@@ -1,4 +1,4 @@
-"""bench/routing_ablation.py: its copy of the default is the router's default, round 9's idle
+"""bench/routing_ablation.py: its copy of the default (round 12: `-trq0`) is the router's default, round 9's idle
 rule prices the stall whole where an idle candidate exists, and --reported puts a variant
 beside the committed peers of each reported cell."""
 
@@ -22,7 +22,7 @@ def test_the_ablations_copy_of_the_default_decides_as_the_router_does(monkeypatc
     monkeypatch.setattr(core, "POLICIES", dict(core.POLICIES))  # the variant's registration ends with the test
     w = open_workload("chatbot", num_requests=150, rate_scale=2.0)
     runs = [simulate(w, SimConfig(instances=4, profile="a100-llama3-8b", policy=p), {"ttft": 2000.0, "tpot": 100.0})
-            for p in (ab.router_policy("slackhalf-bl-stickyq"), sweep.DEFAULT)]
+            for p in (ab.router_policy("slackhalf-bl-stickyq-trq0"), sweep.DEFAULT)]
     keys = ("mean_ttft_ms", "p99_tpot_ms", "prefix_hit_ratio", "request_goodput", "duration")
     assert [runs[0][k] for k in keys] == [runs[1][k] for k in keys]
 

@@ -72,7 +72,7 @@ def test_bad_options_exit_2_with_a_message(args, message, capsys):
 
 def test_the_heartbeat_interval_is_the_live_benchs_at_its_speed(tmp_path):
     # the live bench's ×3 twin (bench.live_router.sim_twin): at a --speed 0.25 worker's cadence,
-    # 0.025 simulated s, the default's median is 2 ms slower than at the simulator's default 0.1 s
+    # 0.025 simulated s, the default's median is ~1 ms slower than at the simulator's default 0.1 s
     runs = {}
     for hb in ("0.1", "0.025"):
         out = tmp_path / f"{hb}.json"
@@ -81,7 +81,8 @@ def test_the_heartbeat_interval_is_the_live_benchs_at_its_speed(tmp_path):
                      "--heartbeat-s", hb, "--json", str(out)]) == 0  # fmt: skip
         runs[hb] = json.loads(out.read_text())
     assert runs["0.025"]["config"]["heartbeat_s"] == 0.025
-    assert runs["0.025"]["median_ttft_ms"] > runs["0.1"]["median_ttft_ms"] + 1.0  # 39.9 against 37.8 ms (round 11)
+    # 39.9 against 39.0 ms since round 12's tie-break (37.8 under round 11's default)
+    assert runs["0.025"]["median_ttft_ms"] > runs["0.1"]["median_ttft_ms"] + 0.5
 
 
 def test_bit_for_bit_across_processes_and_hash_seeds(tmp_path):

@@ -46,7 +46,7 @@ def numpy_bounded_load(load, queued, hit, new, cand, c, sticky):
     return keep | exempt, True
 
 
-def numpy_marginal_cost(new, queued, absorb, load, cand):
+def numpy_marginal_cost(new, queued, absorb, load, running, cand):
     n = new[cand]
     own = queued[cand] + n
     stalled = own - absorb[cand]
@@ -57,7 +57,11 @@ def numpy_marginal_cost(new, queued, absorb, load, cand):
     cost += n * (int(np.add.reduce(b)) / len(b))
     cost /= 2.0
     cost += own
-    return cost, own
+    # round 12's tie-break (bench.routing_ablation's `rq0`): ⌊own⌋, then fewer running
+    # sequences among the candidates with nothing queued
+    r = running[cand].astype(np.float64)
+    tie = np.floor(own) + np.where(queued[cand] == 0, r / (r.max() + 1.0), 0.0)
+    return cost, tie
 
 
 def numpy_pick(ids, last_chosen, cand, scores, tiebreak):
@@ -111,13 +115,28 @@ def test_the_bounded_load_kernel_is_the_numpy_guard(fleet, c, sticky):
 
 
 @settings(max_examples=400, deadline=None)
-@given(fleet=fleets())
-def test_the_marginal_cost_kernel_is_the_numpy_scorer_bit_for_bit(fleet):
+@given(fleet=fleets(), data=st.data())
+def test_the_marginal_cost_kernel_is_the_numpy_scorer_bit_for_bit(fleet, data):
     load, queued, _, new, absorb, cand = fleet
-    cost, own = kernels.marginal_cost(new, queued, absorb, load, cand)
-    want_cost, want_own = numpy_marginal_cost(new, queued, absorb, load, cand)
+    n = len(load)
+    running = np.array(data.draw(st.lists(st.integers(0, 300), min_size=n, max_size=n)), dtype=np.int64)
+    idle = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))  # rows with nothing queued
+    queued = np.where(idle, 0.0, queued)
+    cost, tie = kernels.marginal_cost(new, queued, absorb, load, running, cand)
+    want_cost, want_tie = numpy_marginal_cost(new, queued, absorb, load, running, cand)
     # tolist compares Python floats: equal values, not within a tolerance
-    assert cost.tolist() == want_cost.tolist() and own.tolist() == want_own.tolist()
+    assert cost.tolist() == want_cost.tolist() and tie.tolist() == want_tie.tolist()
+
+
+def test_ties_on_own_ttft_go_to_fewer_running_sequences_where_nothing_is_queued():
+    # own TTFT 640 on rows 0-2 (row 2 only through its queue), 641 on row 3
+    new = np.array([640, 640, 600, 641], dtype=np.int64)
+    queued = np.array([0.0, 0.0, 40.0, 0.0])
+    running = np.array([5, 2, 0, 0], dtype=np.int64)
+    _, tie = kernels.marginal_cost(new, queued, np.full(4, math.inf), np.ones(4, dtype=np.int64), running,
+                                   np.arange(4))
+    # max running 5: 640 + 5/6, 640 + 2/6; a queue takes no fraction; the fraction stays below 1
+    assert tie.tolist() == [640.0 + 5 / 6, 640.0 + 2 / 6, 640.0, 641.0]
 
 
 @settings(max_examples=400, deadline=None)
@@ -163,7 +182,7 @@ def test_the_prefix_rows_kernel_is_the_numpy_hit_new_p(n, block, chain, plen, he
 
 def test_a_nan_cost_stays_nan_so_the_pipeline_refuses_it():
     one = np.ones(1, dtype=np.int64)
-    cost, _ = kernels.marginal_cost(one, np.zeros(1), np.array([math.nan]), one, np.arange(1))
+    cost, _ = kernels.marginal_cost(one, np.zeros(1), np.array([math.nan]), one, one, np.arange(1))
     assert math.isnan(cost[0])  # np.maximum / np.minimum propagate it: the kernel does too
 
 

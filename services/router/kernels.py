@@ -6,7 +6,7 @@ scorer were ~25 of them a decision.
     spread_runs(masks, counts, size)                           → hit in blocks per slot
     prefix_rows(blocks, n, B, plen, most, queued, hit, new, p)  fills hit, new, P in place
     bounded_load(load, queued, hit, new, cand, c, sticky)      → (keep, sticky_used)
-    marginal_cost(new, queued, absorb, load, cand)             → (cost, own)
+    marginal_cost(new, queued, absorb, load, running, cand)    → (cost, tiebreak)
     argmin_tied(scores, tiebreak, last_chosen, cand)           → the rows still tied
 
 The formulas are the ones services/router/index.py (the runs' count), core.py (hit, new, P),
@@ -52,7 +52,7 @@ def load() -> None:
         "spread_runs": i_out(u8, i, types.int64),
         "prefix_rows": types.none(ia, types.int64, types.int64, types.int64, types.int64, f, i_out, i_out, f_out),
         "bounded_load": types.Tuple((b_out, types.boolean))(i, f, i, i, ia, types.float64, types.boolean),
-        "marginal_cost": types.Tuple((f_out, f_out))(i, f, f, i, ia),
+        "marginal_cost": types.Tuple((f_out, f_out))(i, f, f, i, i, ia),
         "argmin_tied": i_out(fa, fa, i, ia),
     }
     for name, signature in signatures.items():
@@ -161,21 +161,28 @@ def _bounded_load(
 
 
 def _marginal_cost(
-    new: np.ndarray, queued: np.ndarray, absorb: np.ndarray, load: np.ndarray, cand: np.ndarray
+    new: np.ndarray, queued: np.ndarray, absorb: np.ndarray, load: np.ndarray, running: np.ndarray, cand: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """MarginalLatencyScorer's cost and own TTFT per candidate:
+    """MarginalLatencyScorer's cost and tie-break per candidate:
 
         own_j    = Q_i + N_i
         stalled  = min(max(own_j − A_i, 0), N_i)
         cost_j   = (stalled · B_i + N_i · B̄) / 2 + own_j,   B̄ = Σ_cand B / m
+        tie_j    = ⌊own_j⌋ + [Q_i = 0] · R_i / (max_cand R + 1),   R = running sequences
+
+    (the fraction, below 1, orders only candidates whose whole own TTFT ties: among those with
+    nothing queued, the one decoding fewer sequences)
     """
     m = len(cand)
     total = 0
+    most = 0
     for j in range(m):
         total += load[cand[j]]
+        if running[cand[j]] > most:
+            most = running[cand[j]]
     mean = total / m
     cost = np.empty(m)
-    own = np.empty(m)
+    tie = np.empty(m)
     for j in range(m):
         i = cand[j]
         n = new[i]
@@ -191,8 +198,11 @@ def _marginal_cost(
         x /= 2.0
         x += o
         cost[j] = x
-        own[j] = o
-    return cost, own
+        t = np.floor(o)
+        if queued[i] == 0.0:
+            t += running[i] / (most + 1.0)
+        tie[j] = t
+    return cost, tie
 
 
 def _argmin_tied(scores: np.ndarray, tiebreak: np.ndarray, last_chosen: np.ndarray, cand: np.ndarray) -> np.ndarray:

@@ -39,8 +39,10 @@ and the block index (view.hit → view.new):
                                              ahead of their SLO, a chunk beside them costs
                                              them no SLO, while the queue's flow control
                                              holds i's backlog to the same slack
-    cost_i        own TTFT + prefill stall; lower is better; ties → lower own TTFT, then
-                  least recently chosen
+    cost_i        own TTFT + prefill stall; lower is better; ties → lower own TTFT (whole
+                  tokens), then, among candidates with nothing queued (Q_i = 0), fewer
+                  running sequences R_i (the heartbeat's), then least recently chosen:
+                  tie_i = ⌊Q_i + N_i⌋ + [Q_i = 0] · R_i / (max R + 1)   (round 12)
 
 What each term does for the figures (docs/results-routing.md):
 * Cache affinity is priced in tokens (N_i), and its weight 1 + (B_i + B̄)/2 grows with the
@@ -60,6 +62,12 @@ What each term does for the figures (docs/results-routing.md):
 * The sticky exemption keeps a conversation on the instance holding it when that instance
   is a few sequences over a small mean (the lightly loaded fleet, where ⌈1.25 × mean⌉ is a
   tight integer bound) and r would still get its first token there soonest.
+* The tie-break on running sequences (round 12) is the decode load where the cost cannot see
+  it: while i's decodes run inside their TPOT slack the stall is free, so a fresh prompt
+  (no holder, or one every instance holds) ties on every idle-queued instance and went to the
+  least recently chosen; it now goes to the one decoding fewest, which spreads the chunked
+  prefills that make the TPOT tail. Measured on main a399612 (docs/results-routing.md
+  round 12): reported cells won TPOT p99 3 → 9, goodput 5 → 6, TTFT 3 → 3, hit 20 → 20.
 * The decode slack prices i's decode load as i's own decodes feel it: a batch whose decodes
   run far ahead of their TPOT SLO takes a long prefill at the price of r's own wait; a
   batch of tight decodes (new ones, or a long context's slow steps) charges r's tokens the
@@ -97,7 +105,12 @@ Round 9 (no preemption in any reported cell, so no KV-headroom term): i's absorb
 while a candidate is idle, beyond the mean batch, or in the sticky exemption (TPOT p99 geomean
 −11 to −14 % and 4–9 more goodput cells, but Azure's turns leave their holders: hit cells
 won 18 → 7–13); ties toward fewer running sequences where nothing is queued (TPOT p99 won
-7 → 9, goodput 5 → 9, but TTFT 4 → 1 on three API margins and hit 18 → 17).
+7 → 9, goodput 5 → 9, but TTFT 4 → 1 on three API margins and hit 18 → 17; shipped in round
+12, rerun against the peers under the class cap: TTFT 3 → 3, hit 20 → 20). Round 12: the
+absorbed stall priced beyond the fleet's mean batch, min(N, A)·max(0, B_i − B̄)/2, with or
+without this tie-break, or the sticky exemption only where r's hit exceeds its whole wait there
+(hit > Q + N), or more than it computes (hit ≥ N): better on the tuning workloads (TPOT p99
+cells 4 → 9–13 of 20), but Azure's turns leave their holders (reported hit cells 20 → 11–14).
 """
 
 from __future__ import annotations
@@ -121,8 +134,8 @@ class MarginalLatencyScorer:
         # Q + N − S/t within [0, N]; cost = own + (N · B̄ + stalled · B) / 2, B̄ over `cand`:
         # one compiled pass over the candidates (services/router/kernels.py, the same IEEE
         # operations as the numpy expressions it replaced)
-        cost, own = kernels.marginal_cost(view.new, view.queued_prefill, view.absorb, view.load, cand)
-        return Scored(cost, tiebreak=own)
+        cost, tie = kernels.marginal_cost(view.new, view.queued_prefill, view.absorb, view.load, view.running, cand)
+        return Scored(cost, tiebreak=tie)
 
 
 BALANCE_FACTOR = 1.25

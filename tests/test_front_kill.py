@@ -9,6 +9,7 @@ the sweeper instead of an edge, and nothing died)."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -35,22 +36,25 @@ async def test_a_killed_front_cuts_its_own_http_clients_and_loses_no_nats_reques
 
 
 async def test_a_supervisors_children_are_its_edges_not_the_janitors_sweeper():
-    code = ("import subprocess, sys, time\n"
-            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{janitor.TAG}'])\n"
-            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    code = ("import os, subprocess, sys, time\n"  # the tag from the environment: a child forked, not yet
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', os.environ['TAG']])\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"  # exec'd, shows this line
             "time.sleep(60)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code])
+    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TAG": janitor.TAG})
 
     def kids() -> list[int]:
         with open(f"/proc/{parent.pid}/task/{parent.pid}/children") as f:
             return [int(p) for p in f.read().split()]
 
+    def tagged(pid: int) -> bool:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return janitor.TAG.encode() in f.read()
+
     try:
-        await until(lambda: len(kids()) == 2, timeout_s=20, what="both children started")
+        await until(lambda: len(kids()) == 2 and sum(map(tagged, kids())) == 1, timeout_s=20,
+                    what="both children started, one of them the sweeper")
         edges = children_of(parent.pid)
-        assert len(edges) == 1 and edges[0] in kids()
-        with open(f"/proc/{edges[0]}/cmdline", "rb") as f:
-            assert janitor.TAG.encode() not in f.read()
+        assert len(edges) == 1 and edges[0] in kids() and not tagged(edges[0])
     finally:
         for kid in kids():
             subprocess.run(["kill", "-9", str(kid)], check=False)

@@ -1,6 +1,7 @@
 """The chaos probe (bench/faults/chaos.py): its seeded schedule and load, the outcome of a
-stream, and — marked slow (≈ 1 min; deselect with -m "not slow") — a short run on real
-processes: four faults, nothing lost, hung, duplicated or left running."""
+stream, and — marked slow (≈ 1 min each; deselect with -m "not slow") — a short run on real
+processes in each layout (the edge in the queue's process, up's default, or apart): four faults,
+nothing lost, hung, duplicated or left running."""
 
 from __future__ import annotations
 
@@ -60,10 +61,12 @@ def test_a_stream_ended_by_the_clients_own_watchdog_is_lost_not_failed_clean():
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-async def test_a_short_chaos_run_loses_nothing(tmp_path):
+@pytest.mark.parametrize("layout", ["in-queue", "apart"])  # the edge in the queue's process (up's default), or not
+async def test_a_short_chaos_run_loses_nothing(tmp_path, layout):
     args = argparse.Namespace(chaos_seed=1, chaos_s=48.0, chaos_rate=4.0, baseline=None, profile="a100-llama3-8b",
-                              log_dir=str(tmp_path))
+                              log_dir=str(tmp_path), layout=layout)
     row = await probe_chaos(args)
+    assert row["layout"] == layout
     assert [f["kind"] for f in row["faults"]] and len(row["faults"]) == 4
     assert row["sent"] == 192
     assert (row["lost"], row["hung"], row["duplicated"], row["silent_short"], row["left_running"]) == (0, 0, 0, 0, 0), row

@@ -11,11 +11,16 @@ Probes (`--probe NAME`, repeatable; default all):
   queue-kill       SIGKILL the queue holding ≥ 1,000 queued requests while a standby runs (kills.py)
   overload-rss     10× the fleet's measured capacity over HTTP for --overload-s from
                    several generator processes, bad input mixed in; every process's RSS  (overload.py)
-  edge-kill        SIGKILL one of a standalone edge's 2 processes under 40 HTTP streams: its
-                   clients end with an error, the other's complete, the supervisor restarts it (replicas.py)
+  edge-kill        --layout in-queue (up's default): two fronts (queue processes with the edge,
+                   admission and router in them) on one HTTP port, 40 HTTP + 40 NATS streams,
+                   SIGKILL the fleet's: its HTTP clients end with an error, the other front's and
+                   every NATS client's complete, the survivor serves new ones          (fronts.py)
+                   --layout apart: SIGKILL one of a standalone edge's 2 processes under 40 HTTP
+                   streams: its clients end with an error, the other's complete, the supervisor
+                   restarts it                                                          (replicas.py)
   queue-replica-kill  two queues with admission and router in-process, SIGKILL one mid-load
                    (400 P3 streams): nothing admitted lost, nothing placed twice           (replicas.py)
-  chaos            (only when named) the fleet as `up` runs it plus a standby queue, a steady
+  chaos            (only when named; --layout as edge-kill) the fleet as `up` runs it plus a standby queue, a steady
                    mixed load (SSE and TokenyardClient, four classes, client aborts), and at
                    seeded random times a worker, an edge process and the queue SIGKILLed and
                    the nats-server restarted, one at a time                                (chaos.py)

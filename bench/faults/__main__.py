@@ -11,7 +11,8 @@ import sys
 
 import bench.faults as package
 from bench._out import write_result
-from bench.faults.chaos import probe_chaos
+from bench.faults.chaos import layout, probe_chaos
+from bench.faults.fronts import probe_front_kill
 from bench.faults.kills import probe_queue_kill, probe_worker_kill
 from bench.faults.nats_restart import probe_nats_restart
 from bench.faults.overload import probe_overload_rss
@@ -23,7 +24,7 @@ PROBES = {
     "nats-restart": probe_nats_restart,
     "queue-kill": probe_queue_kill,
     "overload-rss": probe_overload_rss,
-    "edge-kill": probe_edge_kill,
+    "edge-kill": lambda args: (probe_front_kill if layout(args) == "in-queue" else probe_edge_kill)(args),
     "queue-replica-kill": probe_queue_replica_kill,
 }
 NOT_BY_DEFAULT = {"chaos": probe_chaos}
@@ -55,6 +56,9 @@ async def main(argv: list[str] | None = None) -> int:
                     help="overload-rss: the simulated workers' speed (small: a capacity this machine can offer 10× of)")
     ap.add_argument("--capacity-concurrency", type=int, default=128)
     ap.add_argument("--edge-streams", type=int, default=40, help="edge-kill: concurrent HTTP streams")
+    ap.add_argument("--layout", choices=("in-queue", "apart"), default="in-queue",
+                    help="edge-kill, chaos: the HTTP edge in the queue's process (up's default: its death is the "
+                         "queue's, admission's and the router's) or in processes of its own (up --edge-processes 2)")
     ap.add_argument("--replica-streams", type=int, default=400, help="queue-replica-kill: P3 streams")
     ap.add_argument("--replica-tokens", type=int, default=64, help="queue-replica-kill: tokens per stream")
     ap.add_argument("--deadline-s", type=float, default=90.0, help="after the fault: later = hung")

@@ -1,13 +1,24 @@
-"""chaos: a fleet as `tokenyard up` runs it (the queue process with admission and router in it,
-the macro, 3 simulated workers, 2 edge processes under the edge's supervisor) plus a standby
-queue process started the same way, under a steady mixed load, while one process after
-another is broken at seeded random times:
+"""chaos: a fleet as `tokenyard up` runs it plus a standby queue process started the same way,
+under a steady mixed load, while one process after another is broken at seeded random times.
+Two layouts (`--layout`):
+
+  in-queue (up's default) the queue process holds the HTTP edge, admission and the router; the
+          standby is a second such front on the same HTTP port (SO_REUSEPORT), so the kernel
+          spreads the HTTP clients over both and, after one's death, sends new ones to the other
+  apart   (`up --edge-processes 2`) the queue process holds admission and the router, 2 edge
+          processes of their own under the edge's supervisor
 
     worker  SIGKILL one worker                   (migration moves its streams)
-    edge    SIGKILL one edge process             (its HTTP clients see an error; restarted)
+    edge    apart: SIGKILL one edge process      (its HTTP clients see an error; restarted)
+            in-queue: SIGKILL the standby front  (edge, admission, queue, router: its HTTP clients
+                                                  see an error, its NATS clients' requests go on)
     queue   SIGKILL the fleet's queue process    (the standby's admission, queue and router go on;
-                                                  what it held comes back after the 30 s ack wait)
+                                                  what it held comes back after the 30 s ack wait;
+                                                  in-queue: the fleet's front with it)
     nats    stop the nats-server for NATS_DOWN_S, start it again on the same port and store
+
+In the in-queue layout a killed front is started again at once (the part the edge's supervisor
+plays for edge processes), so a survivor serves while the next fault falls.
 
 `schedule(seed, load_s)`: the faults in a seeded order, each at a seeded time in the first half
 of its own window of the load (the second half is its recovery); a fault fires only once the
@@ -117,13 +128,17 @@ class Chaos:
         self.tasks: set[asyncio.Task] = set()
         self.faults: list[dict] = []
         self.standby = None
+        self.restarted: list = []
+        """In-queue layout: fronts started in a killed fleet queue's place."""
         self.killed_workers: set[str] = set()
 
     async def run(self, env: dict[str, str]) -> dict:
         args = self.args
         self.server = RestartableNats()
         await self.server.start()
-        self.fleet = fleet_for(args, workers=WORKERS, nats_url=self.server.url, edge_processes=EDGES, extra_env=env)
+        self.in_queue = layout(args) == "in-queue"
+        self.fleet = fleet_for(args, workers=WORKERS, nats_url=self.server.url,
+                               edge_processes=0 if self.in_queue else EDGES, extra_env=env)
         await self.fleet.start()
         self.env = env
         try:
@@ -152,7 +167,8 @@ class Chaos:
             await self.nc.drain()
             return row
         finally:
-            await stop_process(self.standby, 20.0)
+            for p in (self.standby, *self.restarted):
+                await stop_process(p, 20.0)
             await self.fleet.stop()
             self.server.stop()
 
@@ -162,7 +178,7 @@ class Chaos:
     def _expected(self) -> Counter:
         want = self.fleet.expected()
         want["tokenyard-worker"] = WORKERS - len(self.killed_workers)
-        for kind in ("queue", "router", "admission"):
+        for kind in ("queue", "router", "admission", *(("edge",) if self.in_queue else ())):
             want[f"tokenyard-{kind}"] = 1  # the survivor at least (two while the standby runs beside it)
         return want
 
@@ -188,6 +204,13 @@ class Chaos:
                     record["running_on_it"] = len(await running_on(self.nc, f"w{i}"))
                 proc(self.fleet, f"worker-{i}").send_signal(signal.SIGKILL)
                 self.killed_workers.add(f"worker-{i}")
+            case "edge" if self.in_queue:  # the standby front, started again at once
+                i = self.rng.randrange(EDGES)  # drawn as in the other layout: the same draws after it
+                record["victim"] = "standby front"
+                self.standby.send_signal(signal.SIGKILL)
+                while self.standby.poll() is None:  # its port and subscriptions gone before the next
+                    await asyncio.sleep(0.02)
+                self.standby = queue_replica(self.fleet, log_file(self.args, "queue-standby"), self.env)
             case "edge":
                 i = self.rng.randrange(EDGES)
                 record["victim"] = f"edge-{i}"
@@ -195,6 +218,8 @@ class Chaos:
             case "queue":
                 record["victim"] = "queue"
                 proc(self.fleet, "queue").send_signal(signal.SIGKILL)
+                if self.in_queue:  # the fleet's front: another in its place, as the standby was
+                    self.restarted.append(queue_replica(self.fleet, log_file(self.args, "queue-restarted"), self.env))
             case "nats":
                 self.server.stop()
                 await asyncio.sleep(NATS_DOWN_S)
@@ -300,7 +325,7 @@ class Chaos:
             if kind in ("failed_clean", "lost"):
                 reasons[f"{p.via} {s.status} {s.message[:70]}"] += 1
         return {
-            "probe": "chaos", "seed": self.seed, "load_s": self.args.chaos_s, "rate": self.args.chaos_rate,
+            "probe": "chaos", "layout": layout(self.args), "seed": self.seed, "load_s": self.args.chaos_s, "rate": self.args.chaos_rate,
             "sent": len(self.streams), "completed": outcomes["completed"], "failed_clean": outcomes["failed_clean"],
             "aborted": outcomes["aborted"], "lost": outcomes["lost"], "hung": outcomes["hung"],
             "silent_short": outcomes["silent_short"],
@@ -310,6 +335,11 @@ class Chaos:
             "by_via": {k: dict(v) for k, v in by_via.items()},
             "reasons": dict(reasons.most_common(8)), "faults": self.faults, "took_s": round(took_s, 1),
         }
+
+
+def layout(args) -> str:
+    """`--layout`: `in-queue` (up's default: the HTTP edge in the queue's process) or `apart`."""
+    return getattr(args, "layout", None) or "in-queue"
 
 
 def outcome(s: Stream) -> str:

@@ -54,7 +54,7 @@ def queue_replica(fleet: FleetProcesses, stderr, env: dict[str, str] | None = No
     commit's code on PYTHONPATH, as the fleet's `extra_env`)."""
     own = list(proc(fleet, "queue").args)
     cmd = [a for i, a in enumerate(own) if not a.endswith("-metrics-port") and not own[i - 1].endswith("-metrics-port")]
-    users = ("queue", "router", "admission")  # as the launcher's queue child (the others' permissions unused)
+    users = ("queue", "router", "admission", "edge")  # as the launcher's queue child (the others' permissions unused)
     return subprocess.Popen(cmd, env={**os.environ, **(env or {}), **nats_auth.child_env(fleet.nats_url, *users)},
                             stdout=subprocess.DEVNULL, stderr=stderr)
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,7 +25,8 @@ import time
 from collections import Counter
 
 import aiohttp
-from tokenyard.shared import natsutil
+from tokenyard.services.edge.supervisor import START_GRACE_S
+from tokenyard.shared import janitor, natsutil
 
 from bench.faults.fleet import fleet_for, proc, queue_replica, running_on, stop_process
 from bench.faults.kills import env_as, log_file
@@ -32,13 +34,22 @@ from bench.faults.streams import note, submit, submit_via_http, tally, wait_all
 from tokenyard.launcher import ping
 
 BASE = [sys.executable, "-m", "tokenyard.cli"]
-SUPERVISOR_GRACE_S = 10.0
-"""services/edge/supervisor.py START_GRACE_S: a child dying sooner after the edge's start stops the edge."""
+SUPERVISOR_GRACE_S = START_GRACE_S
+"""A child dying sooner after the edge's start stops the edge (a copy of it, 10 s, went stale at 15)."""
 
 
 def children_of(pid: int) -> list[int]:
+    """The edge processes under a supervisor: not shared/janitor.py's sweeper, also its child (and
+    the first started, so the lowest pid: the victim once was the sweeper, and nothing died)."""
     with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
+        kids = [int(p) for p in f.read().split()]
+    out = []
+    for kid in kids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{kid}/cmdline", "rb") as f:
+                if janitor.TAG.encode() not in f.read():
+                    out.append(kid)
+    return out
 
 
 async def _until(cond, timeout_s: float, every_s: float = 0.05, since: float | None = None) -> float | None:
@@ -89,25 +100,20 @@ async def probe_edge_kill(args) -> dict:
             note(f"edge-kill: {len(streams)} streams, {len(running)} running on workers; SIGKILL edge pid {victim}")
             kill_s = time.monotonic()
             os.kill(victim, signal.SIGKILL)
-            await wait_all(streams, args.deadline_s)
-            ended = [s for s in streams if s.terminal == "error"]
-            lost_ids = {s.request_id for s in ended}
-            to_error = [round(s.end_s - kill_s, 2) for s in ended]
+            lost_ids = await killed_streams(streams)
 
             def replaced() -> bool:
                 now = set(children_of(edge.pid))
                 return len(now) == 2 and victim not in now
 
-            restarted_s = await _until(replaced, 60, since=kill_s)  # from the kill (round 7 counted from the streams' end)
-            serving_s = await _until(lambda: _edges_answer(nc, 3), 60, 0.2, since=kill_s)
-
-            async def orphans_gone() -> bool:
-                left = set()
-                for w in ("w0", "w1"):
-                    left |= await running_on(nc, w)
-                return not (left & lost_ids)
-
-            orphans_stopped_s = await _until(orphans_gone, 60, 0.2, since=kill_s)
+            # timed from the kill while the other streams run on (round 7 counted from their end)
+            watch = [asyncio.create_task(_until(replaced, 60, since=kill_s)),
+                     asyncio.create_task(_until(lambda: _edges_answer(nc, 3), 60, 0.2, since=kill_s)),
+                     asyncio.create_task(_until(lambda: orphans_gone(nc, lost_ids), 60, 0.2, since=kill_s))]
+            await wait_all(streams, args.deadline_s)
+            restarted_s, serving_s, orphans_stopped_s = await asyncio.gather(*watch)
+            ended = [s for s in streams if s.terminal == "error"]
+            to_error = [round(s.end_s - kill_s, 2) for s in ended]
             after = [await submit_via_http(http, base_url, 8, f"after {i}") for i in range(8)]
             await wait_all(after, 60)
         row = tally("edge-kill", streams, killed_process_streams=len(ended),
@@ -121,6 +127,22 @@ async def probe_edge_kill(args) -> dict:
     finally:
         await stop_process(edge, 20.0)
         await fleet.stop()
+
+
+async def killed_streams(streams: list, settle_s: float = 0.5, within_s: float = 5.0) -> set[str]:
+    """Right after a front's SIGKILL: the ids of the streams it cut (their connection closed:
+    an error within milliseconds), once one has ended so and `settle_s` more has passed."""
+    await _until(lambda: any(s.terminal == "error" for s in streams), within_s)
+    await asyncio.sleep(settle_s)
+    return {s.request_id for s in streams if s.terminal == "error"}
+
+
+async def orphans_gone(nc, ids: set[str]) -> bool:
+    """None of `ids` runs on the fleet's workers (w0, w1) any longer."""
+    left = set()
+    for w in ("w0", "w1"):
+        left |= await running_on(nc, w)
+    return not (left & ids)
 
 
 async def _edges_answer(nc, n: int) -> bool:

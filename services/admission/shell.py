@@ -69,7 +69,9 @@ this process (`submit`) — goes first, not beside the store, its ack and its co
 the same CPUs. Measured side by side (docs/results-latency.md round 11): 1 ms against none
 −0.2 ms TTFT added over HTTP, −0.1 over NATS; 3 ms against 1 ms another −0.13 to −0.2 over HTTP.
 The window in which a crash of this process loses a placed request's stored copy (the worker
-runs it on; its chunks carry the acceptance) grows by as much."""
+runs it on; its chunks carry the acceptance) grows by as much. Only a routed request waits: one
+that waits for room (`take`'s future says False) is stored at once — in this process alone, a
+crash would lose it with no event at its client (a NATS client's 60 s watchdog the only end)."""
 TICK_S = config.HEARTBEAT_INTERVAL_S
 """The most admission leaves between two of its own events: it ticks twice as often."""
 
@@ -310,10 +312,12 @@ class AdmissionShell:
         rid = verdict.request_id
         outcome = schemas.Outcome.ADMIT_FAILED  # until JetStream has stored it
         try:
+            routed = False
             with contextlib.suppress(TimeoutError):  # a bound only: the worker answers within a millisecond or two
                 async with asyncio.timeout(PLACING_WAIT_S):
-                    await placing
-            await asyncio.sleep(STORE_AFTER_S)  # the first token, which came with the answer, goes out first
+                    routed = await placing
+            if routed:  # the first token, which came with the answer, goes out first; one that waits
+                await asyncio.sleep(STORE_AFTER_S)  # for room has no token to let by: a crash here would lose it
             store = asyncio.ensure_future(self.store(verdict, queued, trace))
             await asyncio.sleep(0)  # the store's first step ran: its publish is in the connection's buffer
             accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)

@@ -11,7 +11,9 @@ again; admission's options are taken as `tokenyard admission` takes them.
 `--http-port P` (with `--with-admission`) serves the OpenAI HTTP API from this process too (also
 what `tokenyard up` starts): the edge hands each request to admission by a call, not over NATS
 (services/edge/shell.py); `tokenyard edge` still runs the HTTP front on its own, to scale it apart.
-Several such processes may run side by side, each an admission, queue and router replica.
+Several such processes may run side by side, each an admission, queue and router replica, on one
+HTTP port too (SO_REUSEPORT: the kernel spreads the connections, and after one's crash sends them
+to the rest).
 
 `make_policy(name)` is the one registry of queue policies (services.priority_queue.policies
 .registry), shared with `tokenyard sim --queue-policy`."""
@@ -109,7 +111,9 @@ def main(args) -> int:
         return 0
     from tokenyard.services.edge.shell import EdgeConfig, EdgeShell
 
-    edge = EdgeShell(EdgeConfig(host=args.http_host, http_port=args.http_port,
+    # SO_REUSEPORT: replicas of this process serve one port together, as edge processes do; when
+    # one dies the kernel hands new connections to the others (a crashed front is not a dead port)
+    edge = EdgeShell(EdgeConfig(host=args.http_host, http_port=args.http_port, reuse_port=True,
                                 models=args.model or [config.DEFAULT_MODEL]), admission=admission)
     run(edge, args.nats, None, also=[*also, (admission, args.admission_metrics_port)], name="queue")
     return 0

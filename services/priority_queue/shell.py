@@ -248,7 +248,7 @@ class QueueShell:
 
     def take(self, req: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]) -> asyncio.Future | None:
         """An admitted request from admission in this process, before JetStream stores it (the
-        caller stores it there once the returned future is done: when its route has an
+        caller stores it there once the returned future is done (True: routed; `_placed`): when its route has an
         answer — with the router in this process, the worker's, which comes with the first
         token — or it waits for room; admission bounds the wait, PLACING_WAIT_S). `data`: `req`
         encoded as it will be stored; `headers`: its trace context. None: a request of this id
@@ -305,11 +305,12 @@ class QueueShell:
             self._routes.add(task)
             task.add_done_callback(self._routes.discard)
 
-    def _placed(self, request_id: str) -> None:
-        """`take`'s future for this request is done (its route answered, or it waits, or it ended)."""
+    def _placed(self, request_id: str, routed: bool = False) -> None:
+        """`take`'s future is done: True, routed (its first token may be on its way: the store lets
+        it by); False, it waits for room, or ended (stored at once)."""
         placing = self._placing.pop(request_id, None)
         if placing is not None and not placing.done():
-            placing.set_result(None)
+            placing.set_result(routed)
 
     def withdraw(self, request_id: str) -> bool:
         """Admission takes back a request it handed over (`take`) whose JetStream store failed
@@ -362,7 +363,7 @@ class QueueShell:
                         # worker's answer, which leaves with the first token, not beside it.
                         decision = await self.router.route(req, data, only=only)
                     else:
-                        self._placed(req.request_id)  # the route ask leaves first: it is written before the store
+                        self._placed(req.request_id, True)  # the route ask leaves first: it is written before the store
                         extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
                         reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
                                                       headers=telemetry.inject(extra) or None)
@@ -379,7 +380,7 @@ class QueueShell:
                 log.warning("route_failed", request_id=req.request_id, error=repr(e))
             outcome = decision.outcome if decision else schemas.Outcome.FAILED
             span.set_attribute("tokenyard.outcome", outcome)
-        self._placed(req.request_id)  # no offer was made (answered from memory, no worker had room)
+        self._placed(req.request_id, decision is not None and decision.outcome == schemas.Outcome.ROUTED)  # or no room
         if decision is not None:
             self.router_down_backoff_s = 0.0
         self.metrics.observe_dispatch(outcome, req.priority, time.time() - req.arrival_s)

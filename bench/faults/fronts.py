@@ -1,0 +1,92 @@
+"""edge-kill on `tokenyard up`'s default layout (`--layout in-queue`): the HTTP edge runs in the
+queue's process, beside admission and the router, so the edge's death is theirs too.
+
+Two fronts serve one HTTP port (SO_REUSEPORT): the fleet's queue process and a second started
+the same way (fleet.queue_replica). `--edge-streams` HTTP streams, a connection each (the kernel
+spreads them over both), and as many raw NATS streams (admission's queue group spreads them);
+once every stream has its first token, SIGKILL the fleet's queue process. What must hold:
+
+  * the killed front's HTTP clients get a prompt, clear failure (the connection closes), never
+    a hang (`max_s_to_error`);
+  * the surviving front's HTTP clients complete, and every NATS client's admitted request
+    completes (its worker runs on; a stored copy the killed queue held comes back to the survivor
+    after the 30 s ack wait): `nats_not_completed` 0, nothing twice (`duplicated`, `events_after_end`);
+  * new requests, over HTTP and NATS, are served by the survivor (`after`);
+  * the killed front's requests stop on their workers (`orphans_stopped_s`; None: still running
+    60 s after the kill — the router that placed them, and followed their client's lease, died
+    with the front, so nobody aborts them: they run to their end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+
+import aiohttp
+from tokenyard.shared import natsutil
+
+from bench.faults.fleet import fleet_for, proc, queue_replica, running_on, stop_process
+from bench.faults.kills import log_file
+from bench.faults.replicas import _until as until
+from bench.faults.replicas import killed_streams, orphans_gone
+from bench.faults.streams import note, submit, submit_via_http, tally, wait_all
+from tokenyard.launcher import ping
+
+FRONTS_READY_S = 60.0
+
+
+async def probe_front_kill(args) -> dict:
+    fleet = fleet_for(args)
+    await fleet.start()
+    second = queue_replica(fleet, log_file(args, "queue-second"))
+    try:
+        nc = await natsutil.connect(fleet.nats_url, "bench-faults")
+        async with asyncio.timeout(FRONTS_READY_S):
+            while True:
+                have = await ping(nc)
+                if min(have[f"tokenyard-{k}"] for k in ("queue", "admission", "edge")) >= 2:
+                    break
+                await asyncio.sleep(0.1)
+        conn = aiohttp.TCPConnector(force_close=True, limit=0)  # a connection each: both fronts serve
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
+            web = [await submit_via_http(http, fleet.http_url, args.tokens, f"front {i} " * 16)
+                   for i in range(args.edge_streams)]
+            raw = [await submit(nc, args.tokens, f"nats {i} " * 16) for i in range(args.edge_streams)]
+            async with asyncio.timeout(60):
+                await asyncio.gather(*(s.first_chunk.wait() for s in (*web, *raw)))
+            running = set()
+            for w in ("w0", "w1"):
+                running |= await running_on(nc, w)
+            note(f"edge-kill (in-queue): {len(web)} HTTP + {len(raw)} NATS streams, {len(running)} running on "
+                 f"workers; SIGKILL the fleet's queue process (its edge, admission, queue and router)")
+            kill_s = time.monotonic()
+            proc(fleet, "queue").send_signal(signal.SIGKILL)
+            cut_ids = await killed_streams(web)
+            orphans = asyncio.create_task(until(lambda: orphans_gone(nc, cut_ids), 60, 0.2, since=kill_s))
+            await wait_all([*web, *raw], args.deadline_s)
+            orphans_stopped_s = await orphans
+            cut = [s for s in web if s.terminal == "error"]
+            to_error = [round(s.end_s - kill_s, 2) for s in cut]
+            after_web = [await submit_via_http(http, fleet.http_url, 8, f"after {i}") for i in range(8)]
+            after_raw = [await submit(nc, 8, f"after nats {i}") for i in range(8)]
+            await wait_all([*after_web, *after_raw], 60)
+        finishes = Counter(s.request_id for s in raw if s.terminal == "finished")
+        row = tally("edge-kill", [*web, *raw], layout="in-queue",
+                    http_killed_front=len(cut), http_other_front=len(web) - len(cut),
+                    http_other_completed=sum(s.outcome == "completed" for s in web if s not in cut),
+                    max_s_to_error=max(to_error) if to_error else None,
+                    nats_completed=sum(s.outcome == "completed" for s in raw),
+                    nats_not_completed=sum(s.outcome != "completed" for s in raw),
+                    nats_finished_twice=sum(v > 1 for v in finishes.values()),
+                    events_after_end=sum(s.after_end for s in raw),
+                    orphans_stopped_s=orphans_stopped_s,
+                    after={"http": dict(Counter(s.outcome for s in after_web)),
+                           "nats": dict(Counter(s.outcome for s in after_raw))},
+                    errors_sample=sorted({s.message[:50] for s in cut})[:3])
+        await nc.drain()
+        return row
+    finally:
+        await stop_process(second, 20.0)
+        await fleet.stop()

@@ -6,6 +6,8 @@ these constants finds every hop of the data path.
 
 from __future__ import annotations
 
+import re
+
 PREFIX = "llm.v1"
 
 SUBMIT = f"{PREFIX}.submit"
@@ -95,3 +97,22 @@ def last_token(subject: str) -> str:
 def middle_token(subject: str) -> str:
     """The id in `llm.v1.macro.<id>.state` or `llm.v1.worker.<id>.generate`."""
     return subject.split(".")[3]
+
+
+_LEASE = re.compile(r"[0-9a-f]{16}")
+
+
+def lease_of(reply_to: str) -> str:
+    """`_INBOX[.<user>].<lease>.<n>` → `<lease>` (16 hex digits; `<user>` is the inbox prefix of
+    a secured connection, shared/nats_auth.py); '' for an inbox without one."""
+    parts = reply_to.split(".")
+    if parts[0] != "_INBOX" or len(parts) not in (3, 4):
+        return ""
+    lease = parts[-2]
+    return lease if _LEASE.fullmatch(lease) else ""
+
+
+def alive_subject(reply_to: str) -> str:
+    """`_INBOX[.<user>].<lease>.<n>` → `_INBOX[.<user>].<lease>.alive`: what the lease holder
+    keeps a subscription on (shared/client.py)."""
+    return reply_to.rsplit(".", 1)[0] + ".alive"

@@ -42,13 +42,13 @@ requests live on until the lease is silent for `stalled_client_s`.
 from __future__ import annotations
 
 import math
-import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import msgspec
 from tokenyard.shared import config, schemas
 from tokenyard.shared.schemas import AdmittedRequest
+from tokenyard.shared.subjects import alive_subject, lease_of
 
 LEASE_INTERVAL_S = 1.0
 """How often a lease holder says it is alive."""
@@ -137,25 +137,6 @@ class _Worker:
     seen_s: float
     probed_s: float = -1e18
     dead: bool = False
-
-
-_LEASE = re.compile(r"[0-9a-f]{16}")
-
-
-def lease_of(reply_to: str) -> str:
-    """`_INBOX[.<user>].<lease>.<n>` → `<lease>` (16 hex digits; `<user>` is the inbox prefix of
-    a secured connection, shared/nats_auth.py); '' for an inbox without one."""
-    parts = reply_to.split(".")
-    if parts[0] != "_INBOX" or len(parts) not in (3, 4):
-        return ""
-    lease = parts[-2]
-    return lease if _LEASE.fullmatch(lease) else ""
-
-
-def alive_subject(reply_to: str) -> str:
-    """`_INBOX[.<user>].<lease>.<n>` → `_INBOX[.<user>].<lease>.alive`: what the lease holder
-    keeps a subscription on (shared/client.py)."""
-    return reply_to.rsplit(".", 1)[0] + ".alive"
 
 
 ENDED_REMEMBERED = 50_000

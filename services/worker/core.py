@@ -17,6 +17,9 @@
   chunk carries the request's acceptance (Chunk.accepted), so its client need not wait for
   admission's `accepted` to show the first token.
 * heartbeat(stats) → the Heartbeat published every ~100 ms.
+* Orphans: lease_probes(now) / on_lease_answer(…) follow the leases of the requests it runs
+  (services/worker/leases.py): a lease whose holder's `alive` subject has no responders left
+  has every request of it here aborted, whoever placed them.
 Remembered ids are bounded (LRU of `remember` entries).
 """
 
@@ -27,10 +30,12 @@ from dataclasses import dataclass
 
 import msgspec
 from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
+from tokenyard.services.worker.leases import LeaseProbe, LeaseWatch
 from tokenyard.shared import schemas
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
 from tokenyard.shared.slo import NUM_CLASSES, OfferPrefill, engine_saturated, klass, request_deadline_s
+from tokenyard.shared.subjects import alive_subject, lease_of
 from tokenyard.shared.tokenizer import Tokenizer
 
 OUTPUT_SHARE_DECAY = 1 / 32
@@ -60,6 +65,8 @@ class _Stream:
     cached_tokens: int = 0
     silenced: bool = False
     """Migrated away: the engine's remaining outputs are dropped, not sent."""
+    lease: str = ""
+    """Its client's lease (from its reply subject; '' for a client without one)."""
 
 
 def engine_request(req: AdmittedRequest) -> AdmittedRequest:
@@ -86,6 +93,7 @@ class WorkerCore:
         self.draining = False
         self.healthy = True
         self.streams: dict[str, _Stream] = {}
+        self.leases = LeaseWatch()
         self._seen: OrderedDict[str, tuple[str, int]] = OrderedDict()
         """request id → (reply subject, migrations) of the generations started here."""
         self._aborted: OrderedDict[str, str | None] = OrderedDict()
@@ -128,8 +136,9 @@ class WorkerCore:
                                               stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0)):
             return schemas.GenerateReply(rid, False, "saturated"), False
         # A decode leg's first token went out from the prefill worker: number on from it.
-        self.streams[rid] = (_Stream(req, 1, 1) if req.kv_from
-                             else _Stream(req, seq=req.resume_seq, tokens=len(req.resume_token_ids)))
+        self.streams[rid] = (_Stream(req, 1, 1, lease=lease_of(req.reply_to)) if req.kv_from
+                             else _Stream(req, seq=req.resume_seq, tokens=len(req.resume_token_ids),
+                                          lease=lease_of(req.reply_to)))
         self._remember(self._seen, rid, (req.reply_to, req.migrations))
         return schemas.GenerateReply(rid, True), True
 
@@ -175,6 +184,23 @@ class WorkerCore:
     def running_ids(self) -> list[str]:
         """The requests generating here for their client (a migrated-away one is not)."""
         return sorted(rid for rid, st in self.streams.items() if not st.silenced)
+
+    def lease_probes(self, now: float) -> list[LeaseProbe]:
+        """The leases of the requests here to probe now (LeaseWatch.tick)."""
+        running = {st.lease: alive_subject(st.req.reply_to) for st in self.streams.values()
+                   if st.lease and not st.silenced}
+        return self.leases.tick(now, running)
+
+    def on_lease_answer(self, lease: str, gone: bool, sent_s: float) -> list[str]:
+        """A lease probe's outcome; the ids of the requests here to abort in the engine (their
+        client is gone): each is aborted for its reply subject, so a redelivered copy of it is
+        refused (`aborted`) and a later request of the id from another client runs."""
+        if not self.leases.on_answer(lease, gone, sent_s):
+            return []
+        rids = sorted(rid for rid, st in self.streams.items() if st.lease == lease and not st.silenced)
+        for rid in rids:
+            self.on_abort(rid, "orphaned", self.streams[rid].req.reply_to)
+        return rids
 
     def reused_id_error(self, req: AdmittedRequest) -> schemas.Error:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""

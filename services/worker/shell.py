@@ -16,6 +16,9 @@
   replay, after its chunks: `finished` is always the last thing a stream sends.
 * `llm.v1.worker.<id>.control`: phase and drain from the macro-instance.
 * `llm.v1.worker.<id>.status` (micro endpoint): the ids it runs, for a router's probe.
+* Orphans (services/worker/leases.py): at each heartbeat tick, the leases of the requests it
+  runs that went unproven for ORPHAN_AFTER_S are probed on their holders' `alive` subjects;
+  "no responders" aborts that lease's requests here, whichever router placed them.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
   soon as a step made some (polled every `kv_poll_s` while a generation runs; with none
   running, at each heartbeat: an idle worker's 20 ms poll found nothing 50 times a second, and
@@ -33,10 +36,12 @@ import time
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_request
 from tokenyard.services.worker.engine import Engine
+from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
 from tokenyard.shared import codec, config, schemas, subjects, telemetry
 from tokenyard.shared.metrics import WorkerMetrics
@@ -53,6 +58,10 @@ REPLY_HOLD_S = 0.002
 leave in one write: on the first token's path the answer's own write (and nats-server's
 delivery of it) came first, alone. A first event that takes longer (a real engine's prefill)
 finds the answer gone alone at this bound; a refusal is answered at once."""
+
+LEASE_PROBE_TIMEOUT_S = 1.0
+"""How long a lease probe waits: "no responders" comes back within a round trip; a live
+holder answers nothing (its subscription is the answer), so the wait ends in a timeout."""
 
 REPLAY_SLICE = 256
 """Replayed events published between two turns of the event loop."""
@@ -83,6 +92,8 @@ class WorkerShell:
         """Set when a generation starts: wakes the KV poll from its idle wait."""
         self.outage = OutageReplay(after_s=REPLAY_AFTER_S, before_s=REPLAY_BEFORE_S)
         self._replay_task: asyncio.Task | None = None
+        self._lease_reconnects = 0
+        self._lease_probes: set[asyncio.Task] = set()
 
     @property
     def generating(self) -> list[str]:
@@ -97,6 +108,7 @@ class WorkerShell:
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
+        self._lease_reconnects = nc.stats["reconnects"]
         wid = self.core.cfg.worker_id
         await self.engine.start()
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
@@ -313,6 +325,35 @@ class WorkerShell:
                     await self._publish_kv_events()
             with contextlib.suppress(Exception):
                 await self._publish_heartbeat()
+            self.probe_leases()
+
+    def probe_leases(self) -> None:
+        """Send the lease probes due now (WorkerCore.lease_probes); none while disconnected, and
+        every lease's clock restarts at a reconnect (its holder may not have resubscribed yet)."""
+        if not self.nc.is_connected:
+            return
+        now = time.monotonic()
+        if self.nc.stats["reconnects"] != self._lease_reconnects:
+            self._lease_reconnects = self.nc.stats["reconnects"]
+            self.core.leases.on_reconnected(now)
+        for probe in self.core.lease_probes(now):
+            task = asyncio.create_task(self._probe_lease(probe))
+            self._lease_probes.add(task)
+            task.add_done_callback(self._lease_probes.discard)
+
+    async def _probe_lease(self, probe: LeaseProbe) -> None:
+        """Only "no responders" says the holder is gone; an answer or a timeout, alive-or-late."""
+        gone = False
+        try:
+            await self.nc.request(probe.subject, b"", timeout=LEASE_PROBE_TIMEOUT_S)
+        except NoRespondersError:
+            gone = True
+        except Exception:
+            pass
+        for rid in self.core.on_lease_answer(probe.lease, gone, probe.sent_s):
+            log.info("orphan_stopped", request_id=rid, lease=probe.lease)
+            self.metrics.observe_abort("orphaned")
+            await self.engine.abort(rid)
 
     async def _publish_kv_events(self) -> None:
         events = self.engine.drain_kv_events()

@@ -1,0 +1,83 @@
+"""The worker follows the leases of the requests it runs, pure: a request whose client is gone
+stops here whoever placed it (the router that placed it may have died with the client: the
+in-queue edge, `tokenyard up`'s default layout, holds the edge, admission and a router in one
+process, and a SIGKILL takes all three).
+
+    tick(now, running)             running: lease → its `…<lease>.alive` subject, for every lease
+                                   with a request running or waiting here → [LeaseProbe]
+    on_answer(lease, gone, sent_s) the probe sent at `sent_s`: "no responders" (gone) or not
+    on_reconnected(now)            this worker's own connection came back
+
+A lease is first seen when the tick finds a request of it running here: its clock starts then
+(a request younger than `after_s` costs no probe). A lease not proven alive for `after_s` is
+probed once on its holder's `alive` subject (one probe per lease, however many requests it has
+here, and no second while one is out). Only "no responders" proves the holder's connection gone:
+the shell then aborts every request of the lease here (free the KV, no more chunks). Any other
+outcome, an answer or a timeout, proves it alive-or-late as of the probe's sending: a CPU-starved
+client whose loop stalls must not lose its work (services/router/migration.py, the routers'
+same rule). A lease with no request left here is forgotten.
+
+After this worker's own reconnect the clients may not have resubscribed yet, so every clock
+restarts then, and an answer to a probe sent before it is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LEASE_INTERVAL_S = 1.0
+"""How often a lease holder renews it (shared/client.py)."""
+
+ORPHAN_AFTER_S = 3 * LEASE_INTERVAL_S
+"""How long a lease goes unproven before it is probed: the routers' `orphan_after_s`."""
+
+
+@dataclass(frozen=True)
+class LeaseProbe:
+    """Ask `subject` whether anyone listens (timeout PROBE_TIMEOUT_S); answer with `on_answer`."""
+
+    lease: str
+    subject: str
+    sent_s: float
+
+
+class LeaseWatch:
+    def __init__(self, after_s: float = ORPHAN_AFTER_S):
+        self.after_s = after_s
+        self.proven: dict[str, float] = {}
+        """lease → when its holder was last proven alive (or first seen here)."""
+        self.probing: dict[str, float] = {}
+        """lease → when the probe now out was sent."""
+        self.reconnected_s = -1e18
+        self.probes = 0
+        """Probes sent (a metric)."""
+
+    def tick(self, now: float, running: dict[str, str]) -> list[LeaseProbe]:
+        for lease in [k for k in self.proven if k not in running]:
+            del self.proven[lease]
+            self.probing.pop(lease, None)
+        out = []
+        for lease in sorted(running):
+            since = self.proven.setdefault(lease, now)
+            if lease not in self.probing and now - since >= self.after_s:
+                self.probing[lease] = now
+                self.probes += 1
+                out.append(LeaseProbe(lease, running[lease], now))
+        return out
+
+    def on_answer(self, lease: str, gone: bool, sent_s: float) -> bool:
+        """True: the lease's holder is gone, abort its requests here."""
+        if self.probing.get(lease) == sent_s:
+            del self.probing[lease]
+        if lease not in self.proven or sent_s < self.reconnected_s:
+            return False
+        if gone:
+            del self.proven[lease]
+            return True
+        self.proven[lease] = max(self.proven[lease], sent_s)
+        return False
+
+    def on_reconnected(self, now: float) -> None:
+        self.reconnected_s = now
+        self.proven = {k: max(v, now) for k, v in self.proven.items()}
+        self.probing.clear()

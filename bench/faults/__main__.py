@@ -66,7 +66,7 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chaos-s", type=float, default=90.0, help="chaos: seconds of load (the faults fall within them)")
     ap.add_argument("--chaos-rate", type=float, default=6.0, help="chaos: requests a second, half HTTP, half NATS")
     ap.add_argument("--baseline", default=None,
-                    help="chaos: run the fleet's processes on this commit's code (e.g. main), the probe's own")
+                    help="chaos, edge-kill (in-queue): run the fleet's processes on this commit's code (e.g. main), the probe's own")
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)

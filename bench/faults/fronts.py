@@ -13,8 +13,11 @@ once every stream has its first token, SIGKILL the fleet's queue process. What m
     after the 30 s ack wait): `nats_not_completed` 0, nothing twice (`duplicated`, `events_after_end`);
   * new requests, over HTTP and NATS, are served by the survivor (`after`);
   * the killed front's requests stop on their workers (`orphans_stopped_s`; None: still running
-    60 s after the kill — the router that placed them, and followed their client's lease, died
-    with the front, so nobody aborts them: they run to their end).
+    60 s after the kill). The router that placed them died with the front; their workers follow
+    their client's lease (services/worker/leases.py) and stop them. Before round 13 nobody did:
+    they ran to their end.
+
+`--baseline REF` runs the fleet's processes (both fronts, the workers) on REF's code.
 """
 
 from __future__ import annotations
@@ -38,9 +41,19 @@ FRONTS_READY_S = 60.0
 
 
 async def probe_front_kill(args) -> dict:
-    fleet = fleet_for(args)
+    if getattr(args, "baseline", None):
+        from bench.baseline import baseline_env
+        with baseline_env(args.baseline) as env:
+            row = await _front_kill(args, env)
+        row["code"] = args.baseline
+        return row
+    return await _front_kill(args, {})
+
+
+async def _front_kill(args, env: dict[str, str]) -> dict:
+    fleet = fleet_for(args, extra_env=env)
     await fleet.start()
-    second = queue_replica(fleet, log_file(args, "queue-second"))
+    second = queue_replica(fleet, log_file(args, "queue-second"), env)
     try:
         nc = await natsutil.connect(fleet.nats_url, "bench-faults")
         async with asyncio.timeout(FRONTS_READY_S):

@@ -101,9 +101,9 @@ ROLES: dict[str, Role] = {
             "the request's inbox; hears which other replicas live",
     ),
     "router": Role(
-        (f"{_P}.worker.*.generate", f"{_P}.worker.*.status", subjects.ABORT, "_INBOX.>"),
+        (f"{_P}.worker.*.generate", f"{_P}.worker.*.status", f"{_P}.worker.*.state", subjects.ABORT, "_INBOX.>"),
         (subjects.ROUTE, subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.MACRO_STATE_ALL, subjects.LEASE_ALL,
-         subjects.ABORT,
+         subjects.ABORT, subjects.ADOPT,
          "_INBOX.>", _SRV),
         responses=1,
         why="the only sender of work to workers; follows the streams it placed (migration: probes workers, "
@@ -117,8 +117,9 @@ ROLES: dict[str, Role] = {
         why="groups workers, switches their phase, keeps the topology bucket; scales on the queue's backlog",
     ),
     "worker": Role(
-        ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.ROUTE),
-        (f"{_P}.worker.*.generate", f"{_P}.worker.*.control", f"{_P}.worker.*.status", subjects.ABORT, "{inbox}.>",
+        ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.ROUTE, subjects.ADOPT),
+        (f"{_P}.worker.*.generate", f"{_P}.worker.*.control", f"{_P}.worker.*.status", f"{_P}.worker.*.state",
+         subjects.ABORT, "{inbox}.>",
          _SRV),
         responses=1,
         why="the only publisher of heartbeats and KV events; streams tokens to the request's inbox; "

@@ -43,6 +43,10 @@ while it lives."""
 ABORT = f"{PREFIX}.abort"
 """edge, client → workers and queue: fan-out cancel of one request."""
 
+ADOPT = f"{PREFIX}.adopt"
+"""worker → routers, queue group: follow these streams, their placing router is gone
+(shared/adoption.py)."""
+
 LEASE_ALL = f"{PREFIX}.lease.*"
 """client, edge → routers: `llm.v1.lease.<lease>` every second while the client lives; its
 inboxes are `_INBOX.<lease>.<n>`, so a router can tell a request's client is gone."""
@@ -66,6 +70,11 @@ def worker_generate(worker_id: str) -> str:
 def worker_status(worker_id: str) -> str:
     """router → worker: request/reply; the ids of the requests the worker runs (a probe)."""
     return f"{PREFIX}.worker.{worker_id}.status"
+
+
+def worker_state(worker_id: str) -> str:
+    """router → worker: request/reply; the state of the streams a router adopts (shared/adoption.py)."""
+    return f"{PREFIX}.worker.{worker_id}.state"
 
 
 def lease(lease_id: str) -> str:

@@ -9,6 +9,10 @@ sent (Dynamo's request migration), or ends it with a clean error.
     on_probe(worker, running | None)   the worker's answer to a probe (None: no answer)
     on_lease(lease, now)               a client (an edge) is alive
     on_lease_gone(lease, now)          a lease probe found no responders: that client is gone
+    expect(id) / adopt(req, worker, token_ids, next_seq, now)
+                                       follow a request another router placed (that router is
+                                       gone, its worker handed it here: shared/adoption.py); the
+                                       events seen between the two are held, then replayed
     tick(now) → [Probe | Reissue | Fail | Orphaned | ProbeLease]   what the shell should do now
 
 Death is detected three ways. (1) Heartbeat loss: a worker silent for `suspect_after_s` is
@@ -158,6 +162,8 @@ class MigrationCore:
         """lease → when it was last probed (silent leases only)."""
         self.leases_gone: set[str] = set()
         """Leases whose holder's connection is proven gone (a probe found no responders)."""
+        self.adopting: dict[str, list[tuple[schemas.StreamEvent, float]]] = {}
+        """request id → the events seen on its reply subject while its state is asked (adoption)."""
         self.migrated = 0
         """Re-issues made (a metric)."""
         self.failed = 0
@@ -185,6 +191,8 @@ class MigrationCore:
     def on_event(self, request_id: str, event: schemas.StreamEvent, now: float) -> None:
         t = self.tracked.get(request_id)
         if t is None:
+            if request_id in self.adopting:
+                self.adopting[request_id].append((event, now))
             return
         if isinstance(event, schemas.TERMINAL_EVENTS):
             del self.tracked[request_id]
@@ -197,6 +205,26 @@ class MigrationCore:
         if isinstance(event, schemas.Chunk) and event.seq == t.next_seq:
             t.token_ids.extend(event.token_ids)
             t.next_seq += 1
+
+    def expect(self, request_id: str) -> None:
+        """About to adopt: hold the events seen from now until `adopt` (or `unexpect`)."""
+        self.adopting.setdefault(request_id, [])
+
+    def unexpect(self, request_id: str) -> None:
+        self.adopting.pop(request_id, None)
+
+    def adopt(self, req: AdmittedRequest, worker_id: str, token_ids: list[int], next_seq: int, now: float) -> None:
+        """Follow `req`, running on `worker_id`, whose chunks up to `next_seq` carried
+        `token_ids` (its worker's word); then the events held since `expect`, in order."""
+        held = self.adopting.pop(req.request_id, [])
+        if req.request_id in self.tracked:
+            return
+        self.ended.pop(req.request_id, None)
+        self.track(req, worker_id, now)
+        t = self.tracked[req.request_id]
+        t.token_ids, t.next_seq = list(token_ids), next_seq
+        for event, seen_s in held:
+            self.on_event(req.request_id, event, seen_s)
 
     def on_heartbeat(self, worker_id: str, now: float) -> None:
         w = self.workers.setdefault(worker_id, _Worker(now))

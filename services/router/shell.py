@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 
@@ -32,6 +33,7 @@ from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
+from tokenyard.services.router.adopt import on_adopt
 from tokenyard.services.router.bounds import check_inputs
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
 from tokenyard.services.router.migration import (
@@ -89,6 +91,7 @@ class RouterShell:
         await nc.subscribe(subjects.KV_EVENTS_ALL, cb=self._on_kv_events)
         await nc.subscribe(subjects.LEASE_ALL, cb=self._on_lease)
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
+        await nc.subscribe(subjects.ADOPT, queue=subjects.GROUP_ROUTER, cb=functools.partial(on_adopt, self))
         await service.add_endpoint(
             name="route", subject=subjects.ROUTE, queue_group=subjects.GROUP_ROUTER, handler=self._on_route
         )

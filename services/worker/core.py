@@ -20,11 +20,18 @@
 * Orphans: lease_probes(now) / on_lease_answer(…) follow the leases of the requests it runs
   (services/worker/leases.py): a lease whose holder's `alive` subject has no responders left
   has every request of it here aborted, whoever placed them.
+* Adoption: the routers that placed them are followed the same way (router_probes /
+  on_router_answer; a router is its offer's reply prefix + `.alive`, the subscription that
+  lives as long as its connection). A gone router's requests are handed to a surviving one
+  (the shell asks `llm.v1.adopt`); it asks their state (stream_states: the request, the token
+  ids sent, the next seq) and is followed from then on, so it can migrate them if this worker
+  dies.
 Remembered ids are bounded (LRU of `remember` entries).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -32,6 +39,7 @@ import msgspec
 from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
 from tokenyard.services.worker.leases import LeaseProbe, LeaseWatch
 from tokenyard.shared import schemas
+from tokenyard.shared.adoption import StreamState
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
 from tokenyard.shared.slo import NUM_CLASSES, OfferPrefill, engine_saturated, klass, request_deadline_s
@@ -67,6 +75,10 @@ class _Stream:
     """Migrated away: the engine's remaining outputs are dropped, not sent."""
     lease: str = ""
     """Its client's lease (from its reply subject; '' for a client without one)."""
+    placed_by: str = ""
+    """The `alive` subject of the router that follows it ('': none known, not handed over)."""
+    token_ids: array | None = None
+    """Resumed + generated token ids sent so far (kept while a router follows it)."""
 
 
 def engine_request(req: AdmittedRequest) -> AdmittedRequest:
@@ -94,6 +106,8 @@ class WorkerCore:
         self.healthy = True
         self.streams: dict[str, _Stream] = {}
         self.leases = LeaseWatch()
+        self.routers = LeaseWatch()
+        """The placing routers' `alive` subjects, followed as leases are."""
         self._seen: OrderedDict[str, tuple[str, int]] = OrderedDict()
         """request id → (reply subject, migrations) of the generations started here."""
         self._aborted: OrderedDict[str, str | None] = OrderedDict()
@@ -110,9 +124,10 @@ class WorkerCore:
         while len(lru) > self.cfg.remember:
             lru.popitem(last=False)
 
-    def offer(self, req: AdmittedRequest, stats: EngineStats,
-              prefill: OfferPrefill | None = None) -> tuple[schemas.GenerateReply, bool]:
-        """The reply to the router, and whether to start generating. `prefill`: the router's
+    def offer(self, req: AdmittedRequest, stats: EngineStats, prefill: OfferPrefill | None = None,
+              placed_by: str = "") -> tuple[schemas.GenerateReply, bool]:
+        """The reply to the router, and whether to start generating. `placed_by`: the router's
+        `alive` subject (adoption; '': not followed). `prefill`: the router's
         count of r's uncached tokens here and on the best other instance (the `saturated`
         refusal weighs them; None: not sent, the refusal as without it)."""
         rid = req.request_id
@@ -136,9 +151,10 @@ class WorkerCore:
                                               stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0)):
             return schemas.GenerateReply(rid, False, "saturated"), False
         # A decode leg's first token went out from the prefill worker: number on from it.
-        self.streams[rid] = (_Stream(req, 1, 1, lease=lease_of(req.reply_to)) if req.kv_from
+        self.streams[rid] = (_Stream(req, 1, 1, lease=lease_of(req.reply_to)) if req.kv_from  # a leg: not handed over
                              else _Stream(req, seq=req.resume_seq, tokens=len(req.resume_token_ids),
-                                          lease=lease_of(req.reply_to)))
+                                          lease=lease_of(req.reply_to), placed_by=placed_by,
+                                          token_ids=array("q", req.resume_token_ids) if placed_by else None))
         self._remember(self._seen, rid, (req.reply_to, req.migrations))
         return schemas.GenerateReply(rid, True), True
 
@@ -202,6 +218,32 @@ class WorkerCore:
             self.on_abort(rid, "orphaned", self.streams[rid].req.reply_to)
         return rids
 
+    def router_probes(self, now: float) -> list[LeaseProbe]:
+        """The placing routers to probe now (LeaseWatch.tick, keyed by `alive` subject)."""
+        return self.routers.tick(now, {st.placed_by: st.placed_by for st in self.streams.values()
+                                       if st.placed_by and not st.silenced})
+
+    def on_router_answer(self, alive: str, gone: bool, sent_s: float) -> list[AdmittedRequest]:
+        """A router probe's outcome; the requests to hand to another router (it is gone). They
+        stay its until one adopts them (stream_states): a failed hand-over is tried again at
+        the next probe."""
+        if not self.routers.on_answer(alive, gone, sent_s):
+            return []
+        return [st.req for rid, st in sorted(self.streams.items())
+                if st.placed_by == alive and not st.silenced and rid not in self._aborted]
+
+    def stream_states(self, request_ids: list[str], adopter: str) -> list[StreamState]:
+        """What a router adopting these requests needs to migrate them (the ones still running
+        here); from now on `adopter` (its `alive` subject) is the one followed."""
+        out = []
+        for rid in request_ids:
+            st = self.streams.get(rid)
+            if st is None or st.silenced or st.token_ids is None or rid in self._aborted:
+                continue
+            st.placed_by = adopter
+            out.append(StreamState(rid, st.token_ids.tolist(), st.seq))
+        return out
+
     def reused_id_error(self, req: AdmittedRequest) -> schemas.Error:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""
         return schemas.Error(req.request_id, 409, f"request id '{req.request_id}' is already in use")
@@ -257,6 +299,8 @@ class WorkerCore:
             events.append(chunk)
             st.seq += 1
             st.tokens += len(out.new_token_ids)
+            if st.token_ids is not None:
+                st.token_ids.extend(out.new_token_ids)
         if out.finished:
             p = st.req.prompt_len
             usage = schemas.Usage(p, st.tokens, p + st.tokens, st.cached_tokens)

@@ -19,6 +19,10 @@
 * Orphans (services/worker/leases.py): at each heartbeat tick, the leases of the requests it
   runs that went unproven for ORPHAN_AFTER_S are probed on their holders' `alive` subjects;
   "no responders" aborts that lease's requests here, whichever router placed them.
+* Adoption (shared/adoption.py): the routers that placed them are probed the same way (a
+  router's `alive` subject is its offer's reply prefix + `.alive`); a gone router's requests
+  are handed to a surviving one on `llm.v1.adopt`, which asks their state on
+  `llm.v1.worker.<id>.state` and is followed from then on.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
   soon as a step made some (polled every `kv_poll_s` while a generation runs; with none
   running, at each heartbeat: an idle worker's 20 ms poll found nothing 50 times a second, and
@@ -44,8 +48,10 @@ from tokenyard.services.worker.engine import Engine
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
 from tokenyard.shared import codec, config, schemas, subjects, telemetry
+from tokenyard.shared.adoption import AdoptAsk, AdoptReply
 from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.slo import OfferPrefill
+from tokenyard.shared.subjects import alive_subject
 from tokenyard.shared.tokenizer import Tokenizer
 
 log = telemetry.logger("worker")
@@ -62,6 +68,9 @@ finds the answer gone alone at this bound; a refusal is answered at once."""
 LEASE_PROBE_TIMEOUT_S = 1.0
 """How long a lease probe waits: "no responders" comes back within a round trip; a live
 holder answers nothing (its subscription is the answer), so the wait ends in a timeout."""
+
+ADOPT_TIMEOUT_S = 5.0
+"""How long a hand-over waits for a router to adopt (it subscribes, then asks the state)."""
 
 REPLAY_SLICE = 256
 """Replayed events published between two turns of the event loop."""
@@ -115,6 +124,7 @@ class WorkerShell:
         await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
         await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self.on_generate)
         await service.add_endpoint(name="status", subject=subjects.worker_status(wid), handler=self._on_status)
+        await service.add_endpoint(name="state", subject=subjects.worker_state(wid), handler=self._on_state)
         await self._publish_heartbeat()
         self._timers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._kv_loop())]
 
@@ -140,7 +150,8 @@ class WorkerShell:
             return
         prefill = OfferPrefill.parse((req.headers or {}).get(subjects.OFFER_PREFILL_HEADER))
         stats = self.engine.stats()
-        reply, start = self.core.offer(ar, stats, prefill)
+        router = req._msg.reply  # the placing router's request inbox: its prefix lives with its connection
+        reply, start = self.core.offer(ar, stats, prefill, alive_subject(router) if router else "")
         if start:  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
             answer = OfferAnswer(req, codec.encode(reply))
             timer = asyncio.get_running_loop().call_later(REPLY_HOLD_S, answer.send_soon)
@@ -336,21 +347,47 @@ class WorkerShell:
         if self.nc.stats["reconnects"] != self._lease_reconnects:
             self._lease_reconnects = self.nc.stats["reconnects"]
             self.core.leases.on_reconnected(now)
-        for probe in self.core.lease_probes(now):
-            task = asyncio.create_task(self._probe_lease(probe))
+        probes = [self._probe_lease(p) for p in self.core.lease_probes(now)]
+        probes += [self._probe_router(p) for p in self.core.router_probes(now)]
+        for probe in probes:
+            task = asyncio.create_task(probe)
             self._lease_probes.add(task)
             task.add_done_callback(self._lease_probes.discard)
 
-    async def _probe_lease(self, probe: LeaseProbe) -> None:
-        """Only "no responders" says the holder is gone; an answer or a timeout, alive-or-late."""
-        gone = False
+    async def _gone(self, subject: str) -> bool:
+        """Whether nobody listens on `subject`; an answer or a timeout: someone does, or may."""
         try:
-            await self.nc.request(probe.subject, b"", timeout=LEASE_PROBE_TIMEOUT_S)
+            await self.nc.request(subject, b"", timeout=LEASE_PROBE_TIMEOUT_S)
         except NoRespondersError:
-            gone = True
+            return True
         except Exception:
             pass
-        for rid in self.core.on_lease_answer(probe.lease, gone, probe.sent_s):
+        return False
+
+    async def _probe_router(self, probe: LeaseProbe) -> None:
+        """A placing router gone: hand its requests here to another (adoption); none took them,
+        the next probe tries again."""
+        reqs = self.core.on_router_answer(probe.lease, await self._gone(probe.subject), probe.sent_s)
+        if not reqs:
+            return
+        ask = AdoptAsk(self.core.cfg.worker_id, reqs)
+        try:
+            msg = await self.nc.request(subjects.ADOPT, codec.encode(ask), timeout=ADOPT_TIMEOUT_S)
+            log.info("streams_adopted", gone=probe.lease, adopted=len(codec.decode(msg.data, AdoptReply).adopted),
+                     asked=len(reqs))
+        except Exception as e:
+            log.warning("adoption_failed", gone=probe.lease, streams=len(reqs), error=repr(e))
+
+    async def _on_state(self, req: Request) -> None:
+        """A router adopting streams here: their state; it is the router followed from now on."""
+        if not req._msg.reply:
+            return
+        ids = msgspec.msgpack.decode(req.data, type=list[str])
+        await req.respond(codec.encode(self.core.stream_states(ids, alive_subject(req._msg.reply))))
+
+    async def _probe_lease(self, probe: LeaseProbe) -> None:
+        """Only "no responders" says the holder is gone; an answer or a timeout, alive-or-late."""
+        for rid in self.core.on_lease_answer(probe.lease, await self._gone(probe.subject), probe.sent_s):
             log.info("orphan_stopped", request_id=rid, lease=probe.lease)
             self.metrics.observe_abort("orphaned")
             await self.engine.abort(rid)

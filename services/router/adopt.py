@@ -1,0 +1,60 @@
+"""A router adopts streams whose placing router is gone (shared/adoption.py): their worker found
+that router's connection gone and asks `llm.v1.adopt` (this service's queue group).
+
+    for each request:  migration.expect(id); follow its reply subject (events are held)
+    flush; ask the worker's `state` for them → [StreamState] (the worker follows us from now)
+    for each state:    migration.adopt(req, worker, token ids, next seq) (the held events replay)
+    the rest (ended meanwhile): no longer followed
+    answer AdoptReply(adopted ids)
+
+Following before asking is what leaves no chunk between the state and the stream. A request
+this replica follows already is asked about all the same (the worker then follows this one).
+"""
+
+from __future__ import annotations
+
+import time
+
+from nats.aio.msg import Msg
+from tokenyard.shared import codec, subjects, telemetry
+from tokenyard.shared.adoption import AdoptAsk, AdoptReply, StreamState
+
+log = telemetry.logger("router")
+
+STATE_TIMEOUT_S = 2.0
+"""How long the worker's state may take (it answers from memory)."""
+
+
+async def on_adopt(shell, msg: Msg) -> None:
+    try:
+        ask = codec.decode(msg.data, AdoptAsk)
+    except codec.DecodeError:
+        return
+    migration = shell.migration
+    reqs = {r.request_id: r for r in ask.requests}
+    fresh = [rid for rid in reqs if rid not in migration.tracked]
+    for rid in fresh:
+        migration.expect(rid)
+        await shell._follow(reqs[rid])
+    adopted: list[str] = []
+    try:
+        await shell.nc.flush()
+        reply = await shell.nc.request(subjects.worker_state(ask.worker_id), codec.encode(list(reqs)),
+                                       timeout=STATE_TIMEOUT_S)
+        states = codec.decode(reply.data, list[StreamState])
+    except Exception as e:
+        log.warning("adopt_failed", worker=ask.worker_id, streams=len(reqs), error=repr(e))
+        states = []
+    now = time.time()
+    for st in states:
+        if st.request_id in reqs:
+            migration.adopt(reqs[st.request_id], ask.worker_id, st.token_ids, st.next_seq, now)
+            adopted.append(st.request_id)
+    for rid in set(fresh) - set(adopted):
+        migration.unexpect(rid)
+        await shell._unfollow(rid)
+    if adopted:
+        shell._tracking.set()
+        log.info("adopted", worker=ask.worker_id, streams=len(adopted))
+    if msg.reply:
+        await msg.respond(codec.encode(AdoptReply(adopted)))

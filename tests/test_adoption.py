@@ -1,0 +1,90 @@
+"""Adoption, pure (shared/adoption.py): a worker follows the router that placed each request it
+runs (WorkerCore.router_probes / on_router_answer) and hands a gone router's requests over; the
+adopting router's MigrationCore (expect / adopt) follows them from the worker's state, with the
+events seen meanwhile replayed, and re-issues them with exactly the tokens sent if that worker
+dies."""
+
+from __future__ import annotations
+
+from tokenyard.services.router.migration import MigrationConfig, MigrationCore, Reissue
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore
+from tokenyard.services.worker.engine import EngineOutput
+from tokenyard.services.worker.leases import LeaseProbe
+from tokenyard.shared.adoption import StreamState
+from tokenyard.shared.schemas import Chunk, Finished, Usage
+from tokenyard.shared.tokenizer import ByteTokenizer
+
+from tests import builders
+
+A, B = "_INBOX.router.aaaa.alive", "_INBOX.router.bbbb.alive"
+
+
+def req(rid: str = "r1", **kw):
+    return builders.req(rid, tokens=[1, 2, 3], chain=[], max_tokens=8, reply_to=f"_INBOX.client.{rid}", **kw)
+
+
+def worker() -> WorkerCore:
+    return WorkerCore(WorkerConfig("w0", "m", engine="sim"), ByteTokenizer())
+
+
+def test_the_worker_probes_each_placing_router_once_and_hands_a_gone_ones_requests_over():
+    w = worker()
+    w.offer(req("r1"), builders.stats(), placed_by=A)
+    w.offer(req("r2"), builders.stats(), placed_by=A)
+    w.offer(req("r3"), builders.stats(), placed_by=B)
+    w.offer(req("sim"), builders.stats())  # no router known (the simulator's offers): never handed over
+    assert w.router_probes(0.0) == []
+    assert w.router_probes(3.0) == [LeaseProbe(A, A, 3.0), LeaseProbe(B, B, 3.0)]
+    assert w.on_router_answer(B, False, 3.0) == []  # B timed out: alive
+    assert [r.request_id for r in w.on_router_answer(A, True, 3.0)] == ["r1", "r2"]
+    # until one adopts them they stay A's: A is seen anew and probed again 3 s on (a retry)
+    assert w.router_probes(3.1) == []
+    assert [p.lease for p in w.router_probes(6.2)] == [A, B]
+
+
+def test_the_state_is_the_tokens_sent_with_the_resumed_ones_first_and_the_asker_is_followed():
+    w = worker()
+    w.offer(req("r1", resume_token_ids=[7, 8], resume_seq=2, migrations=1), builders.stats(), placed_by=A)
+    w.on_output(EngineOutput("r1", [104]))
+    w.on_output(EngineOutput("r1", [105, 106]))
+    assert w.stream_states(["r1", "gone"], B) == [StreamState("r1", [7, 8, 104, 105, 106], 4)]
+    w.router_probes(10.0)
+    assert [p.lease for p in w.router_probes(13.0)] == [B]
+
+
+def test_an_orphaned_request_is_not_handed_over():
+    w = worker()
+    w.offer(req("r1"), builders.stats(), placed_by=A)
+    w.on_abort("r1", "orphaned", req("r1").reply_to)
+    w.router_probes(0.0)
+    w.router_probes(3.0)
+    assert w.on_router_answer(A, True, 3.0) == []
+    assert w.stream_states(["r1"], B) == []
+
+
+def test_the_adopting_router_replays_what_it_saw_meanwhile_and_reissues_with_the_tokens_sent():
+    m = MigrationCore(MigrationConfig())
+    m.on_heartbeat("w0", 0.0)
+    m.expect("r1")
+    # chunks heard between the subscription and the state: one the state has, one after it
+    m.on_event("r1", Chunk("r1", 1, "", [105]), 0.1)
+    m.on_event("r1", Chunk("r1", 2, "", [106]), 0.2)
+    m.adopt(req("r1"), "w0", [104, 105], 2, 0.3)
+    t = m.tracked["r1"]
+    assert (t.token_ids, t.next_seq, t.worker_id, m.adopting) == ([104, 105, 106], 3, "w0", {})
+    m.on_no_responders("w0", 0.5)
+    [effect] = m.tick(0.6)
+    assert isinstance(effect, Reissue)
+    assert (effect.req.resume_token_ids, effect.req.resume_seq, effect.req.migrations) == ([104, 105, 106], 3, 1)
+
+
+def test_a_stream_that_ended_while_its_state_was_asked_is_not_followed():
+    m = MigrationCore(MigrationConfig())
+    m.expect("r1")
+    m.on_event("r1", Finished("r1", 1, "length", Usage(3, 1, 4)), 0.1)
+    m.adopt(req("r1"), "w0", [104], 1, 0.2)
+    assert m.tracked == {} and m.adopting == {}
+    m.expect("r2")
+    m.unexpect("r2")
+    m.on_event("r2", Chunk("r2", 0, "", [1]), 0.3)
+    assert m.adopting == {} and m.tracked == {}

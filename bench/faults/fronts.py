@@ -18,6 +18,9 @@ once every stream has its first token, SIGKILL the fleet's queue process. What m
     they ran to their end.
 
 `--baseline REF` runs the fleet's processes (both fronts, the workers) on REF's code.
+`--then-kill-worker`: once the orphans have stopped (and 1 s more, for the workers' hand-over
+of the dead front's streams to the surviving router, shared/adoption.py), SIGKILL worker 0 as
+well: every NATS stream must still complete, the dead front's too (`nats_not_completed` 0).
 """
 
 from __future__ import annotations
@@ -78,6 +81,13 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
             proc(fleet, "queue").send_signal(signal.SIGKILL)
             cut_ids = await killed_streams(web)
             orphans = asyncio.create_task(until(lambda: orphans_gone(nc, cut_ids), 60, 0.2, since=kill_s))
+            worker_killed_s = None
+            if getattr(args, "then_kill_worker", False):
+                await orphans
+                await asyncio.sleep(1.0)
+                worker_killed_s = round(time.monotonic() - kill_s, 2)
+                note(f"edge-kill (in-queue): SIGKILL worker 0 too, {worker_killed_s} s after the front")
+                proc(fleet, "worker-0").send_signal(signal.SIGKILL)
             await wait_all([*web, *raw], args.deadline_s)
             orphans_stopped_s = await orphans
             cut = [s for s in web if s.terminal == "error"]
@@ -94,7 +104,7 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
                     nats_not_completed=sum(s.outcome != "completed" for s in raw),
                     nats_finished_twice=sum(v > 1 for v in finishes.values()),
                     events_after_end=sum(s.after_end for s in raw),
-                    orphans_stopped_s=orphans_stopped_s,
+                    orphans_stopped_s=orphans_stopped_s, worker_killed_s=worker_killed_s,
                     after={"http": dict(Counter(s.outcome for s in after_web)),
                            "nats": dict(Counter(s.outcome for s in after_raw))},
                     errors_sample=sorted({s.message[:50] for s in cut})[:3])

@@ -18,9 +18,10 @@ once every stream has its first token, SIGKILL the fleet's queue process. What m
     they ran to their end.
 
 `--baseline REF` runs the fleet's processes (both fronts, the workers) on REF's code.
-`--then-kill-worker`: once the orphans have stopped (and 1 s more, for the workers' hand-over
-of the dead front's streams to the surviving router, shared/adoption.py), SIGKILL worker 0 as
-well: every NATS stream must still complete, the dead front's too (`nats_not_completed` 0).
+`--then-kill-worker`: THEN_KILL_WORKER_S after the front, SIGKILL worker 0 as well (by then the
+workers have handed the dead front's streams to the surviving router, shared/adoption.py:
+3 s of probe period and a few round trips): every NATS stream must still complete, the dead
+front's too (`nats_not_completed` 0).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from bench.faults.streams import note, submit, submit_via_http, tally, wait_all
 from tokenyard.launcher import ping
 
 FRONTS_READY_S = 60.0
+THEN_KILL_WORKER_S = 5.0
 
 
 async def probe_front_kill(args) -> dict:
@@ -83,8 +85,7 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
             orphans = asyncio.create_task(until(lambda: orphans_gone(nc, cut_ids), 60, 0.2, since=kill_s))
             worker_killed_s = None
             if getattr(args, "then_kill_worker", False):
-                await orphans
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(THEN_KILL_WORKER_S - (time.monotonic() - kill_s))
                 worker_killed_s = round(time.monotonic() - kill_s, 2)
                 note(f"edge-kill (in-queue): SIGKILL worker 0 too, {worker_killed_s} s after the front")
                 proc(fleet, "worker-0").send_signal(signal.SIGKILL)

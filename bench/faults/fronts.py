@@ -87,10 +87,12 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
             if getattr(args, "then_kill_worker", False):
                 await asyncio.sleep(THEN_KILL_WORKER_S - (time.monotonic() - kill_s))
                 worker_killed_s = round(time.monotonic() - kill_s, 2)
+                if not orphans.done():  # w0's status goes with it: orphans still running then read None
+                    orphans.cancel()
                 note(f"edge-kill (in-queue): SIGKILL worker 0 too, {worker_killed_s} s after the front")
                 proc(fleet, "worker-0").send_signal(signal.SIGKILL)
             await wait_all([*web, *raw], args.deadline_s)
-            orphans_stopped_s = await orphans
+            orphans_stopped_s = None if orphans.cancelled() else await orphans
             cut = [s for s in web if s.terminal == "error"]
             to_error = [round(s.end_s - kill_s, 2) for s in cut]
             after_web = [await submit_via_http(http, fleet.http_url, 8, f"after {i}") for i in range(8)]

@@ -265,7 +265,7 @@ class QueueShell:
             self._received_ns[rid] = time.time_ns()
         due = self.core.next_expiry()
         if due is None or due >= now:  # nothing to reject first: release in this turn, so with room its
-            self._release(now)  # route starts on the loop's next step, not after the dispatch loop's turn
+            self._release(now)  # route runs up to its offer inside this call, not after the dispatch loop's turn
         self._wake.set()  # the loop does the rest (expiry; a request that waits for room is stored at once)
         return placing
 

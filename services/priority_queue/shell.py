@@ -300,8 +300,7 @@ class QueueShell:
         return None
 
     def _release(self, now: float) -> None:
-        """Start a route for each request the core releases now, run up to its offer in this turn
-        (shared/eager.py): with the router in this process, `take`'s call makes the offer."""
+        """Start a route per released request, run up to its offer in this turn (shared/eager.py)."""
         for req in self.core.dispatchable(now):
             task = eager_task(self._route(req), context=self._route_context.copy())
             self._routes.add(task)

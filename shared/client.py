@@ -69,6 +69,7 @@ CLIENT_CLOSED = 499
 """The status of the `error` that ends a stream its own client closed (nginx's "client closed
 request"): not the fleet's doing, so no 5xx."""
 
+MUX_FLUSH_TIMEOUT_S = 2.0  # the most the first stream waits for its inbox subscription's confirmation
 IDLE_TIMEOUT_S = 60.0
 """Default silence after which a stream ends with an error: above the queue's longest
 ordinary wait for a P2 request (its 60 s TTFT target), far above worker-death detection."""
@@ -288,26 +289,27 @@ class TokenyardClient:
 
     async def _open_inbox(self, request_id: str) -> tuple[str, Inbox]:
         """A fresh inbox `<prefix>.<lease>.<n><random>` for one stream, on the client's one
-        subscription `<prefix>.<lease>.*` (made on first use). One subscription for every
-        stream: no SUB / UNSUB per request, and nats-py delivers a burst of events for many
-        streams from one task instead of waking one task per stream per event. The
-        subscription also covers the lease's `alive` subject (nothing is delivered there)."""
+        subscription `<prefix>.<lease>.*` (made on first use): no SUB / UNSUB per request, and
+        a burst of events for many streams comes from one task, not one wake-up per stream per
+        event. It also covers the lease's `alive` subject (nothing is delivered there)."""
         if self.lease_id and self._lease_task is None:
             self._lease_task = asyncio.create_task(self._renew_lease())
         if self._mux is None:
             async with self._mux_lock:
                 if self._mux is None:
-                    # Unbounded: `_deliver` hands each message on at once, straight from nats-py's
-                    # reader (natsutil.deliver_directly: no task hop per message), and what
-                    # waits for a slow reader waits in its own inbox, as it did in a queue per
-                    # stream (a bound here would drop events of every stream at once).
+                    # Unbounded: `_deliver` hands each message on at once, from nats-py's reader
+                    # (natsutil.deliver_directly); a slow reader's events wait in its own inbox.
                     self._inbox_base = f"{self._prefix()}.{self._mux_token}."
-                    self._mux = await self.nc.subscribe(self._inbox_base + "*", cb=self._deliver_async,
-                                                        pending_msgs_limit=0, pending_bytes_limit=0)
-                    natsutil.deliver_directly(self._mux, self._deliver)
-        # A number and 48 random bits: the lease token before it is seen by every service (and
-        # logged), so the number alone could be guessed by another client, who could submit a
-        # request naming it as the reply and have the fleet stream into it.
+                    mux = await self.nc.subscribe(self._inbox_base + "*", cb=self._deliver_async,
+                                                  pending_msgs_limit=0, pending_bytes_limit=0)
+                    natsutil.deliver_directly(mux, self._deliver)
+                    # Held by the server before any request names it: another connection of this
+                    # process (the router's, beside an in-process edge) may offer it first.
+                    with contextlib.suppress(Exception):  # cut off: the request meets that as before
+                        await self.nc.flush(timeout=MUX_FLUSH_TIMEOUT_S)
+                    self._mux = mux
+        # A number and 48 random bits: every service sees (and logs) the lease token before it, so
+        # another client could guess a number alone, name it as a reply, and be streamed into.
         subject = f"{self._inbox_base}{next(self._numbers)}{os.urandom(6).hex()}"
         box = self._inboxes[subject] = Inbox(request_id)
         return subject, box

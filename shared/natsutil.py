@@ -190,6 +190,24 @@ def deliver_directly(sub, deliver) -> bool:
     return True
 
 
+def send_now(nc) -> bool:
+    """Write what the connection holds for the server now, in this turn of the loop. nats-py
+    queues each publish in a pending buffer and writes it from its flusher task on a later turn,
+    after whatever else the loop has ready (on the first token's way, in the queue's process:
+    the hand-over, the edge's set-up, the rest of the call that made the offer — ~0.1 ms). This
+    is what nats-py does itself when its flusher is gone: the pending buffer in one
+    `writelines`, emptied; the flusher, when it runs, finds nothing left to write. Whether it
+    wrote (not while disconnected — a reconnect sends the buffer — nor on a nats-py without
+    these attributes, which leaves it to its flusher, as before)."""
+    pending, transport = getattr(nc, "_pending", None), getattr(nc, "_transport", None)
+    if not isinstance(pending, list) or not pending or transport is None or not nc.is_connected:
+        return False
+    transport.writelines(pending[:])
+    nc._pending = []
+    nc._pending_data_size = 0
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -178,16 +178,15 @@ async def test_two_fronts_side_by_side_lose_and_double_no_request(nats_server):
         assert placed[0] | placed[1] == {f"pair-{i}" for i in range(24)}
         assert not placed[0] & placed[1]  # no request placed by both
         assert len(placed[0]) == 12 and len(placed[1]) == 12  # each by the front it came to
-        for f in fronts:
+        for f in fronts:  # every store ended (a request is routed before its store begins)
             q = f.hosts[1].shell
-            await until(lambda q=q: q.kept()["local"] == q.kept()["held"] == 0, timeout_s=15,
-                        what="every stored copy acked")
-        # the store waits STORE_AFTER_S after the route's answer, then its copy is deleted:
-        # await the stream's own count reaching 0 rather than reading it once
-        async def none_stored():
+            await until(lambda q=q, f=f: q.kept()["local"] == q.kept()["held"] == 0 and not f.admission.handing_over,
+                        timeout_s=15, what="every request routed and its store acked")
+
+        async def none_left() -> bool:  # a routed request's copy is deleted once its store's ack comes
             return await stored(nats_server.url) == 0
 
-        await until(none_stored, timeout_s=15, what="the stream holds no stored copy")
+        await until(none_left, timeout_s=15, what="every stored copy acked or deleted")
         assert sum(sum(w.metrics.snapshot()["finished"].values()) for w in workers) == 24  # each generated once
     finally:
         await stop_hosts(hosts)

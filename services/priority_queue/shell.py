@@ -65,6 +65,7 @@ from tokenyard.services.priority_queue.seen_ids import SeenIds
 from tokenyard.services.priority_queue.state_gate import StatsGate
 from tokenyard.services.priority_queue.stored_copies import StoredCopies
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.eager import eager_task
 from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import QueueMetrics
 from tokenyard.shared.service import new_instance_id
@@ -264,7 +265,7 @@ class QueueShell:
             self._received_ns[rid] = time.time_ns()
         due = self.core.next_expiry()
         if due is None or due >= now:  # nothing to reject first: release in this turn, so with room its
-            self._release(now)  # route starts on the loop's next step, not after the dispatch loop's turn
+            self._release(now)  # route runs up to its offer inside this call, not after the dispatch loop's turn
         self._wake.set()  # the loop does the rest (expiry; a request that waits for room is stored at once)
         return placing
 
@@ -299,9 +300,9 @@ class QueueShell:
         return None
 
     def _release(self, now: float) -> None:
-        """Start a route for each request the core releases now."""
+        """Start a route per released request, run up to its offer in this turn (shared/eager.py)."""
         for req in self.core.dispatchable(now):
-            task = asyncio.create_task(self._route(req), context=self._route_context.copy())
+            task = eager_task(self._route(req), context=self._route_context.copy())
             self._routes.add(task)
             task.add_done_callback(self._routes.discard)
 

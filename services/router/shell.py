@@ -47,6 +47,7 @@ from tokenyard.services.router.migration import (
 )
 from tokenyard.services.router.reask import Answer, ReaskMemory, Wait, key_of
 from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.eager import eager_task
 from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import RouterMetrics
 from tokenyard.shared.schemas import MIGRATED
@@ -202,7 +203,9 @@ class RouterShell:
         # The placement runs as its own task and settles when it ends, whatever becomes of this
         # ask: a first asker cancelled mid-offer (a queue's shutdown) neither cancels an offer a
         # worker may already have taken nor leaves it unremembered (a re-ask would place it twice).
-        placing = asyncio.ensure_future(self.place(ar, span, data=data, only=only))
+        # Its first step — the decision and the offer's publish — runs now, in the asker's turn
+        # (shared/eager.py), not after whatever else the loop holds.
+        placing = eager_task(self.place(ar, span, data=data, only=only))
         placing.add_done_callback(lambda done: self._settle(key, done))
         return await asyncio.shield(placing)
 
@@ -324,9 +327,13 @@ class RouterShell:
                 headers = telemetry.inject()
                 if prefill is not None:
                     headers = {**(headers or {}), subjects.OFFER_PREFILL_HEADER: prefill.header()}
-                msg = await self.nc.request(
+                # published in this turn (the request's first step), and written to the socket at
+                # once, not on nats-py's flusher's turn behind the rest of this turn's work
+                asked = eager_task(self.nc.request(
                     subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=headers or None
-                )
+                ))
+                natsutil.send_now(self.nc)
+                msg = await asked
                 return codec.decode(msg.data, schemas.GenerateReply)
             except NoRespondersError:  # nobody listens there: a refusal, not a doubt
                 self.migration.on_no_responders(worker_id, time.time())

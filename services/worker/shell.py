@@ -150,7 +150,7 @@ class WorkerShell:
             return
         prefill = OfferPrefill.parse((req.headers or {}).get(subjects.OFFER_PREFILL_HEADER))
         stats = self.engine.stats()
-        router = req._msg.reply  # the placing router's request inbox: its prefix lives with its connection
+        router = asker_inbox(req)  # the placing router's request inbox: its prefix lives with its connection
         reply, start = self.core.offer(ar, stats, prefill, alive_subject(router) if router else "")
         if start:  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
             answer = OfferAnswer(req, codec.encode(reply))
@@ -380,10 +380,11 @@ class WorkerShell:
 
     async def _on_state(self, req: Request) -> None:
         """A router adopting streams here: their state; it is the router followed from now on."""
-        if not req._msg.reply:
+        asker = asker_inbox(req)
+        if not asker:
             return
         ids = msgspec.msgpack.decode(req.data, type=list[str])
-        await req.respond(codec.encode(self.core.stream_states(ids, alive_subject(req._msg.reply))))
+        await req.respond(codec.encode(self.core.stream_states(ids, alive_subject(asker))))
 
     async def _probe_lease(self, probe: LeaseProbe) -> None:
         """Only "no responders" says the holder is gone; an answer or a timeout, alive-or-late."""
@@ -409,6 +410,13 @@ class WorkerShell:
             await asyncio.sleep(self.kv_poll_s)
             with contextlib.suppress(Exception):
                 await self._publish_kv_events()
+
+
+def asker_inbox(req: Request) -> str:
+    """The reply subject of a micro endpoint's request (nats.micro keeps it on its message);
+    '' when there is none (a test's stand-in)."""
+    reply = getattr(getattr(req, "_msg", None), "reply", "")
+    return reply if isinstance(reply, str) else ""
 
 
 class OfferAnswer:

@@ -34,7 +34,8 @@ ORPHAN_AFTER_S = 3 * LEASE_INTERVAL_S
 
 @dataclass(frozen=True)
 class LeaseProbe:
-    """Ask `subject` whether anyone listens (timeout PROBE_TIMEOUT_S); answer with `on_answer`."""
+    """Ask `subject` whether anyone listens (the shell's LEASE_PROBE_TIMEOUT_S); then `on_answer`.
+    `lease`: the key (a lease, or a router's `alive` subject)."""
 
     lease: str
     subject: str

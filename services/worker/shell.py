@@ -347,6 +347,7 @@ class WorkerShell:
         if self.nc.stats["reconnects"] != self._lease_reconnects:
             self._lease_reconnects = self.nc.stats["reconnects"]
             self.core.leases.on_reconnected(now)
+            self.core.routers.on_reconnected(now)  # a router, too, may not have resubscribed yet
         probes = [self._probe_lease(p) for p in self.core.lease_probes(now)]
         probes += [self._probe_router(p) for p in self.core.router_probes(now)]
         for probe in probes:
@@ -383,7 +384,10 @@ class WorkerShell:
         asker = asker_inbox(req)
         if not asker:
             return
-        ids = msgspec.msgpack.decode(req.data, type=list[str])
+        try:
+            ids = msgspec.msgpack.decode(req.data, type=list[str])
+        except msgspec.DecodeError:
+            ids = []
         await req.respond(codec.encode(self.core.stream_states(ids, alive_subject(asker))))
 
     async def _probe_lease(self, probe: LeaseProbe) -> None:

@@ -11,7 +11,7 @@ from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.shared.adoption import StreamState
-from tokenyard.shared.schemas import Chunk, Finished, Usage
+from tokenyard.shared.schemas import Chunk, Finished, Usage, WorkerControl
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests import builders
@@ -27,11 +27,16 @@ def worker() -> WorkerCore:
     return WorkerCore(WorkerConfig("w0", "m", engine="sim"), ByteTokenizer())
 
 
+def place(w: WorkerCore, r, router: str) -> None:
+    assert w.offer(r, builders.stats())[1]
+    w.placed_by(r.request_id, router)
+
+
 def test_the_worker_probes_each_placing_router_once_and_hands_a_gone_ones_requests_over():
     w = worker()
-    w.offer(req("r1"), builders.stats(), placed_by=A)
-    w.offer(req("r2"), builders.stats(), placed_by=A)
-    w.offer(req("r3"), builders.stats(), placed_by=B)
+    place(w, req("r1"), A)
+    place(w, req("r2"), A)
+    place(w, req("r3"), B)
     w.offer(req("sim"), builders.stats())  # no router known (the simulator's offers): never handed over
     assert w.router_probes(0.0) == []
     assert w.router_probes(3.0) == [LeaseProbe(A, A, 3.0), LeaseProbe(B, B, 3.0)]
@@ -44,7 +49,7 @@ def test_the_worker_probes_each_placing_router_once_and_hands_a_gone_ones_reques
 
 def test_the_state_is_the_tokens_sent_with_the_resumed_ones_first_and_the_asker_is_followed():
     w = worker()
-    w.offer(req("r1", resume_token_ids=[7, 8], resume_seq=2, migrations=1), builders.stats(), placed_by=A)
+    place(w, req("r1", resume_token_ids=[7, 8], resume_seq=2, migrations=1), A)
     w.on_output(EngineOutput("r1", [104]))
     w.on_output(EngineOutput("r1", [105, 106]))
     assert w.stream_states(["r1", "gone"], B) == [StreamState("r1", [7, 8, 104, 105, 106], 4)]
@@ -54,7 +59,7 @@ def test_the_state_is_the_tokens_sent_with_the_resumed_ones_first_and_the_asker_
 
 def test_an_orphaned_request_is_not_handed_over():
     w = worker()
-    w.offer(req("r1"), builders.stats(), placed_by=A)
+    place(w, req("r1"), A)
     w.on_abort("r1", "orphaned", req("r1").reply_to)
     w.router_probes(0.0)
     w.router_probes(3.0)
@@ -88,3 +93,10 @@ def test_a_stream_that_ended_while_its_state_was_asked_is_not_followed():
     m.unexpect("r2")
     m.on_event("r2", Chunk("r2", 0, "", [1]), 0.3)
     assert m.adopting == {} and m.tracked == {}
+
+
+def test_a_pd_decode_leg_is_not_handed_over():
+    w = worker()
+    w.on_control(WorkerControl("w0", mode="pd"))
+    place(w, req("leg", kv_from="w9"), A)
+    assert w.streams["leg"].placed_by == "" and w.router_probes(0.0) == [] and w.router_probes(5.0) == []

@@ -124,10 +124,9 @@ class WorkerCore:
         while len(lru) > self.cfg.remember:
             lru.popitem(last=False)
 
-    def offer(self, req: AdmittedRequest, stats: EngineStats, prefill: OfferPrefill | None = None,
-              placed_by: str = "") -> tuple[schemas.GenerateReply, bool]:
-        """The reply to the router, and whether to start generating. `placed_by`: the router's
-        `alive` subject (adoption; '': not followed). `prefill`: the router's
+    def offer(self, req: AdmittedRequest, stats: EngineStats,
+              prefill: OfferPrefill | None = None) -> tuple[schemas.GenerateReply, bool]:
+        """The reply to the router, and whether to start generating. `prefill`: the router's
         count of r's uncached tokens here and on the best other instance (the `saturated`
         refusal weighs them; None: not sent, the refusal as without it)."""
         rid = req.request_id
@@ -151,10 +150,9 @@ class WorkerCore:
                                               stats.queued_prefill_tokens * stats.prefill_ms_per_token / 1000.0)):
             return schemas.GenerateReply(rid, False, "saturated"), False
         # A decode leg's first token went out from the prefill worker: number on from it.
-        self.streams[rid] = (_Stream(req, 1, 1, lease=lease_of(req.reply_to)) if req.kv_from  # a leg: not handed over
+        self.streams[rid] = (_Stream(req, 1, 1, lease=lease_of(req.reply_to)) if req.kv_from
                              else _Stream(req, seq=req.resume_seq, tokens=len(req.resume_token_ids),
-                                          lease=lease_of(req.reply_to), placed_by=placed_by,
-                                          token_ids=array("q", req.resume_token_ids) if placed_by else None))
+                                          lease=lease_of(req.reply_to)))
         self._remember(self._seen, rid, (req.reply_to, req.migrations))
         return schemas.GenerateReply(rid, True), True
 
@@ -217,6 +215,14 @@ class WorkerCore:
         for rid in rids:
             self.on_abort(rid, "orphaned", self.streams[rid].req.reply_to)
         return rids
+
+    def placed_by(self, request_id: str, alive: str) -> None:
+        """The request just taken was placed by the router whose `alive` subject this is: follow
+        it, and keep the token ids sent from now on (a hand-over needs them). Not a P/D decode
+        leg: its first token went out from another worker."""
+        st = self.streams.get(request_id)
+        if st is not None and alive and not st.req.kv_from:
+            st.placed_by, st.token_ids = alive, array("q", st.req.resume_token_ids)
 
     def router_probes(self, now: float) -> list[LeaseProbe]:
         """The placing routers to probe now (LeaseWatch.tick, keyed by `alive` subject)."""

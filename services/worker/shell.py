@@ -150,9 +150,10 @@ class WorkerShell:
             return
         prefill = OfferPrefill.parse((req.headers or {}).get(subjects.OFFER_PREFILL_HEADER))
         stats = self.engine.stats()
-        router = asker_inbox(req)  # the placing router's request inbox: its prefix lives with its connection
-        reply, start = self.core.offer(ar, stats, prefill, alive_subject(router) if router else "")
-        if start:  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
+        reply, start = self.core.offer(ar, stats, prefill)
+        if start:
+            router = asker_inbox(req)  # the placing router's request inbox: its prefix lives with its connection
+            self.core.placed_by(ar.request_id, alive_subject(router) if router else "")  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
             answer = OfferAnswer(req, codec.encode(reply))
             timer = asyncio.get_running_loop().call_later(REPLY_HOLD_S, answer.send_soon)
             task = asyncio.create_task(self.generate(ar, req.headers, received_ns, answer))

@@ -3,7 +3,7 @@ instance holds and queues between two of its reports. The default's own kernels 
 variant changes one input around them (RouterCore.route wrapped for the variants' policies):
 
     base    the default as it is (marginal-latency: the bounded-load guard, c = 1.25)
-    c2, c3  the guard's bound at c = 2 and c = 3 (× the candidates' mean load)
+    c1.5, c2, c3  the guard's bound at c = 1.5, 2 and 3 (× the candidates' mean load)
     fly     cache credit for blocks in flight: r's chain is recorded on the chosen instance as
             predicted blocks (BlockIndex.predict) until r's predicted first token there,
             2 × (Q_i + N_i) × t_i after the decision (at least 0.1 s; 1 s where t_i is not
@@ -12,7 +12,7 @@ variant changes one input around them (RouterCore.route wrapped for the variants
             prefill ends then sees the hit it will find once r's blocks are computed.
     decay   the heartbeat's queued prefill drained since it was sent: Q_i := max(0, Q_hb −
             (now − heard) / t_i) + what was routed to i since (t_i: i's prefill ms per token)
-    fly+decay  both;  stepk+c2: stepk (below) behind the bound at c = 2
+    fly+decay  both;  stepk+c2: stepk (below) behind the bound at c = 2;  decay+step1, decay+stepk
     step1   r's own TTFT counts i's decodes in the step that gives r its first token: own_i +=
             B_i + ρ_i · C_i (B_i sequences on i, one token each in the step; C_i the context
             they hold, kv_used × block; ρ_i = the heartbeat's decode attention per context
@@ -44,7 +44,8 @@ from tokenyard.services.router.policies.latency import BoundedLoadGuard, Margina
 from bench import routing_ablation as ra
 
 PEERS = ("dynamo", "llmd", "llmd-token-load", "sglang", "least-loaded")
-VARIANTS = ("base", "c2", "c3", "fly", "decay", "fly+decay", "step1", "stepk", "stepk+c2")
+VARIANTS = ("base", "c1.5", "c2", "c3", "fly", "decay", "fly+decay", "step1", "stepk", "stepk+c2", "decay+step1",
+            "decay+stepk")
 _route = core.RouterCore.route
 
 
@@ -111,9 +112,10 @@ CHUNK = 2048
 def register(name: str) -> str:
     """The router policy `estimate-NAME` for variant NAME."""
     core.RouterCore.route = route
-    c = 2.0 if "c2" in name else 3.0 if "c3" in name else 1.25
+    c = 1.5 if "c1.5" in name else 2.0 if "c2" in name else 3.0 if "c3" in name else 1.25
     policy = f"estimate-{name}"
-    scorer = StepScorer(name[4]) if name.startswith("step") else MarginalLatencyScorer()
+    step = name.find("step")
+    scorer = StepScorer(name[step + 4]) if step >= 0 else MarginalLatencyScorer()
     core.POLICIES[policy] = lambda cfg, rng: core.Policy(scorer, guards=[BoundedLoadGuard(c=c)])
     return policy
 

@@ -12,6 +12,9 @@ variant changes one input around them (RouterCore.route wrapped for the variants
             prefill ends then sees the hit it will find once r's blocks are computed.
     decay   the heartbeat's queued prefill drained since it was sent: Q_i := max(0, Q_hb −
             (now − heard) / t_i) + what was routed to i since (t_i: i's prefill ms per token)
+    gdecay  the drained queue in the guard (bound and sticky exemption) only, not in the cost
+    soonest the sticky exemption without its cache clause: beyond the bound, i keeps r wherever
+            Q_i + N_i ≤ min over the kept of Q_k + N_k
     fly+decay  both;  stepk+c2: stepk (below) behind the bound at c = 2;  decay+step1, decay+stepk
     step1   r's own TTFT counts i's decodes in the step that gives r its first token: own_i +=
             B_i + ρ_i · C_i (B_i sequences on i, one token each in the step; C_i the context
@@ -22,6 +25,7 @@ variant changes one input around them (RouterCore.route wrapped for the variants
 
     python -m bench.routing_estimates --tune [--only base,fly,…] [--workloads …] [--loads …]
     python -m bench.routing_estimates --reported OUT [--only fly]   # beside the committed peers
+    python -m bench.routing_estimates --count TABLE …   # --tune's tables: cells won, geomean ÷ base
 
 Numbers: docs/results-routing.md, round 13.
 """
@@ -29,6 +33,7 @@ Numbers: docs/results-routing.md, round 13.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,14 +43,14 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 import numpy as np
 from tokenyard.services.router import core
-from tokenyard.services.router.pipeline import Scored
+from tokenyard.services.router.pipeline import Narrowed, Scored
 from tokenyard.services.router.policies.latency import BoundedLoadGuard, MarginalLatencyScorer
 
 from bench import routing_ablation as ra
 
 PEERS = ("dynamo", "llmd", "llmd-token-load", "sglang", "least-loaded")
 VARIANTS = ("base", "c1.5", "c2", "c3", "fly", "decay", "fly+decay", "step1", "stepk", "stepk+c2", "decay+step1",
-            "decay+stepk")
+            "decay+stepk", "gdecay", "soonest")
 _route = core.RouterCore.route
 
 
@@ -65,7 +70,8 @@ def route(self, req, now, exclude=frozenset()):
     if not name.startswith("estimate-"):
         return _route(self, req, now, exclude)
     view = self.view
-    d = _decayed(view, now) if "decay" in name else None
+    d = _decayed(view, now) if "decay" in name and "gdecay" not in name else None
+    view.decay = _decayed(view, now) if "gdecay" in name else None
     if d is not None:
         view.queued_prefill[: view.n] -= d
     try:
@@ -105,6 +111,35 @@ class StepScorer:
         return Scored(cost, tiebreak=tie)
 
 
+@dataclass
+class DecayedGuard(BoundedLoadGuard):
+    """The default's guard on the drained queue (`gdecay`: the scorer keeps the heartbeat's)."""
+
+    def narrow(self, req, view, cand):
+        d = getattr(view, "decay", None)
+        if d is None:
+            return super().narrow(req, view, cand)
+        view.queued_prefill[: view.n] -= d
+        try:
+            return super().narrow(req, view, cand)
+        finally:
+            view.queued_prefill[: view.n] += d
+
+
+@dataclass
+class SoonestGuard(BoundedLoadGuard):
+    """`soonest`: the bound's sticky exemption without its cache clause (hit_i > Q_i): an
+    instance beyond the bound keeps r wherever r's own first token comes no later there."""
+
+    def narrow(self, req, view, cand):
+        b = view.load[cand].astype(np.float64)
+        keep = b + 1 <= np.ceil(self.c * (b.sum() + 1) / len(cand))
+        if keep.all():
+            return Narrowed(keep)
+        own = view.queued_prefill[cand] + view.new[cand]
+        return Narrowed(keep | (own <= own[keep].min()))
+
+
 CHUNK = 2048
 """vLLM's chunked-prefill token budget (max_num_batched_tokens) on these profiles."""
 
@@ -116,8 +151,41 @@ def register(name: str) -> str:
     policy = f"estimate-{name}"
     step = name.find("step")
     scorer = StepScorer(name[step + 4]) if step >= 0 else MarginalLatencyScorer()
-    core.POLICIES[policy] = lambda cfg, rng: core.Policy(scorer, guards=[BoundedLoadGuard(c=c)])
+    guard = DecayedGuard if "gdecay" in name else SoonestGuard if "soonest" in name else BoundedLoadGuard
+    core.POLICIES[policy] = lambda cfg, rng: core.Policy(scorer, guards=[guard(c=c)])
     return policy
+
+
+def count(paths: list[str]) -> str:
+    """Cells won on --tune's tables (the sweep's tests against the best of the five peers in
+    each cell) and each variant's geomean ÷ `base` over the cells both ran."""
+    rows: dict[tuple[str, str], dict[str, tuple[float, ...]]] = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            cols = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cols) != 8 or not cols[3].replace(".", "", 1).isdigit():
+                continue
+            rows.setdefault((cols[0], cols[1]), {})[cols[2]] = tuple(float(x) for x in cols[3:7])
+    names = sorted({v for cell in rows.values() for v in cell if v not in PEERS})
+    out = ["| variant | TTFT | TPOT p99 | hit | goodput | cells | geomean ÷ base: TTFT, TPOT p99, hit, goodput |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+    for name in names:
+        won, logs, n, nb = [0, 0, 0, 0], [0.0] * 4, 0, 0
+        for cell in rows.values():
+            if name in cell and "base" in cell:
+                nb += 1
+                logs = [a + math.log(x / y) for a, x, y in zip(logs, cell[name], cell["base"], strict=True)]
+            if name not in cell or not set(PEERS) <= set(cell):
+                continue
+            n += 1
+            m, peers = cell[name], [cell[p] for p in PEERS]
+            won[0] += m[0] <= 0.9 * min(x[0] for x in peers)
+            won[1] += m[1] <= min(x[1] for x in peers)
+            won[2] += m[2] >= max(x[2] for x in peers) - 0.01
+            won[3] += m[3] >= max(x[3] for x in peers)
+        geo = ", ".join(f"{(math.exp(x / nb) - 1) * 100:+.2f}%" for x in logs) if nb and name != "base" else ""
+        out.append(f"| {name} | {' | '.join(map(str, won))} | {n} | {geo} |")
+    return "\n".join(out)
 
 
 def main() -> int:
@@ -128,7 +196,11 @@ def main() -> int:
     ap.add_argument("--workloads", default="mooncake-tune-a,mooncake-tune-b,mooncake-tune-c,chatbot")
     ap.add_argument("--loads", default="0.5,1,1.5,2,3")
     ap.add_argument("--reported", metavar="OUT", help="each variant on the reported cells, into OUT/VARIANT")
+    ap.add_argument("--count", nargs="+", metavar="TABLE", help="cells won on --tune's printed tables")
     args = ap.parse_args()
+    if args.count:
+        print(count(args.count))
+        return 0
     names = [x for x in args.only.split(",") if x]
     if args.reported:
         for name in names:

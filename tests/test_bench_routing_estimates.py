@@ -71,3 +71,16 @@ def test_the_step_terms_add_is_decodes_to_rs_own_ttft():
     # stepk: ⌈3,000 / 2,048⌉ = 2 steps
     k = re_.StepScorer("k").score(None, view, cand).scores
     assert np.allclose(k, [base + 22.4, base])
+
+
+def test_count_scores_the_tune_tables_as_the_sweep_does(tmp_path):
+    # one cell: `v` wins TTFT (90 ≤ 0.9 × 100), TPOT (10 ≤ 10) and hit (0.49 ≥ 0.50 − 0.01), not goodput
+    rows = {"base": (100, 12, 0.40, 5.0), "v": (90, 10, 0.49, 4.0), "dynamo": (100, 10, 0.50, 5.0),
+            "llmd": (120, 11, 0.30, 4.5), "llmd-token-load": (130, 11, 0.30, 4.5), "sglang": (140, 11, 0.3, 4.5),
+            "least-loaded": (150, 11, 0.3, 4.5)}
+    table = tmp_path / "tune.md"
+    table.write_text("| workload | load | variant | TTFT mean (ms) | TPOT p99 (ms) | hit | goodput (req/s) | failed |\n"
+                     + "".join(f"| chatbot | ×1 | {k} | {a} | {b} | {c} | {d} | 0 |\n" for k, (a, b, c, d) in rows.items()))
+    text = re_.count([str(table)])
+    assert "| base | 0 | 0 | 0 | 1 | 1 |  |" in text
+    assert "| v | 1 | 1 | 1 | 0 | 1 | -10.00%, -16.67%, +22.50%, -20.00% |" in text

@@ -170,6 +170,19 @@ async def test_stats_reflect_running_and_waiting(engine):
     assert s.kv_blocks_free == total_blocks
 
 
+async def test_an_abort_that_overtakes_its_request_ends_it_unstarted(engine):
+    """The worker accepted the offer and heard its abort before the request's task began it
+    here: the request ends at once, with no token and nothing left running; the id is then
+    forgotten (a later request of it runs), and other requests are untouched."""
+    await engine.abort("r1")
+    outs = await collect(engine, req("r1", 30, 4000))
+    assert [(o.new_token_ids, o.finished, o.finish_reason) for o in outs] == [([], True, "abort")]
+    s = engine.stats()
+    assert (s.running, s.waiting, s.queued_prefill_tokens) == (0, 0, 0)
+    again = await collect(engine, req("r1", 10, 3))
+    assert again[-1].finish_reason == "length" and sum(len(o.new_token_ids) for o in again) == 3
+
+
 async def test_closing_a_stream_early_frees_its_request(engine):
     stream = engine.generate(req("r1", 30, 4000))
     async with asyncio.timeout(TIMEOUT_S):

@@ -123,12 +123,35 @@ def test_the_ttft_floor_is_below_every_policys_mean_ttft():
 
     from bench.routing_floor import ttft_floor_ms
 
-    floor = ttft_floor_ms("api", 120, 0)
+    floor, refused = ttft_floor_ms("api", 120, 0)
+    assert refused == 0
     w = open_workload("api", num_requests=120, rate_scale=1.0)
     for policy in (sweep.DEFAULT, "least-loaded", "round-robin"):
         r = simulate(w, SimConfig(instances=4, profile="a100-llama3-8b", policy=policy), {"ttft": 2000.0})
         assert r["failed"] == 0
         assert 0.0 < floor <= r["mean_ttft_ms"], policy
+
+
+def test_the_ttft_floor_leaves_out_the_prompts_the_class_cap_refuses():
+    """Round 13: the floor counts only the prompts admission admits (the class cap refuses the
+    others for every policy alike), and the cap is admission's own longest P1 prompt."""
+    from tokenyard.loadgen.workloads import open_workload
+    from tokenyard.services.worker.sim.latency import profile
+    from tokenyard.services.worker.sim.slack import prefill_ms_per_token
+    from tokenyard.shared.slo import fits_class
+
+    from bench.routing_floor import class_cap, ttft_floor_ms
+
+    lens = sorted(r.prompt_len for r in open_workload("api", num_requests=120, rate_scale=1.0).items())
+    longest = lens[60]
+    whole, none = ttft_floor_ms("api", 120, 0)
+    cut, refused = ttft_floor_ms("api", 120, 0, longest=longest)
+    assert none == 0 and refused == sum(n > longest for n in lens) > 0
+    assert 0.0 < cut < whole  # the longer half left out: a lower mean floor
+    cap, p = class_cap(), profile("a100-llama3-8b")
+    a, b = prefill_ms_per_token(p), p.p3 / 2
+    assert fits_class((cap * a + cap * cap * b) / 1000.0, 1)
+    assert not fits_class(((cap + 1) * a + (cap + 1) ** 2 * b) / 1000.0, 1)
 
 
 def test_goodput_miss_splits_the_figures_goodput_by_the_slo_each_request_missed(tmp_path):

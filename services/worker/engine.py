@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -34,6 +35,25 @@ flood of seed 004 shorts wait in the queue, not in the engines (p50 0.31 s befor
 (bubble's short p50 0.46 → 0.93 s); on the chatbot priority run a capped P0 prompt needs more
 steps (P0 p95 TTFT 324 → 507 ms; 379 ms at 1,024). `--long-prefill-token-threshold N` sets it
 on either engine."""
+
+
+class EarlyAborts:
+    """Aborts that overtook their request into the engine: the worker accepted the offer and
+    heard the abort before the engine began the request (its generation task had not run yet).
+    Remembered (the newest `limit`), they end that request at once, with finish reason `abort`."""
+
+    def __init__(self, limit: int = 10_000):
+        self.limit = limit
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, request_id: str) -> None:
+        self._ids[request_id] = None
+        while len(self._ids) > self.limit:
+            self._ids.popitem(last=False)
+
+    def take(self, request_id: str) -> bool:
+        """Whether an abort came first (it is then forgotten: the id may run again)."""
+        return self._ids.pop(request_id, "no") is None
 
 
 class EngineOutput(msgspec.Struct):

@@ -14,6 +14,9 @@ downstream) gets what piled up as one output — the tokens of several steps, th
 finish — as vLLM's output collector merges the deltas a slow consumer has not taken yet: one
 chunk, one publish, one SSE write instead of one per token, exactly when the worker can least
 afford them. A reader that keeps up sees one output per step, as before.
+
+An abort that overtakes its request (the worker accepted the offer, the abort came before the
+request's task began it here) is remembered and ends that request unstarted, as in the vLLM adapter.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.engine import EarlyAborts, EngineOutput, EngineStats
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.overhead import StepOverhead
 from tokenyard.shared import telemetry
@@ -51,6 +54,7 @@ class SimEngine:
         self._loop_task: asyncio.Task | None = None
         self.overhead = StepOverhead()
         """What a step costs here beyond its model (overhead.py); its estimate is the core's step_overhead_s."""
+        self._early_aborts = EarlyAborts()
         self.handed: dict[str, int] = {}
         """Requests handed off (spatial P/D) and not yet collected: id → num_cached_tokens."""
 
@@ -70,6 +74,10 @@ class SimEngine:
         first = _FirstToken(req, self.core.stats(), time.monotonic()) if log.is_enabled_for(logging.DEBUG) else None
         if req.kv_from:  # a P/D decode leg: its KV crosses the inter-node link, then it decodes
             await asyncio.sleep(self.core.prof.network_s(req.prompt_len) / self.speed)
+        if self._early_aborts.take(req.request_id):  # its abort came first: it ends unstarted
+            yield EngineOutput(req.request_id, [], True, "abort")
+            return
+        if req.kv_from:
             self.core.add_prefilled(req)
         else:
             self.core.add(req)
@@ -100,6 +108,8 @@ class SimEngine:
     async def abort(self, request_id: str) -> None:
         if self.core.abort(request_id):
             self._wake.set()
+        elif request_id not in self._streams and request_id not in self.handed:  # not begun yet
+            self._early_aborts.add(request_id)
 
     def stats(self) -> EngineStats:
         return self.core.stats()

@@ -37,13 +37,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
 import zmq
-from tokenyard.services.worker.engine import EngineOutput, EngineStats
+from tokenyard.services.worker.engine import EarlyAborts, EngineOutput, EngineStats
 from tokenyard.services.worker.sim.slack import SlackClock
 from tokenyard.services.worker.vllm.kv_relay import KVHashRelay
 from tokenyard.services.worker.vllm.settings import VllmSettings, engine_kwargs, vllm_priority
@@ -154,9 +153,8 @@ class VllmEngine:
         self.slack = SlackClock()
         self.relay = KVHashRelay(settings.fleet_block_size)
         self.kv_batches_missed = 0
-        self._remember_aborts = remember_aborts
         self._open: dict[str, _Open] = {}
-        self._early_aborts: OrderedDict[str, None] = OrderedDict()
+        self._early_aborts = EarlyAborts(remember_aborts)
         self._kv_events: list[KVEvent] = []
         self._kv_seq = -1
         self._tmp: str | None = None
@@ -252,7 +250,7 @@ class VllmEngine:
         finished = False
         stream = None
         try:
-            if self._early_aborts.pop(rid, "no") is None:
+            if self._early_aborts.take(rid):
                 finished = True
                 yield EngineOutput(rid, [], True, "abort")
                 return
@@ -301,9 +299,7 @@ class VllmEngine:
     async def abort(self, request_id: str) -> None:
         state = self._open.get(request_id)
         if state is None:
-            self._early_aborts[request_id] = None
-            while len(self._early_aborts) > self._remember_aborts:
-                self._early_aborts.popitem(last=False)
+            self._early_aborts.add(request_id)
             return
         state.abort_requested = True
         if self.llm is not None:

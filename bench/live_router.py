@@ -322,7 +322,8 @@ async def main_async(args) -> dict[str, Any]:
                        "load_avg": [round(load_avg, 1), round(os.getloadavg()[0], 1)], **_row(res, args.speed)}
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "requests"}), flush=True)
-    return {"config": {k: v for k, v in vars(args).items() if k != "func"}, "runs": rows}
+    # the log folder is this machine's, not the result's: the record names none of its paths
+    return {"config": {k: v for k, v in vars(args).items() if k not in ("func", "log_dir")}, "runs": rows}
 
 
 def table(doc: dict[str, Any]) -> str:

@@ -418,6 +418,28 @@ def reported(name: str, policy: str, out: Path, traces: str, requests: int, peer
     return f"## {name}\n\n" + rs.versus(out, peers)
 
 
+PEERS = ("dynamo", "llmd", "llmd-token-load", "sglang", "least-loaded")
+"""The peer policies the variant benches (routing_decode_load, routing_estimates) set beside theirs."""
+
+
+def tune_table(names: list[str], register, workloads: str, loads: str, peers=PEERS) -> None:
+    """Each variant of `names` (its policy `register(name)`) and each peer, on each tuning
+    workload and load: one markdown row each (the variant benches' `--tune`)."""
+    print("| workload | load | variant | TTFT mean (ms) | TPOT p99 (ms) | hit | goodput (req/s) | failed |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for wname in workloads.split(","):
+        spec, n, skip = WORKLOADS[wname]
+        for load in (float(x) for x in loads.split(",")):
+            w = open_workload(trace_dir_spec(spec, str(TRACES)), num_requests=n, rate_scale=load,
+                              skip_requests=skip, seed=0)
+            for name in [*names, *peers]:
+                policy = name if name in PEERS else register(name)
+                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy, seed=0),
+                             {"ttft": 2000.0, "tpot": 100.0})
+                print(f"| {wname} | ×{load:g} | {name} | {r['mean_ttft_ms']:.1f} | {r['p99_tpot_ms']:.1f} | "
+                      f"{r['prefix_hit_ratio']:.3f} | {r['request_goodput']:.2f} | {r['failed']} |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", default=str(TRACES),

@@ -48,7 +48,7 @@ from tokenyard.services.router.policies.latency import BoundedLoadGuard, Margina
 
 from bench import routing_ablation as ra
 
-PEERS = ("dynamo", "llmd", "llmd-token-load", "sglang", "least-loaded")
+PEERS = ra.PEERS
 VARIANTS = ("base", "c1.5", "c2", "c3", "fly", "decay", "fly+decay", "step1", "stepk", "stepk+c2", "decay+step1",
             "decay+stepk", "gdecay", "soonest")
 _route = core.RouterCore.route
@@ -208,24 +208,7 @@ def main() -> int:
         return 0
     if not args.tune:
         ap.error("--tune or --reported")
-    from tokenyard.loadgen.workloads import open_workload
-    from tokenyard.simulator.cluster import SimConfig
-    from tokenyard.simulator.run import simulate
-
-    peers = [p for p in args.peers.split(",") if p]
-    print("| workload | load | variant | TTFT mean (ms) | TPOT p99 (ms) | hit | goodput (req/s) | failed |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
-    for wname in args.workloads.split(","):
-        spec, n, skip = ra.WORKLOADS[wname]
-        for load in (float(x) for x in args.loads.split(",")):
-            w = open_workload(ra.trace_dir_spec(spec, str(ra.TRACES)), num_requests=n, rate_scale=load,
-                              skip_requests=skip, seed=0)
-            for name in [*names, *peers]:
-                policy = name if name in PEERS else register(name)
-                r = simulate(w, SimConfig(instances=16, profile="a100-llama3-8b", policy=policy, seed=0),
-                             {"ttft": 2000.0, "tpot": 100.0})
-                print(f"| {wname} | ×{load:g} | {name} | {r['mean_ttft_ms']:.1f} | {r['p99_tpot_ms']:.1f} | "
-                      f"{r['prefix_hit_ratio']:.3f} | {r['request_goodput']:.2f} | {r['failed']} |", flush=True)
+    ra.tune_table(names, register, args.workloads, args.loads, [p for p in args.peers.split(",") if p])
     return 0
 
 

@@ -41,10 +41,13 @@ def test_the_worker_probes_each_placing_router_once_and_hands_a_gone_ones_reques
     assert w.router_probes(0.0) == []
     assert w.router_probes(3.0) == [LeaseProbe(A, A, 3.0), LeaseProbe(B, B, 3.0)]
     assert w.on_router_answer(B, False, 3.0) == []  # B timed out: alive
-    assert [r.request_id for r in w.on_router_answer(A, True, 3.0)] == ["r1", "r2"]
+    assert w.on_router_answer(A, True, 3.0) == []  # no responders once: maybe A reconnecting
+    assert [p.lease for p in w.router_probes(6.0)] == [A, B]
+    assert w.on_router_answer(B, False, 6.0) == []
+    assert [r.request_id for r in w.on_router_answer(A, True, 6.0)] == ["r1", "r2"]  # twice: gone
     # until one adopts them they stay A's: A is seen anew and probed again 3 s on (a retry)
-    assert w.router_probes(3.1) == []
-    assert [p.lease for p in w.router_probes(6.2)] == [A, B]
+    assert w.router_probes(6.1) == []
+    assert [p.lease for p in w.router_probes(9.2)] == [A, B]
 
 
 def test_the_state_is_the_tokens_sent_with_the_resumed_ones_first_and_the_asker_is_followed():
@@ -64,6 +67,8 @@ def test_an_orphaned_request_is_not_handed_over():
     w.router_probes(0.0)
     w.router_probes(3.0)
     assert w.on_router_answer(A, True, 3.0) == []
+    w.router_probes(6.0)
+    assert w.on_router_answer(A, True, 6.0) == []  # A gone, but r1 is no longer followed here
     assert w.stream_states(["r1"], B) == []
 
 

@@ -34,8 +34,25 @@ def test_a_lease_is_probed_once_it_went_unproven_for_orphan_after_s_never_before
     assert not w.on_answer(A, False, 103.0)  # timed out: alive-or-late as of 103
     assert w.tick(105.9, running) == []
     assert w.tick(106.0, running) == [LeaseProbe(A, f"_INBOX.{A}.alive", 106.0)]
-    assert w.on_answer(A, True, 106.0)  # no responders: gone
-    assert w.probes == 2
+    assert not w.on_answer(A, True, 106.0)  # no responders once: maybe a brief reconnect
+    assert w.tick(108.9, running) == []
+    assert w.tick(109.0, running) == [LeaseProbe(A, f"_INBOX.{A}.alive", 109.0)]
+    assert w.on_answer(A, True, 109.0)  # no responders again, 3 s on: gone
+    assert w.probes == 3
+
+
+def test_a_single_no_responders_between_answers_is_a_reconnect_not_a_death():
+    w = LeaseWatch()
+    running = {A: "s"}
+    w.tick(0.0, running)
+    w.tick(3.0, running)
+    assert not w.on_answer(A, True, 3.0)  # the client reconnecting
+    w.tick(6.0, running)
+    assert not w.on_answer(A, False, 6.0)  # back: the suspicion is dropped
+    w.tick(9.0, running)
+    assert not w.on_answer(A, True, 9.0)  # a second blip, later, starts afresh
+    w.tick(12.0, running)
+    assert w.on_answer(A, True, 12.0)
 
 
 def test_a_lease_with_no_request_left_is_forgotten_and_starts_afresh():
@@ -76,13 +93,16 @@ def test_no_responders_aborts_every_request_of_that_lease_here_and_no_other():
     c.lease_probes(0.0)
     c.lease_probes(3.0)
     assert c.on_lease_answer(B, False, 3.0) == []  # B timed out: alive-or-late, kept
-    assert c.on_lease_answer(A, True, 3.0) == ["a0", "a1"]
+    assert c.on_lease_answer(A, True, 3.0) == []  # once: maybe a brief reconnect
+    assert [p.lease for p in c.lease_probes(6.0)] == [A, B]
+    assert c.on_lease_answer(B, False, 6.0) == []
+    assert c.on_lease_answer(A, True, 6.0) == ["a0", "a1"]  # twice, 3 s apart: gone
     # the engine's abort output ends the stream; a redelivered copy of it is refused
     c.on_output(EngineOutput("a0", [], True, "abort"))
     assert "a0" not in c.streams and "b0" in c.streams
     assert c.offer(req("a0", reply_to=inbox(A, 0)), stats()) == (GenerateReply("a0", False, Outcome.ABORTED), False)
     # B is followed on: probed again 3 s after it was last proven
-    assert [p.lease for p in c.lease_probes(6.0)] == [B]
+    assert [p.lease for p in c.lease_probes(9.0)] == [B]
 
 
 def test_a_migrated_away_request_is_not_followed_here():

@@ -11,8 +11,12 @@ process, and a SIGKILL takes all three).
 A lease is first seen when the tick finds a request of it running here: its clock starts then
 (a request younger than `after_s` costs no probe). A lease not proven alive for `after_s` is
 probed once on its holder's `alive` subject (one probe per lease, however many requests it has
-here, and no second while one is out). Only "no responders" proves the holder's connection gone:
-the shell then aborts every request of the lease here (free the KV, no more chunks). Any other
+here, and no second while one is out). Only "no responders" twice, on probes at least `after_s`
+apart with no other answer between, proves the holder's connection gone (one alone may be a
+client's or router's brief reconnect, which a router's own rule — silent 3 s, then no responders
+— tolerates too; acting on one would abort a live client's work or have a live router's requests
+adopted, and then run twice after a migration): the shell then aborts every request of the lease
+here (free the KV, no more chunks). Any other
 outcome, an answer or a timeout, proves it alive-or-late as of the probe's sending: a CPU-starved
 client whose loop stalls must not lose its work (services/router/migration.py, the routers'
 same rule). A lease with no request left here is forgotten.
@@ -49,6 +53,8 @@ class LeaseWatch:
         """lease → when its holder was last proven alive (or first seen here)."""
         self.probing: dict[str, float] = {}
         """lease → when the probe now out was sent."""
+        self.suspect: dict[str, float] = {}
+        """lease → when the probe was sent that first found no responders (a second one confirms)."""
         self.reconnected_s = -1e18
         self.probes = 0
         """Probes sent (a metric)."""
@@ -57,6 +63,7 @@ class LeaseWatch:
         for lease in [k for k in self.proven if k not in running]:
             del self.proven[lease]
             self.probing.pop(lease, None)
+            self.suspect.pop(lease, None)
         out = []
         for lease in sorted(running):
             since = self.proven.setdefault(lease, now)
@@ -73,8 +80,13 @@ class LeaseWatch:
         if lease not in self.proven or sent_s < self.reconnected_s:
             return False
         if gone:
-            del self.proven[lease]
-            return True
+            first = self.suspect.setdefault(lease, sent_s)
+            if sent_s - first >= self.after_s:  # confirmed by a later probe
+                del self.proven[lease], self.suspect[lease]
+                return True
+            self.proven[lease] = max(self.proven[lease], sent_s)  # probed again after_s later
+            return False
+        self.suspect.pop(lease, None)
         self.proven[lease] = max(self.proven[lease], sent_s)
         return False
 
@@ -82,3 +94,4 @@ class LeaseWatch:
         self.reconnected_s = now
         self.proven = {k: max(v, now) for k, v in self.proven.items()}
         self.probing.clear()
+        self.suspect.clear()

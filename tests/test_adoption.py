@@ -57,7 +57,10 @@ def test_the_state_is_the_tokens_sent_with_the_resumed_ones_first_and_the_asker_
     w.on_output(EngineOutput("r1", [105, 106]))
     assert w.stream_states(["r1", "gone"], B) == [StreamState("r1", [7, 8, 104, 105, 106], 4)]
     w.router_probes(10.0)
-    assert [p.lease for p in w.router_probes(13.0)] == [B]
+    assert [p.lease for p in w.router_probes(13.0)] == [A]  # B has not said it adopted r1 yet
+    w.adoption_done(["r1", "gone"])
+    assert w.router_probes(16.0) == []  # B first seen here now: its clock starts
+    assert [p.lease for p in w.router_probes(19.0)] == [B]  # now B is the one followed
 
 
 def test_an_orphaned_request_is_not_handed_over():

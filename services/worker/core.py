@@ -24,8 +24,9 @@
   on_router_answer; a router is its offer's reply prefix + `.alive`, the subscription that
   lives as long as its connection). A gone router's requests are handed to a surviving one
   (the shell asks `llm.v1.adopt`); it asks their state (stream_states: the request, the token
-  ids sent, the next seq) and is followed from then on, so it can migrate them if this worker
-  dies.
+  ids sent, the next seq) and is followed once its AdoptReply names them (adoption_done), so
+  it can migrate them if this worker dies; a router whose state ask failed adopted nothing, and
+  the gone one's requests are handed over again at a later probe.
 Remembered ids are bounded (LRU of `remember` entries).
 """
 
@@ -79,6 +80,8 @@ class _Stream:
     """The `alive` subject of the router that follows it ('': none known, not handed over)."""
     token_ids: array | None = None
     """Resumed + generated token ids sent so far (kept while a router follows it)."""
+    adopting: str = ""
+    """The `alive` subject of a router that asked its state; followed once its AdoptReply names it."""
 
 
 def engine_request(req: AdmittedRequest) -> AdmittedRequest:
@@ -240,15 +243,22 @@ class WorkerCore:
 
     def stream_states(self, request_ids: list[str], adopter: str) -> list[StreamState]:
         """What a router adopting these requests needs to migrate them (the ones still running
-        here); from now on `adopter` (its `alive` subject) is the one followed."""
+        here); `adopter` (its `alive` subject) is followed once it says it adopted them."""
         out = []
         for rid in request_ids:
             st = self.streams.get(rid)
             if st is None or st.silenced or st.token_ids is None or rid in self._aborted:
                 continue
-            st.placed_by = adopter
+            st.adopting = adopter
             out.append(StreamState(rid, st.token_ids.tolist(), st.seq))
         return out
+
+    def adoption_done(self, adopted: list[str]) -> None:
+        """The adopting router's reply: the requests it now follows are followed as its."""
+        for rid in adopted:
+            st = self.streams.get(rid)
+            if st is not None and st.adopting:
+                st.placed_by, st.adopting = st.adopting, ""
 
     def reused_id_error(self, req: AdmittedRequest) -> schemas.Error:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""

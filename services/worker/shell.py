@@ -375,13 +375,14 @@ class WorkerShell:
         ask = AdoptAsk(self.core.cfg.worker_id, reqs)
         try:
             msg = await self.nc.request(subjects.ADOPT, codec.encode(ask), timeout=ADOPT_TIMEOUT_S)
-            log.info("streams_adopted", gone=probe.lease, adopted=len(codec.decode(msg.data, AdoptReply).adopted),
-                     asked=len(reqs))
+            adopted = codec.decode(msg.data, AdoptReply).adopted
+            self.core.adoption_done(adopted)  # followed from now: not before the adopter committed
+            log.info("streams_adopted", gone=probe.lease, adopted=len(adopted), asked=len(reqs))
         except Exception as e:
             log.warning("adoption_failed", gone=probe.lease, streams=len(reqs), error=repr(e))
 
     async def _on_state(self, req: Request) -> None:
-        """A router adopting streams here: their state; it is the router followed from now on."""
+        """A router adopting streams here: their state; it is followed once its reply says so."""
         asker = asker_inbox(req)
         if not asker:
             return

@@ -3,7 +3,9 @@
 just before it, so nats-py writes both at once — one write on the first token's path, where
 the answer's own write came first. An engine whose first event is not near has the answer go
 alone at the bound; a refusal is answered at once; a generation that ends with no event still
-answers. Against a fake connection that records what is published, and in which turn."""
+answers. The first token and that answer are written to the socket at once (natsutil.send_now),
+not on nats-py's flusher's turn behind the rest of the engine's step. Against a fake connection
+that records what is published, and in which turn."""
 
 from __future__ import annotations
 
@@ -94,3 +96,55 @@ async def test_a_refusal_is_answered_at_once_and_an_eventless_end_still_answers(
     await engine.steps.put(None)  # the engine ends it before its first event (an abort)
     await until(lambda: offer.reply is not None, timeout_s=1.0, what="the answer as the generation ends")
     assert offer.reply == schemas.GenerateReply("r1", True)
+
+
+class Buffered(Wire):
+    """nats-py's buffering: a publish waits in `_pending` until a write — its flusher's, on a
+    later turn (`flush_each_turn`), or `natsutil.send_now`'s, at once. `writes`: what each
+    write carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: list[str] = []
+        self._pending_data_size = 0
+        self._transport = self
+        self.writes: list[list[str]] = []
+
+    async def publish(self, subject: str, data: bytes, headers=None) -> None:
+        self._pending.append(type(codec.decode_event(data, headers)).__name__)
+
+    def writelines(self, items) -> None:
+        self.writes.append(list(items))
+
+    async def flush_each_turn(self) -> None:
+        while True:
+            await asyncio.sleep(0)
+            if self._pending:
+                self.writelines(self._pending)
+                self._pending = []
+
+
+class BufferedOffer(Offer):
+    async def respond(self, data: bytes, headers=None) -> None:  # on the worker's connection, as nats.micro's
+        self.reply = codec.decode(data, schemas.GenerateReply)
+        self.wire._pending.append("answer")
+
+
+async def test_the_first_token_is_written_at_once_with_the_answer_the_rest_on_the_flushers_turn(monkeypatch):
+    """An engine step that makes the first token and more in one go (here: both tokens and the
+    end, ready at once): the answer and the first chunk leave in a write of their own, made in
+    the chunk's turn; what the step makes after it waits for nats-py's flusher as before."""
+    monkeypatch.setattr(worker_shell, "REPLY_HOLD_S", 5.0)
+    engine = StepEngine()
+    shell = worker_shell.WorkerShell(WorkerConfig("w0", MODEL), engine, ByteTokenizer())
+    shell.nc = wire = Buffered()
+    flushing = asyncio.create_task(wire.flush_each_turn())
+    try:
+        await engine.steps.put(EngineOutput("r1", [65]))
+        await engine.steps.put(EngineOutput("r1", [66], finished=True, finish_reason="length"))
+        await shell.on_generate(offer := BufferedOffer(req("r1", max_tokens=2), wire))
+        await until(lambda: not shell.generating and not wire._pending)
+        assert offer.reply == schemas.GenerateReply("r1", True)
+        assert wire.writes == [["answer", "Chunk"], ["Chunk", "Finished"]]
+    finally:
+        flushing.cancel()

@@ -47,7 +47,7 @@ from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_requ
 from tokenyard.services.worker.engine import Engine
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
-from tokenyard.shared import codec, config, schemas, subjects, telemetry
+from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.adoption import AdoptAsk, AdoptReply
 from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.slo import OfferPrefill
@@ -210,6 +210,9 @@ class WorkerShell:
                         await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs,
                                          terminal=isinstance(event, schemas.TERMINAL_EVENTS))
                         if first:  # handed to NATS: where the hop profile's last segment starts
+                            # written now (the router's answer ahead of it), not on nats-py's
+                            # flusher's turn behind the rest of this step (the next event's work)
+                            natsutil.send_now(self.nc)
                             span.set_attribute("tokenyard.first_event_ns", time.time_ns())
                             first = False
                 if self._handed_off(ar.request_id):

@@ -198,12 +198,16 @@ def send_now(nc) -> bool:
     the hand-over, the edge's set-up, the rest of the call that made the offer — ~0.1 ms). This
     is what nats-py does itself when its flusher is gone: the pending buffer in one
     `writelines`, emptied; the flusher, when it runs, finds nothing left to write. Whether it
-    wrote (not while disconnected — a reconnect sends the buffer — nor on a nats-py without
-    these attributes, which leaves it to its flusher, as before)."""
+    wrote (not while disconnected — a reconnect sends the buffer — nor on a transport that
+    refuses the write, nor on a nats-py without these attributes: each leaves it to its
+    flusher, as before)."""
     pending, transport = getattr(nc, "_pending", None), getattr(nc, "_transport", None)
     if not isinstance(pending, list) or not pending or transport is None or not nc.is_connected:
         return False
-    transport.writelines(pending[:])
+    try:
+        transport.writelines(pending[:])
+    except (OSError, RuntimeError):  # a transport closing under us refuses before writing anything:
+        return False  # the buffer stays for nats-py's flusher, which meets the error and reconnects
     nc._pending = []
     nc._pending_data_size = 0
     return True

@@ -50,6 +50,27 @@ async def test_take_makes_and_writes_the_offer_before_it_returns(nats_server):
         await stop_fleet(fleet.hosts)
 
 
+def test_send_now_leaves_the_buffer_to_the_flusher_when_the_transport_refuses():
+    """A connection whose transport is closing under it (a NATS node killed mid-stream): the
+    write raises in the caller — a worker's generation, a router's offer — without it, and the
+    buffer stays whole for nats-py's flusher, which meets the error and reconnects."""
+
+    class Closing:
+        def writelines(self, data) -> None:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+    class Conn:
+        is_connected = True
+        _transport = Closing()
+
+        def __init__(self) -> None:
+            self._pending, self._pending_data_size = [b"PUB a 1\r\nx\r\n"], 14
+
+    conn = Conn()
+    assert natsutil.send_now(conn) is False
+    assert conn._pending == [b"PUB a 1\r\nx\r\n"] and conn._pending_data_size == 14
+
+
 async def test_send_now_writes_what_is_pending_once(nats_server):
     pub = await natsutil.connect(nats_server.url, "send-now-pub")
     sub = await natsutil.connect(nats_server.url, "send-now-sub")

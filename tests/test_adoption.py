@@ -10,7 +10,8 @@ from tokenyard.services.router.migration import MigrationConfig, MigrationCore, 
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.leases import LeaseProbe
-from tokenyard.shared.adoption import StreamState
+from tokenyard.shared import codec
+from tokenyard.shared.adoption import LIST_HEADER, AdoptAsk, StreamState, ask_pieces, message_room
 from tokenyard.shared.schemas import Chunk, Finished, Usage, WorkerControl
 from tokenyard.shared.tokenizer import ByteTokenizer
 
@@ -108,3 +109,62 @@ def test_a_pd_decode_leg_is_not_handed_over():
     w.on_control(WorkerControl("w0", mode="pd"))
     place(w, req("leg", kv_from="w9"), A)
     assert w.streams["leg"].placed_by == "" and w.router_probes(0.0) == [] and w.router_probes(5.0) == []
+
+
+def long_req(rid: str, n: int = 600):
+    """A request whose prompt and resumed tokens take ~3 bytes each in MessagePack."""
+    return builders.req(rid, tokens=range(1000, 1000 + n), chain=[], max_tokens=4 * n, reply_to=f"_INBOX.client.{rid}",
+                        resume_token_ids=list(range(2000, 2000 + n)), resume_seq=n, migrations=1)
+
+
+def test_a_hand_over_goes_in_pieces_that_each_fit_the_room_with_their_states():
+    w = worker()
+    for i in range(40):
+        place(w, long_req(f"r{i:02d}"), A)
+    reqs = [w.streams[f"r{i:02d}"].req for i in range(40)]
+    room = message_room(64 * 1024)  # 56 KiB
+    assert room == 56 * 1024
+    asks = w.adopt_asks(reqs, room)
+    assert [r.request_id for a in asks for r in a.requests] == [r.request_id for r in reqs]  # all, in order
+    whole = len(codec.encode(AdoptAsk("w0", reqs)))
+    assert whole > 2 * room and len(asks) == 3  # one message would not fit; three do
+    for a in asks:
+        assert len(codec.encode(a)) <= room
+        ids = [r.request_id for r in a.requests]
+        assert 2 * len(codec.encode(w.stream_states(ids, B))) <= room + LIST_HEADER
+    # a request too big for any piece goes alone
+    big = long_req("big", 40_000)
+    assert [len(a.requests) for a in ask_pieces("w0", [reqs[0], big, reqs[1]], [10, 10, 10], room)] == [1, 1, 1]
+
+
+def test_the_state_answer_takes_only_the_states_that_fit_the_rest_stay_the_gone_routers():
+    w = worker()
+    for i in range(10):
+        place(w, long_req(f"r{i}"), A)
+    one = len(codec.encode(w.stream_states(["r0"], "")))
+    states = w.stream_states([f"r{i}" for i in range(10)], B, room=3 * one + LIST_HEADER)
+    assert [s.request_id for s in states] == ["r0", "r1", "r2"]
+    assert [rid for rid, st in sorted(w.streams.items()) if st.adopting == B] == ["r0", "r1", "r2"]
+    w.adoption_done(["r0", "r1", "r2"])
+    assert {rid: st.placed_by for rid, st in w.streams.items()} == {
+        **{f"r{i}": B for i in range(3)}, **{f"r{i}": A for i in range(3, 10)}}
+
+
+def handed_over(w: WorkerCore, times) -> list[str]:
+    """Tick at `times`, A answering no responders to each probe: the ids handed over."""
+    out = []
+    for t in times:
+        for p in w.router_probes(t):
+            out += [r.request_id for r in w.on_router_answer(p.lease, p.lease == A, p.sent_s)]
+    return out
+
+
+def test_a_request_in_a_hand_over_is_not_handed_over_a_second_time_until_it_ends():
+    w = worker()
+    place(w, req("r1"), A)
+    place(w, req("r2"), A)
+    assert handed_over(w, (0.0, 3.0, 6.0)) == ["r1", "r2"]
+    assert handed_over(w, (9.0, 12.0, 15.0, 18.0)) == []  # the first hand-over still out
+    assert [st.request_id for st in w.stream_states(["r1"], B)] == ["r1"]
+    w.adoption_done(["r1"], ["r1", "r2"])  # B took r1 only; r2 is A's again, handed over later
+    assert handed_over(w, (21.0, 24.0, 27.0)) == ["r2"]

@@ -6,12 +6,15 @@ dies."""
 
 from __future__ import annotations
 
+from nats.errors import MaxPayloadError
+from nats.errors import TimeoutError as NatsTimeoutError
 from tokenyard.services.router.migration import MigrationConfig, MigrationCore, Reissue
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.leases import LeaseProbe
+from tokenyard.services.worker.shell import WorkerShell
 from tokenyard.shared import codec
-from tokenyard.shared.adoption import LIST_HEADER, AdoptAsk, StreamState, ask_pieces, message_room
+from tokenyard.shared.adoption import LIST_HEADER, AdoptAsk, AdoptReply, StreamState, ask_pieces, message_room
 from tokenyard.shared.schemas import Chunk, Finished, Usage, WorkerControl
 from tokenyard.shared.tokenizer import ByteTokenizer
 
@@ -168,3 +171,48 @@ def test_a_request_in_a_hand_over_is_not_handed_over_a_second_time_until_it_ends
     assert [st.request_id for st in w.stream_states(["r1"], B)] == ["r1"]
     w.adoption_done(["r1"], ["r1", "r2"])  # B took r1 only; r2 is A's again, handed over later
     assert handed_over(w, (21.0, 24.0, 27.0)) == ["r2"]
+
+
+class AdoptNc:
+    """The worker's connection as its hand-over uses it: each AdoptAsk is answered by `answer(i, ids)`
+    (the i-th ask), which raises or names what the router (B) adopted after asking the state."""
+
+    max_payload = 1  # the room is then its floor, 1 KiB: one long request a piece
+
+    def __init__(self, core: WorkerCore, fail):
+        self.core, self.fail, self.asked = core, fail, []
+
+    async def request(self, subject, data, timeout):
+        ids = [r.request_id for r in codec.decode(data, AdoptAsk).requests]
+        self.asked.append(ids)
+        if (error := self.fail.get(len(self.asked))) is not None:
+            raise error
+        states = self.core.stream_states(ids, B)
+        return type("Msg", (), {"data": codec.encode(AdoptReply([s.request_id for s in states]))})()
+
+
+async def hand_over(fail) -> tuple[WorkerShell, AdoptNc]:
+    shell = WorkerShell(WorkerConfig("w0", "m"), engine=None, tokenizer=ByteTokenizer())
+    for rid in ("r1", "r2", "r3"):
+        place(shell.core, long_req(rid, 300), A)
+    shell.nc = AdoptNc(shell.core, fail)
+
+    async def gone(subject):
+        return True
+
+    shell._gone = gone
+    for t in (0.0, 3.0, 6.0):
+        for p in shell.core.router_probes(t):
+            await shell._probe_router(p)
+    return shell, shell.nc
+
+
+async def test_a_piece_that_cannot_go_is_skipped_a_router_that_does_not_answer_stops_the_hand_over():
+    shell, nc = await hand_over({1: MaxPayloadError()})
+    assert nc.asked == [["r1"], ["r2"], ["r3"]]  # one piece each; the first could not be sent
+    assert {rid: st.placed_by for rid, st in shell.core.streams.items()} == {"r1": A, "r2": B, "r3": B}
+    shell, nc = await hand_over({2: NatsTimeoutError()})
+    assert nc.asked == [["r1"], ["r2"]]  # no router answered the second: the third waits too
+    assert {rid: st.placed_by for rid, st in shell.core.streams.items()} == {"r1": B, "r2": A, "r3": A}
+    assert not any(st.handing for st in shell.core.streams.values())  # all A's left are retried later
+    assert handed_over(shell.core, (9.0, 12.0, 15.0)) == ["r2", "r3"]  # handed over again

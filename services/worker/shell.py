@@ -373,17 +373,20 @@ class WorkerShell:
         reqs = self.core.on_router_answer(probe.lease, await self._gone(probe.subject), probe.sent_s)
         if not reqs:
             return
-        asked = [r.request_id for r in reqs]
-        try:  # piece by piece, each a whole hand-over; after a failed one the rest wait for a later probe
+        try:  # piece by piece, each a whole hand-over; what none took waits for a later probe
             for ask in self.core.adopt_asks(reqs, message_room(self.nc.max_payload)):
-                msg = await self.nc.request(subjects.ADOPT, codec.encode(ask), timeout=ADOPT_TIMEOUT_S)
-                adopted = codec.decode(msg.data, AdoptReply).adopted
+                try:
+                    msg = await self.nc.request(subjects.ADOPT, codec.encode(ask), timeout=ADOPT_TIMEOUT_S)
+                    adopted = codec.decode(msg.data, AdoptReply).adopted
+                except Exception as e:
+                    log.warning("adoption_failed", gone=probe.lease, streams=len(ask.requests), error=repr(e))
+                    if isinstance(e, (NoRespondersError, TimeoutError)):
+                        break  # no router took it now: the rest wait too (not piled onto a slow one)
+                    continue  # this piece alone (too big to send, a bad answer): on to the next
                 self.core.adoption_done(adopted)  # followed from now: not before the adopter committed
                 log.info("streams_adopted", gone=probe.lease, adopted=len(adopted), asked=len(ask.requests))
-        except Exception as e:
-            log.warning("adoption_failed", gone=probe.lease, streams=len(reqs), error=repr(e))
         finally:
-            self.core.adoption_done([], asked)
+            self.core.adoption_done([], [r.request_id for r in reqs])
 
     async def _on_state(self, req: Request) -> None:
         """A router adopting streams here: their state; it is followed once its reply says so."""

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -208,7 +209,44 @@ def send_now(nc) -> bool:
     return True
 
 
+def _pick_range() -> tuple[int, int]:
+    """Where `free_port` picks: the 12,000 ports below the kernel's ephemeral range (Linux's
+    default 32768–60999), from which it hands out every port bound to 0 and every outgoing
+    connection's local port. A port picked there by binding 0 could be taken by some
+    connection before its server binds it ("address already in use"); below it only another
+    explicit pick can take it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    low = max(low, 13024)
+    return low - 12000, low - 1
+
+
+PICK_RANGE = _pick_range()
+_handed_out: set[int] = set()
+_pick = random.Random()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
+    """A port nothing listens on, for a server this process is about to start: a random one
+    outside the ephemeral range (PICK_RANGE) not handed out by this process before; the
+    kernel's choice (bind to 0) only if a few hundred random picks all fail."""
+    lo, hi = PICK_RANGE
+    for _ in range(256):
+        port = _pick.randint(lo, hi)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -32,6 +32,16 @@ LIST_HEADER = 5
 class AdoptAsk(msgspec.Struct):
     worker_id: str
     requests: list[AdmittedRequest]
+    handover: int = 0
+    """The worker's serial of this hand-over: the adopter's StateAsk names it, and the worker
+    answers only for streams still in that hand-over (not one it gave up on, or a later one)."""
+
+
+class StateAsk(msgspec.Struct):
+    """An adopter's ask for the state of `request_ids`, in the worker's hand-over `handover`."""
+
+    request_ids: list[str]
+    handover: int
 
 
 class AdoptReply(msgspec.Struct):
@@ -53,7 +63,8 @@ def message_room(max_payload: int) -> int:
     return max(1024, max_payload - NATS_HEADER_ROOM)
 
 
-def ask_pieces(worker_id: str, reqs: list[AdmittedRequest], state_bytes: list[int], room: int) -> list[AdoptAsk]:
+def ask_pieces(worker_id: str, reqs: list[AdmittedRequest], state_bytes: list[int], room: int,
+               handover: int = 0) -> list[AdoptAsk]:
     """`reqs` (each with its StreamState's encoded size now, `state_bytes`) in consecutive
     AdoptAsks: each fits `room`, and so does twice its states (the growth until the state is
     asked). A request too big for a piece alone goes alone (it came in a message of the max payload;
@@ -65,10 +76,10 @@ def ask_pieces(worker_id: str, reqs: list[AdmittedRequest], state_bytes: list[in
     for r, size in zip(reqs, state_bytes, strict=True):
         weight = max(len(codec.encode(r)), 2 * size)
         if piece and used + weight > room:
-            out.append(AdoptAsk(worker_id, piece))
+            out.append(AdoptAsk(worker_id, piece, handover))
             piece, used = [], base
         piece.append(r)
         used += weight
     if piece:
-        out.append(AdoptAsk(worker_id, piece))
+        out.append(AdoptAsk(worker_id, piece, handover))
     return out

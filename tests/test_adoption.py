@@ -59,12 +59,14 @@ def test_the_state_is_the_tokens_sent_with_the_resumed_ones_first_and_the_asker_
     place(w, req("r1", resume_token_ids=[7, 8], resume_seq=2, migrations=1), A)
     w.on_output(EngineOutput("r1", [104]))
     w.on_output(EngineOutput("r1", [105, 106]))
-    assert w.stream_states(["r1", "gone"], B) == [StreamState("r1", [7, 8, 104, 105, 106], 4)]
-    w.router_probes(10.0)
-    assert [p.lease for p in w.router_probes(13.0)] == [A]  # B has not said it adopted r1 yet
+    assert handed_over(w, (0.0, 3.0, 6.0)) == ["r1"]
+    [ask] = w.adopt_asks([w.streams["r1"].req], message_room(1 << 20))
+    assert w.stream_states(["r1", "gone"], B, ask.handover) == [StreamState("r1", [7, 8, 104, 105, 106], 4)]
+    assert w.router_probes(6.1) == []
+    assert [p.lease for p in w.router_probes(9.2)] == [A]  # B has not said it adopted r1 yet
     w.adoption_done(["r1", "gone"])
-    assert w.router_probes(16.0) == []  # B first seen here now: its clock starts
-    assert [p.lease for p in w.router_probes(19.0)] == [B]  # now B is the one followed
+    assert w.router_probes(12.3) == []  # B first seen here now: its clock starts
+    assert [p.lease for p in w.router_probes(15.4)] == [B]  # now B is the one followed
 
 
 def test_an_orphaned_request_is_not_handed_over():
@@ -76,7 +78,7 @@ def test_an_orphaned_request_is_not_handed_over():
     assert w.on_router_answer(A, True, 3.0) == []
     w.router_probes(6.0)
     assert w.on_router_answer(A, True, 6.0) == []  # A gone, but r1 is no longer followed here
-    assert w.stream_states(["r1"], B) == []
+    assert w.stream_states(["r1"], B, 1) == []
 
 
 def test_the_adopting_router_replays_what_it_saw_meanwhile_and_reissues_with_the_tokens_sent():
@@ -124,7 +126,8 @@ def test_a_hand_over_goes_in_pieces_that_each_fit_the_room_with_their_states():
     w = worker()
     for i in range(40):
         place(w, long_req(f"r{i:02d}"), A)
-    reqs = [w.streams[f"r{i:02d}"].req for i in range(40)]
+    reqs = [w.streams[rid].req for rid in handed_over(w, (0.0, 3.0, 6.0))]
+    assert len(reqs) == 40
     room = message_room(64 * 1024)  # 56 KiB
     assert room == 56 * 1024
     asks = w.adopt_asks(reqs, room)
@@ -134,7 +137,7 @@ def test_a_hand_over_goes_in_pieces_that_each_fit_the_room_with_their_states():
     for a in asks:
         assert len(codec.encode(a)) <= room
         ids = [r.request_id for r in a.requests]
-        assert 2 * len(codec.encode(w.stream_states(ids, B))) <= room + LIST_HEADER
+        assert 2 * len(codec.encode(w.stream_states(ids, B, a.handover))) <= room + LIST_HEADER
     # a request too big for any piece goes alone
     big = long_req("big", 40_000)
     assert [len(a.requests) for a in ask_pieces("w0", [reqs[0], big, reqs[1]], [10, 10, 10], room)] == [1, 1, 1]
@@ -144,8 +147,9 @@ def test_the_state_answer_takes_only_the_states_that_fit_the_rest_stay_the_gone_
     w = worker()
     for i in range(10):
         place(w, long_req(f"r{i}"), A)
-    one = len(codec.encode(w.stream_states(["r0"], "")))
-    states = w.stream_states([f"r{i}" for i in range(10)], B, room=3 * one + LIST_HEADER)
+    assert len(handed_over(w, (0.0, 3.0, 6.0))) == 10  # hand-over 1
+    one = len(codec.encode(w.stream_states(["r0"], "", 1)))
+    states = w.stream_states([f"r{i}" for i in range(10)], B, 1, room=3 * one + LIST_HEADER)
     assert [s.request_id for s in states] == ["r0", "r1", "r2"]
     assert [rid for rid, st in sorted(w.streams.items()) if st.adopting == B] == ["r0", "r1", "r2"]
     w.adoption_done(["r0", "r1", "r2"])
@@ -168,7 +172,7 @@ def test_a_request_in_a_hand_over_is_not_handed_over_a_second_time_until_it_ends
     place(w, req("r2"), A)
     assert handed_over(w, (0.0, 3.0, 6.0)) == ["r1", "r2"]
     assert handed_over(w, (9.0, 12.0, 15.0, 18.0)) == []  # the first hand-over still out
-    assert [st.request_id for st in w.stream_states(["r1"], B)] == ["r1"]
+    assert [st.request_id for st in w.stream_states(["r1"], B, 1)] == ["r1"]
     w.adoption_done(["r1"], ["r1", "r2"])  # B took r1 only; r2 is A's again, handed over later
     assert handed_over(w, (21.0, 24.0, 27.0)) == ["r2"]
 
@@ -183,11 +187,12 @@ class AdoptNc:
         self.core, self.fail, self.asked = core, fail, []
 
     async def request(self, subject, data, timeout):
-        ids = [r.request_id for r in codec.decode(data, AdoptAsk).requests]
+        ask = codec.decode(data, AdoptAsk)
+        ids = [r.request_id for r in ask.requests]
         self.asked.append(ids)
         if (error := self.fail.get(len(self.asked))) is not None:
             raise error
-        states = self.core.stream_states(ids, B)
+        states = self.core.stream_states(ids, B, ask.handover)
         return type("Msg", (), {"data": codec.encode(AdoptReply([s.request_id for s in states]))})()
 
 
@@ -216,3 +221,25 @@ async def test_a_piece_that_cannot_go_is_skipped_a_router_that_does_not_answer_s
     assert {rid: st.placed_by for rid, st in shell.core.streams.items()} == {"r1": B, "r2": A, "r3": A}
     assert not any(st.handing for st in shell.core.streams.values())  # all A's left are retried later
     assert handed_over(shell.core, (9.0, 12.0, 15.0)) == ["r2", "r3"]  # handed over again
+
+
+def test_a_state_ask_for_a_hand_over_the_worker_gave_up_or_for_another_gets_nothing():
+    """A late adopter (its ask queued behind others past the worker's wait) must not be told the
+    state: it would follow the stream while the worker hands it to a third router, and both
+    would re-issue it if the worker died."""
+    C = "_INBOX.router.cccc.alive"
+    w = worker()
+    place(w, req("r1"), A)
+    w.on_output(EngineOutput("r1", [104]))
+    assert handed_over(w, (0.0, 3.0, 6.0)) == ["r1"]
+    [first] = w.adopt_asks([w.streams["r1"].req], message_room(1 << 20))
+    w.adoption_done([], ["r1"])  # no AdoptReply in time: the worker gave that hand-over up
+    assert w.stream_states(["r1"], B, first.handover) == []  # B's ask, come late
+    assert handed_over(w, (9.0, 12.0, 15.0)) == ["r1"]
+    [second] = w.adopt_asks([w.streams["r1"].req], message_room(1 << 20))
+    assert second.handover != first.handover
+    assert w.stream_states(["r1"], B, first.handover) == []  # still late, during C's hand-over
+    assert w.stream_states(["r1"], C, second.handover) == [StreamState("r1", [104], 1)]
+    w.adoption_done(["r1"], ["r1"])
+    assert w.streams["r1"].placed_by == C
+    assert w.stream_states(["r1"], C, 0) == []  # and none outside a hand-over

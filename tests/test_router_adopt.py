@@ -10,7 +10,7 @@ import asyncio
 from tokenyard.services.router.adopt import on_adopt
 from tokenyard.services.router.migration import MigrationConfig, MigrationCore
 from tokenyard.shared import codec, subjects
-from tokenyard.shared.adoption import AdoptAsk, AdoptReply, StreamState
+from tokenyard.shared.adoption import AdoptAsk, AdoptReply, StateAsk, StreamState
 
 from tests import builders
 
@@ -27,7 +27,7 @@ class Nc:
         pass
 
     async def request(self, subject, data, timeout):
-        self.asked.append((subject, codec.decode(data, list[str])))
+        self.asked.append((subject, codec.decode(data, StateAsk)))
         if self.error is not None:
             raise self.error
         return Msg(codec.encode(self.states))
@@ -61,7 +61,7 @@ class Shell:
 
 
 def ask(*rids: str) -> Msg:
-    return Msg(codec.encode(AdoptAsk("w0", [req(r) for r in rids])), reply="_INBOX.worker.1")
+    return Msg(codec.encode(AdoptAsk("w0", [req(r) for r in rids], handover=7)), reply="_INBOX.worker.1")
 
 
 async def test_a_follow_that_fails_partway_leaves_nothing_expected_or_followed_and_adopts_nothing():
@@ -80,7 +80,7 @@ async def test_a_failed_state_ask_undoes_every_follow_and_a_good_one_adopts_what
     shell = Shell(Nc(error=TimeoutError()))
     msg = ask("r1", "r2")
     await on_adopt(shell, msg)
-    assert shell.nc.asked == [(subjects.worker_state("w0"), ["r1", "r2"])]
+    assert shell.nc.asked == [(subjects.worker_state("w0"), StateAsk(["r1", "r2"], 7))]  # the worker's hand-over
     assert (shell.migration.adopting, shell.follows, shell.migration.tracked) == ({}, set(), {})
     assert msg.answers == [AdoptReply([])]
     shell = Shell(Nc(states=[StreamState("r2", [9, 10], 2)]))  # r1 ended meanwhile

@@ -17,7 +17,7 @@ import time
 
 from nats.aio.msg import Msg
 from tokenyard.shared import codec, subjects, telemetry
-from tokenyard.shared.adoption import AdoptAsk, AdoptReply, StreamState
+from tokenyard.shared.adoption import AdoptAsk, AdoptReply, StateAsk, StreamState
 
 log = telemetry.logger("router")
 
@@ -44,7 +44,8 @@ async def on_adopt(shell, msg: Msg) -> None:
                 expected.append(rid)
                 await shell._follow(reqs[rid])
         await shell.nc.flush()
-        reply = await shell.nc.request(subjects.worker_state(ask.worker_id), codec.encode(list(reqs)),
+        state_ask = codec.encode(StateAsk(list(reqs), ask.handover))  # for that hand-over only
+        reply = await shell.nc.request(subjects.worker_state(ask.worker_id), state_ask,
                                        timeout=STATE_TIMEOUT_S)
         now = time.time()
         for st in codec.decode(reply.data, list[StreamState]):

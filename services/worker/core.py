@@ -84,8 +84,9 @@ class _Stream:
     """Resumed + generated token ids sent so far (kept while a router follows it)."""
     adopting: str = ""
     """The `alive` subject of a router that asked its state; followed once its AdoptReply names it."""
-    handing: bool = False
-    """In a hand-over now (not handed over a second time until it ends: adoption_done)."""
+    handing: int = 0
+    """The hand-over it is in now (its serial; 0: none). Not handed over a second time until
+    it ends (adoption_done); its state is told only to an adopter asking for that one."""
 
 
 def engine_request(req: AdmittedRequest) -> AdmittedRequest:
@@ -124,6 +125,8 @@ class WorkerCore:
         self._asked = 0.0
         """Decayed sums of the completion tokens and max_tokens of the requests finished here
         (Heartbeat.output_share)."""
+        self._handovers = 0
+        """Hand-overs started (their serials)."""
 
     def _remember(self, lru: OrderedDict, rid: str, value=None) -> None:
         lru[rid] = value
@@ -244,8 +247,9 @@ class WorkerCore:
             return []
         out = [st for rid, st in sorted(self.streams.items())
                if st.placed_by == alive and not st.silenced and rid not in self._aborted and not st.handing]
+        self._handovers += 1
         for st in out:
-            st.handing = True
+            st.handing = self._handovers
         return [st.req for st in out]
 
     def adopt_asks(self, reqs: list[AdmittedRequest], room: int) -> list[AdoptAsk]:
@@ -253,21 +257,25 @@ class WorkerCore:
         states (shared/adoption.ask_pieces)."""
         sizes = [len(codec.encode(self._state(self.streams[r.request_id]))) if r.request_id in self.streams else 0
                  for r in reqs]
-        return ask_pieces(self.cfg.worker_id, reqs, sizes, room)
+        serial = next((self.streams[r.request_id].handing for r in reqs if r.request_id in self.streams), 0)
+        return ask_pieces(self.cfg.worker_id, reqs, sizes, room, serial)
 
     @staticmethod
     def _state(st: _Stream) -> StreamState:
         return StreamState(st.req.request_id, st.token_ids.tolist() if st.token_ids is not None else [], st.seq)
 
-    def stream_states(self, request_ids: list[str], adopter: str, room: int | None = None) -> list[StreamState]:
-        """What a router adopting these requests needs to migrate them (the ones still running
-        here, as many as fit `room` bytes encoded; a stream left out stays its old router's and
-        is handed over again later); `adopter` (its `alive` subject) is followed once it says
-        it adopted them."""
+    def stream_states(self, request_ids: list[str], adopter: str, handover: int,
+                      room: int | None = None) -> list[StreamState]:
+        """What a router adopting these requests needs to migrate them: the ones still running
+        here and still in hand-over `handover` (an ask that comes after the worker gave that one
+        up, or during a later one, gets nothing: two routers would follow the stream), as many as
+        fit `room` bytes encoded (a stream left out stays its old router's and is handed over
+        again later); `adopter` (its `alive` subject) is followed once it says it adopted them."""
         out, used = [], LIST_HEADER
         for rid in request_ids:
             st = self.streams.get(rid)
-            if st is None or st.silenced or st.token_ids is None or rid in self._aborted:
+            if (st is None or st.silenced or st.token_ids is None or rid in self._aborted
+                    or not handover or st.handing != handover):
                 continue
             state = self._state(st)
             if room is not None:
@@ -289,7 +297,7 @@ class WorkerCore:
         for rid in asked:
             st = self.streams.get(rid)
             if st is not None:
-                st.handing = False
+                st.handing = 0
 
     def reused_id_error(self, req: AdmittedRequest) -> schemas.Error:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""

@@ -49,7 +49,7 @@ from tokenyard.services.worker.engine import Engine
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
 from tokenyard.shared import codec, config, schemas, subjects, telemetry
-from tokenyard.shared.adoption import AdoptReply, message_room
+from tokenyard.shared.adoption import AdoptReply, StateAsk, message_room
 from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.slo import OfferPrefill
 from tokenyard.shared.subjects import alive_subject
@@ -394,10 +394,10 @@ class WorkerShell:
         if not asker:
             return
         try:
-            ids = msgspec.msgpack.decode(req.data, type=list[str])
+            ask = msgspec.msgpack.decode(req.data, type=StateAsk)
         except msgspec.DecodeError:
-            ids = []
-        await req.respond(codec.encode(self.core.stream_states(ids, alive_subject(asker),
+            ask = StateAsk([], 0)
+        await req.respond(codec.encode(self.core.stream_states(ask.request_ids, alive_subject(asker), ask.handover,
                                                                message_room(self.nc.max_payload))))
 
     async def _probe_lease(self, probe: LeaseProbe) -> None:

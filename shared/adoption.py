@@ -8,17 +8,40 @@ which then follows their streams (and migrates them if that worker dies). The me
 
 The router subscribes to each request's reply subject before it asks the state, and holds what
 arrives until the state comes: no chunk falls between the two.
+
+Every message fits the server's max payload less the header room (`message_room`): a worker with
+hundreds of long streams hands them over in pieces (`ask_pieces`), each a complete hand-over of
+its requests (its own ask, state and reply), sent one after another. Its AdoptAsk fits the room,
+and the state its adopter will ask for it fits half of it, the other half left for the tokens
+its streams send until then; the worker's state answer still takes only the states that fit
+(`WorkerCore.stream_states`). A piece that fails, or a stream left out, stays the gone router's
+and is handed over again at a later probe.
 """
 
 from __future__ import annotations
 
 import msgspec
+from tokenyard.shared import codec
+from tokenyard.shared.openai_api import NATS_HEADER_ROOM
 from tokenyard.shared.schemas import AdmittedRequest
+
+LIST_HEADER = 5
+"""The most bytes MessagePack takes for a list's length (array32)."""
 
 
 class AdoptAsk(msgspec.Struct):
     worker_id: str
     requests: list[AdmittedRequest]
+    handover: int = 0
+    """The worker's serial of this hand-over: the adopter's StateAsk names it, and the worker
+    answers only for streams still in that hand-over (not one it gave up on, or a later one)."""
+
+
+class StateAsk(msgspec.Struct):
+    """An adopter's ask for the state of `request_ids`, in the worker's hand-over `handover`."""
+
+    request_ids: list[str]
+    handover: int
 
 
 class AdoptReply(msgspec.Struct):
@@ -32,3 +55,31 @@ class StreamState(msgspec.Struct):
     request_id: str
     token_ids: list[int]
     next_seq: int
+
+
+def message_room(max_payload: int) -> int:
+    """The bytes an adoption message may take: the server's max payload less the header room
+    (the edge's rule for a request, shared/openai_api.py)."""
+    return max(1024, max_payload - NATS_HEADER_ROOM)
+
+
+def ask_pieces(worker_id: str, reqs: list[AdmittedRequest], state_bytes: list[int], room: int,
+               handover: int = 0) -> list[AdoptAsk]:
+    """`reqs` (each with its StreamState's encoded size now, `state_bytes`) in consecutive
+    AdoptAsks: each fits `room`, and so does twice its states (the growth until the state is
+    asked). A request too big for a piece alone goes alone (it came in a message of the max payload;
+    a state too big is left out by the worker's answer, and that stream is not handed over)."""
+    base = len(codec.encode(AdoptAsk(worker_id, []))) + LIST_HEADER
+    out: list[AdoptAsk] = []
+    piece: list[AdmittedRequest] = []
+    used = base
+    for r, size in zip(reqs, state_bytes, strict=True):
+        weight = max(len(codec.encode(r)), 2 * size)
+        if piece and used + weight > room:
+            out.append(AdoptAsk(worker_id, piece, handover))
+            piece, used = [], base
+        piece.append(r)
+        used += weight
+    if piece:
+        out.append(AdoptAsk(worker_id, piece, handover))
+    return out

@@ -60,7 +60,9 @@ async def main(argv: list[str] | None = None) -> int:
                     help="edge-kill, chaos: the HTTP edge in the queue's process (up's default: its death is the "
                          "queue's, admission's and the router's) or in processes of its own (up --edge-processes 2)")
     ap.add_argument("--then-kill-worker", action="store_true",
-                    help="edge-kill (in-queue): SIGKILL worker 0 too, 5 s after the front")
+                    help="edge-kill (in-queue): SIGKILL worker 0 too, --worker-kill-after s after the front")
+    ap.add_argument("--worker-kill-after", type=float, default=5.0,
+                    help="--then-kill-worker: seconds after the front (the hand-over comes 3-9 s after it)")
     ap.add_argument("--replica-streams", type=int, default=400, help="queue-replica-kill: P3 streams")
     ap.add_argument("--replica-tokens", type=int, default=64, help="queue-replica-kill: tokens per stream")
     ap.add_argument("--deadline-s", type=float, default=90.0, help="after the fault: later = hung")

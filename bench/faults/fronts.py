@@ -18,10 +18,12 @@ once every stream has its first token, SIGKILL the fleet's queue process. What m
     they ran to their end.
 
 `--baseline REF` runs the fleet's processes (both fronts, the workers) on REF's code.
-`--then-kill-worker`: THEN_KILL_WORKER_S after the front, SIGKILL worker 0 as well (by then the
-workers have handed the dead front's streams to the surviving router, shared/adoption.py:
-3 s of probe period and a few round trips): every NATS stream must still complete, the dead
-front's too (`nats_not_completed` 0).
+`--then-kill-worker`: `--worker-kill-after` (THEN_KILL_WORKER_S) after the front, SIGKILL worker 0
+as well. Once the workers have handed the dead front's streams to the surviving router
+(shared/adoption.py), every NATS stream must still complete, the dead front's too
+(`nats_not_completed` 0). That hand-over comes on the second "no responders" of the dead router,
+3 s after the first: 3-9 s after the kill (~5 s measured, Round 14), so the default 5 s falls
+inside that window and the dead front's streams on worker 0 are lost; 10 s is past it.
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
             orphans = asyncio.create_task(until(lambda: orphans_gone(nc, cut_ids), 60, 0.2, since=kill_s))
             worker_killed_s = None
             if getattr(args, "then_kill_worker", False):
-                await asyncio.sleep(THEN_KILL_WORKER_S - (time.monotonic() - kill_s))
+                after_s = getattr(args, "worker_kill_after", None) or THEN_KILL_WORKER_S
+                await asyncio.sleep(after_s - (time.monotonic() - kill_s))
                 worker_killed_s = round(time.monotonic() - kill_s, 2)
                 if not orphans.done():  # w0's status goes with it: orphans still running then read None
                     orphans.cancel()

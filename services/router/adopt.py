@@ -17,7 +17,7 @@ import time
 
 from nats.aio.msg import Msg
 from tokenyard.shared import codec, subjects, telemetry
-from tokenyard.shared.adoption import AdoptAsk, AdoptReply, StreamState
+from tokenyard.shared.adoption import AdoptAsk, AdoptReply, StateAsk, StreamState
 
 log = telemetry.logger("router")
 
@@ -26,33 +26,40 @@ STATE_TIMEOUT_S = 2.0
 
 
 async def on_adopt(shell, msg: Msg) -> None:
+    """Adopt what the state names; on any failure (a follow, the flush, the state ask) undo
+    exactly the expects and follows made here, and answer what was adopted (perhaps nothing):
+    the worker hands the rest over again at a later probe."""
     try:
         ask = codec.decode(msg.data, AdoptAsk)
     except codec.DecodeError:
         return
     migration = shell.migration
     reqs = {r.request_id: r for r in ask.requests}
-    fresh = [rid for rid in reqs if rid not in migration.tracked]
-    for rid in fresh:
-        migration.expect(rid)
-        await shell._follow(reqs[rid])
+    expected: list[str] = []
     adopted: list[str] = []
     try:
+        for rid in reqs:
+            if rid not in migration.tracked and rid not in migration.adopting:  # not another ask's
+                migration.expect(rid)
+                expected.append(rid)
+                await shell._follow(reqs[rid])
         await shell.nc.flush()
-        reply = await shell.nc.request(subjects.worker_state(ask.worker_id), codec.encode(list(reqs)),
+        state_ask = codec.encode(StateAsk(list(reqs), ask.handover))  # for that hand-over only
+        reply = await shell.nc.request(subjects.worker_state(ask.worker_id), state_ask,
                                        timeout=STATE_TIMEOUT_S)
-        states = codec.decode(reply.data, list[StreamState])
+        now = time.time()
+        for st in codec.decode(reply.data, list[StreamState]):
+            if st.request_id in reqs:
+                migration.adopt(reqs[st.request_id], ask.worker_id, st.token_ids, st.next_seq, now)
+                adopted.append(st.request_id)
     except Exception as e:
-        log.warning("adopt_failed", worker=ask.worker_id, streams=len(reqs), error=repr(e))
-        states = []
-    now = time.time()
-    for st in states:
-        if st.request_id in reqs:
-            migration.adopt(reqs[st.request_id], ask.worker_id, st.token_ids, st.next_seq, now)
-            adopted.append(st.request_id)
-    for rid in set(fresh) - set(adopted):
-        migration.unexpect(rid)
-        await shell._unfollow(rid)
+        log.warning("adopt_failed", worker=ask.worker_id, streams=len(reqs), adopted=len(adopted), error=repr(e))
+    finally:
+        done = set(adopted)
+        for rid in expected:
+            if rid not in done:
+                migration.unexpect(rid)
+                await shell._unfollow(rid)
     if adopted:
         shell._tracking.set()
         log.info("adopted", worker=ask.worker_id, streams=len(adopted))

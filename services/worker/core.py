@@ -26,7 +26,9 @@
   (the shell asks `llm.v1.adopt`); it asks their state (stream_states: the request, the token
   ids sent, the next seq) and is followed once its AdoptReply names them (adoption_done), so
   it can migrate them if this worker dies; a router whose state ask failed adopted nothing, and
-  the gone one's requests are handed over again at a later probe.
+  the gone one's requests are handed over again at a later probe. Every message fits the
+  server's max payload: the hand-over goes in pieces (adopt_asks), the state answer takes only
+  what fits (stream_states' `room`).
 Remembered ids are bounded (LRU of `remember` entries).
 """
 
@@ -39,8 +41,8 @@ from dataclasses import dataclass
 import msgspec
 from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
 from tokenyard.services.worker.leases import LeaseProbe, LeaseWatch
-from tokenyard.shared import schemas
-from tokenyard.shared.adoption import StreamState
+from tokenyard.shared import codec, schemas
+from tokenyard.shared.adoption import LIST_HEADER, AdoptAsk, StreamState, ask_pieces
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
 from tokenyard.shared.slo import NUM_CLASSES, OfferPrefill, engine_saturated, klass, request_deadline_s
@@ -82,6 +84,9 @@ class _Stream:
     """Resumed + generated token ids sent so far (kept while a router follows it)."""
     adopting: str = ""
     """The `alive` subject of a router that asked its state; followed once its AdoptReply names it."""
+    handing: int = 0
+    """The hand-over it is in now (its serial; 0: none). Not handed over a second time until
+    it ends (adoption_done); its state is told only to an adopter asking for that one."""
 
 
 def engine_request(req: AdmittedRequest) -> AdmittedRequest:
@@ -120,6 +125,8 @@ class WorkerCore:
         self._asked = 0.0
         """Decayed sums of the completion tokens and max_tokens of the requests finished here
         (Heartbeat.output_share)."""
+        self._handovers = 0
+        """Hand-overs started (their serials)."""
 
     def _remember(self, lru: OrderedDict, rid: str, value=None) -> None:
         lru[rid] = value
@@ -238,27 +245,59 @@ class WorkerCore:
         the next probe."""
         if not self.routers.on_answer(alive, gone, sent_s):
             return []
-        return [st.req for rid, st in sorted(self.streams.items())
-                if st.placed_by == alive and not st.silenced and rid not in self._aborted]
+        out = [st for rid, st in sorted(self.streams.items())
+               if st.placed_by == alive and not st.silenced and rid not in self._aborted and not st.handing]
+        self._handovers += 1
+        for st in out:
+            st.handing = self._handovers
+        return [st.req for st in out]
 
-    def stream_states(self, request_ids: list[str], adopter: str) -> list[StreamState]:
-        """What a router adopting these requests needs to migrate them (the ones still running
-        here); `adopter` (its `alive` subject) is followed once it says it adopted them."""
-        out = []
+    def adopt_asks(self, reqs: list[AdmittedRequest], room: int) -> list[AdoptAsk]:
+        """The hand-over of `reqs` (on_router_answer's) in AdoptAsks that fit `room` with their
+        states (shared/adoption.ask_pieces)."""
+        sizes = [len(codec.encode(self._state(self.streams[r.request_id]))) if r.request_id in self.streams else 0
+                 for r in reqs]
+        serial = next((self.streams[r.request_id].handing for r in reqs if r.request_id in self.streams), 0)
+        return ask_pieces(self.cfg.worker_id, reqs, sizes, room, serial)
+
+    @staticmethod
+    def _state(st: _Stream) -> StreamState:
+        return StreamState(st.req.request_id, st.token_ids.tolist() if st.token_ids is not None else [], st.seq)
+
+    def stream_states(self, request_ids: list[str], adopter: str, handover: int,
+                      room: int | None = None) -> list[StreamState]:
+        """What a router adopting these requests needs to migrate them: the ones still running
+        here and still in hand-over `handover` (an ask that comes after the worker gave that one
+        up, or during a later one, gets nothing: two routers would follow the stream), as many as
+        fit `room` bytes encoded (a stream left out stays its old router's and is handed over
+        again later); `adopter` (its `alive` subject) is followed once it says it adopted them."""
+        out, used = [], LIST_HEADER
         for rid in request_ids:
             st = self.streams.get(rid)
-            if st is None or st.silenced or st.token_ids is None or rid in self._aborted:
+            if (st is None or st.silenced or st.token_ids is None or rid in self._aborted
+                    or not handover or st.handing != handover):
                 continue
+            state = self._state(st)
+            if room is not None:
+                size = len(codec.encode(state))
+                if used + size > room:
+                    continue
+                used += size
             st.adopting = adopter
-            out.append(StreamState(rid, st.token_ids.tolist(), st.seq))
+            out.append(state)
         return out
 
-    def adoption_done(self, adopted: list[str]) -> None:
-        """The adopting router's reply: the requests it now follows are followed as its."""
+    def adoption_done(self, adopted: list[str], asked: list[str] = ()) -> None:
+        """The adopting router's reply: the requests it now follows are followed as its. `asked`:
+        the hand-over's requests (adopted or not), which a later probe may hand over again."""
         for rid in adopted:
             st = self.streams.get(rid)
             if st is not None and st.adopting:
                 st.placed_by, st.adopting = st.adopting, ""
+        for rid in asked:
+            st = self.streams.get(rid)
+            if st is not None:
+                st.handing = 0
 
     def reused_id_error(self, req: AdmittedRequest) -> schemas.Error:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""

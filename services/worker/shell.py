@@ -22,7 +22,8 @@
 * Adoption (shared/adoption.py): the routers that placed them are probed the same way (a
   router's `alive` subject is its offer's reply prefix + `.alive`); a gone router's requests
   are handed to a surviving one on `llm.v1.adopt`, which asks their state on
-  `llm.v1.worker.<id>.state` and is followed from then on.
+  `llm.v1.worker.<id>.state` and is followed once its reply names them; each message fits the
+  server's max payload (a hand-over goes in pieces, shared/adoption.py).
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
   soon as a step made some (polled every `kv_poll_s` while a generation runs; with none
   running, at each heartbeat: an idle worker's 20 ms poll found nothing 50 times a second, and
@@ -48,7 +49,7 @@ from tokenyard.services.worker.engine import Engine
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
 from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
-from tokenyard.shared.adoption import AdoptAsk, AdoptReply
+from tokenyard.shared.adoption import AdoptReply, StateAsk, message_room
 from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.slo import OfferPrefill
 from tokenyard.shared.subjects import alive_subject
@@ -375,14 +376,20 @@ class WorkerShell:
         reqs = self.core.on_router_answer(probe.lease, await self._gone(probe.subject), probe.sent_s)
         if not reqs:
             return
-        ask = AdoptAsk(self.core.cfg.worker_id, reqs)
-        try:
-            msg = await self.nc.request(subjects.ADOPT, codec.encode(ask), timeout=ADOPT_TIMEOUT_S)
-            adopted = codec.decode(msg.data, AdoptReply).adopted
-            self.core.adoption_done(adopted)  # followed from now: not before the adopter committed
-            log.info("streams_adopted", gone=probe.lease, adopted=len(adopted), asked=len(reqs))
-        except Exception as e:
-            log.warning("adoption_failed", gone=probe.lease, streams=len(reqs), error=repr(e))
+        try:  # piece by piece, each a whole hand-over; what none took waits for a later probe
+            for ask in self.core.adopt_asks(reqs, message_room(self.nc.max_payload)):
+                try:
+                    msg = await self.nc.request(subjects.ADOPT, codec.encode(ask), timeout=ADOPT_TIMEOUT_S)
+                    adopted = codec.decode(msg.data, AdoptReply).adopted
+                except Exception as e:
+                    log.warning("adoption_failed", gone=probe.lease, streams=len(ask.requests), error=repr(e))
+                    if isinstance(e, (NoRespondersError, TimeoutError)):
+                        break  # no router took it now: the rest wait too (not piled onto a slow one)
+                    continue  # this piece alone (too big to send, a bad answer): on to the next
+                self.core.adoption_done(adopted)  # followed from now: not before the adopter committed
+                log.info("streams_adopted", gone=probe.lease, adopted=len(adopted), asked=len(ask.requests))
+        finally:
+            self.core.adoption_done([], [r.request_id for r in reqs])
 
     async def _on_state(self, req: Request) -> None:
         """A router adopting streams here: their state; it is followed once its reply says so."""
@@ -390,10 +397,11 @@ class WorkerShell:
         if not asker:
             return
         try:
-            ids = msgspec.msgpack.decode(req.data, type=list[str])
+            ask = msgspec.msgpack.decode(req.data, type=StateAsk)
         except msgspec.DecodeError:
-            ids = []
-        await req.respond(codec.encode(self.core.stream_states(ids, alive_subject(asker))))
+            ask = StateAsk([], 0)
+        await req.respond(codec.encode(self.core.stream_states(ask.request_ids, alive_subject(asker), ask.handover,
+                                                               message_room(self.nc.max_payload))))
 
     async def _probe_lease(self, probe: LeaseProbe) -> None:
         """Only "no responders" says the holder is gone; an answer or a timeout, alive-or-late."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -287,7 +288,7 @@ class WorkerCore:
             out.append(state)
         return out
 
-    def adoption_done(self, adopted: list[str], asked: list[str] = ()) -> None:
+    def adoption_done(self, adopted: list[str], asked: Iterable[str] = ()) -> None:
         """The adopting router's reply: the requests it now follows are followed as its. `asked`:
         the hand-over's requests (adopted or not), which a later probe may hand over again."""
         for rid in adopted:

@@ -397,8 +397,8 @@ class WorkerShell:
         if not asker:
             return
         try:
-            ask = msgspec.msgpack.decode(req.data, type=StateAsk)
-        except msgspec.DecodeError:
+            ask = codec.decode(req.data, StateAsk)
+        except codec.DecodeError:
             ask = StateAsk([], 0)
         await req.respond(codec.encode(self.core.stream_states(ask.request_ids, alive_subject(asker), ask.handover,
                                                                message_room(self.nc.max_payload))))

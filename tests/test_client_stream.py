@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenyard.shared.client import GAP_WAIT_S, StreamCheck
 from tokenyard.shared.schemas import TERMINAL_EVENTS, Accepted, Chunk, Error, Finished, Usage
+from tokenyard.shared.stream_check import GAP_WAIT_S, StreamCheck
 
 ACC = Accepted("r", 1, 3)
 

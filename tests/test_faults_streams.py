@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import time
 
-from tokenyard.shared import client as client_module
-from tokenyard.shared import codec, natsutil, schemas, subjects
+from tokenyard.shared import codec, natsutil, schemas, stream_check, subjects
 from tokenyard.shared.client import TokenyardClient
 
 from tests.conftest import until
@@ -31,7 +30,7 @@ async def _fake_admission(nc, events) -> None:
 
 
 async def test_a_gap_in_the_stream_is_an_error_not_a_short_finish(monkeypatch):
-    monkeypatch.setattr(client_module, "GAP_WAIT_S", 1.0)  # the shipped wait is 15 s
+    monkeypatch.setattr(stream_check, "GAP_WAIT_S", 1.0)  # the shipped wait is 15 s
     server = await natsutil.NatsServer().start()
     try:
         nc = await natsutil.connect(server.url, "fake")

@@ -45,12 +45,14 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from nats.aio.client import Client
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.inbox import Inbox
 from tokenyard.shared.stream_check import StreamCheck
+
+log = telemetry.logger("client")
 
 LEASE_INTERVAL_S = 1.0
 """How often a client says it is alive (a router probes a lease silent for 3 of these)."""
@@ -126,6 +128,8 @@ class TokenyardClient:
         self._numbers = itertools.count()
         self._mux = None
         self._mux_lock = asyncio.Lock()
+        self._taps: dict[str, Callable[[Any], None]] = {}
+        """Stream inbox subject → who else reads each message that reaches it (`tap`)."""
         self.closed = False
 
     @classmethod
@@ -210,6 +214,26 @@ class TokenyardClient:
         box = self._inboxes.get(msg.subject)
         if box is not None:  # else a stream already over, or a lease probe: nothing to hand on
             box.put(msg)
+        if self._taps and type(msg) is not _Answer and (tap := self._taps.get(msg.subject)) is not None:
+            try:
+                tap(msg)
+            except Exception:  # on nats-py's reader: one tap's failure must not stop the connection's reading
+                log.exception("tap_failed", subject=msg.subject)
+
+    def tap(self, subject: str, reader: Callable[[Any], None]) -> bool:
+        """Hand every message that comes over NATS to `subject`, one of this client's stream
+        inboxes, to `reader` too, as it arrives (on nats-py's reader: `reader` must not block):
+        how a router in this process follows the streams of the edge beside it, with no
+        subscription of its own (services/router/follow.py). False where `subject` is not this
+        client's (the caller subscribes to it instead). Admission's answers handed over in this
+        process are not NATS messages, and are not passed on."""
+        if self.closed or self._mux is None or not subject.startswith(self._inbox_base):
+            return False
+        self._taps[subject] = reader
+        return True
+
+    def untap(self, subject: str) -> None:
+        self._taps.pop(subject, None)
 
     async def _answer(self, inbox: str, data: bytes, headers: dict[str, str] | None = None) -> None:
         """Admission in this process answers a stream (`LocalAdmission`): into its inbox."""

@@ -102,10 +102,14 @@ CLIENTS: list = []
 before its own close would leave them reconnecting to its stopped server for the rest of the run)."""
 
 
-async def start_streams(url: str, n: int, max_tokens: int):
+async def start_streams(url: str, n: int, max_tokens: int, tapped_by: RouterShell | None = None):
+    """`tapped_by`: a router that follows these streams on this client (as beside an edge in
+    its process: services/router/follow.py) rather than by subscriptions of its own."""
     nc = await natsutil.connect(url, "fault-client")
     CLIENTS.append(nc)
     client = TokenyardClient(nc)
+    if tapped_by is not None:
+        tapped_by.follows.local = lambda: client
     recs = [Recorder() for _ in range(n)]
     tasks = [
         asyncio.create_task(rec.run(client, schemas.GenerateRequest(prompt=f"stream {i} " * 8, max_tokens=max_tokens)))

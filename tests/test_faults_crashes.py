@@ -26,12 +26,16 @@ from tests.conftest import until
 from tests.fault_fleet import crash_worker, start_fleet, start_streams, stop_fleet
 
 
-async def test_a_dead_workers_streams_complete_by_migration_without_gap_or_repeat():
+@pytest.mark.parametrize("tapped", [False, True], ids=["subscribed", "tapped"])
+async def test_a_dead_workers_streams_complete_by_migration_without_gap_or_repeat(tapped):
+    """Followed by subscriptions (a client elsewhere), or by taps on a client in the router's
+    process (the edge beside it in `tokenyard up`): the router reads the same events either way."""
     server = await natsutil.NatsServer().start()
     hosts = await start_fleet(server.url)
     try:
         router = hosts[-1].shell
-        nc, client, recs, tasks = await start_streams(server.url, 12, 150)
+        nc, client, recs, tasks = await start_streams(server.url, 12, 150, tapped_by=router if tapped else None)
+        assert router.following and all(router.follows.tapped(rid) == tapped for rid in router.following)
         victim = hosts[0]
         moved = set(victim.shell.core.running_ids())
         assert moved, "the victim runs some of the streams"

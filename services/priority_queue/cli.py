@@ -115,5 +115,7 @@ def main(args) -> int:
     # one dies the kernel hands new connections to the others (a crashed front is not a dead port)
     edge = EdgeShell(EdgeConfig(host=args.http_host, http_port=args.http_port, reuse_port=True,
                                 models=args.model or [config.DEFAULT_MODEL]), admission=admission)
+    if router is not None:  # the router follows this edge's streams on its client, not by subscriptions of its own
+        router.follows.local = lambda: edge.client
     run(edge, args.nats, None, also=[*also, (admission, args.admission_metrics_port)], name="queue")
     return 0

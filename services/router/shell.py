@@ -20,7 +20,6 @@ with an error, or abort an orphan whose client's lease lapsed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -28,7 +27,6 @@ import time
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
@@ -36,6 +34,7 @@ from opentelemetry.trace import SpanKind
 from tokenyard.services.router.adopt import on_adopt
 from tokenyard.services.router.bounds import check_inputs
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
+from tokenyard.services.router.follow import Follows
 from tokenyard.services.router.migration import (
     Fail,
     MigrationConfig,
@@ -76,8 +75,9 @@ class RouterShell:
         self.tick_s = tick_s
         self.metrics = RouterMetrics(cfg.policy, fleet=self._fresh_rows)
         self._inflight: set[asyncio.Task] = set()
-        self._follows: dict[str, Subscription] = {}
-        """request id → the subscription to its reply subject (migration follows the stream)."""
+        self.follows = Follows()
+        """The streams migration follows, by request id (services/router/follow.py); a queue
+        process with an edge sets `follows.local` to the edge's client, whose streams it taps."""
         self.reask: ReaskMemory[asyncio.Future] = ReaskMemory()
         """Placed, placing and unanswered requests: a route request asked again (services/router/reask.py)."""
         self._housekeeping: asyncio.Task | None = None
@@ -86,7 +86,7 @@ class RouterShell:
         """Set when a stream is tracked: wakes the monitor loop from its idle wait."""
 
     async def start(self, nc: Client, service: Service) -> None:
-        self.nc = nc
+        self.nc = self.follows.nc = nc
         await self.feeds.heartbeats.join(nc, self.on_heartbeat)
         await nc.subscribe(subjects.MACRO_STATE_ALL, cb=self._on_macro_state)
         await nc.subscribe(subjects.KV_EVENTS_ALL, cb=self._on_kv_events)
@@ -110,8 +110,8 @@ class RouterShell:
 
     @property
     def following(self) -> list[str]:
-        """The ids of the requests whose streams this replica follows (subscribed to their replies)."""
-        return list(self._follows)
+        """The ids of the requests whose streams this replica follows (their replies tapped or subscribed to)."""
+        return list(self.follows)
 
     def on_heartbeat(self, hb: schemas.Heartbeat, now: float) -> None:
         self.core.on_heartbeat(hb, now)
@@ -347,25 +347,19 @@ class RouterShell:
 
     async def _follow(self, ar: schemas.AdmittedRequest) -> None:
         rid = ar.request_id
-        if rid in self._follows or not ar.reply_to:
-            return
 
-        async def seen(msg: Msg) -> None:
+        def seen(msg) -> bool:
             try:
                 event = codec.decode_event(msg.data, msg.headers)
             except codec.DecodeError:
-                return
+                return False
             self.migration.on_event(rid, event, time.time())
-            if isinstance(event, schemas.TERMINAL_EVENTS):
-                await self._unfollow(rid)
+            return isinstance(event, schemas.TERMINAL_EVENTS)
 
-        self._follows[rid] = await self.nc.subscribe(ar.reply_to, cb=seen)
+        await self.follows.follow(rid, ar.reply_to, seen)
 
     async def _unfollow(self, request_id: str) -> None:
-        sub = self._follows.pop(request_id, None)
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await self.follows.unfollow(request_id)
 
     async def _monitor_loop(self) -> None:
         """Every `tick_s` while a stream is followed: the migration core's tick (death, orphans,

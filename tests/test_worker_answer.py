@@ -1,11 +1,11 @@
-"""The worker's answer to an offer it took leaves with the request's first event
-(services/worker/shell.py, `OfferAnswer`, REPLY_HOLD_S): published in the same turn of the loop,
-just before it, so nats-py writes both at once — one write on the first token's path, where
-the answer's own write came first. An engine whose first event is not near has the answer go
-alone at the bound; a refusal is answered at once; a generation that ends with no event still
-answers. The first token and that answer are written to the socket at once (natsutil.send_now),
-not on nats-py's flusher's turn behind the rest of the engine's step. Against a fake connection
-that records what is published, and in which turn."""
+"""The worker's answer to an offer it took leaves right behind the request's first token
+(services/worker/shell.py, `OfferAnswer`, REPLY_HOLD_S): the first token is written to the
+socket at once and alone (natsutil.send_now), not on nats-py's flusher's turn behind the rest
+of the engine's step, and the answer follows in that same turn of the loop, into the buffer
+the flusher writes — on the first token's path there is no write, and no reading by the router,
+of the answer first. An engine whose first event is not near has the answer go alone at the
+bound; a refusal is answered at once; a generation that ends with no event still answers.
+Against a fake connection that records what is published, and in which turn."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ async def worker():
     ticking.cancel()
 
 
-async def test_the_answer_leaves_in_the_first_events_turn_just_before_it(worker, monkeypatch):
+async def test_the_answer_leaves_in_the_first_tokens_turn_just_after_it(worker, monkeypatch):
     monkeypatch.setattr(worker_shell, "REPLY_HOLD_S", 5.0)
     shell, engine, wire = worker
     await shell.on_generate(offer := Offer(req("r1", max_tokens=1), wire))  # returns at once
@@ -70,8 +70,8 @@ async def test_the_answer_leaves_in_the_first_events_turn_just_before_it(worker,
     await engine.steps.put(EngineOutput("r1", [65], finished=True, finish_reason="length"))
     await until(lambda: not shell.generating)
     assert offer.reply == schemas.GenerateReply("r1", True)
-    (t_answer, first), (t_chunk, second), (_, third) = wire.sent
-    assert (first, second, third) == ("answer", "Chunk", "Finished") and t_answer == t_chunk  # one write
+    (t_chunk, first), (t_answer, second), (_, third) = wire.sent
+    assert (first, second, third) == ("Chunk", "answer", "Finished") and t_answer == t_chunk  # one turn
 
 
 async def test_the_answer_goes_alone_when_the_first_event_is_not_near(worker, monkeypatch):
@@ -130,10 +130,10 @@ class BufferedOffer(Offer):
         self.wire._pending.append("answer")
 
 
-async def test_the_first_token_is_written_at_once_with_the_answer_the_rest_on_the_flushers_turn(monkeypatch):
+async def test_the_first_token_is_written_at_once_alone_the_answer_and_the_rest_on_the_flushers_turn(monkeypatch):
     """An engine step that makes the first token and more in one go (here: both tokens and the
-    end, ready at once): the answer and the first chunk leave in a write of their own, made in
-    the chunk's turn; what the step makes after it waits for nats-py's flusher as before."""
+    end, ready at once): the first chunk leaves in a write of its own, made in its turn; the
+    answer and what the step makes after it wait for nats-py's flusher."""
     monkeypatch.setattr(worker_shell, "REPLY_HOLD_S", 5.0)
     engine = StepEngine()
     shell = worker_shell.WorkerShell(WorkerConfig("w0", MODEL), engine, ByteTokenizer())
@@ -145,6 +145,6 @@ async def test_the_first_token_is_written_at_once_with_the_answer_the_rest_on_th
         await shell.on_generate(offer := BufferedOffer(req("r1", max_tokens=2), wire))
         await until(lambda: not shell.generating and not wire._pending)
         assert offer.reply == schemas.GenerateReply("r1", True)
-        assert wire.writes == [["answer", "Chunk"], ["Chunk", "Finished"]]
+        assert wire.writes == [["Chunk"], ["answer", "Chunk", "Finished"]]
     finally:
         flushing.cancel()

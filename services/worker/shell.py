@@ -61,10 +61,11 @@ LEG_ROUTE_TIMEOUT_S = 5.0
 """How long a P/D decode leg waits for the router's answer (the queue's route timeout)."""
 
 REPLY_HOLD_S = 0.002
-"""How long the answer to an offer it took waits for the request's first event, so that both
-leave in one write: on the first token's path the answer's own write (and nats-server's
-delivery of it) came first, alone. A first event that takes longer (a real engine's prefill)
-finds the answer gone alone at this bound; a refusal is answered at once."""
+"""How long the answer to an offer it took waits for the request's first event, and leaves right
+behind it: the first token is written first, alone and at once (natsutil.send_now), and the
+answer follows on nats-py's flusher's turn — on the first token's path neither the answer's own
+write nor the router's reading of it comes first. A first event that takes longer (a real
+engine's prefill) finds the answer gone alone at this bound; a refusal is answered at once."""
 
 LEASE_PROBE_TIMEOUT_S = 1.0
 """How long a lease probe waits: "no responders" comes back within a round trip; a live
@@ -206,14 +207,16 @@ class WorkerShell:
                                 None if ttft_ms is None else ttft_ms / 1000.0, time.monotonic() - t0,
                                 event.usage.prompt_tokens, event.usage.completion_tokens, event.finish_reason)
                             await self._heartbeat_if_decodes_ended()
-                        if answer is not None:  # the router's answer (once), then the event
+                        if answer is not None and not first:  # the router's answer (once), then the event
                             await answer.send()
                         await self._send(ar.reply_to, codec.encode(event, json=ar.json), hdrs,
                                          terminal=isinstance(event, schemas.TERMINAL_EVENTS))
                         if first:  # handed to NATS: where the hop profile's last segment starts
-                            # written now (the router's answer ahead of it), not on nats-py's
-                            # flusher's turn behind the rest of this step (the next event's work)
+                            # written now, not on nats-py's flusher's turn behind the rest of this
+                            # step (the next event's work); the router's answer after it
                             natsutil.send_now(self.nc)
+                            if answer is not None:
+                                await answer.send()
                             span.set_attribute("tokenyard.first_event_ns", time.time_ns())
                             first = False
                 if self._handed_off(ar.request_id):
@@ -437,9 +440,9 @@ def asker_inbox(req: Request) -> str:
 
 
 class OfferAnswer:
-    """The answer to an offer the worker took, sent once: by the generation just before its
-    first event (one write for both), or alone when REPLY_HOLD_S passes first (the timer), or
-    when the generation ends without an event."""
+    """The answer to an offer the worker took, sent once: by the generation just after its first
+    token (before any other first event), or alone when REPLY_HOLD_S passes first (the timer),
+    or when the generation ends without an event."""
 
     __slots__ = ("req", "data", "sent", "sending")
 

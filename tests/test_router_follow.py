@@ -63,79 +63,82 @@ async def nats():
     server.stop()
 
 
-async def open_stream(client: TokenyardClient, admission: HeldAdmission, reader: Reader, rid: str) -> asyncio.Task:
-    task = asyncio.create_task(reader.run(schemas.GenerateRequest(prompt="hi", request_id=rid, max_tokens=2)))
-    await until(lambda: admission.reply_to != "", what="the stream's inbox")
-    return task
+class Scene:
+    """A client with one stream open (request r1), a router's Follows that taps that client, and
+    a "worker" connection that publishes on the stream's reply subject."""
+
+    @classmethod
+    async def open(cls, nats) -> Scene:
+        self = cls()
+        self.admission = HeldAdmission()
+        self.client = TokenyardClient(await nats("edge"), admission=self.admission)
+        self.follows = Follows()
+        self.follows.nc, self.follows.local = await nats("router"), lambda: self.client
+        self.worker = await nats("worker")
+        self.reader = Reader(self.client)
+        self.streaming = asyncio.create_task(
+            self.reader.run(schemas.GenerateRequest(prompt="hi", request_id="r1", max_tokens=2)))
+        await until(lambda: self.admission.reply_to != "", what="the stream's inbox")
+        self.inbox = self.admission.reply_to
+        return self
+
+    async def publish(self, subject: str, *events: schemas.StreamEvent) -> None:
+        for event in events:
+            await self.worker.publish(subject, codec.encode(event))
+
+    async def stream_ends(self) -> None:
+        async with asyncio.timeout(5):
+            await self.streaming
 
 
 async def test_a_stream_of_a_client_in_this_process_is_tapped_and_read_after_the_client(nats):
-    admission = HeldAdmission()
-    client = TokenyardClient(await nats("edge"), admission=admission)
-    follows = Follows()
-    follows.nc, follows.local = await nats("router"), lambda: client
-    worker = await nats("worker")
-    reader = Reader(client)
-    streaming = await open_stream(client, admission, reader, "r1")
-    await follows.follow("r1", admission.reply_to, reader.seen)
+    scene = await Scene.open(nats)
+    follows, reader = scene.follows, scene.reader
+    await follows.follow("r1", scene.inbox, reader.seen)
     assert follows.tapped("r1") and list(follows) == ["r1"]
-    for event in (schemas.Chunk("r1", 0, "a", [97]), schemas.Chunk("r1", 1, "b", [98]),
-                  schemas.Finished("r1", 2, "length", USAGE)):
-        await worker.publish(admission.reply_to, codec.encode(event))
-    async with asyncio.timeout(5):
-        await streaming
+    await scene.publish(scene.inbox, schemas.Chunk("r1", 0, "a", [97]), schemas.Chunk("r1", 1, "b", [98]),
+                        schemas.Finished("r1", 2, "length", USAGE))
+    await scene.stream_ends()
     assert reader.events == ["Accepted", "Chunk", "Chunk", "Finished"]
     await until(lambda: "r1" not in follows, what="the follow ending with the stream")
     # the NATS events only (admission's `accepted` never crossed NATS), each read by the
     # client's reader before the router's tap read it
     assert reader.router_read == ["Chunk", "Chunk", "Finished"]
     assert reader.unread_when_router_read == [0, 0, 0]
-    await worker.publish(admission.reply_to, codec.encode(schemas.Chunk("r1", 3, "c", [99])))
-    await worker.flush()
+    await scene.publish(scene.inbox, schemas.Chunk("r1", 3, "c", [99]))
+    await scene.worker.flush()
     await asyncio.sleep(0.1)
     assert reader.router_read == ["Chunk", "Chunk", "Finished"]  # untapped at the end
-    await client.close()
+    await scene.client.close()
 
 
 async def test_a_subject_that_is_not_the_clients_is_subscribed_to_and_so_is_one_of_a_closed_client(nats):
-    admission = HeldAdmission()
-    client = TokenyardClient(await nats("edge"), admission=admission)
-    follows = Follows()
-    follows.nc, follows.local = await nats("router"), lambda: client
-    worker = await nats("worker")
-    reader = Reader(client)
-    streaming = await open_stream(client, admission, reader, "r1")
+    scene = await Scene.open(nats)
+    follows, reader = scene.follows, scene.reader
     await follows.follow("r2", "_INBOX.elsewhere.r2", reader.seen)
     assert not follows.tapped("r2") and "r2" in follows
-    await follows.follow("r1", admission.reply_to, reader.seen)
+    await follows.follow("r1", scene.inbox, reader.seen)
     await follows.unfollow("r1")  # before its end: the tap goes
-    await worker.publish("_INBOX.elsewhere.r2", codec.encode(schemas.Finished("r2", 0, "length", USAGE)))
-    await worker.publish(admission.reply_to, codec.encode(schemas.Finished("r1", 0, "length", USAGE)))
-    async with asyncio.timeout(5):
-        await streaming
+    await scene.publish("_INBOX.elsewhere.r2", schemas.Finished("r2", 0, "length", USAGE))
+    await scene.publish(scene.inbox, schemas.Finished("r1", 0, "length", USAGE))
+    await scene.stream_ends()
     await until(lambda: "r2" not in follows, what="the subscription ending with its stream")
     assert reader.router_read == ["Finished"]  # r2's: r1 was no longer followed
-    await client.close()
-    await follows.follow("r3", admission.reply_to, reader.seen)  # a closed client taps nothing
+    await scene.client.close()
+    await follows.follow("r3", scene.inbox, reader.seen)  # a closed client taps nothing
     assert "r3" in follows and not follows.tapped("r3")
     await follows.unfollow("r3")
 
 
 async def test_a_tap_that_fails_leaves_the_clients_stream_whole(nats):
-    admission = HeldAdmission()
-    client = TokenyardClient(await nats("edge"), admission=admission)
-    worker = await nats("worker")
-    reader = Reader(client)
-    streaming = await open_stream(client, admission, reader, "r1")
+    scene = await Scene.open(nats)
 
     def broken(msg) -> None:
         raise RuntimeError("a bug in the router's bookkeeping")
 
-    assert client.tap(admission.reply_to, broken)
-    for event in (schemas.Chunk("r1", 0, "a", [97]), schemas.Finished("r1", 1, "length", USAGE)):
-        await worker.publish(admission.reply_to, codec.encode(event))
-    async with asyncio.timeout(5):
-        await streaming
-    assert reader.events == ["Accepted", "Chunk", "Finished"]
-    assert not client.tap("_INBOX.someone-else.x", broken)
-    await client.close()
+    assert scene.client.tap(scene.inbox, broken)
+    await scene.publish(scene.inbox, schemas.Chunk("r1", 0, "a", [97]), schemas.Finished("r1", 1, "length", USAGE))
+    await scene.stream_ends()
+    assert scene.reader.events == ["Accepted", "Chunk", "Finished"]
+    assert not scene.client.tap("_INBOX.someone-else.x", broken)
+    await scene.client.close()

@@ -113,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     from tokenyard.shared import config
 
     p = argparse.ArgumentParser(prog="python -m bench.accepted_wait", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--model", default=config.DEFAULT_MODEL)
-    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--workers", type=int, default=2,
+                   help="zero-latency worker processes in the fleet this bench starts (default: %(default)s)")
+    p.add_argument("--model", default=config.DEFAULT_MODEL, help="model name every request asks for (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=300, help="requests measured, after the warm-up (default: %(default)s)")
     p.add_argument("--rate", type=float, default=20.0, help="requests a second, one at a time")
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=20, help="requests sent first and left out of the result (default: %(default)s)")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)
     load_before = os.getloadavg()

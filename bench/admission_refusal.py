@@ -32,7 +32,7 @@ def timed(fn, n: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.admission_refusal")
-    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--n", type=int, default=20000, help="calls timed per case (default: %(default)s)")
     n = ap.parse_args(argv).n
     prompt = "x" * 1000
     saturated = AdmissionCore(AdmissionConfig(), ByteTokenizer())

@@ -183,9 +183,11 @@ def table(rows: list[dict[str, Any]], policies: tuple[str, ...] = DEFAULT_POLICI
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bubble", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--instances", type=int, default=8)
-    p.add_argument("--base-rate", type=float, default=16.0)
-    p.add_argument("--floods", default="0,40,80,120")
+    p.add_argument("--instances", type=int, default=8, help="simulated a100-llama3-8b instances (default: %(default)s)")
+    p.add_argument("--base-rate", type=float, default=16.0,
+                   help="requests a second of the heavy-tailed length mix (default: %(default)s)")
+    p.add_argument("--floods", default="0,40,80,120",
+                   help="extra short requests a second on top of the mix, comma list, one run each (default: %(default)s)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
     p.add_argument("--seeds", default="0", help="workload seeds, one row per flood and seed")
     p.add_argument("--refusals", action="store_true",
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
     p.add_argument("--where", default="", metavar="POLICIES",
                    help="also split the short requests' TTFT before / inside the engine for these shared-fleet policies")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="write the result as JSON to this file (default: not written)")
     args = p.parse_args(argv)
     policies = tuple(x for x in args.policies.split(",") if x)
     unknown = {x for x in set(policies) - set(POLICIES) if not _overdue_variant(x)}

@@ -61,8 +61,9 @@ def row(items: list, states: list) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = sim_burst.parser()
     p.prog, p.description = "python -m bench.burst_forecast", __doc__
-    p.add_argument("--seeds", default="0,1,2,3,4")
-    p.add_argument("--forecasts", default=",".join(FORECASTS))
+    p.add_argument("--seeds", default="0,1,2,3,4", help="workload seeds, comma list, one burst each (default: %(default)s)")
+    p.add_argument("--forecasts", default=",".join(FORECASTS),
+                   help=f"admission's forecasts to compare, comma list of {', '.join(FORECASTS)} (default: %(default)s)")
     args = p.parse_args(argv)
     fmt = lambda x: "never" if x is None else f"{x:.3f} s"  # noqa: E731
     print("| seed | forecast | first refusal | admitted, then late or expired (first arrived) | P1 served / late / **met** | P1 refused / expired | P2 refused |")

@@ -317,17 +317,24 @@ async def measure(nats_url: str, http_url: str | None, args: argparse.Namespace,
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.control_plane", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--model", default=shared_config.DEFAULT_MODEL)
+    p.add_argument("--workers", type=int, default=2,
+                   help="zero-latency worker processes in each fleet this bench starts (default: %(default)s)")
+    p.add_argument("--model", default=shared_config.DEFAULT_MODEL, help="model name every request asks for (default: %(default)s)")
     p.add_argument("--nats", help="benchmark this running fleet instead of starting one")
     p.add_argument("--http", help="its edge (with --nats); the HTTP TTFT is skipped without it")
     p.add_argument("--input-len", type=int, default=32, help="prompt tokens of every request")
-    p.add_argument("--ttft-prompts", type=int, default=300)
-    p.add_argument("--ttft-rate", type=float, default=20.0)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RATES))
+    p.add_argument("--ttft-prompts", type=int, default=300,
+                   help="requests in each TTFT run, after the warm-up (default: %(default)s)")
+    p.add_argument("--ttft-rate", type=float, default=20.0,
+                   help="requests a second (Poisson) of the TTFT runs and the hop profile (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=30,
+                   help="requests sent before each TTFT run and left out of it (default: %(default)s; 0: none)")
+    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=list(DEFAULT_RATES),
+                   help="offered requests a second of the rate steps, comma list, in order "
+                        f"(default: {','.join(f'{r:g}' for r in DEFAULT_RATES)})")
     p.add_argument("--step-seconds", type=float, default=3.0, help="each rate step lasts about this long")
-    p.add_argument("--min-prompts", type=int, default=500)
+    p.add_argument("--min-prompts", type=int, default=500,
+                   help="fewest requests in one rate step (default: %(default)s)")
     p.add_argument("--rate-path", choices=("nats", "http"), default="nats",
                    help="the rate steps' client: on NATS (the target's figure), or on the edge's HTTP port "
                         "(what the HTTP front's layout, --edge-processes, holds)")

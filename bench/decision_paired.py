@@ -72,10 +72,12 @@ def paired(f_ref, f_this, reqs, repeats: int, after=None) -> tuple[np.ndarray, n
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.decision_paired", description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", required=True, metavar="REF", help="the commit to compare with")
-    p.add_argument("--instances", type=int, default=256)
-    p.add_argument("--blocks", type=int, default=1_000_000)
-    p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--instances", type=int, default=256, help="simulated workers in the router's fleet (default: %(default)s)")
+    p.add_argument("--blocks", type=int, default=1_000_000,
+                   help="KV-cache blocks the router's index is filled with before timing (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=2000, help="trace requests timed by both sides (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="times each request is timed per side; the least time counts (default: %(default)s)")
     args = p.parse_args(argv)
 
     from tokenyard.loadgen import router_bench

@@ -76,8 +76,10 @@ def issue_table(out_dir: Path) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--doc", default="docs/results-ecoserve.md")
-    p.add_argument("--dir", default="docs/results/ecoserve")
+    p.add_argument("--doc", default="docs/results-ecoserve.md",
+                   help="the document whose table blocks are refilled, in place (default: %(default)s)")
+    p.add_argument("--dir", default="docs/results/ecoserve",
+                   help="folder of the runs' NAME.json files, one per table (default: %(default)s)")
     args = p.parse_args()
     doc_path, out_dir = Path(args.doc), Path(args.dir)
     text = doc_path.read_text()

@@ -129,20 +129,25 @@ def print_one(scale: float, name: str, r: dict) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", required=True, help="chatbot | api | coder | trace:PATH (tokenyard sim's specs)")
-    p.add_argument("--instances", type=int, default=16)
-    p.add_argument("--macro-size", type=int, default=4)
-    p.add_argument("--profile", default="l20-codellama34b-tp4")
+    p.add_argument("--instances", type=int, default=16, help="simulated engine instances (default: %(default)s)")
+    p.add_argument("--macro-size", type=int, default=4, help="workers per macro-instance (default: %(default)s)")
+    p.add_argument("--profile", default="l20-codellama34b-tp4",
+                   help="the simulator's latency profile, as tokenyard sim --profile takes it (default: %(default)s)")
     p.add_argument("--policy", default=RouterConfig().policy, help="routing policy (the router's default)")
     p.add_argument("--rates", default="0.1,0.2,0.3,0.4", help="rate scales of the workload")
-    p.add_argument("--num-requests", type=int, default=2000)
-    p.add_argument("--ttft-ms", type=float, default=3000.0)
-    p.add_argument("--tpot-ms", type=float, default=150.0)
-    p.add_argument("--attainment", type=float, default=0.9)
+    p.add_argument("--num-requests", type=int, default=2000, help="requests of the workload per run (default: %(default)s)")
+    p.add_argument("--ttft-ms", type=float, default=3000.0,
+                   help="time-to-first-token SLO, milliseconds (default: %(default)s)")
+    p.add_argument("--tpot-ms", type=float, default=150.0,
+                   help="time-per-output-token SLO, milliseconds (default: %(default)s)")
+    p.add_argument("--attainment", type=float, default=0.9,
+                   help="share of requests within SLO (0 to 1) a system needs at a rate to hold it, "
+                        "for the highest-rate summary (default: %(default)s)")
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
     p.add_argument("--pd-prefill", type=int, default=None, help="distserve: prefill workers per macro-instance")
     p.add_argument("--max-model-len", type=int, default=16384, help="CodeLlama-34B's context (vllm's unchunked budget)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload's requests (default: %(default)s)")
+    p.add_argument("--json", default=None, help="write the result as JSON to this file (default: not written)")
     args = p.parse_args()
     args.rates = [float(x) for x in args.rates.split(",")]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]

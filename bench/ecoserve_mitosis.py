@@ -62,17 +62,26 @@ class _Items:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", default="chatbot")
-    p.add_argument("--profile", default="a100-llama3-8b")
-    p.add_argument("--instances", type=int, default=4)
-    p.add_argument("--macro-size", type=int, default=4)
-    p.add_argument("--mode", default="ecoserve")
+    p.add_argument("--workload", default="chatbot",
+                   help="workload whose requests are replayed: chatbot | api | coder | trace:PATH, "
+                        "as tokenyard sim takes them (default: %(default)s)")
+    p.add_argument("--profile", default="a100-llama3-8b",
+                   help="the simulator's latency profile, as tokenyard sim --profile takes it (default: %(default)s)")
+    p.add_argument("--instances", type=int, default=4,
+                   help="simulated engine instances at the start; the controller adds and removes them (default: %(default)s)")
+    p.add_argument("--macro-size", type=int, default=4,
+                   help="workers per macro-instance; one grown past it is split in half (default: %(default)s)")
+    p.add_argument("--mode", default="ecoserve", help="macro-instance mode: ecoserve or nodg (default: %(default)s)")
     p.add_argument("--phases", default="2:10,14:20,2:25", help="RATE:MINUTES,… of the offered load")
-    p.add_argument("--ttft-ms", type=float, default=2000.0)
-    p.add_argument("--tpot-ms", type=float, default=100.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None)
-    p.add_argument("--plot", default=None)
+    p.add_argument("--ttft-ms", type=float, default=2000.0,
+                   help="time-to-first-token SLO, milliseconds (default: %(default)s)")
+    p.add_argument("--tpot-ms", type=float, default=100.0,
+                   help="time-per-output-token SLO, milliseconds (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the requests and their arrival times (default: %(default)s)")
+    p.add_argument("--json", default=None, help="write the result as JSON to this file (default: not written)")
+    p.add_argument("--plot", default=None,
+                   help="draw workers and macro-instances over time, against the offered rate, to this PNG file "
+                        "(default: no plot)")
     args = p.parse_args()
     phases = [(float(r), float(m)) for r, m in (x.split(":") for x in args.phases.split(","))]
     need = int(sum(r * m * 60.0 for r, m in phases) * 1.2) + 100

@@ -208,7 +208,7 @@ def main() -> int:
     ap.add_argument("--ref-processes", type=int, default=None,
                     help="REF's edge processes (default: REF's own default; a REF before round 6 has no --processes)")
     ap.add_argument("--log-dir", default="/tmp/tokenyard-edge-cpu", help="the edges' logs")
-    ap.add_argument("--json", default=None, metavar="FILE")
+    ap.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to this file (default: not written)")
     args = ap.parse_args()
     doc = asyncio.run(main_async(args))
     print(table(doc))

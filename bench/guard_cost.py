@@ -34,10 +34,12 @@ def fleet(n: int, rng: np.random.Generator) -> FleetView:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--instances", type=int, default=256)
-    ap.add_argument("--decisions", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--instances", type=int, default=256, help="simulated workers in the fleet (default: %(default)s)")
+    ap.add_argument("--decisions", type=int, default=2000, help="routing decisions timed, one request each (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=7,
+                    help="times each decision is timed; the least time counts (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the fleet's load, the prompt lengths and the prefix hits (default: %(default)s)")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     v = fleet(args.instances, rng)

@@ -111,11 +111,11 @@ async def main_async(args) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.handover_size", description=__doc__.split("\n\n")[0])
-    p.add_argument("--streams", type=int, default=300)
+    p.add_argument("--streams", type=int, default=300, help="streams router A places on the worker (default: %(default)s)")
     p.add_argument("--resumed", type=int, default=3000, help="each stream's history in tokens")
     p.add_argument("--speed", type=float, default=0.002, help="the sim engine's speed (simulated s per wall s)")
     p.add_argument("--timeout", type=float, default=90.0, help="the most the hand-over may take (s)")
-    p.add_argument("--json", default="")
+    p.add_argument("--json", default="", help="write the result as JSON to this file (default: not written)")
     args = p.parse_args(argv)
     write_result(args.json, asyncio.run(main_async(args)), "python -m bench.handover_size", argv)
 

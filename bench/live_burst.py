@@ -211,14 +211,15 @@ def stop_up(up: subprocess.Popen) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.live_burst", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--profile", default="a100-llama3-8b")
-    p.add_argument("--factor", type=float, default=10.0)
-    p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--input-len", type=int, default=2000)
-    p.add_argument("--output-len", type=int, default=100)
+    p.add_argument("--workers", type=int, default=2, help="simulated workers `tokenyard up` starts (default: %(default)s)")
+    p.add_argument("--profile", default="a100-llama3-8b", help="the simulated workers' latency profile (default: %(default)s)")
+    p.add_argument("--factor", type=float, default=10.0,
+                   help="the burst's rate as a multiple of the fleet's capacity (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=4.0, help="how long the burst lasts, seconds (default: %(default)s)")
+    p.add_argument("--input-len", type=int, default=2000, help="prompt tokens of every request (default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=100, help="output tokens of every request (default: %(default)s)")
     p.add_argument("--mix", default="5,60,30,5", help="P0,P1,P2,P3 shares (default: the design's)")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="write the result as JSON to this file (default: not written)")
     p.add_argument("--log-dir", default=None, help="keep every service's log here (tokenyard up --log-dir)")
     args = p.parse_args(argv)
     from tokenyard.loadgen.config import parse_priority_mix

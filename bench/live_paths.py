@@ -60,17 +60,22 @@ async def run(args) -> dict:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.live_paths", description=__doc__.split("\n\n")[0])
-    p.add_argument("--load", type=float, default=3.0)
-    p.add_argument("--paths", type=lambda s: s.split(","), default=["nats", "http"])
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--load", type=float, default=3.0,
+                   help="offered rate as a multiple of the workload's own rate, scaled by speed and by workers / 16 (default: %(default)s)")
+    p.add_argument("--paths", type=lambda s: s.split(","), default=["nats", "http"],
+                   help="client paths to run, comma list of nats (straight on NATS) and http (through the edge), "
+                        "a fresh fleet each (default: nats,http)")
+    p.add_argument("--workers", type=int, default=4, help="simulated a100-llama3-8b workers (default: %(default)s)")
     p.add_argument("--speed", type=float, default=SPEED,
                    help=f"simulated seconds per wall second, live_router's (default {SPEED}; at 0.1 admission "
                         "refuses most requests: a simulated A100 decodes slower than the 100 ms TPOT SLO)")
-    p.add_argument("--workload", default="chatbot", choices=list(SYNTHETIC))
-    p.add_argument("--num-prompts", type=int, default=150)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-dir", default="/tmp/tokenyard-live-paths")
-    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--workload", default="chatbot", choices=list(SYNTHETIC),
+                   help="synthetic workload the requests come from (default: %(default)s)")
+    p.add_argument("--num-prompts", type=int, default=150, help="requests sent on each path (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the requests and their arrival times (default: %(default)s)")
+    p.add_argument("--log-dir", default="/tmp/tokenyard-live-paths",
+                   help="each path's fleet logs go to DIR/PATH; the router's log gives the orphan aborts (default: %(default)s)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to this file (default: not written)")
     return p
 
 

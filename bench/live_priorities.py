@@ -28,14 +28,14 @@ TENANTS = '[default]\nceiling = "P0"\n'
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.live_priorities", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--profile", default="a100-llama3-8b")
+    p.add_argument("--workers", type=int, default=2, help="simulated workers `tokenyard up` starts (default: %(default)s)")
+    p.add_argument("--profile", default="a100-llama3-8b", help="the simulated workers' latency profile (default: %(default)s)")
     p.add_argument("--load", type=float, default=2.0, help="offered rate ÷ capacity")
-    p.add_argument("--num-prompts", type=int, default=400)
-    p.add_argument("--input-len", type=int, default=2000)
-    p.add_argument("--output-len", type=int, default=100)
-    p.add_argument("--mix", default="5,60,30,5")
-    p.add_argument("--out", default=None)
+    p.add_argument("--num-prompts", type=int, default=400, help="requests sent (default: %(default)s)")
+    p.add_argument("--input-len", type=int, default=2000, help="prompt tokens of every request (default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=100, help="output tokens of every request (default: %(default)s)")
+    p.add_argument("--mix", default="5,60,30,5", help="P0,P1,P2,P3 shares of the requests (default: %(default)s)")
+    p.add_argument("--out", default=None, help="write the result as JSON to this file (default: not written)")
     args = p.parse_args(argv)
     cap = capacity(args.workers, args.input_len, args.output_len, args.profile)
     rate = args.load * cap

@@ -424,14 +424,14 @@ def main() -> int:
     ap.add_argument("--policy", default=DEFAULT_POLICY, help=f"tokenyard's router policy (default {DEFAULT_POLICY})")
     ap.add_argument("--baseline", default=None, metavar="REF",
                     help="the commit router `tokenyard-ref` runs (the same fleet on REF's code: before / after)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the workload's requests and arrival times (default 0)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
     ap.add_argument("--log-dir", default="/tmp/tokenyard-live-router", help="every process's log")
     ap.add_argument("--route-log", action="store_true",
                     help="tokenyard's router logs each choice (debug level: the hit and load of every worker); "
                          "the run keeps what its view expected against what it chose (`route_choices`); "
                          "a peer's workers log what they did with each request (its worker, hit and engine TTFT)")
-    ap.add_argument("--json", default=None, metavar="FILE")
+    ap.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to this file (default: not written)")
     args = ap.parse_args()
     ours = ("tokenyard", "tokenyard-1edge", "tokenyard-noflow", "tokenyard-ref")
     unknown = [r for r in args.routers if r not in ours and r not in PEERS]

@@ -65,5 +65,6 @@ async def main(trials: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=5,
+                    help="leader kills, each followed by a restart of the killed node (default: %(default)s)")
     asyncio.run(main(ap.parse_args().trials))

@@ -154,7 +154,7 @@ def overload(workload: str, loads: list[float], instances: int, n: int, mix: str
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("study", choices=("priorities", "overload"))
+    p.add_argument("study", choices=("priorities", "overload"), help="which study to run (see above)")
     p.add_argument("--workload", default="chatbot", help="chatbot | api | coder | trace:PATH")
     p.add_argument("--n", type=int, default=3000, help="requests per run (the first N of a trace)")
     p.add_argument("--instances", type=int, default=None, help="default: 8 (priorities), 16 (overload)")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mix", default=None, help="class mix P0..P3 (default: 5,60,30,5 priorities, 0,1,0,0 overload)")
     p.add_argument("--skip-requests", type=int, default=0,
                    help="overload, traces: start after this many requests (held-out parts of a trace)")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="write the result as JSON to this file (default: not written)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     if args.study == "priorities":

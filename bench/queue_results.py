@@ -113,11 +113,13 @@ def scorpio(n: int, loads: list[float]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.queue_results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("study", choices=("priorities", "bubble", "scorpio"))
+    p.add_argument("study", choices=("priorities", "bubble", "scorpio"), help="which study to run (see above)")
     p.add_argument("--n", type=int, default=None, help="requests per run")
-    p.add_argument("--loads", default="1,1.5,2,3")
-    p.add_argument("--rates", default="10,12,14")
-    p.add_argument("--out", default=None)
+    p.add_argument("--loads", default="1,1.5,2,3",
+                   help="priorities, scorpio: offered loads as multiples of the workload's base rate, comma list (default: %(default)s)")
+    p.add_argument("--rates", default="10,12,14",
+                   help="bubble: requests a second of the heavy-tailed mix, comma list (default: %(default)s)")
+    p.add_argument("--out", default=None, help="write the rows as JSON to this file (default: not written)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     if args.study == "priorities":

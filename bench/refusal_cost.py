@@ -112,10 +112,10 @@ async def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.refusal_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rate", type=float, default=60.0)
-    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--rate", type=float, default=60.0, help="requests a second the HTTP generator sends (default: %(default)s)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="how long the generator sends, seconds (default: %(default)s)")
     ap.add_argument("--profile", default=None, help="write the cProfile here and report its top functions")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the result as JSON to this file (default: not written)")
     args = ap.parse_args(argv)
     out = asyncio.run(run(args))
     print(json.dumps(out, indent=1))

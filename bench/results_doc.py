@@ -133,8 +133,10 @@ def render(results: Path, rel: str = "results") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default=str(ROOT / "docs" / "results"))
-    ap.add_argument("--doc", default=str(ROOT / "docs" / "RESULTS.md"))
+    ap.add_argument("--results", default=str(ROOT / "docs" / "results"),
+                    help="folder of the JSONs bench/run_results.py wrote (default: docs/results in this repository)")
+    ap.add_argument("--doc", default=str(ROOT / "docs" / "RESULTS.md"),
+                    help="the document whose tables are replaced, in place (default: docs/RESULTS.md in this repository)")
     args = ap.parse_args(argv)
     doc = Path(args.doc)
     text = doc.read_text() if doc.exists() else f"{BEGIN}\n{END}\n"

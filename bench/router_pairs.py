@@ -38,9 +38,11 @@ def run_once(instances: int, env: dict[str, str] | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.router_pairs", description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", required=True, metavar="REF", help="the commit to compare with")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--instances", type=int, default=256)
-    p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds, each one run of REF's code and one of this tree's (default: %(default)s)")
+    p.add_argument("--instances", type=int, default=256,
+                   help="simulated workers in each run, tokenyard bench router's --instances (default: %(default)s)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the runs as JSON to this file (default: not written)")
     args = p.parse_args(argv)
     ref = commit_of(args.baseline)
     runs = []

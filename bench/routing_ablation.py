@@ -444,10 +444,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", default=str(TRACES),
                     help="folder holding mooncake_conversation_trace.jsonl[.gz] (default: the bundled traces)")
-    ap.add_argument("--loads", default="1,2,3")
+    ap.add_argument("--loads", default="1,2,3",
+                    help="loads, each a multiplier of the workload's arrival rate, comma list (default: %(default)s)")
     ap.add_argument("--only", default=",".join(VARIANTS),
                     help=f"variants, or router policies run as they are (default all variants: {','.join(VARIANTS)})")
-    ap.add_argument("--workloads", default="mooncake-tune,chatbot")
+    ap.add_argument("--workloads", default="mooncake-tune,chatbot",
+                    help=f"workloads to run, comma list of {', '.join(WORKLOADS)} (default: %(default)s)")
     ap.add_argument("--requests", type=int, default=None, help="requests per point (default: the workload's)")
     ap.add_argument("--seed", type=int, default=0,
                     help="the synthetic workloads' seed (api, coder, chatbot: another draw of the same workload; 0: the figure's)")

@@ -40,11 +40,16 @@ def by_quartile(sim: ClusterSim) -> list[tuple[int, float, float, int]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--num-requests", type=int, default=None)
-    ap.add_argument("--skip-requests", type=int, default=0)
-    ap.add_argument("--rate-scale", type=float, default=1.0)
-    ap.add_argument("--policies", default="marginal-latency,llmd-token-load,multiplicative")
+    ap.add_argument("--workload", required=True,
+                    help="the workload: chatbot | api | coder | trace:PATH (tokenyard sim's specs)")
+    ap.add_argument("--num-requests", type=int, default=None,
+                    help="requests to run; of a trace, the first ones after --skip-requests (default: a trace's all, "
+                         "a generated workload's 1000)")
+    ap.add_argument("--skip-requests", type=int, default=0, help="trace requests skipped at its start (default: %(default)s)")
+    ap.add_argument("--rate-scale", type=float, default=1.0,
+                    help="multiplier of the workload's arrival rate (default: %(default)s; 2: twice as fast)")
+    ap.add_argument("--policies", default="marginal-latency,llmd-token-load,multiplicative",
+                    help="routing policies to compare, comma list (default: %(default)s)")
     args = ap.parse_args()
     w = open_workload(args.workload, num_requests=args.num_requests, rate_scale=args.rate_scale,
                       skip_requests=args.skip_requests)

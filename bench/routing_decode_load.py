@@ -134,10 +134,15 @@ def twin(names: list[str], seeds: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default=",".join(VARIANTS))
+    ap.add_argument("--only", default=",".join(VARIANTS),
+                    help="variants to run, comma list of GUARD-TIE-STALL names such as q-rq0-half: GUARD one of "
+                         "q, qx, qh, qm, qd, qxd; TIE own or rq0; STALL half, excess or bexcess (each described at "
+                         f"the top of bench/routing_decode_load.py; default: all {len(VARIANTS)})")
     ap.add_argument("--tune", action="store_true", help="the tuning windows, with the peers beside")
-    ap.add_argument("--workloads", default="mooncake-tune-a,mooncake-tune-b,mooncake-tune-c,chatbot")
-    ap.add_argument("--loads", default="0.5,1,1.5,2,3")
+    ap.add_argument("--workloads", default="mooncake-tune-a,mooncake-tune-b,mooncake-tune-c,chatbot",
+                    help=f"--tune: workloads, comma list of {', '.join(ra.WORKLOADS)} (default: %(default)s)")
+    ap.add_argument("--loads", default="0.5,1,1.5,2,3",
+                    help="--tune: loads, each a multiplier of the workload's arrival rate, comma list (default: %(default)s)")
     ap.add_argument("--reported", metavar="OUT", help="each variant on the reported cells, into OUT/VARIANT")
     ap.add_argument("--twin", type=int, metavar="N", help="the live-cadence twin on seeds 0 … N−1")
     args = ap.parse_args()

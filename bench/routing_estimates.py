@@ -190,11 +190,16 @@ def count(paths: list[str]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default=",".join(VARIANTS))
+    ap.add_argument("--only", default=",".join(VARIANTS),
+                    help=f"variants to run, comma list of {', '.join(VARIANTS)} (each described at the top of "
+                         "bench/routing_estimates.py; default: all of them)")
     ap.add_argument("--tune", action="store_true", help="the tuning windows, with the peers beside")
-    ap.add_argument("--peers", default=",".join(PEERS))
-    ap.add_argument("--workloads", default="mooncake-tune-a,mooncake-tune-b,mooncake-tune-c,chatbot")
-    ap.add_argument("--loads", default="0.5,1,1.5,2,3")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help="--tune: router policies run beside the variants, comma list (default: %(default)s; empty: none)")
+    ap.add_argument("--workloads", default="mooncake-tune-a,mooncake-tune-b,mooncake-tune-c,chatbot",
+                    help=f"--tune: workloads, comma list of {', '.join(ra.WORKLOADS)} (default: %(default)s)")
+    ap.add_argument("--loads", default="0.5,1,1.5,2,3",
+                    help="--tune: loads, each a multiplier of the workload's arrival rate, comma list (default: %(default)s)")
     ap.add_argument("--reported", metavar="OUT", help="each variant on the reported cells, into OUT/VARIANT")
     ap.add_argument("--count", nargs="+", metavar="TABLE", help="cells won on --tune's printed tables")
     args = ap.parse_args()

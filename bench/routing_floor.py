@@ -68,7 +68,8 @@ def ttft_floor_ms(spec: str, requests: int, skip: int, prof: str = "a100-llama3-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "routing"), help="the sweep's JSONs")
-    ap.add_argument("--traces", default=str(TRACES))
+    ap.add_argument("--traces", default=str(TRACES),
+                    help="folder holding the traces the reported workloads replay (default: the bundled traces)")
     args = ap.parse_args()
     out = Path(args.out)
     longest = class_cap()

@@ -328,10 +328,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", default=str(TRACES),
                     help="folder holding mooncake_conversation_trace.jsonl[.gz] (default: the bundled traces)")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "routing"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "routing"),
+                    help="folder of the points' JSONs: the runs write there, the tables read it "
+                         "(default: docs/results/routing in this repository)")
     ap.add_argument("--jobs", type=int, default=1, help="points run at once (default 1)")
     ap.add_argument("--only", default=",".join(WORKLOADS), help=f"workloads (default: all: {','.join(WORKLOADS)})")
-    ap.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS))
+    ap.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS),
+                    help="loads, each a multiplier of the workload's own arrival rate, comma list (default: %(default)s)")
     ap.add_argument("--requests", type=int, default=None,
                     help="requests per point for every workload (default: each workload's own count above)")
     ap.add_argument("--policies", default=",".join(POLICIES),

@@ -79,10 +79,12 @@ def run_point(name: str, load: float, out: Path) -> tuple[str, float, float, int
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results"))
+    ap.add_argument("--jobs", type=int, default=2, help="points run at once, each in a process of its own (default: %(default)s)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results"),
+                    help="folder the points' JSONs and plots go to (default: docs/results in this repository)")
     ap.add_argument("--only", default=",".join(DEFAULT_ONLY), help=f"workloads, comma-separated: {', '.join(WORKLOADS)}")
-    ap.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS))
+    ap.add_argument("--loads", default=",".join(f"{x:g}" for x in LOADS),
+                    help="loads, each a multiplier of the workload's own arrival rate, comma list (default: %(default)s)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

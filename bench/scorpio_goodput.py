@@ -118,9 +118,10 @@ def run(n: int, loads: list[float], profile: str = "a100-llama3-8b") -> list[dic
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scorpio_goodput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", type=int, default=2000)
-    p.add_argument("--loads", default="1,2,3")
-    p.add_argument("--profile", default="a100-llama3-8b")
+    p.add_argument("--n", type=int, default=2000, help="requests per load (default: %(default)s)")
+    p.add_argument("--loads", default="1,2,3",
+                   help=f"arrival rates as multiples of {BASE_RATE:g} requests a second, comma list (default: %(default)s)")
+    p.add_argument("--profile", default="a100-llama3-8b", help="the simulated engine's latency profile (default: %(default)s)")
     p.add_argument("--out", default=None, help="write the rows and the command as JSON")
     args = p.parse_args(argv)
     rows = run(args.n, [float(x) for x in args.loads.split(",")], args.profile)

@@ -66,17 +66,19 @@ def run_one(scheduling: str, args, rate: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scorpio_live", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--profile", default="a100-llama3-8b")
+    p.add_argument("--workers", type=int, default=2, help="simulated workers `tokenyard up` starts (default: %(default)s)")
+    p.add_argument("--profile", default="a100-llama3-8b", help="the simulated workers' latency profile (default: %(default)s)")
     p.add_argument("--loads", default="0.8,1", help="offered rates ÷ capacity, comma-separated")
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every policy at every load")
-    p.add_argument("--num-prompts", type=int, default=400)
-    p.add_argument("--input-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=200)
+    p.add_argument("--num-prompts", type=int, default=400, help="requests per run (default: %(default)s)")
+    p.add_argument("--input-len", type=int, default=512,
+                   help="prompt tokens per request on average, each between 0.5 and 1.5 times this (default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=200,
+                   help="output tokens per request on average, each between 0.5 and 1.5 times this (default: %(default)s)")
     p.add_argument("--tpot-slo-mix", default="50:0.5,200:0.5", help="bench serve's --tpot-slo-mix")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="bench serve's seed of the requests (default: %(default)s)")
     p.add_argument("--policies", default="vllm,scorpio", help="the workers' --scheduling values to run")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="write the result as JSON to this file (default: not written)")
     args = p.parse_args(argv)
     cap = capacity(args.workers, args.input_len, args.output_len, args.profile)
     policies = [x for x in args.policies.split(",") if x]

@@ -36,13 +36,14 @@ def admitted_but_failed(states: list, t0: float) -> tuple[int, float | None]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.sim_burst", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="simulated a100-llama3-8b workers (default: %(default)s)")
     p.add_argument("--rate", type=float, default=115.0, help="requests/s (live_burst: 10 × the capacity, 11.5)")
-    p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--input-len", type=int, default=2000)
-    p.add_argument("--output-len", type=int, default=100)
+    p.add_argument("--seconds", type=float, default=4.0, help="how long the burst lasts, simulated seconds (default: %(default)s)")
+    p.add_argument("--input-len", type=int, default=2000, help="prompt tokens of every request (default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=100, help="output tokens of every request (default: %(default)s)")
     p.add_argument("--mix", default="5,60,30,5", help="P0,P1,P2,P3 shares (default: the design's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the arrival times, the classes and the prompts' blocks (default: %(default)s)")
     p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
                    help="every engine's per-request chunk cap (default: the engines' own, 0: none)")
     return p

@@ -120,9 +120,10 @@ def run(scenario, wall_s: float, fold: bool, prepare: int = 4000) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--instances", type=int, default=128)
+    ap.add_argument("--instances", type=int, default=128,
+                    help="instances one core would drive, for the real-time multiple column (default: %(default)s)")
     ap.add_argument("--seconds", type=float, default=2.0, help="wall seconds per scenario and mode")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--json", type=Path, help="write the results as JSON to this file (default: not written)")
     args = ap.parse_args(argv)
     scenarios = {"decode-32": lambda: steady(32), "decode-128": lambda: steady(128), "chat-mixed": chat_mixed}
     scenarios["mooncake"] = mooncake

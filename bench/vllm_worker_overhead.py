@@ -378,14 +378,17 @@ def print_table(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model path (default: build the tiny test model)")
-    p.add_argument("--dtype", default="float16")
-    p.add_argument("--streams", default="1,16,64")
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--requests-per-stream", type=int, default=4)
+    p.add_argument("--dtype", default="float16", help="the model's weight and compute type, on both sides (default: %(default)s)")
+    p.add_argument("--streams", default="1,16,64",
+                   help="concurrent streams of each setting, comma list, one setting each (default: %(default)s)")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens of every request (default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=64, help="output tokens of every request (default: %(default)s)")
+    p.add_argument("--requests-per-stream", type=int, default=4,
+                   help="requests each stream sends, one after the other (default: %(default)s)")
     p.add_argument("--min-requests", type=int, default=32, help="requests per setting at least")
     p.add_argument("--repeats", type=int, default=3, help="rounds of paired runs")
-    p.add_argument("--kv-cache-gb", type=float, default=0.5)
+    p.add_argument("--kv-cache-gb", type=float, default=0.5,
+                   help="GPU memory for the KV cache of each engine, GiB (default: %(default)s)")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="vLLM's stream_interval on both sides: tokens per chunk after the first")
     p.add_argument("--json", help="write the result here")

@@ -43,18 +43,25 @@ def print_row(row: dict) -> None:
 async def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.faults", description=package.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--probe", action="append", choices=[*PROBES, *NOT_BY_DEFAULT])
-    ap.add_argument("--profile", default="a100-llama3-8b")
+    ap.add_argument("--probe", action="append", choices=[*PROBES, *NOT_BY_DEFAULT], metavar="NAME",
+                    help=f"a probe to run, repeatable: {', '.join([*PROBES, *NOT_BY_DEFAULT])} "
+                         "(default: all but chaos)")
+    ap.add_argument("--profile", default="a100-llama3-8b",
+                    help="the simulated workers' latency profile (default: %(default)s)")
     ap.add_argument("--streams", type=int, default=100, help="worker-kill: concurrent streams")
     ap.add_argument("--tokens", type=int, default=300, help="worker-kill: tokens per stream")
     ap.add_argument("--restart-streams", type=int, default=60,
                     help="nats-restart: streams of 400 tokens, a third read each way")
-    ap.add_argument("--queued", type=int, default=1200)
-    ap.add_argument("--overload-s", type=float, default=60.0)
-    ap.add_argument("--overload-workers", type=int, default=2)
+    ap.add_argument("--queued", type=int, default=1200,
+                    help="queue-kill: requests queued before the queue is killed (default: %(default)s)")
+    ap.add_argument("--overload-s", type=float, default=60.0,
+                    help="overload-rss: seconds of load at 10× the fleet's measured capacity (default: %(default)s)")
+    ap.add_argument("--overload-workers", type=int, default=2,
+                    help="overload-rss: simulated workers in the fleet (default: %(default)s)")
     ap.add_argument("--overload-speed", type=float, default=0.1,
                     help="overload-rss: the simulated workers' speed (small: a capacity this machine can offer 10× of)")
-    ap.add_argument("--capacity-concurrency", type=int, default=128)
+    ap.add_argument("--capacity-concurrency", type=int, default=128,
+                    help="overload-rss: concurrent clients of the closed loop that measures the fleet's capacity (default: %(default)s)")
     ap.add_argument("--edge-streams", type=int, default=40, help="edge-kill: concurrent HTTP streams")
     ap.add_argument("--layout", choices=("in-queue", "apart"), default="in-queue",
                     help="edge-kill, chaos: the HTTP edge in the queue's process (up's default: its death is the "
@@ -71,8 +78,9 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chaos-rate", type=float, default=6.0, help="chaos: requests a second, half HTTP, half NATS")
     ap.add_argument("--baseline", default=None,
                     help="chaos, edge-kill (in-queue): run the fleet's processes on this commit's code (e.g. main), the probe's own")
-    ap.add_argument("--log-dir", default=None)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--log-dir", default=None,
+                    help="write each fleet process's log to NAME.log in this folder (default: logs discarded)")
+    ap.add_argument("--json", default=None, help="write every probe's row as JSON to this file (default: not written)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENYARD_LOG_LEVEL", "WARNING")
     rows = []

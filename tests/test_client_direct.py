@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from nats import micro
 from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
@@ -136,3 +137,32 @@ async def test_an_event_of_another_request_on_a_streams_inbox_is_not_its_answer(
         assert {e.request_id for e in events} == {"mine"}
         assert "".join(e.text for e in events if isinstance(e, schemas.Chunk)) == "ok"
         assert isinstance(events[-1], schemas.Finished) and events[-1].seq == 2
+
+
+async def test_a_micro_endpoint_handled_directly_answers_in_the_readers_turn_and_counts_its_requests(nats_server):
+    """The worker's generate endpoint (natsutil.handle_directly): each request's handler starts
+    as nats-py's reader parses it — still answered with the endpoint's subscription task
+    stopped — and nats.micro's wrapper still counts it in the endpoint's stats."""
+    nc = await natsutil.connect(nats_server.url, "direct-micro")
+    started_in: list = []
+
+    async def handler(req) -> None:
+        started_in.append(asyncio.current_task())
+        await req.respond(b"ok:" + req.data)
+
+    try:
+        service = await micro.add_service(nc, name="direct-test", version="0.0.1")
+        await service.add_endpoint(name="offer", subject="direct.micro", handler=handler)
+        assert natsutil.handle_directly(service, "direct.micro")
+        assert not natsutil.handle_directly(service, "no.such.endpoint")
+        task = service._endpoints[0]._subscription._wait_for_msgs_task  # nats.micro's own, no public handle
+        task.cancel()
+        await until(lambda: task.done(), what="the endpoint's subscription task stopped")
+        answers = [await nc.request("direct.micro", str(i).encode(), timeout=5) for i in range(3)]
+        assert [a.data for a in answers] == [b"ok:0", b"ok:1", b"ok:2"]
+        assert len(set(started_in)) == 3 and task not in started_in  # a task of its own each, not the subscription's
+        stats = service.stats()
+        assert stats.endpoints[0].num_requests == 3 and stats.endpoints[0].num_errors == 0
+        await service.stop()
+    finally:
+        await nc.close()

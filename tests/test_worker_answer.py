@@ -148,3 +148,30 @@ async def test_the_first_token_is_written_at_once_alone_the_answer_and_the_rest_
         assert wire.writes == [["Chunk"], ["answer", "Chunk", "Finished"]]
     finally:
         flushing.cancel()
+
+
+class Recording(StepEngine):
+    """A StepEngine that notes each request as it reaches the engine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[str] = []
+
+    async def generate(self, req):
+        self.started.append(req.request_id)
+        async for out in super().generate(req):
+            yield out
+
+
+async def test_an_accepted_offer_reaches_the_engine_before_its_handler_returns(monkeypatch):
+    """The generation's first step runs in the offer's turn (shared/eager.py), not on a later
+    turn of the loop behind whatever else is queued: the engine has the request at once."""
+    monkeypatch.setattr(worker_shell, "REPLY_HOLD_S", 5.0)
+    engine = Recording()
+    shell = worker_shell.WorkerShell(WorkerConfig("w0", MODEL), engine, ByteTokenizer())
+    shell.nc = wire = Wire()
+    await shell.on_generate(Offer(req("r1", max_tokens=1), wire))
+    assert engine.started == ["r1"] and shell.generating
+    await engine.steps.put(EngineOutput("r1", [65], finished=True, finish_reason="length"))
+    await until(lambda: not shell.generating)
+    assert [what for _, what in wire.sent] == ["Chunk", "answer", "Finished"]

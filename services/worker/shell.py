@@ -50,6 +50,7 @@ from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
 from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.adoption import AdoptReply, StateAsk, message_room
+from tokenyard.shared.eager import eager_task
 from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.slo import OfferPrefill
 from tokenyard.shared.subjects import alive_subject
@@ -125,6 +126,7 @@ class WorkerShell:
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
         await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
         await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self.on_generate)
+        natsutil.handle_directly(service, subjects.worker_generate(wid))  # an offer's handler starts in the reader's turn
         await service.add_endpoint(name="status", subject=subjects.worker_status(wid), handler=self._on_status)
         await service.add_endpoint(name="state", subject=subjects.worker_state(wid), handler=self._on_state)
         await self._publish_heartbeat()
@@ -158,7 +160,7 @@ class WorkerShell:
             self.core.placed_by(ar.request_id, alive_subject(router) if router else "")  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
             answer = OfferAnswer(req, codec.encode(reply))
             timer = asyncio.get_running_loop().call_later(REPLY_HOLD_S, answer.send_soon)
-            task = asyncio.create_task(self.generate(ar, req.headers, received_ns, answer))
+            task = eager_task(self.generate(ar, req.headers, received_ns, answer))  # into the engine in this turn
             self._streams[ar.request_id] = task
             self._running.set()
             task.add_done_callback(lambda _t, rid=ar.request_id: self._streams.pop(rid, None))

@@ -10,8 +10,11 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
+import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -53,6 +56,27 @@ async def test_fleet_of_processes_serves_nats_and_http(tmp_path, router, edges):
         assert len("".join(c["choices"][0]["text"] for c in chunks if c["choices"])) == 3  # 3 one-byte tokens
     finally:
         await fleet.stop()
+    assert {name: p.returncode for name, p in procs} == {name: 0 for name, _ in procs}
+
+
+async def test_stop_tells_each_process_once_the_edges_through_their_supervisor(monkeypatch):
+    """`stop()` SIGTERMs every service once: the edge processes by their supervisor only. Told
+    a second time late in its shutdown (its event loop closed, Python's default handler back),
+    an edge process died of it, exit code -15 (seen in a CI run)."""
+    fleet = FleetProcesses(workers=1, profile="zero", http_port=0, edge_processes=2, ready_timeout_s=180)
+    await fleet.start()
+    procs = list(fleet.procs)
+    told: list[tuple[int, int]] = []
+    real = subprocess.Popen.send_signal
+
+    def send_signal(self, sig):
+        told.append((self.pid, sig))
+        return real(self, sig)
+
+    monkeypatch.setattr(subprocess.Popen, "send_signal", send_signal)
+    await fleet.stop()
+    terms = Counter(pid for pid, sig in told if sig == signal.SIGTERM)
+    assert {name: terms[p.pid] for name, p in procs} == {name: 1 for name, _ in procs}
     assert {name: p.returncode for name, p in procs} == {name: 0 for name, _ in procs}
 
 

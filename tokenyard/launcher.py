@@ -388,11 +388,12 @@ class FleetProcesses:
 
     async def stop(self, timeout_s: float = 15.0) -> None:
         self._edge_stop.set()  # the supervisor starts no edge again, SIGTERMs its edges and ends once they have
-        supervising = self._edge_task is not None and not self._edge_task.done()
-        for name, p in self.procs:
-            # Each child is told once: an edge process SIGTERMed a second time by its supervisor, late
-            # in its shutdown (its event loop closed, Python's default handler back), died of it (-15).
-            if p.poll() is None and not (supervising and name.startswith("edge-")):
+        # Each child is told once: an edge process SIGTERMed a second time by its supervisor, late
+        # in its shutdown (its event loop closed, Python's default handler back), died of it (-15).
+        sup = self.edge_supervisor if self._edge_task is not None and not self._edge_task.done() else None
+        its_own = {c.proc.pid for c in sup.children if c.proc is not None} if sup is not None else set()
+        for _, p in self.procs:
+            if p.poll() is None and p.pid not in its_own:
                 p.send_signal(signal.SIGTERM)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

@@ -116,6 +116,9 @@ async def test_a_subject_that_is_not_the_clients_is_subscribed_to_and_so_is_one_
     scene = await Scene.open(nats)
     follows, reader = scene.follows, scene.reader
     await follows.follow("r2", "_INBOX.elsewhere.r2", reader.seen)
+    # a router sends its offer after the SUB on the same connection, so the worker's reply comes
+    # after it; here another connection publishes, so the SUB must reach the server first
+    await follows.nc.flush()
     assert not follows.tapped("r2") and "r2" in follows
     await follows.follow("r1", scene.inbox, reader.seen)
     await follows.unfollow("r1")  # before its end: the tap goes

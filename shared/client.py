@@ -22,6 +22,10 @@ What this client guarantees on top: every stream ends with exactly one terminal 
     events after the gap wait in order meanwhile), else the stream ends with an `error` 502
     and the request is aborted: a stream is never silently short.
   * No event for `idle_timeout_s` (the idle watchdog) ends it with an `error` 504 and aborts it.
+  * A running stream that goes silent gets its worker (named by its first chunk) probed; a
+    worker proven gone (two "no responders", shared/stream_watch.py) whose stream no router
+    moved within the routers' own re-issue deadline ends it with an `error` 503 at once, not
+    at the idle timeout: its placing router died with it or before it, and nobody else can.
   * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
     inbox was resubscribed after they went by): a stream that then stays silent for
     RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
@@ -48,9 +52,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.inbox import Inbox
 from tokenyard.shared.stream_check import StreamCheck
+from tokenyard.shared.stream_watch import StreamWatch, WorkerGone, WorkerProbe
 
 log = telemetry.logger("client")
 
@@ -63,6 +69,9 @@ RECONNECT_GRACE_S = 8.0
 CLIENT_CLOSED = 499
 """The status of the `error` that ends a stream its own client closed (nginx's "client closed
 request"): not the fleet's doing, so no 5xx."""
+
+WORKER_PROBE_TIMEOUT_S = 1.0
+"""A probe of a silent stream's worker unanswered this long: alive or late (not gone)."""
 
 MUX_FLUSH_TIMEOUT_S = 2.0  # the most the first stream waits for its inbox subscription's confirmation
 IDLE_TIMEOUT_S = 60.0
@@ -294,6 +303,7 @@ class TokenyardClient:
             return
         inbox, box = await self._open_inbox(rid)
         check = StreamCheck(rid)
+        watch = StreamWatch()
         ended = False  # a terminal event was yielded (the reader may leave at it)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
@@ -323,6 +333,12 @@ class TokenyardClient:
                     if self.nc.stats["reconnects"] != reconnects:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
+                        watch.on_reconnected(loop.time())
+                    elif (gone := await self._watch(watch, rid, check.next_seq, loop)) is not None:
+                        await self.abort(rid, reason="client_worker_gone", reply_to=inbox)
+                        ended = True
+                        yield [gone]
+                        return
                         idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
                 if box.closed:  # close() has aborted the request
                     ended = True
@@ -355,6 +371,10 @@ class TokenyardClient:
                         continue  # not ours to read: garbage on the inbox changes nothing
                     if event.request_id != rid:
                         continue  # another request's event (a submit that named this inbox as its reply)
+                    if type(event) is schemas.Chunk:
+                        watch.on_chunk(now, event.worker_id)
+                    else:
+                        watch.on_event(now)
                     for e in check.on_event(event, now):
                         out.append(e)
                         if isinstance(e, schemas.TERMINAL_EVENTS):
@@ -380,6 +400,24 @@ class TokenyardClient:
         finally:
             box.close()
             self._inboxes.pop(inbox, None)
+
+    async def _watch(self, watch: StreamWatch, rid: str, seq: int, loop) -> schemas.Error | None:
+        """A silent stream's worker, probed on its `alive` subject (shared/stream_watch.py); the
+        error that ends the stream once it is proven gone and nobody moved it."""
+        effect = watch.tick(loop.time())
+        if isinstance(effect, WorkerProbe):
+            gone = False
+            try:
+                await self.nc.request(subjects.worker_alive(effect.worker_id), b"", timeout=WORKER_PROBE_TIMEOUT_S)
+            except NoRespondersError:
+                gone = True
+            except Exception:  # a timeout (late, not gone), or this client's own connection
+                pass
+            watch.on_probe(gone, effect.sent_s)
+        elif isinstance(effect, WorkerGone):
+            return schemas.Error(rid, 503, f"worker {effect.worker_id} is gone and no router moved the stream",
+                                 seq=seq)
+        return None
 
     @staticmethod
     def _closed_error(rid: str, seq: int) -> schemas.Error:

@@ -58,6 +58,7 @@ LOCAL_USERS = (CLIENT, OBSERVER)
 _P = subjects.PREFIX
 _SRV = "$SRV.>"  # nats.micro discovery: every service answers PING / INFO / STATS
 _KV = subjects.TOPOLOGY_BUCKET
+_ALIVE = subjects.worker_alive("*")
 _Q = subjects.QUEUE_STREAM
 
 
@@ -75,11 +76,13 @@ class Role:
 ROLES: dict[str, Role] = {
     ADMIN: Role((">",), (">",), why="the launcher, tests, operators: creates the stream and bucket, pings"),
     CLIENT: Role(
-        (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL), ("{inbox}.>",),
-        why="submit and abort; its own stream arrives on its own inbox; its lease says it is alive",
+        (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL, _ALIVE), ("{inbox}.>",),
+        why="submit and abort; its own stream arrives on its own inbox; its lease says it is alive; "
+            "a silent stream's worker is probed",
     ),
     "edge": Role(
-        (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL), ("{inbox}.>", _SRV, f"{_P}.edge.*.health"), responses=1,
+        (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL, _ALIVE), ("{inbox}.>", _SRV, f"{_P}.edge.*.health"),
+        responses=1,
         why="a client on behalf of HTTP callers",
     ),
     "admission": Role(
@@ -119,7 +122,7 @@ ROLES: dict[str, Role] = {
     "worker": Role(
         ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.ROUTE, subjects.ADOPT),
         (f"{_P}.worker.*.generate", f"{_P}.worker.*.control", f"{_P}.worker.*.status", f"{_P}.worker.*.state",
-         subjects.ABORT, "{inbox}.>",
+         _ALIVE, subjects.ABORT, "{inbox}.>",
          _SRV),
         responses=1,
         why="the only publisher of heartbeats and KV events; streams tokens to the request's inbox; "

@@ -148,11 +148,11 @@ class Chunk(msgspec.Struct, tag="chunk", tag_field="type", omit_defaults=True):
     text: str
     token_ids: list[Int64]
     accepted: Accepted | None = None
-    """On a stream's first chunk (seq 0) only: the `accepted` admission sends, as the worker
-    knows it (class, prompt tokens). The first chunk and admission's `accepted` leave two
-    processes on two connections, so either may arrive first; a receiver that has only the
-    chunk holds the request as accepted by it (TokenyardClient does) instead of holding the
-    first token until `accepted` comes. Absent on every other chunk (omitted on the wire)."""
+    """On a stream's first chunk (seq 0) only: admission's `accepted` as the worker knows it. The
+    two leave two processes, so either may arrive first; a receiver that has only the chunk holds
+    the request as accepted by it (TokenyardClient does). Absent on every other chunk."""
+    worker_id: str = ""
+    """On the first chunk each worker sends for the stream: who runs it now (shared/stream_watch.py)."""
 
 
 class Finished(msgspec.Struct, tag="finished", tag_field="type"):

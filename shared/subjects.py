@@ -77,6 +77,12 @@ def worker_state(worker_id: str) -> str:
     return f"{PREFIX}.worker.{worker_id}.state"
 
 
+def worker_alive(worker_id: str) -> str:
+    """client → worker: request/reply, answered empty; "no responders" says the worker is gone
+    (a client whose stream went silent probes it: shared/stream_watch.py)."""
+    return f"{PREFIX}.worker.{worker_id}.alive"
+
+
 def lease(lease_id: str) -> str:
     return f"{PREFIX}.lease.{lease_id}"
 

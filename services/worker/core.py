@@ -352,6 +352,8 @@ class WorkerCore:
             chunk = schemas.Chunk(out.request_id, st.seq, self.tokenizer.decode(out.new_token_ids), list(out.new_token_ids))
             if st.seq == 0:  # the stream's first: it carries the acceptance (Chunk.accepted)
                 chunk.accepted = schemas.Accepted(out.request_id, st.req.priority, st.req.prompt_len)
+            if st.tokens == (1 if st.req.kv_from else len(st.req.resume_token_ids)):  # this worker's first
+                chunk.worker_id = self.cfg.worker_id  # the client's to probe if the stream goes silent
             events.append(chunk)
             st.seq += 1
             st.tokens += len(out.new_token_ids)

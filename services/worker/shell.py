@@ -125,6 +125,7 @@ class WorkerShell:
         await self.engine.start()
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
         await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
+        await nc.subscribe(subjects.worker_alive(wid), cb=_answer_alive)  # a client's probe: being here is the answer
         await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self.on_generate)
         natsutil.handle_directly(service, subjects.worker_generate(wid))  # an offer's handler starts in the reader's turn
         await service.add_endpoint(name="status", subject=subjects.worker_status(wid), handler=self._on_status)
@@ -432,6 +433,10 @@ class WorkerShell:
             await asyncio.sleep(self.kv_poll_s)
             with contextlib.suppress(Exception):
                 await self._publish_kv_events()
+
+
+async def _answer_alive(msg) -> None:
+    await msg.respond(b"")
 
 
 def asker_inbox(req: Request) -> str:

@@ -22,10 +22,12 @@ What this client guarantees on top: every stream ends with exactly one terminal 
     events after the gap wait in order meanwhile), else the stream ends with an `error` 502
     and the request is aborted: a stream is never silently short.
   * No event for `idle_timeout_s` (the idle watchdog) ends it with an `error` 504 and aborts it.
-  * A running stream that goes silent gets its worker (named by its first chunk) probed; a
-    worker proven gone (two "no responders", shared/stream_watch.py) whose stream no router
-    moved within the routers' own re-issue deadline ends it with an `error` 503 at once, not
-    at the idle timeout: its placing router died with it or before it, and nobody else can.
+  * A running stream that goes silent gets its worker (named by its first chunk) probed; once
+    two "no responders" prove it gone and no router moved the stream (its placing router died
+    first: shared/stream_watch.py), the client resumes it, once, on a new inbox with the tokens
+    it got (shared/resume.py): the reader sees one stream, no seq twice, none missing. A resume
+    refused, or a resumed stream lost again and moved by no router within the routers'
+    re-issue deadline, ends it with an `error` 503, not silence until the idle timeout.
   * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
     inbox was resubscribed after they went by): a stream that then stays silent for
     RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
@@ -55,8 +57,9 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.inbox import Inbox
+from tokenyard.shared.resume import ResumeAsk
 from tokenyard.shared.stream_check import StreamCheck
-from tokenyard.shared.stream_watch import StreamWatch, WorkerGone, WorkerProbe
+from tokenyard.shared.stream_watch import ResumeDue, StreamWatch, WorkerGone, WorkerProbe
 
 log = telemetry.logger("client")
 
@@ -140,6 +143,8 @@ class TokenyardClient:
         self._taps: dict[str, Callable[[Any], None]] = {}
         """Stream inbox subject → who else reads each message that reaches it (`tap`)."""
         self.closed = False
+        self.resumes = 0
+        """Streams this client resumed (shared/resume.py)."""
 
     @classmethod
     async def connect(cls, url: str, name: str = "tokenyard-client",
@@ -304,6 +309,7 @@ class TokenyardClient:
         inbox, box = await self._open_inbox(rid)
         check = StreamCheck(rid)
         watch = StreamWatch()
+        got: list[int] = []  # the token ids handed on, in seq order: what a resume continues from
         ended = False  # a terminal event was yielded (the reader may leave at it)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
@@ -333,13 +339,20 @@ class TokenyardClient:
                     if self.nc.stats["reconnects"] != reconnects:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
+                        idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
                         watch.on_reconnected(loop.time())
-                    elif (gone := await self._watch(watch, rid, check.next_seq, loop)) is not None:
+                        continue
+                    lost = await self._watch(watch, loop)
+                    if isinstance(lost, ResumeDue):  # nobody moved it: the rest, on a new inbox
+                        inbox, box = await self._resume(request, inbox, box, got, check.next_seq, json, hdrs)
+                        watch.on_resumed(loop.time())
+                        idle_until = loop.time() + idle_timeout_s
+                    elif lost is not None:
                         await self.abort(rid, reason="client_worker_gone", reply_to=inbox)
                         ended = True
-                        yield [gone]
+                        yield [schemas.Error(rid, 503, f"worker {lost.worker_id} is gone and no router moved the "
+                                                       f"stream", seq=check.next_seq)]
                         return
-                        idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
                 if box.closed:  # close() has aborted the request
                     ended = True
                     yield [self._closed_error(rid, check.next_seq)]
@@ -357,6 +370,11 @@ class TokenyardClient:
                 while box.msgs:
                     msg = box.msgs.popleft()
                     if not msg.data and msg.headers and msg.headers.get("Status") == "503":
+                        if watch.resumed:
+                            ended = True
+                            yield [schemas.Error(rid, 503, "the stream's worker is gone and no admission replica "
+                                                           "takes its resume", seq=check.next_seq)]
+                            return
                         if loop.time() < give_up:  # nothing received the request: nothing else is coming
                             await asyncio.sleep(0.1)
                             await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,
@@ -375,8 +393,13 @@ class TokenyardClient:
                         watch.on_chunk(now, event.worker_id)
                     else:
                         watch.on_event(now)
+                        if watch.resumed and type(event) is schemas.Rejected:  # the stream has begun: an error
+                            event = schemas.Error(rid, 503, f"the stream's worker is gone and its resume was "
+                                                            f"refused: {event.message}", seq=check.next_seq)
                     for e in check.on_event(event, now):
                         out.append(e)
+                        if type(e) is schemas.Chunk:
+                            got.extend(e.token_ids)
                         if isinstance(e, schemas.TERMINAL_EVENTS):
                             ended = True
                             yield out
@@ -401,9 +424,9 @@ class TokenyardClient:
             box.close()
             self._inboxes.pop(inbox, None)
 
-    async def _watch(self, watch: StreamWatch, rid: str, seq: int, loop) -> schemas.Error | None:
-        """A silent stream's worker, probed on its `alive` subject (shared/stream_watch.py); the
-        error that ends the stream once it is proven gone and nobody moved it."""
+    async def _watch(self, watch: StreamWatch, loop) -> ResumeDue | WorkerGone | None:
+        """A silent stream's worker, probed on its `alive` subject (shared/stream_watch.py); what
+        is due once it is proven gone and nobody moved the stream."""
         effect = watch.tick(loop.time())
         if isinstance(effect, WorkerProbe):
             gone = False
@@ -414,10 +437,26 @@ class TokenyardClient:
             except Exception:  # a timeout (late, not gone), or this client's own connection
                 pass
             watch.on_probe(gone, effect.sent_s)
-        elif isinstance(effect, WorkerGone):
-            return schemas.Error(rid, 503, f"worker {effect.worker_id} is gone and no router moved the stream",
-                                 seq=seq)
-        return None
+            return None
+        return effect
+
+    async def _resume(self, request: schemas.GenerateRequest, inbox: str, box: Inbox, token_ids: list[int],
+                      seq: int, json: bool, hdrs: dict[str, str]) -> tuple[str, Inbox]:
+        """Resume a stream whose worker is gone and which nobody moved (shared/resume.py), once:
+        stop its old generation wherever it might still run or be re-issued (that inbox only:
+        workers refuse it from now on, a router drops it), then ask admission for the rest on a
+        new inbox. The old one is read no more, so the reader sees one continuation."""
+        rid = request.request_id or ""
+        with contextlib.suppress(Exception):
+            await self.abort(rid, reason="client_resume", reply_to=inbox)
+        box.close()
+        self._inboxes.pop(inbox, None)
+        new, new_box = await self._open_inbox(rid)
+        ask = ResumeAsk(request, inbox, list(token_ids), seq, json)
+        await self.nc.publish(subjects.RESUME, codec.encode(ask, json=json), reply=new, headers=hdrs)
+        self.resumes += 1
+        log.info("stream_resumed", request_id=rid, tokens=len(token_ids), seq=seq)
+        return new, new_box
 
     @staticmethod
     def _closed_error(rid: str, seq: int) -> schemas.Error:

@@ -76,19 +76,20 @@ class Role:
 ROLES: dict[str, Role] = {
     ADMIN: Role((">",), (">",), why="the launcher, tests, operators: creates the stream and bucket, pings"),
     CLIENT: Role(
-        (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL, _ALIVE), ("{inbox}.>",),
+        (subjects.SUBMIT, subjects.RESUME, subjects.ABORT, subjects.LEASE_ALL, _ALIVE), ("{inbox}.>",),
         why="submit and abort; its own stream arrives on its own inbox; its lease says it is alive; "
-            "a silent stream's worker is probed",
+            "a silent stream's worker is probed, the stream resumed once if it is gone",
     ),
     "edge": Role(
-        (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL, _ALIVE), ("{inbox}.>", _SRV, f"{_P}.edge.*.health"),
+        (subjects.SUBMIT, subjects.RESUME, subjects.ABORT, subjects.LEASE_ALL, _ALIVE),
+        ("{inbox}.>", _SRV, f"{_P}.edge.*.health"),
         responses=1,
         why="a client on behalf of HTTP callers",
     ),
     "admission": Role(
         (subjects.QUEUE, subjects.ABORT, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}",
          f"$JS.API.STREAM.UPDATE.{_Q}", f"$JS.API.STREAM.INFO.{_Q}"),
-        (subjects.SUBMIT, subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, "{inbox}.>", _SRV),
+        (subjects.SUBMIT, subjects.RESUME, subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, "{inbox}.>", _SRV),
         responses=2,  # `accepted`, then `error` if the enqueue fails
         why="the only publisher onto the queue stream; answers the submitter; aborts a request handed to "
             "the queue in its process whose store failed",

@@ -1,12 +1,14 @@
 """A client's watch over one running stream's worker, pure: when the stream goes silent, prove
-its worker gone the way a worker proves a router gone (services/worker/leases.py), and then
-end the stream with a clear error instead of a silence until the idle timeout.
+its worker gone the way a worker proves a router gone (services/worker/leases.py), then resume
+the stream once (shared/resume.py), or end it with a clear error, instead of a silence until
+the idle timeout.
 
     on_chunk(now, worker_id)   a chunk arrived; `worker_id` when it names its worker (the first
                                chunk each worker sends for the stream: a migrated one names its new one)
     on_event(now)              any other event arrived (the stream is alive)
-    tick(now) → WorkerProbe | WorkerGone | None
+    tick(now) → WorkerProbe | ResumeDue | WorkerGone | None
     on_probe(gone, sent_s)     the probe sent at `sent_s`: "no responders" (gone) or any other outcome
+    on_resumed(now)            the shell resumed it: a new generation, its worker not yet named
     on_reconnected(now)        the client's own connection came back
 
     silence bound  b = min(CAP_S, max(FLOOR_S, GAP_FACTOR × the longest gap between two chunks))
@@ -15,12 +17,15 @@ A stream that named its worker and has heard nothing for b (since its last event
 worker was last proven alive) gets one probe on the worker's `alive` subject (one at a time).
 Only "no responders" twice, on probes at least FLOOR_S apart with no event and no other answer
 between, proves the worker gone (one alone may be the worker's brief reconnect); an answer or a
-timeout proves it alive-or-late as of the probe's sending, and the clock restarts there. Once
-it is proven gone, the router that follows the stream (if it lives) re-issues it within its own
-deadline (services/router/migration.py `reissue_deadline_s`), and its chunks then reset all of
-this. Only if none comes within ROUTER_GRACE_S of the proof is the stream given up
-(`WorkerGone`): its placing router died with it (services/worker/leases.py hands a dead
-router's streams over only 3-9 s after the death), and nobody alive knows it.
+timeout proves it alive-or-late as of the probe's sending, and the clock restarts there.
+
+A router that follows the stream and lives finds the worker gone first (its probe of a worker
+silent for 5 heartbeats, 0.5 s, meets "no responders") and re-issues it at once; its chunks
+reset all of this. A proof with no chunk since (at least 2 × FLOOR_S after the last one) means
+nobody moved it: its placing router died before the worker could hand it over (3-9 s after
+that death). It is resumed then (`ResumeDue`), once. If a resumed stream's worker is proven
+gone too, a router placed that generation and may be moving it: it is given up (`WorkerGone`)
+only if nothing comes within ROUTER_GRACE_S, the routers' own re-issue deadline.
 """
 
 from __future__ import annotations
@@ -53,6 +58,14 @@ class WorkerProbe:
 
 
 @dataclass(frozen=True)
+class ResumeDue:
+    """The worker was proven gone at `proven_s` and nobody moved the stream: resume it now."""
+
+    worker_id: str
+    proven_s: float
+
+
+@dataclass(frozen=True)
 class WorkerGone:
     """The worker was proven gone at `proven_s` and nobody moved the stream since: end it."""
 
@@ -75,6 +88,8 @@ class StreamWatch:
         """When the probe was sent that first found no responders (a second confirms)."""
         self.gone_s: float | None = None
         """When a second "no responders" proved the worker gone."""
+        self.resumed = False
+        """Resumed once already: a second proof ends the stream (after the grace)."""
 
     def bound_s(self) -> float:
         """How long a silence is tolerated before the worker is probed."""
@@ -92,14 +107,21 @@ class StreamWatch:
         self.alive_s = max(self.alive_s, now)
         self.suspect_s = self.gone_s = None
 
+    def on_resumed(self, now: float) -> None:
+        self.resumed = True
+        self.worker_id, self.last_chunk_s, self.probing_s = "", None, None
+        self.on_event(now)
+
     def on_reconnected(self, now: float) -> None:
         """What went unheard while the client was cut off proves nothing: every clock restarts."""
         self.on_event(now)
         self.probing_s = None
 
-    def tick(self, now: float) -> WorkerProbe | WorkerGone | None:
+    def tick(self, now: float) -> WorkerProbe | ResumeDue | WorkerGone | None:
         if not self.worker_id:  # no worker named yet (queued, or a fleet that does not name it)
             return None
+        if self.gone_s is not None and not self.resumed:
+            return ResumeDue(self.worker_id, self.gone_s)
         if self.gone_s is not None:
             return WorkerGone(self.worker_id, self.gone_s) if now - self.gone_s >= self.grace_s else None
         if self.probing_s is not None:

@@ -40,6 +40,10 @@ TAKEN_BY_HEADER = "Tokenyard-Taken-By"
 its own process (`tokenyard queue --with-admission`); another replica leaves it to that one
 while it lives."""
 
+RESUME = f"{PREFIX}.resume"
+"""client, edge → admission: request/reply, queue group; a stream whose worker and router are gone,
+resumed once by its own client on a new inbox (shared/resume.py)."""
+
 ABORT = f"{PREFIX}.abort"
 """edge, client → workers and queue: fan-out cancel of one request."""
 

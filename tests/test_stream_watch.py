@@ -1,11 +1,18 @@
 """StreamWatch (shared/stream_watch.py), pure: when a client probes a silent stream's worker,
-when two "no responders" prove it gone, and when the stream is given up."""
+when two "no responders" prove it gone, when the stream is resumed (once), and when given up."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenyard.shared.stream_watch import FLOOR_S, ROUTER_GRACE_S, StreamWatch, WorkerGone, WorkerProbe
+from tokenyard.shared.stream_watch import (
+    FLOOR_S,
+    ROUTER_GRACE_S,
+    ResumeDue,
+    StreamWatch,
+    WorkerGone,
+    WorkerProbe,
+)
 
 
 def running(gaps: list[float], worker: str = "w0") -> tuple[StreamWatch, float]:
@@ -31,7 +38,16 @@ def test_the_silence_bound_is_the_streams_own_gaps_floored_and_capped():
     assert running([0.02, 30.0])[0].bound_s() == 10.0           # capped
 
 
-def test_two_no_responders_floor_apart_prove_it_gone_then_the_routers_grace_ends_it():
+def prove_gone(w: StreamWatch, since: float) -> float:
+    """Two probes FLOOR_S apart after a silence of the bound, both "no responders": the proof's time."""
+    p1 = w.tick(since + w.bound_s())
+    w.on_probe(True, p1.sent_s)
+    p2 = w.tick(p1.sent_s + max(FLOOR_S, w.bound_s()))
+    w.on_probe(True, p2.sent_s)
+    return p2.sent_s
+
+
+def test_two_no_responders_floor_apart_prove_it_gone_and_it_is_resumed_at_once():
     w, last = running([0.25, 0.25])
     assert w.tick(last + 2.9) is None
     first = w.tick(last + 3.0)
@@ -43,8 +59,19 @@ def test_two_no_responders_floor_apart_prove_it_gone_then_the_routers_grace_ends
     assert second == WorkerProbe("w0", first.sent_s + FLOOR_S)
     w.on_probe(True, second.sent_s)
     assert w.gone_s == second.sent_s
-    assert w.tick(second.sent_s + ROUTER_GRACE_S - 0.1) is None  # a live router may still move it
-    assert w.tick(second.sent_s + ROUTER_GRACE_S) == WorkerGone("w0", second.sent_s)
+    assert w.tick(second.sent_s) == ResumeDue("w0", second.sent_s)  # nobody moved it: at once
+
+
+def test_a_resumed_stream_lost_again_is_given_up_only_after_the_routers_grace():
+    w, last = running([0.25])
+    proven = prove_gone(w, last)
+    w.on_resumed(proven + 0.5)
+    assert w.worker_id == "" and w.tick(proven + 100.0) is None  # the new generation names its worker
+    w.on_chunk(proven + 1.0, "w1")
+    again = prove_gone(w, proven + 1.0)
+    assert w.tick(again) is None  # not a second resume: a router placed this one and may move it
+    assert w.tick(again + ROUTER_GRACE_S - 0.1) is None
+    assert w.tick(again + ROUTER_GRACE_S) == WorkerGone("w1", again)
 
 
 def test_an_answer_or_a_timeout_between_restarts_the_proof():
@@ -95,15 +122,16 @@ def test_a_reconnect_of_the_client_restarts_every_clock():
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 4.0), st.sampled_from(["chunk", "gone", "alive", "none"])),
                 min_size=1, max_size=60))
-def test_never_given_up_without_two_refusals_floor_apart_and_the_grace_after(steps):
-    """Whatever the order of chunks and probe answers: a WorkerGone comes only after two
-    "no responders" at least FLOOR_S apart with no event or other answer after the first, and
-    ROUTER_GRACE_S after the second; and no probe while the stream is within its bound."""
+def test_never_resumed_or_given_up_without_two_refusals_floor_apart(steps):
+    """Whatever the order of chunks and probe answers: a ResumeDue (once) and then a WorkerGone
+    come only after two "no responders" at least FLOOR_S apart with no event or other answer
+    after the first, the WorkerGone ROUTER_GRACE_S after them; no probe within the bound."""
     w = StreamWatch()
     now = 0.0
     w.on_chunk(now, "w0")
     refusals: list[float] = []  # the "no responders" since the last sign of life
     out = None
+    resumes = 0
     for dt, what in steps:
         now += dt
         if what == "chunk":
@@ -121,9 +149,15 @@ def test_never_given_up_without_two_refusals_floor_apart_and_the_grace_after(ste
             else:
                 w.on_probe(False, effect.sent_s)  # a timeout: alive or late
                 refusals.clear()
+        elif isinstance(effect, ResumeDue):
+            assert len(refusals) >= 2 and refusals[1] - refusals[0] >= FLOOR_S and resumes == 0
+            resumes += 1
+            w.on_resumed(now)
+            w.on_chunk(now, "w1")  # the new generation names its worker
+            refusals.clear()
         elif isinstance(effect, WorkerGone):
             out = effect
-            assert len(refusals) >= 2 and refusals[1] - refusals[0] >= FLOOR_S
+            assert resumes == 1 and len(refusals) >= 2 and refusals[1] - refusals[0] >= FLOOR_S
             assert now - effect.proven_s >= ROUTER_GRACE_S
             break
     if out is None and w.gone_s is not None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from typing import Protocol
@@ -48,6 +49,7 @@ from nats.js.errors import NoStreamResponseError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
+from tokenyard.services.admission.resume import on_resume
 from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import AdmissionMetrics
@@ -131,6 +133,7 @@ class AdmissionShell:
         await service.add_endpoint(
             name="submit", subject=subjects.SUBMIT, queue_group=subjects.GROUP_ADMISSION, handler=self._on_submit
         )
+        await nc.subscribe(subjects.RESUME, queue=subjects.GROUP_ADMISSION, cb=functools.partial(on_resume, self))
 
     async def stop(self) -> None:
         await self.feeds.heartbeats.leave(self.core.on_heartbeat)

@@ -49,6 +49,7 @@ async def test_a_dead_workers_streams_complete_by_migration_without_gap_or_repea
             assert rec.last.seq == len(rec.seqs())
         assert {r.last.worker_id for r in recs} == {"fw1"}  # the survivor finished all of them
         assert router.migration.migrated == len(moved) and router.migration.failed == 0
+        assert client.resumes == 0  # the router lives and moved them first: the client re-issues nothing
         # the router hears each stream's end a moment after its client does
         await until(lambda: router.migration.tracked == {} and router.following == [],
                     what="the router forgets the finished streams")
@@ -80,6 +81,7 @@ async def test_with_migration_off_a_dead_workers_streams_end_with_a_503_within_5
                 assert rec.seqs() == list(range(len(rec.seqs())))
             else:
                 assert isinstance(rec.last, schemas.Finished) and rec.tokens() == 300
+        assert client.resumes == 0  # the router that placed them lives and ended them: not the client's to move
         await client.close()
         await nc.drain()
     finally:

@@ -85,6 +85,7 @@ CLIENT_REFUSED_PUBLISH = [
     (subjects.kv_events("tw0"), "forge KV events"),
     (subjects.worker_generate("tw0"), "generate straight on a worker"),
     (subjects.worker_control("tw0"), "switch a worker's phase"),
+    (subjects.worker_status("tw0"), "read the ids a worker runs"),
     (subjects.QUEUE, "enqueue straight onto the queue stream"),
     ("$JS.API.STREAM.INFO.LLM_QUEUE", "use JetStream at all"),
     (subjects.ROUTE, "ask the router to place a request"),
@@ -192,9 +193,10 @@ async def test_each_service_only_where_its_role_allows(nats_server, user, verb, 
         await conn.nc.close()
 
 
-def test_the_permission_table_names_every_kind_and_clients_only_submit_abort_and_renew_a_lease():
+def test_the_permission_table_names_every_kind_and_clients_only_submit_resume_abort_lease_and_probe():
     assert set(nats_auth.ROLES) == {nats_auth.ADMIN, nats_auth.CLIENT, nats_auth.OBSERVER, *nats_auth.SERVICE_KINDS}
-    assert nats_auth.ROLES[nats_auth.CLIENT].publish == (subjects.SUBMIT, subjects.ABORT, subjects.LEASE_ALL)
+    assert nats_auth.ROLES[nats_auth.CLIENT].publish == (
+        subjects.SUBMIT, subjects.RESUME, subjects.ABORT, subjects.LEASE_ALL, subjects.worker_alive("*"))
     assert nats_auth.ROLES[nats_auth.CLIENT].subscribe == ("{inbox}.>",)
     senders_to_workers = {k for k, r in nats_auth.ROLES.items() if any(".worker.*.generate" in p for p in r.publish)}
     assert senders_to_workers == {"router"}
@@ -202,6 +204,21 @@ def test_the_permission_table_names_every_kind_and_clients_only_submit_abort_and
     assert heartbeaters == {"worker"}
     enqueuers = {k for k, r in nats_auth.ROLES.items() if subjects.QUEUE in r.publish}
     assert enqueuers == {"admission"}
+
+
+async def test_a_client_may_probe_a_worker_alive_and_learns_nothing_else(nats_server, fleet):
+    """A silent stream's client asks a worker's `alive` subject (shared/stream_watch.py): an empty
+    answer from a live worker, "no responders" for a gone one, and no violation."""
+    alice = await connect_as(nats_server, "alice")
+    try:
+        answer = await alice.nc.request(subjects.worker_alive("tw0"), b"", timeout=5)
+        assert answer.data == b""
+        with pytest.raises(nats.errors.NoRespondersError):
+            await alice.nc.request(subjects.worker_alive("gone"), b"", timeout=5)
+        await alice.nc.flush()
+        assert alice.errors.empty()
+    finally:
+        await alice.nc.close()
 
 
 # ── the fleet itself works inside its permissions ──

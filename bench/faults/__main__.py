@@ -70,6 +70,10 @@ async def main(argv: list[str] | None = None) -> int:
                     help="edge-kill (in-queue): SIGKILL worker 0 too, --worker-kill-after s after the front")
     ap.add_argument("--worker-kill-after", type=float, default=5.0,
                     help="--then-kill-worker: seconds after the front (the hand-over comes 3-9 s after it)")
+    ap.add_argument("--nats-via", choices=("raw", "client"), default="raw",
+                    help="edge-kill: how its NATS streams are read: raw (a subscription each, no client logic) or "
+                         "client (one TokenyardClient: it resumes a stream whose worker and router are both gone) "
+                         "(default: %(default)s)")
     ap.add_argument("--replica-streams", type=int, default=400, help="queue-replica-kill: P3 streams")
     ap.add_argument("--replica-tokens", type=int, default=64, help="queue-replica-kill: tokens per stream")
     ap.add_argument("--deadline-s", type=float, default=90.0, help="after the fault: later = hung")

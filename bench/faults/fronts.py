@@ -23,7 +23,9 @@ as well. Once the workers have handed the dead front's streams to the surviving 
 (shared/adoption.py), every NATS stream must still complete, the dead front's too
 (`nats_not_completed` 0). That hand-over comes on the second "no responders" of the dead router,
 3 s after the first: 3-9 s after the kill (~5 s measured, Round 14), so the default 5 s falls
-inside that window and the dead front's streams on worker 0 are lost; 10 s is past it.
+inside that window and the dead front's raw NATS streams on worker 0 are lost; 10 s is past it.
+`--nats-via client` reads the NATS streams with one TokenyardClient instead, which resumes those
+(shared/resume.py): `nats_resumed` counts them.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ from collections import Counter
 
 import aiohttp
 from tokenyard.shared import natsutil
+from tokenyard.shared.client import TokenyardClient
 
 from bench.faults.fleet import fleet_for, proc, queue_replica, running_on, stop_process
 from bench.faults.kills import log_file
 from bench.faults.replicas import _until as until
 from bench.faults.replicas import killed_streams, orphans_gone
-from bench.faults.streams import note, submit, submit_via_http, tally, wait_all
+from bench.faults.streams import note, submit, submit_via_client, submit_via_http, tally, wait_all
 from tokenyard.launcher import ping
 
 FRONTS_READY_S = 60.0
@@ -73,7 +76,10 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
             web = [await submit_via_http(http, fleet.http_url, args.tokens, f"front {i} " * 16)
                    for i in range(args.edge_streams)]
-            raw = [await submit(nc, args.tokens, f"nats {i} " * 16) for i in range(args.edge_streams)]
+            client = TokenyardClient(nc) if getattr(args, "nats_via", "raw") == "client" else None
+            raw = [await (submit(nc, args.tokens, f"nats {i} " * 16) if client is None
+                          else submit_via_client(client, args.tokens, f"nats {i} " * 16))
+                   for i in range(args.edge_streams)]
             async with asyncio.timeout(60):
                 await asyncio.gather(*(s.first_chunk.wait() for s in (*web, *raw)))
             running = set()
@@ -101,6 +107,10 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
             after_web = [await submit_via_http(http, fleet.http_url, 8, f"after {i}") for i in range(8)]
             after_raw = [await submit(nc, 8, f"after nats {i}") for i in range(8)]
             await wait_all([*after_web, *after_raw], 60)
+            resumed = None
+            if client is not None:
+                resumed = client.resumes
+                await client.close()
         finishes = Counter(s.request_id for s in raw if s.terminal == "finished")
         row = tally("edge-kill", [*web, *raw], layout="in-queue",
                     http_killed_front=len(cut), http_other_front=len(web) - len(cut),
@@ -111,6 +121,7 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
                     nats_finished_twice=sum(v > 1 for v in finishes.values()),
                     events_after_end=sum(s.after_end for s in raw),
                     orphans_stopped_s=orphans_stopped_s, worker_killed_s=worker_killed_s,
+                    nats_via=getattr(args, "nats_via", "raw"), nats_resumed=resumed,
                     after={"http": dict(Counter(s.outcome for s in after_web)),
                            "nats": dict(Counter(s.outcome for s in after_raw))},
                     errors_sample=sorted({s.message[:50] for s in cut})[:3])

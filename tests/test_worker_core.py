@@ -117,7 +117,7 @@ def test_outputs_become_numbered_chunks_then_finished_with_usage():
     c = core()
     c.offer(req(prompt_len=20, priority=2), stats())
     assert c.on_output(EngineOutput("r1", [104, 105], num_cached_tokens=16)) == [  # the first carries the acceptance
-        Chunk("r1", 0, "hi", [104, 105], accepted=Accepted("r1", 2, 20))
+        Chunk("r1", 0, "hi", [104, 105], accepted=Accepted("r1", 2, 20), worker_id="w0")  # and names its worker
     ]
     assert c.on_output(EngineOutput("r1", [], num_cached_tokens=16)) == []  # nothing new, no chunk
     assert c.on_output(EngineOutput("r1", [33], num_cached_tokens=16)) == [Chunk("r1", 1, "!", [33])]
@@ -126,6 +126,15 @@ def test_outputs_become_numbered_chunks_then_finished_with_usage():
         Finished("r1", 3, "length", Usage(20, 4, 24, 16), "w0"),
     ]
     assert c.streams == {}
+
+
+def test_a_resumed_streams_first_chunk_here_names_this_worker_and_no_other_does():
+    """A client whose stream goes silent probes the worker its latest named chunk gave
+    (shared/stream_watch.py): a migrated or resumed stream's first chunk from here names it."""
+    c = core()
+    c.offer(msgspec.structs.replace(req(prompt_len=5), resume_token_ids=[97, 98, 99], resume_seq=3), stats())
+    assert c.on_output(EngineOutput("r1", [100])) == [Chunk("r1", 3, "d", [100], worker_id="w0")]
+    assert c.on_output(EngineOutput("r1", [101])) == [Chunk("r1", 4, "e", [101])]
 
 
 def test_an_aborted_stream_finishes_with_abort_and_the_tokens_so_far():

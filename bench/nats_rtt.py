@@ -33,8 +33,10 @@ SUBJECT = "bench.rtt"
 
 async def respond(url: str) -> None:
     import nats
+    from tokenyard.shared import natsutil
 
     nc = await nats.connect(url)
+    natsutil.ping_after_pending(nc)  # else the flush's PING overtakes the SUB: "ready" before it is
 
     async def echo(msg) -> None:
         await msg.respond(msg.data)

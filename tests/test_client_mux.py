@@ -1,6 +1,7 @@
 """The client's streams on one subscription (shared/client.py): each stream reads only its own
 events, a burst that arrived while its reader was away comes as one batch, no request adds a
-subscription, and a client without a lease has no lease in its inboxes. Against the session's
+subscription, a client without a lease has no lease in its inboxes, and beside an in-process
+admission the subscription is the server's before the request is handed over. Against the session's
 secured nats-server, the client connected as the user `client`, a hand-written fake admission
 answering `llm.v1.submit` as the operator."""
 
@@ -14,6 +15,7 @@ from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
 from tests.conftest import until
+from tests.test_natsutil_flush_order import record_writes
 
 USAGE = schemas.Usage(5, 3, 8)
 
@@ -189,3 +191,35 @@ async def test_close_ends_every_open_stream_with_a_clear_error_and_aborts_it(nat
     finally:
         await client.close()
         await op.close()
+
+
+async def test_beside_an_in_process_admission_the_subscription_is_the_servers_before_the_request_is_handed_over(
+        nats_server):
+    """An edge in the queue's process hands its request to admission by a call: the first event can
+    come from another connection (the worker the router there offered it to) with none of this
+    connection's bytes after the SUB to order it. The flush that opens the inbox writes the SUB
+    before its PING (natsutil.connect), so by the hand-over the server has the subscription, and a
+    worker that publishes at once is heard."""
+    nc = await natsutil.connect(nats_server.url, "in-process-edge")
+    worker = await natsutil.connect(nats_server.url, "eager-worker")
+    writes = record_writes(nc)
+    at_hand_over: list[bytes] = []
+
+    class Admission:  # accepts in-process; the worker streams the end at once, from its own connection
+        async def submit(self, body, reply_to, headers, respond) -> None:
+            at_hand_over.extend(writes)
+            await respond(codec.encode(schemas.Accepted(body.request_id, 1, 5)))
+            await worker.publish(reply_to, codec.encode(schemas.Finished(body.request_id, 0, "stop", USAGE)))
+            await worker.flush()
+
+    client = TokenyardClient(nc, admission=Admission(), lease=False)
+    try:
+        async with asyncio.timeout(10):
+            events = [e async for e in client.stream(schemas.GenerateRequest(prompt="x", request_id="handed"))]
+        assert [type(e) for e in events] == [schemas.Accepted, schemas.Finished]
+        sub, ping = at_hand_over
+        assert sub.startswith(b"SUB _INBOX.") and ping == b"PING\r\n"
+    finally:
+        await client.close()
+        await worker.close()
+        await nc.close()

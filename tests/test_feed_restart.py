@@ -54,6 +54,7 @@ async def test_the_queue_keeps_hearing_heartbeats_when_the_router_whose_connecti
     try:
         await router.stop()
         assert feeds.heartbeats.nc is queue.nc
+        await queue.nc.flush()  # the moved SUB is the server's before another connection beats
         await _beat(pub, "fw2")
         await until(lambda: "fw2" in queue.shell.core.workers, timeout_s=3, what="the queue hears fw2")
     finally:

@@ -137,6 +137,25 @@ def test_a_resumed_streams_first_chunk_here_names_this_worker_and_no_other_does(
     assert c.on_output(EngineOutput("r1", [101])) == [Chunk("r1", 4, "e", [101])]
 
 
+def test_a_clients_resume_fences_the_old_generation_and_only_the_new_one_runs():
+    """The client's resume (shared/resume.py) first aborts the old generation on its old inbox:
+    a live router's re-issue of it that comes later is refused here, the resume (same id, a new
+    inbox) is taken and numbers on from its seq, and a late abort of the old inbox spares it."""
+    c = core()
+    old, new = "_INBOX.0123456789abcdef.1aa", "_INBOX.0123456789abcdef.2bb"
+    assert c.offer(req(reply_to=old, max_tokens=8), stats())[1] is True
+    c.on_output(EngineOutput("r1", [97]))
+    assert c.on_abort("r1", "client_resume", reply_to=old) is True  # running here: the engine stops it
+    c.on_output(EngineOutput("r1", [], True, "abort"))
+    reissue = msgspec.structs.replace(req(reply_to=old, max_tokens=8), resume_token_ids=[97], resume_seq=1,
+                                      migrations=1)
+    assert c.offer(reissue, stats()) == (GenerateReply("r1", False, "aborted"), False)
+    resumed = msgspec.structs.replace(reissue, reply_to=new)
+    assert c.offer(resumed, stats()) == (GenerateReply("r1", True), True)
+    assert c.on_abort("r1", "client_resume", reply_to=old) is False  # the old one's abort again: spared
+    assert c.on_output(EngineOutput("r1", [98])) == [Chunk("r1", 1, "b", [98], worker_id="w0")]
+
+
 def test_an_aborted_stream_finishes_with_abort_and_the_tokens_so_far():
     c = core()
     c.offer(req(prompt_len=5), stats())

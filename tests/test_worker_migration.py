@@ -47,7 +47,7 @@ def test_a_resumed_stream_continues_the_seqs_and_counts_usage_as_one_request():
     c = core()
     r = req(resume_token_ids=[104, 105], resume_seq=2, migrations=1)
     assert c.offer(r, STATS) == (GenerateReply("r1", True), True)
-    assert c.on_output(EngineOutput("r1", [106])) == [Chunk("r1", 2, "j", [106])]
+    assert c.on_output(EngineOutput("r1", [106])) == [Chunk("r1", 2, "j", [106], worker_id="w1")]  # names its worker
     events = c.on_output(EngineOutput("r1", [107], True, "length"))
     assert events == [Chunk("r1", 3, "k", [107]), Finished("r1", 4, "length", Usage(3, 4, 7), "w1")]
 

@@ -28,7 +28,12 @@ from tests.fault_fleet import crash_worker, start_fleet, start_streams, stop_fle
 GRACE_S = 2.0
 """The routers' re-issue deadline a client waits after a resumed stream's second loss (10 s in
 production): shortened here, the rule is the same."""
-TOKENS = 3000
+TOKENS = 1500
+"""Long enough to run on both workers when they die (~15 s of streaming), short enough to end
+well within the test's bound on a machine 2-3x slower."""
+ENDS_WITHIN_S = 3 * IDLE_TIMEOUT_S
+"""A bound on the whole test, not a measure: the streams' own ends are told apart from the 60 s
+idle watchdog by what they are (a `finished`, a 503), not by when they come."""
 
 
 async def lose_router_then_worker(server_url: str, hosts: list[ServiceHost]):
@@ -55,7 +60,7 @@ async def test_a_stream_whose_router_then_worker_died_is_resumed_by_its_client_a
     router_b = None
     try:
         client, recs, tasks, router_b, lost, t0 = await lose_router_then_worker(server.url, hosts)
-        async with asyncio.timeout(IDLE_TIMEOUT_S):
+        async with asyncio.timeout(ENDS_WITHIN_S):
             await asyncio.gather(*tasks)
         for rec in recs:
             assert isinstance(rec.last, schemas.Finished), rec.last
@@ -84,16 +89,15 @@ async def test_a_resumed_stream_lost_again_ends_with_a_503_not_silence(monkeypat
     try:
         client, recs, tasks, router_b, lost, t0 = await lose_router_then_worker(server.url, hosts)
         await until(lambda: client.resumes == len(lost) and lost <= set(hosts[1].shell.core.running_ids()),
-                    IDLE_TIMEOUT_S / 2, 0.05, what="the lost streams resumed on fw1")
-        t1 = time.monotonic()
+                    ENDS_WITHIN_S, 0.05, what="the lost streams resumed on fw1")
         await crash_worker(hosts[1])
-        async with asyncio.timeout(IDLE_TIMEOUT_S):
+        async with asyncio.timeout(ENDS_WITHIN_S):
             await asyncio.gather(*tasks)
         for rec in recs:
             end = rec.last
             assert isinstance(end, schemas.Error) and end.status == 503, end
             assert end.seq == len(rec.seqs()) and rec.seqs() == list(range(len(rec.seqs())))
-            assert rec.end_s - t1 < IDLE_TIMEOUT_S / 2, rec.end_s - t1
+            assert "no event for" not in end.message  # not the idle watchdog: the router's end, or the client's
         # Each stream once at most: fw1's own streams of router A, not yet handed to B when fw1
         # died, are resumed now (nobody else knows them either), the resumed ones not again.
         assert len(lost) <= client.resumes <= len(recs)

@@ -52,7 +52,8 @@ async def test_the_store_waits_for_the_workers_answer_at_most_placing_wait(nats_
     try:
         done = await client.generate(schemas.GenerateRequest(prompt="store after", max_tokens=2))
         assert done.finish_reason == "length" and done.accepted is not None
-        await asyncio.sleep(0.1)
+        await until(lambda: stores, what="the store's publish")  # heard on another connection
+        await watch.flush()  # and no second one on its way
         assert len(offers) == 1 and len(stores) == 1
         waited = stores[0] - offers[0]
         if stored_after == "the answer":

@@ -61,7 +61,8 @@ async def test_a_reconnect_slept_through_restarts_the_clocks_from_the_reconnect_
         await server.start()
         await until(lambda: natsutil.reconnected_at(host.nc) is not None and nc.is_connected, timeout_s=15,
                     what="both connections back")
-        await asyncio.sleep(LATE_S)
+        await nc.flush()  # the worker's subscriptions, sent again on its reconnect, are the server's
+        await asyncio.sleep(LATE_S)  # the reconnect slept through: what this test is about
         ar = req("orphan", prompt_len=16, reply_to=f"_INBOX.{lease}.1", model="m")
         decision = await host.shell.route(ar)
         assert decision.outcome == schemas.Outcome.ROUTED and decision.worker_id == "lw0"

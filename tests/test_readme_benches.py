@@ -79,3 +79,19 @@ def test_live_paths_runs_live_routers_fleet_at_its_speed():
     from bench import live_paths, live_router
 
     assert live_paths.parser().parse_args([]).speed == live_router.SPEED == 0.25
+
+
+def test_the_vllm_bench_without_its_extra_says_what_to_install(monkeypatch):
+    """README's `python bench/vllm_worker_overhead.py` "(needs the vllm extra)" died without it in
+    a traceback from deep in the tiny model's builder (No module named 'transformers')."""
+    import importlib.util
+
+    import pytest
+
+    from bench import vllm_worker_overhead as bench
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--repeats", "1"])
+    assert str(stop.value).startswith("bench/vllm_worker_overhead.py needs vLLM (vllm not installed): bash deploy/bootstrap.sh test,vllm")

@@ -95,3 +95,42 @@ def test_the_vllm_bench_without_its_extra_says_what_to_install(monkeypatch):
     with pytest.raises(SystemExit) as stop:
         bench.main(["--repeats", "1"])
     assert str(stop.value).startswith("bench/vllm_worker_overhead.py needs vLLM (vllm not installed): bash deploy/bootstrap.sh test,vllm")
+
+
+def test_live_paths_scrapes_each_fleets_metrics_endpoints(monkeypatch, tmp_path):
+    """README's `python -m bench.live_paths --load 3` ran its benchmark and then died in
+    live_router's scrape, handed the fleet instead of its endpoints ('FleetProcesses' object has
+    no attribute 'values'). A stand-in fleet and bench: each path's row carries what the scrape
+    read from that fleet's endpoints."""
+    import asyncio
+
+    from bench import live_paths
+
+    scraped = []
+
+    class Fleet:
+        nats_url, http_url = "nats://fake", "http://fake"
+
+        def __init__(self, **kw):
+            pass
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        def scrape_targets(self):
+            return {"queue": "http://127.0.0.1:9/metrics"}
+
+    async def bench(cfg):
+        return {"completed": 3, "failed": 0, "median_ttft_ms": 10.0}
+
+    monkeypatch.setattr(live_paths, "FleetProcesses", Fleet)
+    monkeypatch.setattr(live_paths, "run_bench", bench)
+    monkeypatch.setattr(live_paths, "_scrape", lambda targets: scraped.append(dict(targets)) or {"x": 1.0})
+    args = live_paths.parser().parse_args(["--log-dir", str(tmp_path), "--num-prompts", "3"])
+    doc = asyncio.run(live_paths.run(args))
+    assert scraped == [{"queue": "http://127.0.0.1:9/metrics"}] * 2
+    assert [(r["path"], r["completed"], r["median_ttft_ms"], r["fleet_metrics"]) for r in doc["runs"]] == [
+        ("nats", 3, 2.5, {"x": 1.0}), ("http", 3, 2.5, {"x": 1.0})]

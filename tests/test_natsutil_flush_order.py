@@ -26,15 +26,20 @@ def record_writes(nc) -> list[bytes]:
     return writes
 
 
-async def test_a_flush_after_a_subscribe_sends_the_sub_before_its_ping(nats_server):
-    nc = await natsutil.connect(nats_server.url, "test-flush-order")
+async def subscribe_and_flush(nc, subject: str) -> list[bytes]:
+    """What `nc` writes for a subscribe and the flush right behind it; `nc` closed after."""
     try:
         writes = record_writes(nc)
-        await nc.subscribe("test.flush.order")
+        await nc.subscribe(subject)
         await nc.flush(timeout=5)
-        assert writes == [b"SUB test.flush.order  1\r\n", b"PING\r\n"]
+        return writes
     finally:
         await nc.close()
+
+
+async def test_a_flush_after_a_subscribe_sends_the_sub_before_its_ping(nats_server):
+    nc = await natsutil.connect(nats_server.url, "test-flush-order")
+    assert await subscribe_and_flush(nc, "test.flush.order") == [b"SUB test.flush.order  1\r\n", b"PING\r\n"]
 
 
 async def test_a_bare_nats_py_client_sends_the_ping_first(nats_server):
@@ -42,13 +47,7 @@ async def test_a_bare_nats_py_client_sends_the_ping_first(nats_server):
     creds = natsutil.nats_auth.resolve(nats_server.url, None)
     nc = Client()
     await nc.connect(nats_server.url, **(creds.connect_options() if creds else {}))
-    try:
-        writes = record_writes(nc)
-        await nc.subscribe("test.flush.order.bare")
-        await nc.flush(timeout=5)
-        assert writes == [b"PING\r\n", b"SUB test.flush.order.bare  1\r\n"]
-    finally:
-        await nc.close()
+    assert await subscribe_and_flush(nc, "test.flush.order.bare") == [b"PING\r\n", b"SUB test.flush.order.bare  1\r\n"]
 
 
 async def test_another_connection_publishing_after_the_flush_is_always_heard(nats_server):

@@ -45,7 +45,7 @@ async def run(args) -> dict:
             bench = BenchConfig(workload=args.workload, num_prompts=args.num_prompts, rate=rate, seed=args.seed,
                                 progress=False, target=fleet.http_url if path == "http" else fleet.nats_url)
             res = await run_bench(bench)
-            metrics = await asyncio.to_thread(_scrape, fleet)
+            metrics = await asyncio.to_thread(_scrape, fleet.scrape_targets())
         router_log = logs / "router.log"
         orphans = router_log.read_text().count('"orphan_aborted"') if router_log.exists() else 0
         row = {"path": path, "load": args.load, "rate": rate,

@@ -375,6 +375,21 @@ def print_table(result: dict[str, Any]) -> None:
               f"   added {r['worker_added_host_cpu_us_per_token']:+6.1f}")
 
 
+NEEDS = ("vllm", "transformers")
+"""What the bench imports beyond tokenyard's own dependencies: the `vllm` extra."""
+
+
+def missing_extra() -> str | None:
+    """Why the bench cannot run here (one line, what to install), or None."""
+    import importlib.util
+
+    absent = [m for m in NEEDS if importlib.util.find_spec(m) is None]
+    if not absent:
+        return None
+    return (f"bench/vllm_worker_overhead.py needs vLLM ({', '.join(absent)} not installed): "
+            "bash deploy/bootstrap.sh test,vllm (vLLM's CPU build), or pip install -e '.[vllm-cuda]' on a GPU host")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model path (default: build the tiny test model)")
@@ -394,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the result here")
     p.add_argument("--keep", action="store_true", help="keep the work dir (worker log, tiny model)")
     args = p.parse_args(argv)
+    if why := missing_extra():
+        raise SystemExit(why)
     try:  # the loop the worker runs on (shared.service), on both sides
         import uvloop
 

@@ -353,18 +353,22 @@ class NatsServer:
                 f.write(self.auth.server_config(self.host, self.port, self.store_dir, self.max_payload))
             args = ["-c", str(conf)]
             nats_auth.register(self.url, self.auth)
-        self.proc = subprocess.Popen(
-            [nats_server_binary(), *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),  # no orphaned server if its parent is killed outright
-        )
+        # stderr kept in its store: a server that exits at start says why there (a bad TLS file)
+        with open(Path(self.store_dir) / "stderr.log", "wb") as err:
+            self.proc = subprocess.Popen(
+                [nats_server_binary(), *args],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),  # no orphaned server if its parent is killed outright
+            )
         janitor.watch(self.store_dir, self.proc.pid)  # its store and config go even if this process is killed
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode} (port {self.port} taken?)")
+                said = (Path(self.store_dir) / "stderr.log").read_text(errors="replace").strip().splitlines()[-3:]
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}: "
+                                   + (" / ".join(said) if said else f"port {self.port} taken?"))
             try:
                 _, w = await asyncio.open_connection(self.host, self.port)
                 w.close()

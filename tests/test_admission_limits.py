@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
-from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
+from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore, duration
 from tokenyard.services.admission.feasibility import FleetView, work_ahead
 from tokenyard.services.admission.tenants import TenantPolicy, TenantTable, load_tenants
 from tokenyard.services.admission.token_bucket import TokenBucket
@@ -472,3 +472,15 @@ def test_without_prefill_rates_the_decode_term_refuses_nothing():
     c.on_queue_stats(stats(headroom=10**6), 100.0)
     c.on_heartbeat(hb("w0", ts=100.0, tpot_slack_ms=-50.0), 100.0)  # a vLLM worker of old: no rate
     assert isinstance(admit(c, GenerateRequest(prompt="a" * 3000), now=100.0), AdmittedRequest)
+
+
+def test_the_decode_room_refusal_names_short_times_in_ms():
+    """`bench serve --input-len 512` on a busy fleet read "the 512-token prompt's prefill (about
+    0.0 s) … (the most any can absorb now: 0.0 s)": both times rounded away."""
+    c = core()
+    c.on_queue_stats(stats(headroom=10**6), 100.0)
+    c.on_heartbeat(hb("w0", ts=100.0, prefill_ms_per_token=1.0, tpot_slack_ms=20.0), 100.0)
+    out = admit(c, GenerateRequest(prompt="a" * 35), now=100.0)  # 35 ms of prefill > 20 ms of room
+    assert (out.status, out.code) == (503, "overloaded")
+    assert "prefill (about 35 ms)" in out.message and "absorb now: 20 ms)" in out.message, out.message
+    assert duration(1.25) == "1.2 s" and duration(0.0) == "0 ms"

@@ -57,6 +57,12 @@ TENANT_HEADER = "x-tenant"
 API_KEY_HEADER = "x-api-key"
 
 
+def duration(seconds: float) -> str:
+    """A refusal's time as a person reads it: ms under a second (a 512-token prefill of 0.03 s
+    printed as "about 0.0 s"), seconds above."""
+    return f"{seconds * 1000:.0f} ms" if abs(seconds) < 1.0 else f"{seconds:.1f} s"
+
+
 @dataclass
 class AdmissionConfig:
     models: list[str] = field(default_factory=lambda: [config.DEFAULT_MODEL])
@@ -279,8 +285,8 @@ class AdmissionCore:
         now (that one is stale, draining or restarting): a 503 with Retry-After, not a 400."""
         return Rejected(
             request_id=rid, status=503, code="overloaded",
-            message=f"The {prompt_len}-token prompt takes about {own:.1f} s to prefill on the workers up now, "
-                    f"beyond its {bound:.3g} s; a faster worker of this fleet ({best:.1f} s) is not up; retry later",
+            message=f"The {prompt_len}-token prompt takes about {duration(own)} to prefill on the workers up now, "
+                    f"beyond its {bound:.3g} s; a faster worker of this fleet ({duration(best)}) is not up; retry later",
             retry_after_s=self.fleet.stale_after_s, queue_depth=self.fleet.depth(now),
         )
 
@@ -288,9 +294,9 @@ class AdmissionCore:
                         room: float, now: float) -> Rejected:
         return Rejected(
             request_id=rid, status=503, code="overloaded",
-            message=f"Fleet saturated: the {prompt_len}-token prompt's prefill (about {own:.1f} s) would push "
+            message=f"Fleet saturated: the {prompt_len}-token prompt's prefill (about {duration(own)}) would push "
                     f"the running decodes past their TPOT SLO on every worker (the most any can absorb now: "
-                    f"{max(room, 0.0):.1f} s); retry later",
+                    f"{duration(max(room, 0.0))}); retry later",
             retry_after_s=own - max(room, 0.0), queue_depth=self.fleet.depth(now),
         )
 

@@ -19,8 +19,9 @@ else moved it, so its client asks for the rest, once, on a new inbox.
 
 What admission cannot check: that the id was ever the lease's. Nobody alive remembers the
 placement (that is why the client resumes); a resume of an id the lease never had runs
-only for that lease, on its own inbox, billed to its tenant — a request with a chosen id,
-which another lease's resume of the same id does not collide with (another message id).
+only for that lease, on its own inbox, billed to its tenant — a request with a chosen id. It
+does not use up the true lease's resume (another message id), and a worker that ran the id
+refuses it as a reused id (`error` 409).
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ else moved it, so its client asks for the rest, once, on a new inbox.
         fleet refuses a resume as it refuses a new request), and the admitted request carries
         resume_token_ids / resume_seq, migrations 1.
     on_resume(shell, msg)                                                       the shell
-        into JetStream with Nats-Msg-Id `<id>.resume.<lease>`: the stream's duplicate check
+        into JetStream (admission's own `store`: retried through a failover) with Nats-Msg-Id
+        `<id>.resume.<lease>`: the stream's duplicate check
         admits one resume per request id and lease (within its 120 s window, far longer than
         a client waits), whichever admission replica gets it; a second → `rejected` 409, and
         nothing is queued. Then `accepted` (the client drops it: its stream has one). A store
-        that fails: `rejected` 503; one that may have stored it (a timeout): `error` 503 and
-        an abort of the new generation.
+        that fails (it may have stored it): `error` 503 and an abort of the new generation.
 
 What admission cannot check: that the id was ever the lease's. Nobody alive remembers the
 placement (that is why the client resumes); a resume of an id the lease never had runs
@@ -30,7 +30,7 @@ import time
 
 import msgspec
 from nats.aio.msg import Msg
-from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared import codec, schemas, subjects, telemetry
 from tokenyard.shared.resume import ResumeAsk, resume_msg_id
 from tokenyard.shared.subjects import lease_of
 
@@ -65,37 +65,34 @@ async def on_resume(shell, msg: Msg) -> None:
     if not msg.reply:
         return
     json = codec.is_json(msg.headers)
+
+    async def answer(event: schemas.StreamEvent) -> None:
+        await shell.nc.publish(msg.reply, codec.encode(event, json=json), headers=codec.content_headers(json))
+
     try:
         ask = codec.decode(msg.data, ResumeAsk, json=json)
     except codec.DecodeError as e:
-        refusal = schemas.Rejected("", 400, "invalid_request_error", f"malformed resume: {e}")
-        await shell.nc.publish(msg.reply, codec.encode(refusal, json=json), headers=codec.content_headers(json))
+        await answer(schemas.Rejected("", 400, "invalid_request_error", f"malformed resume: {e}"))
         return
     json = ask.json
-    hdrs = codec.content_headers(json)
     verdict = resumed(shell.core, ask, msg.reply, msg.headers, time.time())
     if isinstance(verdict, schemas.Rejected):
         log.info("resume_refused", request_id=verdict.request_id, status=verdict.status, reason=verdict.message)
-        await shell.nc.publish(msg.reply, codec.encode(verdict, json=json), headers=hdrs)
+        await answer(verdict)
         return
     rid = verdict.request_id
-    msg_id = resume_msg_id(rid, lease_of(msg.reply))
-    try:
-        ack = await shell.js.publish(subjects.QUEUE, codec.encode(verdict), headers={"Nats-Msg-Id": msg_id},
-                                     timeout=natsutil.ENQUEUE_ATTEMPT_S)
-    except Exception as e:  # a timeout may have stored it: an error, and an abort of what may run
+    try:  # admission's own store: its first attempt, then its retry through a failover
+        ack, retried = await shell.store(verdict, codec.encode(verdict), {}, msg_id=resume_msg_id(rid, lease_of(msg.reply)))
+    except Exception as e:  # one that timed out may have stored it: an error, and an abort of what may run
         log.warning("resume_store_failed", request_id=rid, error=repr(e))
-        error = schemas.Error(rid, 503, f"queue unavailable, the resume is aborted: {e!r}", seq=verdict.resume_seq)
-        await shell.nc.publish(msg.reply, codec.encode(error, json=json), headers=hdrs)
+        await answer(schemas.Error(rid, 503, f"queue unavailable, the resume is aborted: {e!r}", seq=verdict.resume_seq))
         await shell.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="queue_unavailable",
                                                                           reply_to=msg.reply)))
         return
-    if ack.duplicate:
+    if ack.duplicate and not retried:  # a retry's duplicate is its own first attempt
         log.info("resume_duplicate", request_id=rid)
-        refusal = schemas.Rejected(rid, 409, "resume_refused", f"request '{rid}' was resumed already", param="resume")
-        await shell.nc.publish(msg.reply, codec.encode(refusal, json=json), headers=hdrs)
+        await answer(schemas.Rejected(rid, 409, "resume_refused", f"request '{rid}' was resumed already", param="resume"))
         return
     log.info("resumed", request_id=rid, tokens=len(verdict.resume_token_ids), seq=verdict.resume_seq)
     shell.metrics.observe(schemas.Outcome.ADMITTED)
-    accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)
-    await shell.nc.publish(msg.reply, codec.encode(accepted, json=json), headers=hdrs)
+    await answer(schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len))

@@ -234,18 +234,21 @@ class AdmissionShell:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def store(self, verdict: schemas.AdmittedRequest, data: bytes, headers: dict[str, str]):
+    async def store(self, verdict: schemas.AdmittedRequest, data: bytes, headers: dict[str, str],
+                    msg_id: str | None = None):
         """The JetStream store of one admitted request (public: the seam tests replace with a
-        failing store): (the PubAck, whether it took a retry). `data`: `verdict` encoded. One plain attempt
+        failing store): (the PubAck, whether it took a retry). `data`: `verdict` encoded; `msg_id`:
+        its JetStream message id (the request id unless given: a resume's is its own). One plain attempt
         first, so that its ack's `duplicate` tells a reused request id; then retried through a
         cluster node's failover (natsutil.publish_durably), where a duplicate may be an earlier
         attempt that landed."""
+        msg_id = msg_id or verdict.request_id
         try:
-            return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": verdict.request_id},
+            return await self.js.publish(subjects.QUEUE, data, headers={**headers, "Nats-Msg-Id": msg_id},
                                          timeout=natsutil.ENQUEUE_ATTEMPT_S), False
         except (NatsTimeout, NoRespondersError, NoStreamResponseError, TimeoutError) as first:
             try:  # MaybeStored when a retry timed out
-                ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, verdict.request_id, headers=headers)
+                ack = await natsutil.publish_durably(self.js, subjects.QUEUE, data, msg_id, headers=headers)
             except Exception as e:
                 if isinstance(first, NatsTimeout | TimeoutError) and not isinstance(e, MaybeStored):
                     raise MaybeStored(repr(e)) from e  # the first attempt's ack may be what was lost

@@ -5,6 +5,7 @@ nats-server, one that can be stopped and started again, and what the probes read
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,31 @@ def proc(fleet: FleetProcesses, name: str) -> subprocess.Popen:
 async def running_on(nc: Client, worker_id: str) -> set[str]:
     msg = await nc.request(subjects.worker_status(worker_id), b"", timeout=2)
     return set(msgspec.msgpack.decode(msg.data, type=list[str]))
+
+
+def http_peers(pid: int, port: int) -> set[int]:
+    """The client ports of the TCP connections to local `port` that process `pid` holds (its
+    accepted HTTP connections: which front the kernel gave each client, under SO_REUSEPORT), or
+    its children (an edge supervisor's edges)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        pids = [pid, *map(int, f.read().split())]
+    inodes = set()
+    for p in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{p}/fd"):
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(f"/proc/{p}/fd/{fd}")).startswith("socket:["):
+                        inodes.add(target[8:-1])
+    peers = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                local, remote, inode = cols[1], cols[2], cols[9]
+                remote_port = int(remote.rsplit(":", 1)[1], 16)
+                if inode in inodes and int(local.rsplit(":", 1)[1], 16) == port and remote_port:  # not the listener
+                    peers.add(remote_port)
+    return peers
 
 
 async def stop_process(p: subprocess.Popen | None, wait_s: float) -> None:

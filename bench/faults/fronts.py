@@ -3,7 +3,9 @@ queue's process, beside admission and the router, so the edge's death is theirs 
 
 Two fronts serve one HTTP port (SO_REUSEPORT): the fleet's queue process and a second started
 the same way (fleet.queue_replica). `--edge-streams` HTTP streams, a connection each (the kernel
-spreads them over both), and as many raw NATS streams (admission's queue group spreads them);
+spreads them over both by a hash of the connection, so now and then it gives one front them all:
+which front holds each is read from /proc, fleet.http_peers, and more are opened, up to twice as
+many, until both serve), and as many raw NATS streams (admission's queue group spreads them);
 once every stream has its first token, SIGKILL the fleet's queue process. What must hold:
 
   * the killed front's HTTP clients get a prompt, clear failure (the connection closes), never
@@ -39,7 +41,7 @@ import aiohttp
 from tokenyard.shared import natsutil
 from tokenyard.shared.client import TokenyardClient
 
-from bench.faults.fleet import fleet_for, proc, queue_replica, running_on, stop_process
+from bench.faults.fleet import fleet_for, http_peers, proc, queue_replica, running_on, stop_process
 from bench.faults.kills import log_file
 from bench.faults.replicas import _until as until
 from bench.faults.replicas import killed_streams, orphans_gone
@@ -82,6 +84,22 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
                    for i in range(args.edge_streams)]
             async with asyncio.timeout(60):
                 await asyncio.gather(*(s.first_chunk.wait() for s in (*web, *raw)))
+            port = int(fleet.http_url.rsplit(":", 1)[1])
+            killed_pid = proc(fleet, "queue").pid
+
+            def fronts() -> tuple[set[str], set[str]]:
+                """Which front holds each HTTP stream's connection (killed, other)."""
+                on_killed, on_other = http_peers(killed_pid, port), http_peers(second.pid, port)
+                return ({s.request_id for s in web if s.local_port in on_killed},
+                        {s.request_id for s in web if s.local_port in on_other})
+
+            on_killed, on_other = fronts()
+            while not (on_killed and on_other) and len(web) < 2 * args.edge_streams:
+                # the kernel's hash gave one front every connection so far: more, until both serve
+                web.append(s := await submit_via_http(http, fleet.http_url, args.tokens, f"front {len(web)} " * 16))
+                async with asyncio.timeout(60):
+                    await s.first_chunk.wait()
+                on_killed, on_other = fronts()
             running = set()
             for w in ("w0", "w1"):
                 running |= await running_on(nc, w)
@@ -113,8 +131,10 @@ async def _front_kill(args, env: dict[str, str]) -> dict:
                 await client.close()
         finishes = Counter(s.request_id for s in raw if s.terminal == "finished")
         row = tally("edge-kill", [*web, *raw], layout="in-queue",
-                    http_killed_front=len(cut), http_other_front=len(web) - len(cut),
-                    http_other_completed=sum(s.outcome == "completed" for s in web if s not in cut),
+                    http_killed_front=len(on_killed), http_other_front=len(on_other),
+                    http_on_neither=len(web) - len(on_killed) - len(on_other),
+                    http_killed_cut=sum(s.request_id in on_killed for s in cut),
+                    http_other_completed=sum(s.outcome == "completed" for s in web if s.request_id in on_other),
                     max_s_to_error=max(to_error) if to_error else None,
                     nats_completed=sum(s.outcome == "completed" for s in raw),
                     nats_not_completed=sum(s.outcome != "completed" for s in raw),

@@ -108,6 +108,8 @@ class HttpStream(Stream):
     """One SSE stream through the edge: tokens counted from the text (one byte a token)."""
 
     usage_tokens: int | None = None
+    local_port: int | None = None
+    """The client's end of its connection (which front holds the other: fleet.http_peers)."""
 
     def on_payload(self, payload: str) -> None:
         if self.terminal:
@@ -183,6 +185,8 @@ async def submit_via_http(http: aiohttp.ClientSession, base_url: str, max_tokens
     async def read() -> None:
         try:
             async with http.post(f"{base_url}/v1/completions", json=body, headers={"x-request-id": s.request_id}) as r:
+                if r.connection is not None and r.connection.transport is not None:
+                    s.local_port = r.connection.transport.get_extra_info("sockname")[1]
                 if r.status != 200:
                     s.end("error", r.status)
                     s.message = (await r.text())[:120]

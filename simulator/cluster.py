@@ -237,6 +237,7 @@ class ClusterSim:
         )
         if isinstance(verdict, Rejected):
             st.error, st.refused_code = f"status_{verdict.status}", verdict.reason or verdict.code
+            st.message = verdict.message
             return
         st.ttft_budget_s = verdict.deadline_s - now if verdict.deadline_s > 0 else 0.0
         self.queue.offer(verdict, now)
@@ -245,7 +246,7 @@ class ClusterSim:
     def dispatch(self, now: float) -> None:
         for req, rejected in self.queue.expire(now):
             st = self.reqs[req.request_id]
-            st.error = f"status_{rejected.status}"
+            st.error, st.message = f"status_{rejected.status}", rejected.message
             st.expired = True
         for req in self.queue.dispatchable(now):
             self.place(req, now)
@@ -277,9 +278,9 @@ class ClusterSim:
                 inst.engine.add_prefilled(req, st.cached_tokens)
             else:
                 inst.engine.add(req)
-        except ValueError:  # larger than the engine's whole KV cache: the live worker errors too
+        except ValueError as e:  # larger than the engine's whole KV cache: the live worker errors too
             inst.worker.streams.pop(req.request_id, None)
-            st.error = "engine_refused"
+            st.error, st.message = "engine_refused", str(e)
             return
         inst.dirty = True
         if not inst.busy:

@@ -53,7 +53,7 @@ def records(sim: ClusterSim) -> list[RequestRecord]:
         rec.chunk_s = st.tokens  # an array('d'): indexable, as the metrics need
         rec.streamed_tokens = len(st.tokens)
         if st.error is not None:
-            rec.fail(st.error)
+            rec.fail(st.error, st.message)
         elif not st.finished:
             rec.fail("unfinished")
         rec.close(st.tokens[-1] if len(st.tokens) else it.arrival_s)

@@ -18,6 +18,8 @@ class ReqState:
     cached_tokens: int = 0
     worker: str = ""
     error: str | None = None
+    message: str = ""
+    """The refusal's own words (admission's or the queue's), as a live client reads them."""
     finished: bool = False
     expired: bool = False
     """Admitted, then rejected by the queue once its TTFT deadline passed."""

@@ -107,7 +107,11 @@ def test_a_prompt_beyond_its_class_cap_is_refused_and_counted_so():
     long_p2 = req(2, 1.0, 60_000, 2, PrefixIds(16).ids([("c", 60_000)]), prio=2)
     sim = run([short, long_p1, long_p2], instances=2)
     assert (sim.reqs["r1"].error, sim.reqs["r1"].refused_code) == ("status_400", "beyond_class_cap")
-    o = result(sim, [short, long_p1, long_p2], None)["outcomes"]
+    res = result(sim, [short, long_p1, long_p2], None)
+    # the report carries admission's own words, as a live client reads them (they were '' before)
+    assert res["error_messages"]["status_400"] == sim.reqs["r1"].message
+    assert "60000-token prompt" in res["error_messages"]["status_400"], res["error_messages"]
+    o = res["outcomes"]
     assert (o["P1"]["refused"], o["P1"]["refused_beyond_class"], o["P1"]["met_slo"]) == (1, 1, 1)
     assert (o["P2"]["refused"], o["P2"]["met_slo"]) == (0, 1)
     assert (o["all"]["refused"], o["all"]["refused_beyond_class"], o["all"]["expired"]) == (1, 1, 0)

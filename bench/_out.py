@@ -8,6 +8,7 @@ Strict JSON (loadgen.report.write_result_json: non-finite numbers as the strings
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +28,15 @@ def write_result(path: str | Path | None, doc: Any, prog: str | None = None, arg
     if prog is not None:
         doc = {"command": command(prog, argv), **doc}
     write_result_json(doc, path)
+
+
+def log_dir(asked: str | None, bench: str) -> Path:
+    """Where a bench keeps its processes' logs: the folder asked for (made), else a new temporary
+    one, named on stderr."""
+    if asked:
+        path = Path(asked)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    path = Path(tempfile.mkdtemp(prefix=f"tokenyard-{bench}-"))
+    print(f"logs: {path}", file=sys.stderr)
+    return path

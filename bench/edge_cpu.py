@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 import aiohttp
 from tokenyard.shared import codec, natsutil, schemas, subjects
 
-from bench._out import write_result
+from bench._out import log_dir, write_result
 from bench.baseline import baseline_env, commit_of
 from bench.live_router import _wait_http
 
@@ -132,8 +132,7 @@ async def main_async(args) -> dict[str, Any]:
     stand_in = StandIn(nc, args.tokens, args.step_ms / 1e3)
     await nc.subscribe(subjects.SUBMIT, cb=stand_in.on_submit)
     stepper = asyncio.create_task(stand_in.run())
-    logs = Path(args.log_dir)
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = log_dir(args.log_dir, "edge-cpu")
     edges: dict[str, tuple[subprocess.Popen, str]] = {}
     runs: list[dict[str, Any]] = []
     try:
@@ -207,7 +206,7 @@ def main() -> int:
                     help="this tree's edge processes (default 1: CPU per token of one; more: of all together)")
     ap.add_argument("--ref-processes", type=int, default=None,
                     help="REF's edge processes (default: REF's own default; a REF before round 6 has no --processes)")
-    ap.add_argument("--log-dir", default="/tmp/tokenyard-edge-cpu", help="the edges' logs")
+    ap.add_argument("--log-dir", default=None, help="the edges' logs (default: a new temporary folder, named on stderr)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to this file (default: not written)")
     args = ap.parse_args()
     doc = asyncio.run(main_async(args))

@@ -42,7 +42,7 @@ import aiohttp
 from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
-from bench._out import write_result
+from bench._out import log_dir, write_result
 from bench.baseline import baseline_env, commit_of
 from bench.edge_cpu import _head, start_edge
 from bench.live_router import _stop, _wait_http
@@ -142,8 +142,7 @@ def summarize(ttft: dict[str, list[float]]) -> dict[str, Any]:
 async def main_async(args) -> dict[str, Any]:
     ref = commit_of(args.baseline)
     server = await natsutil.NatsServer().start()
-    logs = Path(args.log_dir)
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = log_dir(args.log_dir, "edge-ttft")
     front_port = natsutil.free_port()
     procs: list[subprocess.Popen] = []
     ttft: dict[str, list[float]] = {p: [] for p in PATHS}
@@ -210,7 +209,7 @@ def main() -> int:
     ap.add_argument("--gap-ms", type=float, default=20.0, help="pause after each request")
     ap.add_argument("--processes", type=int, default=1, help="processes of each edge (default 1)")
     ap.add_argument("--seed", type=int, default=1, help="seed of each round's random order of the paths (default 1)")
-    ap.add_argument("--log-dir", default="/tmp/tokenyard-edge-ttft", help="the edges' and the stand-in's logs")
+    ap.add_argument("--log-dir", default=None, help="the edges' and the stand-in's logs (default: a new temporary folder, named on stderr)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to this file (default: not written)")
     ap.add_argument("--stand-in", default=None, metavar="NATS_URL", help=argparse.SUPPRESS)
     ap.add_argument("--front-port", type=int, default=0, help=argparse.SUPPRESS)

@@ -26,7 +26,7 @@ from tokenyard.loadgen.config import BenchConfig
 from tokenyard.loadgen.serve import run_bench
 from tokenyard.loadgen.workloads.synthetic import SYNTHETIC
 
-from bench._out import write_result
+from bench._out import log_dir, write_result
 from bench.live_router import PROFILE, SPEED, _scrape
 from tokenyard.launcher import FleetProcesses
 
@@ -36,8 +36,9 @@ KEYS = ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", 
 async def run(args) -> dict:
     rate = SYNTHETIC[args.workload].DEFAULT_RATE * args.load * args.speed * args.workers / 16
     rows = []
+    logs_dir = log_dir(args.log_dir, "live-paths")
     for path in args.paths:
-        logs = Path(args.log_dir) / path
+        logs = logs_dir / path
         fleet = FleetProcesses(workers=args.workers, profile=PROFILE, speed=args.speed, http_port=0,
                                nats_secure=False, log_dir=str(logs))
         async with fleet:
@@ -73,8 +74,8 @@ def parser() -> argparse.ArgumentParser:
                    help="synthetic workload the requests come from (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=150, help="requests sent on each path (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the requests and their arrival times (default: %(default)s)")
-    p.add_argument("--log-dir", default="/tmp/tokenyard-live-paths",
-                   help="each path's fleet logs go to DIR/PATH; the router's log gives the orphan aborts (default: %(default)s)")
+    p.add_argument("--log-dir", default=None,
+                   help="each path's fleet logs go to DIR/PATH; the router's log gives the orphan aborts (default: a new temporary folder, named on stderr)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON to this file (default: not written)")
     return p
 

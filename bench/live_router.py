@@ -54,7 +54,7 @@ from tokenyard.loadgen.workloads.synthetic import SYNTHETIC
 from tokenyard.services.router.core import DEFAULT_POLICY
 from tokenyard.shared import config, natsutil
 
-from bench._out import write_result
+from bench._out import log_dir, write_result
 from bench.baseline import baseline_env, has_text
 from bench.route_log import (
     choice_summary,
@@ -292,8 +292,7 @@ def _row(res: dict[str, Any], speed: float) -> dict[str, Any]:
 
 
 async def main_async(args) -> dict[str, Any]:
-    logs = Path(args.log_dir)
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = log_dir(args.log_dir, "live-router")
     base = args.base_rate or SYNTHETIC[args.workload].DEFAULT_RATE
     rows: list[dict[str, Any]] = []
     for rnd in range(1, args.rounds + 1):
@@ -426,7 +425,7 @@ def main() -> int:
                     help="the commit router `tokenyard-ref` runs (the same fleet on REF's code: before / after)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the workload's requests and arrival times (default 0)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
-    ap.add_argument("--log-dir", default="/tmp/tokenyard-live-router", help="every process's log")
+    ap.add_argument("--log-dir", default=None, help="every process's log (default: a new temporary folder, named on stderr)")
     ap.add_argument("--route-log", action="store_true",
                     help="tokenyard's router logs each choice (debug level: the hit and load of every worker); "
                          "the run keeps what its view expected against what it chose (`route_choices`); "

@@ -94,3 +94,26 @@ def test_help_prints_each_flag_with_its_text(module, source):
     assert shown >= 1
     if module != "bench.admission_refusal":
         assert "(default:" in out.stdout  # defaults are shown where there are some
+
+
+def test_no_bench_option_defaults_to_a_folder_of_this_machine():
+    """A bench's default is the same on every machine: a log folder nobody asked for is a new
+    temporary one (bench/_out.log_dir), not a fixed path under /tmp (four benches had one)."""
+    fixed = [f"{path.relative_to(REPO)}: {names(call)}"
+             for path in sorted(BENCH.rglob("*.py")) for call in add_argument_calls(path)
+             for k in call.keywords
+             if k.arg == "default" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)
+             and k.value.value.startswith("/")]
+    assert fixed == []
+
+
+def test_a_log_folder_nobody_asked_for_is_a_new_one_each_run(tmp_path, capsys):
+    from bench._out import log_dir
+    first, second = log_dir(None, "x"), log_dir(None, "x")
+    try:
+        assert first != second and first.is_dir() and second.is_dir() and first.name.startswith("tokenyard-x-")
+        assert capsys.readouterr().err.split() == ["logs:", str(first), "logs:", str(second)]
+        assert log_dir(str(tmp_path / "a" / "b"), "x") == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
+    finally:
+        first.rmdir()
+        second.rmdir()

@@ -26,9 +26,12 @@
   (the shell asks `llm.v1.adopt`); it asks their state (stream_states: the request, the token
   ids sent, the next seq) and is followed once its AdoptReply names them (adoption_done), so
   it can migrate them if this worker dies; a router whose state ask failed adopted nothing, and
-  the gone one's requests are handed over again at a later probe. Every message fits the
-  server's max payload: the hand-over goes in pieces (adopt_asks), the state answer takes only
-  what fits (stream_states' `room`).
+  the gone one's requests are handed over again at a later probe. A stream whose state was told
+  but whose AdoptReply never came (adoption_lost) is handed over again only once its adopter,
+  asked directly (adopter_asks / on_adopter_answer), says it does not follow it, or is proven
+  gone: else two routers could follow it. Every message fits the server's max payload: the
+  hand-over goes in pieces (adopt_asks), the state answer takes only what fits (stream_states'
+  `room`).
 Remembered ids are bounded (LRU of `remember` entries).
 """
 
@@ -43,7 +46,7 @@ import msgspec
 from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
 from tokenyard.services.worker.leases import LeaseProbe, LeaseWatch
 from tokenyard.shared import codec, schemas
-from tokenyard.shared.adoption import LIST_HEADER, AdoptAsk, StreamState, ask_pieces
+from tokenyard.shared.adoption import LIST_HEADER, AdoptAsk, AdoptedAsk, StreamState, adopted_ask, ask_pieces
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
 from tokenyard.shared.slo import NUM_CLASSES, OfferPrefill, engine_saturated, klass, request_deadline_s
@@ -84,10 +87,25 @@ class _Stream:
     token_ids: array | None = None
     """Resumed + generated token ids sent so far (kept while a router follows it)."""
     adopting: str = ""
-    """The `alive` subject of a router that asked its state; followed once its AdoptReply names it."""
+    """The `alive` subject of the router its state was told to in this hand-over (one at most);
+    followed once that router says it adopted it."""
+    adopter_at: str = ""
+    """Where that router answers which streams it adopted (`llm.v1.router.<id>.adopted`)."""
     handing: int = 0
     """The hand-over it is in now (its serial; 0: none). Not handed over a second time until
-    it ends (adoption_done); its state is told only to an adopter asking for that one."""
+    it ends (adoption_done) or, its state told and the reply lost, the adopter answers for it;
+    its state is told only to an adopter asking for that one."""
+    unconfirmed: bool = False
+    """Its state told to `adopting`, whose AdoptReply never came: that router is asked directly."""
+
+
+@dataclass(frozen=True)
+class AdopterAsk:
+    """Ask the adopter `probe.lease` (its `alive` subject), on `probe.subject`, `ask`: which of
+    these streams it follows; its answer goes to WorkerCore.on_adopter_answer."""
+
+    probe: LeaseProbe
+    ask: AdoptedAsk
 
 
 def engine_request(req: AdmittedRequest) -> AdmittedRequest:
@@ -128,6 +146,10 @@ class WorkerCore:
         (Heartbeat.output_share)."""
         self._handovers = 0
         """Hand-overs started (their serials)."""
+        self.adopters = LeaseWatch(at_once=True)
+        """The routers that streams' state was told to, whose AdoptReply never came (keyed by
+        `alive` subject): asked at once, then again every ORPHAN_AFTER_S while no answer comes;
+        "no responders" twice, that far apart, proves one gone (LeaseWatch's rule)."""
 
     def _remember(self, lru: OrderedDict, rid: str, value=None) -> None:
         lru[rid] = value
@@ -265,18 +287,21 @@ class WorkerCore:
     def _state(st: _Stream) -> StreamState:
         return StreamState(st.req.request_id, st.token_ids.tolist() if st.token_ids is not None else [], st.seq)
 
-    def stream_states(self, request_ids: list[str], adopter: str, handover: int,
+    def stream_states(self, request_ids: list[str], adopter: str, adopter_at: str, handover: int,
                       room: int | None = None) -> list[StreamState]:
         """What a router adopting these requests needs to migrate them: the ones still running
         here and still in hand-over `handover` (an ask that comes after the worker gave that one
-        up, or during a later one, gets nothing: two routers would follow the stream), as many as
-        fit `room` bytes encoded (a stream left out stays its old router's and is handed over
-        again later); `adopter` (its `alive` subject) is followed once it says it adopted them."""
+        up, or during a later one, gets nothing: two routers would follow the stream), whose
+        state was told to no other router in it, as many as fit `room` bytes encoded (a stream
+        left out stays its old router's and is handed over again later). `adopter` (its `alive`
+        subject) is followed once it says it adopted them; `adopter_at` is where it says so if
+        its AdoptReply is lost (without one nothing is told: the worker could not ask)."""
         out, used = [], LIST_HEADER
         for rid in request_ids:
             st = self.streams.get(rid)
-            if (st is None or st.silenced or st.token_ids is None or rid in self._aborted
-                    or not handover or st.handing != handover):
+            if (not adopter or not adopter_at or st is None or st.silenced or st.token_ids is None
+                    or rid in self._aborted or not handover or st.handing != handover or st.unconfirmed
+                    or st.adopting not in ("", adopter)):
                 continue
             state = self._state(st)
             if room is not None:
@@ -284,21 +309,67 @@ class WorkerCore:
                 if used + size > room:
                     continue
                 used += size
-            st.adopting = adopter
+            st.adopting, st.adopter_at = adopter, adopter_at
             out.append(state)
         return out
 
-    def adoption_done(self, adopted: list[str], asked: Iterable[str] = ()) -> None:
-        """The adopting router's reply: the requests it now follows are followed as its. `asked`:
-        the hand-over's requests (adopted or not), which a later probe may hand over again."""
-        for rid in adopted:
-            st = self.streams.get(rid)
-            if st is not None and st.adopting:
-                st.placed_by, st.adopting = st.adopting, ""
+    def adoption_done(self, handover: int, asked: Iterable[str], adopted: list[str]) -> None:
+        """The AdoptReply to a piece of hand-over `handover` (its `asked` requests): those it names
+        whose state was told are followed as the adopter's; the rest may be handed over again."""
+        said = set(adopted)
         for rid in asked:
             st = self.streams.get(rid)
-            if st is not None:
-                st.handing = 0
+            if st is not None and st.handing == handover:
+                self._settle(st, rid in said and bool(st.adopting))
+
+    def adoption_lost(self, handover: int, asked: Iterable[str]) -> None:
+        """No AdoptReply to `asked` in hand-over `handover` (a timeout, a dropped or bad answer, or
+        never sent): a stream whose state was told stays in the hand-over, unconfirmed, until its
+        adopter answers for it (adopter_asks); the rest may be handed over again."""
+        for rid in asked:
+            st = self.streams.get(rid)
+            if st is None or st.handing != handover or st.unconfirmed:
+                continue
+            if st.adopting:
+                st.unconfirmed = True
+            else:
+                self._settle(st, False)
+
+    def adopter_asks(self, now: float, room: int) -> list[AdopterAsk]:
+        """The asks due now to adopters whose AdoptReply was lost (one out per adopter), each of
+        the ids unconfirmed with it that fit `room` (shared/adoption.adopted_ask)."""
+        pending: dict[str, tuple[str, list[str]]] = {}
+        for rid, st in sorted(self.streams.items()):
+            if st.unconfirmed and not st.silenced:
+                pending.setdefault(st.adopting, (st.adopter_at, []))[1].append(rid)
+        probes = self.adopters.tick(now, {alive: at for alive, (at, _) in pending.items()})
+        return [AdopterAsk(p, adopted_ask(self.cfg.worker_id, pending[p.lease][1], room)) for p in probes]
+
+    def on_adopter_answer(self, ask: AdopterAsk, adopted: list[str] | None, gone: bool) -> None:
+        """An adopter's answer: `adopted`, those of the ask's ids it follows (None: no answer, a
+        timeout), or `gone` ("no responders"). Those it follows are followed as its; the rest of
+        the ask's, and all unconfirmed with an adopter proven gone, may be handed over again."""
+        alive = ask.probe.lease
+        if self.adopters.on_answer(alive, gone, ask.probe.sent_s):
+            for st in self.streams.values():
+                if st.unconfirmed and st.adopting == alive:
+                    self._settle(st, False)
+            return
+        if adopted is None:
+            return
+        said = set(adopted)
+        for rid in ask.ask.request_ids:
+            st = self.streams.get(rid)
+            if st is not None and st.unconfirmed and st.adopting == alive:
+                self._settle(st, rid in said)
+
+    @staticmethod
+    def _settle(st: _Stream, adopted: bool) -> None:
+        """The hand-over ends for `st`: its adopter followed from now, or (not adopted) it stays
+        its placing router's, to be handed over again at a later probe if that one is gone."""
+        if adopted:
+            st.placed_by = st.adopting
+        st.adopting, st.adopter_at, st.handing, st.unconfirmed = "", "", 0, False
 
     def reused_id_error(self, req: AdmittedRequest) -> schemas.Error:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""

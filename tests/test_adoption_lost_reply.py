@@ -7,11 +7,16 @@ re-issue them if the worker died (two generations on one client stream)."""
 
 from __future__ import annotations
 
-from tokenyard.services.worker.core import AdopterAsk, WorkerCore
+from nats.errors import TimeoutError as NatsTimeoutError
+from tokenyard.services.worker import handover
+from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput
+from tokenyard.services.worker.handover_core import AdopterAsk
 from tokenyard.services.worker.leases import ORPHAN_AFTER_S, LeaseProbe
+from tokenyard.services.worker.shell import WorkerShell
 from tokenyard.shared import codec, subjects
-from tokenyard.shared.adoption import AdoptedAsk, StreamState, adopted_ask, message_room
+from tokenyard.shared.adoption import AdoptAsk, AdoptedAsk, AdoptReply, StreamState, adopted_ask, message_room
+from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.test_adoption import B_AT, A, B, handed_over, place, req, worker
 
@@ -106,3 +111,44 @@ def test_an_ask_to_the_adopter_takes_the_ids_that_fit_the_rest_wait_for_the_next
     [nxt] = w.adopter_asks(7.0 + ORPHAN_AFTER_S, room)  # the rest, asked on B's next turn
     assert nxt.ask.request_ids[0] == rids[n]
     assert [rid for rid, by in placed(w).items() if by == B] == sorted(rids[:n])
+
+
+class LosingNc:
+    """The worker's connection to router B, which adopts what it is handed (asks the state) but
+    whose AdoptReply is lost (a timeout), and which, asked again, names `follows`."""
+
+    max_payload = 1 << 20
+
+    def __init__(self, core: WorkerCore, follows: list[str]):
+        self.core, self.follows, self.asked = core, follows, []
+
+    async def request(self, subject, data, timeout):
+        self.asked.append(subject)
+        if subject == subjects.ADOPT:
+            ask = codec.decode(data, AdoptAsk)
+            self.core.stream_states([r.request_id for r in ask.requests], B, B_AT, ask.handover)
+            raise NatsTimeoutError()
+        assert subject == B_AT
+        assert codec.decode(data, AdoptedAsk).worker_id == "w0"
+        return type("Msg", (), {"data": codec.encode(AdoptReply(self.follows))})()
+
+
+async def test_the_shell_asks_the_adopter_whose_reply_timed_out_on_the_subject_its_state_ask_named():
+    shell = WorkerShell(WorkerConfig("w0", "m"), engine=None, tokenizer=ByteTokenizer())
+    for rid in ("r1", "r2"):
+        place(shell.core, req(rid), A)
+    shell.nc = LosingNc(shell.core, ["r2"])
+
+    async def gone(subject):
+        return True
+
+    shell._gone = gone
+    for t in (0.0, 3.0, 6.0):
+        for p in shell.core.router_probes(t):
+            await handover.probe_router(shell, p)
+    assert shell.nc.asked == [subjects.ADOPT] and placed(shell.core) == {"r1": A, "r2": A}
+    [ask] = shell.core.adopter_asks(6.1, message_room(shell.nc.max_payload))
+    await handover.ask_adopter(shell, ask)
+    assert shell.nc.asked == [subjects.ADOPT, B_AT]
+    assert placed(shell.core) == {"r1": A, "r2": B}  # B's word; r1 waits for a later hand-over
+    assert handed_over(shell.core, (9.0, 12.0, 15.0)) == ["r1"]

@@ -20,7 +20,8 @@ from typing import Protocol
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.micro.request import Request
-from tokenyard.services.worker.core import AdopterAsk, WorkerCore
+from tokenyard.services.worker.core import WorkerCore
+from tokenyard.services.worker.handover_core import AdopterAsk
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.shared import codec, subjects, telemetry
 from tokenyard.shared.adoption import AdoptReply, StateAsk, message_room

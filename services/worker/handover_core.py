@@ -149,11 +149,11 @@ class HandOvers:
         """The asks due now to adopters whose AdoptReply was lost (one out per adopter), each of
         the ids unconfirmed with it that fit `room` (shared/adoption.adopted_ask)."""
         pending: dict[str, tuple[str, list[str]]] = {}
-        for rid, st in sorted(self.streams.items()):
+        for rid, st in self.streams.items():
             if st.unconfirmed and not st.silenced:
                 pending.setdefault(st.adopting, (st.adopter_at, []))[1].append(rid)
         probes = self.adopters.tick(now, {alive: at for alive, (at, _) in pending.items()})
-        return [AdopterAsk(p, adopted_ask(self.cfg.worker_id, pending[p.lease][1], room)) for p in probes]
+        return [AdopterAsk(p, adopted_ask(self.cfg.worker_id, sorted(pending[p.lease][1]), room)) for p in probes]
 
     def on_adopter_answer(self, ask: AdopterAsk, adopted: list[str] | None, gone: bool) -> None:
         """An adopter's answer: `adopted`, those of the ask's ids it follows (None: no answer, a

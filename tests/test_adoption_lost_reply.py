@@ -15,7 +15,15 @@ from tokenyard.services.worker.handover_core import AdopterAsk
 from tokenyard.services.worker.leases import ORPHAN_AFTER_S, LeaseProbe
 from tokenyard.services.worker.shell import WorkerShell
 from tokenyard.shared import codec, subjects
-from tokenyard.shared.adoption import AdoptAsk, AdoptedAsk, AdoptReply, StreamState, adopted_ask, message_room
+from tokenyard.shared.adoption import (
+    AdoptAsk,
+    AdoptedAsk,
+    AdoptReply,
+    StateAsk,
+    StreamState,
+    adopted_ask,
+    message_room,
+)
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.test_adoption import B_AT, A, B, handed_over, place, req, worker
@@ -152,3 +160,29 @@ async def test_the_shell_asks_the_adopter_whose_reply_timed_out_on_the_subject_i
     assert shell.nc.asked == [subjects.ADOPT, B_AT]
     assert placed(shell.core) == {"r1": A, "r2": B}  # B's word; r1 waits for a later hand-over
     assert handed_over(shell.core, (9.0, 12.0, 15.0)) == ["r1"]
+
+
+class StateRequest:
+    """A StateAsk as nats.micro hands it to the worker: the asker's inbox on its message."""
+
+    def __init__(self, ask: StateAsk, inbox: str = "_INBOX.router.bbbb.7"):
+        self.data, self._msg, self.answers = codec.encode(ask), type("M", (), {"reply": inbox})(), []
+
+    async def respond(self, data: bytes):
+        self.answers.append(codec.decode(data, list[StreamState]))
+
+
+async def test_a_state_ask_that_names_no_router_id_to_ask_later_is_told_nothing():
+    shell = WorkerShell(WorkerConfig("w0", "m"), engine=None, tokenizer=ByteTokenizer())
+    shell.nc = LosingNc(shell.core, [])
+    place(shell.core, req("r1"), A)
+    assert handed_over(shell.core, (0.0, 3.0, 6.0)) == ["r1"]
+    for bad in ("", "router.b", "router-*", "x" * 65):
+        asked = StateRequest(StateAsk(["r1"], 1, bad))
+        await handover.on_state(shell, asked)
+        assert asked.answers == [[]], bad
+    assert shell.core.streams["r1"].adopting == ""  # nothing told, nobody to ask
+    asked = StateRequest(StateAsk(["r1"], 1, "router-b"))
+    await handover.on_state(shell, asked)
+    assert asked.answers == [[StreamState("r1", [], 0)]]
+    assert (shell.core.streams["r1"].adopting, shell.core.streams["r1"].adopter_at) == (B, B_AT)

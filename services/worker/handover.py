@@ -98,7 +98,7 @@ async def on_state(shell: Shell, req: Request) -> None:
     try:
         ask = codec.decode(req.data, StateAsk)
         at = subjects.router_adopted(ask.router_id)
-    except (codec.DecodeError, ValueError) as e:
+    except (*codec.DecodeError, ValueError) as e:
         log.warning("bad_state_ask", asker=asker, error=str(e))
         ask, at = StateAsk([], 0), ""
     states = shell.core.stream_states(ask.request_ids, alive_subject(asker), at, ask.handover,

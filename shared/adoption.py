@@ -5,9 +5,21 @@ which then follows their streams (and migrates them if that worker dies). The me
     router → `llm.v1.worker.<id>.state` (request):   [request ids] → [StreamState]
                                                      (the asker is now the one the worker follows)
     router → worker (AdoptAsk's answer):             AdoptReply(adopted ids)
+    worker → `llm.v1.router.<id>.adopted` (request): AdoptedAsk(worker_id, ids) → AdoptReply
+                                                     (only when the AdoptReply never came)
 
 The router subscribes to each request's reply subject before it asks the state, and holds what
 arrives until the state comes: no chunk falls between the two.
+
+A stream's state is told to one router per hand-over, and the worker follows that router for it
+once it says it adopted it. If its AdoptReply is lost (a timeout, a dropped reply, a slow router),
+the worker does not know: that router may follow the stream, and handing it over again could have
+a second one follow it too; if the worker then died, both would re-issue it (two generations on
+one stream). So the worker asks that router directly (AdoptedAsk, on the subject its StateAsk
+named) which of those streams it follows: it follows those it names, and hands over again only
+the rest, or all of them once that router is proven gone ("no responders" twice, the rule for a
+placing router). The router answers from its migration tracking, after any adoption of theirs
+still under way has ended.
 
 Every message fits the server's max payload less the header room (`message_room`): a worker with
 hundreds of long streams hands them over in pieces (`ask_pieces`), each a complete hand-over of
@@ -42,10 +54,22 @@ class StateAsk(msgspec.Struct):
 
     request_ids: list[str]
     handover: int
+    router_id: str = ""
+    """The asking router's instance id: the worker asks `llm.v1.router.<id>.adopted` which of these
+    it adopted if its AdoptReply never comes. Without a valid one the worker tells nothing (it
+    could not ask)."""
 
 
 class AdoptReply(msgspec.Struct):
     adopted: list[str]
+
+
+class AdoptedAsk(msgspec.Struct):
+    """A worker's ask to a router it told these streams' state to, whose AdoptReply never came:
+    which of `request_ids` (running on `worker_id`) does it follow? Answered AdoptReply(those)."""
+
+    worker_id: str
+    request_ids: list[str]
 
 
 class StreamState(msgspec.Struct):
@@ -83,3 +107,16 @@ def ask_pieces(worker_id: str, reqs: list[AdmittedRequest], state_bytes: list[in
     if piece:
         out.append(AdoptAsk(worker_id, piece, handover))
     return out
+
+
+def adopted_ask(worker_id: str, request_ids: list[str], room: int) -> AdoptedAsk:
+    """An AdoptedAsk of the first of `request_ids` that fit `room` (at least one: an id came in a
+    message of the max payload); the rest wait for a later ask."""
+    used = len(codec.encode(AdoptedAsk(worker_id, []))) + LIST_HEADER
+    ids: list[str] = []
+    for rid in request_ids:
+        used += len(codec.encode(rid))
+        if ids and used > room:
+            break
+        ids.append(rid)
+    return AdoptedAsk(worker_id, ids)

@@ -107,11 +107,12 @@ ROLES: dict[str, Role] = {
     "router": Role(
         (f"{_P}.worker.*.generate", f"{_P}.worker.*.status", f"{_P}.worker.*.state", subjects.ABORT, "_INBOX.>"),
         (subjects.ROUTE, subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.MACRO_STATE_ALL, subjects.LEASE_ALL,
-         subjects.ABORT, subjects.ADOPT,
+         subjects.ABORT, subjects.ADOPT, subjects.ROUTER_ADOPTED_ALL,
          "_INBOX.>", _SRV),
         responses=1,
         why="the only sender of work to workers; follows the streams it placed (migration: probes workers, "
-            "re-issues, aborts orphans, ends a stream it cannot move)",
+            "re-issues, aborts orphans, ends a stream it cannot move) and those it adopts, and says which "
+            "it adopted when a worker asks again",
     ),
     "macro": Role(
         (f"{_P}.worker.*.control", subjects.MACRO_STATE_ALL, f"$KV.{_KV}.>", "$JS.API.INFO",
@@ -121,13 +122,15 @@ ROLES: dict[str, Role] = {
         why="groups workers, switches their phase, keeps the topology bucket; scales on the queue's backlog",
     ),
     "worker": Role(
-        ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.ROUTE, subjects.ADOPT),
+        ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.ROUTE, subjects.ADOPT,
+         subjects.ROUTER_ADOPTED_ALL),
         (f"{_P}.worker.*.generate", f"{_P}.worker.*.control", f"{_P}.worker.*.status", f"{_P}.worker.*.state",
          _ALIVE, subjects.ABORT, "{inbox}.>",
          _SRV),
         responses=1,
         why="the only publisher of heartbeats and KV events; streams tokens to the request's inbox; "
-            "a spatial P/D prefill worker asks the router to place the decode leg",
+            "a spatial P/D prefill worker asks the router to place the decode leg; hands a gone router's "
+            "streams over, and asks an adopter whose reply was lost which it adopted",
     ),
     OBSERVER: Role(
         ("$SRV.>",), (subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, "{inbox}.>"),

@@ -81,6 +81,19 @@ def worker_state(worker_id: str) -> str:
     return f"{PREFIX}.worker.{worker_id}.state"
 
 
+def router_adopted(router_id: str) -> str:
+    """worker → router: request/reply; which of these streams (AdoptedAsk) the router adopted, asked
+    when its AdoptReply never came (shared/adoption.py). `router_id` must be one subject token."""
+    if not _TOKEN.fullmatch(router_id):
+        raise ValueError(f"a router id is one subject token, not {router_id!r}")
+    return f"{PREFIX}.router.{router_id}.adopted"
+
+
+ROUTER_ADOPTED_ALL = f"{PREFIX}.router.*.adopted"
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 def worker_alive(worker_id: str) -> str:
     """client → worker: request/reply, answered empty; "no responders" says the worker is gone
     (a client whose stream went silent probes it: shared/stream_watch.py)."""

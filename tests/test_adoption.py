@@ -9,11 +9,12 @@ from __future__ import annotations
 from nats.errors import MaxPayloadError
 from nats.errors import TimeoutError as NatsTimeoutError
 from tokenyard.services.router.migration import MigrationConfig, MigrationCore, Reissue
+from tokenyard.services.worker import handover
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore
 from tokenyard.services.worker.engine import EngineOutput
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.shell import WorkerShell
-from tokenyard.shared import codec
+from tokenyard.shared import codec, subjects
 from tokenyard.shared.adoption import LIST_HEADER, AdoptAsk, AdoptReply, StreamState, ask_pieces, message_room
 from tokenyard.shared.schemas import Chunk, Finished, Usage, WorkerControl
 from tokenyard.shared.tokenizer import ByteTokenizer
@@ -21,6 +22,8 @@ from tokenyard.shared.tokenizer import ByteTokenizer
 from tests import builders
 
 A, B = "_INBOX.router.aaaa.alive", "_INBOX.router.bbbb.alive"
+B_AT = subjects.router_adopted("router-b")
+"""Where B answers which streams it adopted (its StateAsk names its id)."""
 
 
 def req(rid: str = "r1", **kw):
@@ -61,10 +64,10 @@ def test_the_state_is_the_tokens_sent_with_the_resumed_ones_first_and_the_asker_
     w.on_output(EngineOutput("r1", [105, 106]))
     assert handed_over(w, (0.0, 3.0, 6.0)) == ["r1"]
     [ask] = w.adopt_asks([w.streams["r1"].req], message_room(1 << 20))
-    assert w.stream_states(["r1", "gone"], B, ask.handover) == [StreamState("r1", [7, 8, 104, 105, 106], 4)]
+    assert w.stream_states(["r1", "gone"], B, B_AT, ask.handover) == [StreamState("r1", [7, 8, 104, 105, 106], 4)]
     assert w.router_probes(6.1) == []
     assert [p.lease for p in w.router_probes(9.2)] == [A]  # B has not said it adopted r1 yet
-    w.adoption_done(["r1", "gone"])
+    w.adoption_done(ask.handover, ["r1", "gone"], ["r1", "gone"])
     assert w.router_probes(12.3) == []  # B first seen here now: its clock starts
     assert [p.lease for p in w.router_probes(15.4)] == [B]  # now B is the one followed
 
@@ -78,7 +81,7 @@ def test_an_orphaned_request_is_not_handed_over():
     assert w.on_router_answer(A, True, 3.0) == []
     w.router_probes(6.0)
     assert w.on_router_answer(A, True, 6.0) == []  # A gone, but r1 is no longer followed here
-    assert w.stream_states(["r1"], B, 1) == []
+    assert w.stream_states(["r1"], B, B_AT, 1) == []
 
 
 def test_the_adopting_router_replays_what_it_saw_meanwhile_and_reissues_with_the_tokens_sent():
@@ -137,7 +140,7 @@ def test_a_hand_over_goes_in_pieces_that_each_fit_the_room_with_their_states():
     for a in asks:
         assert len(codec.encode(a)) <= room
         ids = [r.request_id for r in a.requests]
-        assert 2 * len(codec.encode(w.stream_states(ids, B, a.handover))) <= room + LIST_HEADER
+        assert 2 * len(codec.encode(w.stream_states(ids, B, B_AT, a.handover))) <= room + LIST_HEADER
     # a request too big for any piece goes alone
     big = long_req("big", 40_000)
     assert [len(a.requests) for a in ask_pieces("w0", [reqs[0], big, reqs[1]], [10, 10, 10], room)] == [1, 1, 1]
@@ -148,11 +151,11 @@ def test_the_state_answer_takes_only_the_states_that_fit_the_rest_stay_the_gone_
     for i in range(10):
         place(w, long_req(f"r{i}"), A)
     assert len(handed_over(w, (0.0, 3.0, 6.0))) == 10  # hand-over 1
-    one = len(codec.encode(w.stream_states(["r0"], "", 1)))
-    states = w.stream_states([f"r{i}" for i in range(10)], B, 1, room=3 * one + LIST_HEADER)
+    one = len(codec.encode(w.stream_states(["r0"], B, B_AT, 1)))
+    states = w.stream_states([f"r{i}" for i in range(10)], B, B_AT, 1, room=3 * one + LIST_HEADER)
     assert [s.request_id for s in states] == ["r0", "r1", "r2"]
     assert [rid for rid, st in sorted(w.streams.items()) if st.adopting == B] == ["r0", "r1", "r2"]
-    w.adoption_done(["r0", "r1", "r2"])
+    w.adoption_done(1, [f"r{i}" for i in range(10)], ["r0", "r1", "r2"])
     assert {rid: st.placed_by for rid, st in w.streams.items()} == {
         **{f"r{i}": B for i in range(3)}, **{f"r{i}": A for i in range(3, 10)}}
 
@@ -172,8 +175,8 @@ def test_a_request_in_a_hand_over_is_not_handed_over_a_second_time_until_it_ends
     place(w, req("r2"), A)
     assert handed_over(w, (0.0, 3.0, 6.0)) == ["r1", "r2"]
     assert handed_over(w, (9.0, 12.0, 15.0, 18.0)) == []  # the first hand-over still out
-    assert [st.request_id for st in w.stream_states(["r1"], B, 1)] == ["r1"]
-    w.adoption_done(["r1"], ["r1", "r2"])  # B took r1 only; r2 is A's again, handed over later
+    assert [st.request_id for st in w.stream_states(["r1"], B, B_AT, 1)] == ["r1"]
+    w.adoption_done(1, ["r1", "r2"], ["r1"])  # B took r1 only; r2 is A's again, handed over later
     assert handed_over(w, (21.0, 24.0, 27.0)) == ["r2"]
 
 
@@ -192,7 +195,7 @@ class AdoptNc:
         self.asked.append(ids)
         if (error := self.fail.get(len(self.asked))) is not None:
             raise error
-        states = self.core.stream_states(ids, B, ask.handover)
+        states = self.core.stream_states(ids, B, B_AT, ask.handover)
         return type("Msg", (), {"data": codec.encode(AdoptReply([s.request_id for s in states]))})()
 
 
@@ -208,7 +211,7 @@ async def hand_over(fail) -> tuple[WorkerShell, AdoptNc]:
     shell._gone = gone
     for t in (0.0, 3.0, 6.0):
         for p in shell.core.router_probes(t):
-            await shell._probe_router(p)
+            await handover.probe_router(shell, p)
     return shell, shell.nc
 
 
@@ -227,19 +230,19 @@ def test_a_state_ask_for_a_hand_over_the_worker_gave_up_or_for_another_gets_noth
     """A late adopter (its ask queued behind others past the worker's wait) must not be told the
     state: it would follow the stream while the worker hands it to a third router, and both
     would re-issue it if the worker died."""
-    C = "_INBOX.router.cccc.alive"
+    C, C_AT = "_INBOX.router.cccc.alive", subjects.router_adopted("router-c")
     w = worker()
     place(w, req("r1"), A)
     w.on_output(EngineOutput("r1", [104]))
     assert handed_over(w, (0.0, 3.0, 6.0)) == ["r1"]
     [first] = w.adopt_asks([w.streams["r1"].req], message_room(1 << 20))
-    w.adoption_done([], ["r1"])  # no AdoptReply in time: the worker gave that hand-over up
-    assert w.stream_states(["r1"], B, first.handover) == []  # B's ask, come late
+    w.adoption_lost(first.handover, ["r1"])  # no AdoptReply in time, no state told: the worker gave it up
+    assert w.stream_states(["r1"], B, B_AT, first.handover) == []  # B's ask, come late
     assert handed_over(w, (9.0, 12.0, 15.0)) == ["r1"]
     [second] = w.adopt_asks([w.streams["r1"].req], message_room(1 << 20))
     assert second.handover != first.handover
-    assert w.stream_states(["r1"], B, first.handover) == []  # still late, during C's hand-over
-    assert w.stream_states(["r1"], C, second.handover) == [StreamState("r1", [104], 1)]
-    w.adoption_done(["r1"], ["r1"])
+    assert w.stream_states(["r1"], B, B_AT, first.handover) == []  # still late, during C's hand-over
+    assert w.stream_states(["r1"], C, C_AT, second.handover) == [StreamState("r1", [104], 1)]
+    w.adoption_done(second.handover, ["r1"], ["r1"])
     assert w.streams["r1"].placed_by == C
-    assert w.stream_states(["r1"], C, 0) == []  # and none outside a hand-over
+    assert w.stream_states(["r1"], C, C_AT, 0) == []  # and none outside a hand-over

@@ -86,6 +86,7 @@ CLIENT_REFUSED_PUBLISH = [
     (subjects.worker_generate("tw0"), "generate straight on a worker"),
     (subjects.worker_control("tw0"), "switch a worker's phase"),
     (subjects.worker_status("tw0"), "read the ids a worker runs"),
+    (subjects.router_adopted("router-x"), "ask a router which streams it adopted"),
     (subjects.QUEUE, "enqueue straight onto the queue stream"),
     ("$JS.API.STREAM.INFO.LLM_QUEUE", "use JetStream at all"),
     (subjects.ROUTE, "ask the router to place a request"),

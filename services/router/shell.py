@@ -31,7 +31,7 @@ from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
-from tokenyard.services.router.adopt import on_adopt
+from tokenyard.services.router.adopt import on_adopt, on_adopted_ask
 from tokenyard.services.router.bounds import check_inputs
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
 from tokenyard.services.router.follow import Follows
@@ -84,6 +84,8 @@ class RouterShell:
         self._monitor: asyncio.Task | None = None
         self._tracking = asyncio.Event()
         """Set when a stream is tracked: wakes the monitor loop from its idle wait."""
+        self.adoptions: dict[str, asyncio.Event] = {}
+        """request id → the event set when its adoption under way here ends (services/router/adopt.py)."""
 
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = self.follows.nc = nc
@@ -93,6 +95,7 @@ class RouterShell:
         await nc.subscribe(subjects.LEASE_ALL, cb=self._on_lease)
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
         await nc.subscribe(subjects.ADOPT, queue=subjects.GROUP_ROUTER, cb=functools.partial(on_adopt, self))
+        await nc.subscribe(subjects.router_adopted(self.instance_id), cb=functools.partial(on_adopted_ask, self))
         await service.add_endpoint(
             name="route", subject=subjects.ROUTE, queue_group=subjects.GROUP_ROUTER, handler=self._on_route
         )

@@ -20,15 +20,9 @@
 * Orphans: lease_probes(now) / on_lease_answer(…) follow the leases of the requests it runs
   (services/worker/leases.py): a lease whose holder's `alive` subject has no responders left
   has every request of it here aborted, whoever placed them.
-* Adoption: the routers that placed them are followed the same way (router_probes /
-  on_router_answer; a router is its offer's reply prefix + `.alive`, the subscription that
-  lives as long as its connection). A gone router's requests are handed to a surviving one
-  (the shell asks `llm.v1.adopt`); it asks their state (stream_states: the request, the token
-  ids sent, the next seq) and is followed once its AdoptReply names them (adoption_done), so
-  it can migrate them if this worker dies; a router whose state ask failed adopted nothing, and
-  the gone one's requests are handed over again at a later probe. Every message fits the
-  server's max payload: the hand-over goes in pieces (adopt_asks), the state answer takes only
-  what fits (stream_states' `room`).
+* Adoption (services/worker/handover_core.py, whose methods WorkerCore takes on): the routers
+  that placed its requests are followed as leases are; a gone one's requests are handed to a
+  surviving one, which then follows them (and migrates them if this worker dies).
 Remembered ids are bounded (LRU of `remember` entries).
 """
 
@@ -36,14 +30,13 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
 from tokenyard.services.worker.engine import DEADLINE, EngineOutput, EngineStats
+from tokenyard.services.worker.handover_core import HandOvers
 from tokenyard.services.worker.leases import LeaseProbe, LeaseWatch
-from tokenyard.shared import codec, schemas
-from tokenyard.shared.adoption import LIST_HEADER, AdoptAsk, StreamState, ask_pieces
+from tokenyard.shared import schemas
 from tokenyard.shared.ecoserve import prefill_phase_starved
 from tokenyard.shared.schemas import MIGRATED, AdmittedRequest, Outcome, Phase
 from tokenyard.shared.slo import NUM_CLASSES, OfferPrefill, engine_saturated, klass, request_deadline_s
@@ -84,10 +77,16 @@ class _Stream:
     token_ids: array | None = None
     """Resumed + generated token ids sent so far (kept while a router follows it)."""
     adopting: str = ""
-    """The `alive` subject of a router that asked its state; followed once its AdoptReply names it."""
+    """The `alive` subject of the router its state was told to in this hand-over (one at most);
+    followed once that router says it adopted it."""
+    adopter_at: str = ""
+    """Where that router answers which streams it adopted (`llm.v1.router.<id>.adopted`)."""
     handing: int = 0
     """The hand-over it is in now (its serial; 0: none). Not handed over a second time until
-    it ends (adoption_done); its state is told only to an adopter asking for that one."""
+    it ends (adoption_done) or, its state told and the reply lost, the adopter answers for it;
+    its state is told only to an adopter asking for that one."""
+    unconfirmed: bool = False
+    """Its state told to `adopting`, whose AdoptReply never came: that router is asked directly."""
 
 
 def engine_request(req: AdmittedRequest) -> AdmittedRequest:
@@ -103,7 +102,7 @@ def engine_request(req: AdmittedRequest) -> AdmittedRequest:
     )
 
 
-class WorkerCore:
+class WorkerCore(HandOvers):
     def __init__(self, cfg: WorkerConfig, tokenizer: Tokenizer):
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -116,7 +115,6 @@ class WorkerCore:
         self.streams: dict[str, _Stream] = {}
         self.leases = LeaseWatch()
         self.routers = LeaseWatch()
-        """The placing routers' `alive` subjects, followed as leases are."""
         self._seen: OrderedDict[str, tuple[str, int]] = OrderedDict()
         """request id → (reply subject, migrations) of the generations started here."""
         self._aborted: OrderedDict[str, str | None] = OrderedDict()
@@ -127,7 +125,7 @@ class WorkerCore:
         """Decayed sums of the completion tokens and max_tokens of the requests finished here
         (Heartbeat.output_share)."""
         self._handovers = 0
-        """Hand-overs started (their serials)."""
+        self.adopters = LeaseWatch(at_once=True)
 
     def _remember(self, lru: OrderedDict, rid: str, value=None) -> None:
         lru[rid] = value
@@ -226,79 +224,6 @@ class WorkerCore:
         for rid in rids:
             self.on_abort(rid, "orphaned", self.streams[rid].req.reply_to)
         return rids
-
-    def placed_by(self, request_id: str, alive: str) -> None:
-        """The request just taken was placed by the router whose `alive` subject this is: follow
-        it, and keep the token ids sent from now on (a hand-over needs them). Not a P/D decode
-        leg: its first token went out from another worker."""
-        st = self.streams.get(request_id)
-        if st is not None and alive and not st.req.kv_from:
-            st.placed_by, st.token_ids = alive, array("q", st.req.resume_token_ids)
-
-    def router_probes(self, now: float) -> list[LeaseProbe]:
-        """The placing routers to probe now (LeaseWatch.tick, keyed by `alive` subject)."""
-        return self.routers.tick(now, {st.placed_by: st.placed_by for st in self.streams.values()
-                                       if st.placed_by and not st.silenced})
-
-    def on_router_answer(self, alive: str, gone: bool, sent_s: float) -> list[AdmittedRequest]:
-        """A router probe's outcome; the requests to hand to another router (it is gone). They
-        stay its until one adopts them (stream_states): a failed hand-over is tried again at
-        the next probe."""
-        if not self.routers.on_answer(alive, gone, sent_s):
-            return []
-        out = [st for rid, st in sorted(self.streams.items())
-               if st.placed_by == alive and not st.silenced and rid not in self._aborted and not st.handing]
-        self._handovers += 1
-        for st in out:
-            st.handing = self._handovers
-        return [st.req for st in out]
-
-    def adopt_asks(self, reqs: list[AdmittedRequest], room: int) -> list[AdoptAsk]:
-        """The hand-over of `reqs` (on_router_answer's) in AdoptAsks that fit `room` with their
-        states (shared/adoption.ask_pieces)."""
-        sizes = [len(codec.encode(self._state(self.streams[r.request_id]))) if r.request_id in self.streams else 0
-                 for r in reqs]
-        serial = next((self.streams[r.request_id].handing for r in reqs if r.request_id in self.streams), 0)
-        return ask_pieces(self.cfg.worker_id, reqs, sizes, room, serial)
-
-    @staticmethod
-    def _state(st: _Stream) -> StreamState:
-        return StreamState(st.req.request_id, st.token_ids.tolist() if st.token_ids is not None else [], st.seq)
-
-    def stream_states(self, request_ids: list[str], adopter: str, handover: int,
-                      room: int | None = None) -> list[StreamState]:
-        """What a router adopting these requests needs to migrate them: the ones still running
-        here and still in hand-over `handover` (an ask that comes after the worker gave that one
-        up, or during a later one, gets nothing: two routers would follow the stream), as many as
-        fit `room` bytes encoded (a stream left out stays its old router's and is handed over
-        again later); `adopter` (its `alive` subject) is followed once it says it adopted them."""
-        out, used = [], LIST_HEADER
-        for rid in request_ids:
-            st = self.streams.get(rid)
-            if (st is None or st.silenced or st.token_ids is None or rid in self._aborted
-                    or not handover or st.handing != handover):
-                continue
-            state = self._state(st)
-            if room is not None:
-                size = len(codec.encode(state))
-                if used + size > room:
-                    continue
-                used += size
-            st.adopting = adopter
-            out.append(state)
-        return out
-
-    def adoption_done(self, adopted: list[str], asked: Iterable[str] = ()) -> None:
-        """The adopting router's reply: the requests it now follows are followed as its. `asked`:
-        the hand-over's requests (adopted or not), which a later probe may hand over again."""
-        for rid in adopted:
-            st = self.streams.get(rid)
-            if st is not None and st.adopting:
-                st.placed_by, st.adopting = st.adopting, ""
-        for rid in asked:
-            st = self.streams.get(rid)
-            if st is not None:
-                st.handing = 0
 
     def reused_id_error(self, req: AdmittedRequest) -> schemas.Error:
         """The answer to a request whose id another request already used (offer said DUPLICATE)."""

@@ -47,8 +47,11 @@ class LeaseProbe:
 
 
 class LeaseWatch:
-    def __init__(self, after_s: float = ORPHAN_AFTER_S):
+    def __init__(self, after_s: float = ORPHAN_AFTER_S, at_once: bool = False):
+        """`at_once`: a newly seen lease is probed at the next tick, not `after_s` later (the
+        worker's ask to an adopter whose reply was lost: its answer is wanted now)."""
         self.after_s = after_s
+        self.at_once = at_once
         self.proven: dict[str, float] = {}
         """lease → when its holder was last proven alive (or first seen here)."""
         self.probing: dict[str, float] = {}
@@ -66,7 +69,7 @@ class LeaseWatch:
             self.suspect.pop(lease, None)
         out = []
         for lease in sorted(running):
-            since = self.proven.setdefault(lease, now)
+            since = self.proven.setdefault(lease, now - self.after_s if self.at_once else now)
             if lease not in self.probing and now - since >= self.after_s:
                 self.probing[lease] = now
                 self.probes += 1

@@ -23,7 +23,9 @@
   router's `alive` subject is its offer's reply prefix + `.alive`); a gone router's requests
   are handed to a surviving one on `llm.v1.adopt`, which asks their state on
   `llm.v1.worker.<id>.state` and is followed once its reply names them; each message fits the
-  server's max payload (a hand-over goes in pieces, shared/adoption.py).
+  server's max payload (a hand-over goes in pieces, shared/adoption.py). Where that reply is
+  lost, the router told the state is asked which it adopted (`llm.v1.router.<id>.adopted`)
+  before any of them is handed over again.
 * Every `heartbeat_s`: a Heartbeat on `llm.v1.hb.<id>`; KV events on `llm.v1.kv.<id>` as
   soon as a step made some (polled every `kv_poll_s` while a generation runs; with none
   running, at each heartbeat: an idle worker's 20 ms poll found nothing 50 times a second, and
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 
 import msgspec
@@ -44,12 +47,13 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
+from tokenyard.services.worker import handover
 from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_request
 from tokenyard.services.worker.engine import Engine
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
 from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
-from tokenyard.shared.adoption import AdoptReply, StateAsk, message_room
+from tokenyard.shared.adoption import message_room
 from tokenyard.shared.eager import eager_task
 from tokenyard.shared.metrics import WorkerMetrics
 from tokenyard.shared.slo import OfferPrefill
@@ -71,9 +75,6 @@ engine's prefill) finds the answer gone alone at this bound; a refusal is answer
 LEASE_PROBE_TIMEOUT_S = 1.0
 """How long a lease probe waits: "no responders" comes back within a round trip; a live
 holder answers nothing (its subscription is the answer), so the wait ends in a timeout."""
-
-ADOPT_TIMEOUT_S = 5.0
-"""How long a hand-over waits for a router to adopt (it subscribes, then asks the state)."""
 
 REPLAY_SLICE = 256
 """Replayed events published between two turns of the event loop."""
@@ -129,7 +130,7 @@ class WorkerShell:
         await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self.on_generate)
         natsutil.handle_directly(service, subjects.worker_generate(wid))  # an offer's handler starts in the reader's turn
         await service.add_endpoint(name="status", subject=subjects.worker_status(wid), handler=self._on_status)
-        await service.add_endpoint(name="state", subject=subjects.worker_state(wid), handler=self._on_state)
+        await service.add_endpoint(name="state", subject=subjects.worker_state(wid), handler=functools.partial(handover.on_state, self))
         await self._publish_heartbeat()
         self._timers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._kv_loop())]
 
@@ -157,7 +158,7 @@ class WorkerShell:
         stats = self.engine.stats()
         reply, start = self.core.offer(ar, stats, prefill)
         if start:
-            router = asker_inbox(req)  # the placing router's request inbox: its prefix lives with its connection
+            router = handover.asker_inbox(req)  # the placing router's request inbox: its prefix lives with its connection
             self.core.placed_by(ar.request_id, alive_subject(router) if router else "")  # answered with its first event, or at REPLY_HOLD_S (the handler returns at once)
             answer = OfferAnswer(req, codec.encode(reply))
             timer = asyncio.get_running_loop().call_later(REPLY_HOLD_S, answer.send_soon)
@@ -359,8 +360,10 @@ class WorkerShell:
             self._lease_reconnects = self.nc.stats["reconnects"]
             self.core.leases.on_reconnected(now)
             self.core.routers.on_reconnected(now)  # a router, too, may not have resubscribed yet
+            self.core.adopters.on_reconnected(now)
         probes = [self._probe_lease(p) for p in self.core.lease_probes(now)]
-        probes += [self._probe_router(p) for p in self.core.router_probes(now)]
+        probes += [handover.probe_router(self, p) for p in self.core.router_probes(now)]
+        probes += [handover.ask_adopter(self, a) for a in self.core.adopter_asks(now, message_room(self.nc.max_payload))]
         for probe in probes:
             task = asyncio.create_task(probe)
             self._lease_probes.add(task)
@@ -375,39 +378,6 @@ class WorkerShell:
         except Exception:
             pass
         return False
-
-    async def _probe_router(self, probe: LeaseProbe) -> None:
-        """A placing router gone: hand its requests here to another (adoption); none took them,
-        the next probe tries again."""
-        reqs = self.core.on_router_answer(probe.lease, await self._gone(probe.subject), probe.sent_s)
-        if not reqs:
-            return
-        try:  # piece by piece, each a whole hand-over; what none took waits for a later probe
-            for ask in self.core.adopt_asks(reqs, message_room(self.nc.max_payload)):
-                try:
-                    msg = await self.nc.request(subjects.ADOPT, codec.encode(ask), timeout=ADOPT_TIMEOUT_S)
-                    adopted = codec.decode(msg.data, AdoptReply).adopted
-                except Exception as e:
-                    log.warning("adoption_failed", gone=probe.lease, streams=len(ask.requests), error=repr(e))
-                    if isinstance(e, (NoRespondersError, TimeoutError)):
-                        break  # no router took it now: the rest wait too (not piled onto a slow one)
-                    continue  # this piece alone (too big to send, a bad answer): on to the next
-                self.core.adoption_done(adopted)  # followed from now: not before the adopter committed
-                log.info("streams_adopted", gone=probe.lease, adopted=len(adopted), asked=len(ask.requests))
-        finally:
-            self.core.adoption_done([], [r.request_id for r in reqs])
-
-    async def _on_state(self, req: Request) -> None:
-        """A router adopting streams here: their state; it is followed once its reply says so."""
-        asker = asker_inbox(req)
-        if not asker:
-            return
-        try:
-            ask = codec.decode(req.data, StateAsk)
-        except codec.DecodeError:
-            ask = StateAsk([], 0)
-        await req.respond(codec.encode(self.core.stream_states(ask.request_ids, alive_subject(asker), ask.handover,
-                                                               message_room(self.nc.max_payload))))
 
     async def _probe_lease(self, probe: LeaseProbe) -> None:
         """Only "no responders" says the holder is gone; an answer or a timeout, alive-or-late."""
@@ -437,13 +407,6 @@ class WorkerShell:
 
 async def _answer_alive(msg) -> None:
     await msg.respond(b"")
-
-
-def asker_inbox(req: Request) -> str:
-    """The reply subject of a micro endpoint's request (nats.micro keeps it on its message);
-    '' when there is none (a test's stand-in)."""
-    reply = getattr(getattr(req, "_msg", None), "reply", "")
-    return reply if isinstance(reply, str) else ""
 
 
 class OfferAnswer:

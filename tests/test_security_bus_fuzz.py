@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
-from tokenyard.shared import codec, schemas
+from tokenyard.shared import adoption, codec, resume, schemas
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 BUS_TYPES = {
@@ -31,6 +31,12 @@ BUS_TYPES = {
     "worker control (worker)": schemas.WorkerControl,
     "queue state (admission)": schemas.QueueStats,
     "request stream (client, edge)": schemas.StreamEvent,
+    "adopt (router)": adoption.AdoptAsk,
+    "worker state ask (worker)": adoption.StateAsk,
+    "worker state reply (router)": list[adoption.StreamState],
+    "adopt reply, adopted reply (worker)": adoption.AdoptReply,
+    "router adopted ask (router)": adoption.AdoptedAsk,
+    "resume (admission)": resume.ResumeAsk,
 }
 IDS = list(BUS_TYPES)
 TYPES = list(BUS_TYPES.values())
@@ -171,13 +177,14 @@ def test_admission_answers_any_decoded_request_with_something_it_can_send(value,
 
 
 def test_the_list_names_every_message_a_shell_decodes():
-    """A new Struct on the bus must join BUS_TYPES (the messages of shared/schemas.py, less
-    those only nested inside others)."""
+    """A new Struct on the bus must join BUS_TYPES (the messages of shared/schemas.py,
+    shared/adoption.py and shared/resume.py, less those only nested inside others)."""
     nested_only = {schemas.ChatMessage, schemas.StreamOptions, schemas.Usage, schemas.Sampling, schemas.EngineStats}
-    tops = {v for v in vars(schemas).values()
-            if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == schemas.__name__}
+    tops = {v for m in (schemas, adoption, resume) for v in vars(m).values()
+            if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == m.__name__}
     kv_events = {schemas.KVCacheEvent, schemas.BlockStored, schemas.BlockRemoved, schemas.AllBlocksCleared}
     events = {schemas.Accepted, schemas.Rejected, schemas.Chunk, schemas.Finished, schemas.Error}
-    covered = {t for t in TYPES if isinstance(t, type)} | events | kv_events | nested_only
+    replies = {adoption.StreamState}  # a list of them: the state reply
+    covered = {t for t in TYPES if isinstance(t, type)} | events | kv_events | nested_only | replies
     assert tops - covered == set()
     assert not any(isinstance(t, type) and issubclass(t, enum.Enum) for t in TYPES)

@@ -22,8 +22,9 @@ engine (scheduler.py's seam).
     every running request has the same STP everyone runs every step (`folds`: the engine
     may fold such steps, core.advance).
   * Token budget: a step's tokens are capped so that the step, with the decodes its credit
-    batch runs, fits the tightest running SLO (no minimum): prefill chunks shrink rather than
-    stretch the tight requests' TPOT (the core asks `token_budget` before each step).
+    batch runs, fits the tightest running SLO (no minimum) whatever it schedules under the cap
+    (priced at the most any step of at most that many tokens costs): prefill chunks shrink
+    rather than stretch the tight requests' TPOT (the core asks `token_budget` before each step).
 """
 
 from __future__ import annotations
@@ -112,13 +113,16 @@ class ScorpioPolicy:
         """The step's token budget: the most tokens whose step, with the decodes this step's
         credit batch really runs (their own contexts), still ends within the SLO of each of them
         (the tightest: its STP; a loose one that skipped steps: its STP less the time since its
-        last token) — priced as an upper bound: the attention of one chunk of all the prompt
-        tokens on the longest cached context a chunk may sit on, plus p0 for each further chunk
-        the tokens can make (the running prefills', and the waiting requests' smallest whole
-        prompts that fit, and one more). A live engine's measured per-step overhead
-        (`SimEngineCore.step_overhead_s`) comes off the bound and onto each step's time. A step
-        with no decode takes the full budget. A prefix the window's requests would copy back from
-        the host tier lengthens the step by the copy (admit.py): it comes off the bound too."""
+        last token) — priced as an upper bound on any step of at most that many tokens: the
+        linear ops at their most for any count up to it (LatencyProfile.step_ms_at_most: the
+        step may schedule fewer, and the measured linear(T) is not monotone), the attention of
+        one chunk of all the prompt tokens on the longest cached context a chunk may sit on,
+        plus p0 for each further chunk the tokens can make (the running prefills', and the
+        waiting requests' smallest whole prompts that fit, and one more). A live engine's
+        measured per-step overhead (`SimEngineCore.step_overhead_s`) comes off the bound and
+        onto each step's time. A step with no decode takes the full budget. A prefix the
+        window's requests would copy back from the host tier lengthens the step by the copy
+        (admit.py): it comes off the bound too."""
         over = core.step_overhead_s * 1000.0  # live: what a step costs beyond its modelled time
         self._last_step_ms = core.last_step_s * 1000.0 + over
         self._core = core
@@ -145,7 +149,9 @@ class ScorpioPolicy:
         def cost(n: int, chunks: int) -> float:
             # m chunks of n tokens in all cost at most m·p0 + p1·n + p2·n²/2 + p3·n·k (Σ n_i² ≤ n²)
             attn = prof.chunk_attn_ms(n, k) + (chunks - 1) * prof.p0 if n else 0.0
-            return prof.step_ms(d + n, d, ctx, attn)
+            # at most: the step may run fewer tokens (a last chunk short of the budget), and
+            # the profile's linear(T) is not monotone — fewer tokens can cost more
+            return prof.step_ms_at_most(d + n, d, ctx, attn)
 
         def fits(n: int, chunks: int) -> bool:
             return cost(n, chunks) <= bound

@@ -82,7 +82,8 @@ class ScorpioPolicy:
         """(ids of the running set, its credit batch) between `token_budget` and `step_batch`."""
         self.credits: dict[str, float] = {}
         self.gap_ms: dict[str, float] = {}
-        """Per decoding request: time since its last token, as far as the engine's steps tell."""
+        """Per decoding request the last credit batch saw: time since its last token as that
+        step started (`gap`)."""
         self._ran: set[str] = set()
         self._last_step_ms = 0.0
         self._core: SimEngineCore | None = None
@@ -129,7 +130,10 @@ class ScorpioPolicy:
         prof = self.prof
         full = prof.max_num_batched_tokens
         running = core.running
-        batch, _, gaps = ((running, {}, {}) if self.folds(running) else self._planned(running))
+        if self.folds(running):  # everyone runs: one that skipped the steps before still has its gap
+            batch, gaps = running, {r.rid: self.gap(r) for r in running}
+        else:
+            batch, _, gaps = self._planned(running)
         decodes = [r for r in batch if r.computed >= r.target]
         if not decodes:
             return full
@@ -230,7 +234,7 @@ class ScorpioPolicy:
                 continue
             stp = self.stp(r)
             c = self.credits.get(r.rid, 0.0) + tight / stp
-            gap = 0.0 if r.rid in self._ran else self.gap_ms.get(r.rid, 0.0) + s
+            gap = self.gap(r)
             if c >= 1.0 - 1e-9 or gap + 2 * s > stp:
                 c = max(0.0, c - 1.0)
                 batch.append(r)
@@ -239,6 +243,15 @@ class ScorpioPolicy:
         plan = (batch, credits, gaps)
         self._plan = (key, plan)
         return plan
+
+    def gap(self, seq: Seq) -> float:
+        """Time since `seq`'s last token as the coming step starts (ms): its gap as the last
+        step started plus that step where that step's credit batch skipped it; else 0 — the
+        last step ran it, or it joined the engine in that step (its first token, or a swapped
+        decode's resumed one, came at the step's end)."""
+        if seq.rid in self._ran or seq.rid not in self.gap_ms:
+            return 0.0
+        return self.gap_ms[seq.rid] + self._last_step_ms
 
     def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
         """Credit-based batching: each step every decoding request earns TRP(r) and runs once

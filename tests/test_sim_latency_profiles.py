@@ -48,3 +48,30 @@ def test_the_engine_uses_the_profiles_block_count_by_default():
     core = SimEngineCore(PROFILES["a100-llama3-8b"])
     assert (core.block_size, core.pool.total) == (16, 29_205)
     assert SimEngineCore(PROFILES["a100-llama3-8b"], block_size=512).pool.total == 912
+
+
+def test_a_steps_ceiling_bounds_every_step_of_at_most_its_tokens():
+    """The measured linear ops are not monotone in the token count (a kernel's tiles): on the
+    A100 a 543-token step's take 41.41 ms, a 576-token one's 40.02, so a step that schedules
+    fewer tokens than it was priced at can cost more. linear_ceiling(T) is the most any T' ≤ T
+    costs (beyond the table too), and step_ms_at_most bounds every step of at most T tokens,
+    at most those decodes, that context and that attention, to the bit."""
+    a100 = PROFILES["a100-llama3-8b"]
+    assert (a100.linear(543), a100.linear(544), a100.linear(576)) == pytest.approx((41.414, 41.52, 40.016))
+    assert a100.linear_ceiling(576) == a100.linear(544)
+    assert a100.linear_ceiling(543) == a100.linear(543)
+    for p in PROFILES.values():
+        top = 0.0
+        for t in range(len(p.linear_ms) + 50):
+            top = max(top, p.linear(t))
+            assert p.linear_ceiling(t) == top
+    # seed 1231 at 12 req/s (test_sim_scorpio_guard): 22 decodes (context 16,438) beside a
+    # prompt's last 521 tokens on 1,675 computed ones, a 576-token budget priced against 50 ms
+    d, ctx, k = 22, 16438, 1675
+    step = lambda n: a100.step_ms(d + n, d, ctx, a100.chunk_attn_ms(n, k))  # noqa: E731
+    assert step(554) == pytest.approx(49.072, abs=1e-3) and step(521) == pytest.approx(50.104, abs=1e-3)
+    bound = a100.step_ms_at_most(d + 554, d, ctx, a100.chunk_attn_ms(554, k))
+    assert bound == pytest.approx(50.576, abs=1e-3)  # > 50: the budget is fewer tokens
+    fewer = [a100.step_ms(d2 + n, d2, c, a100.chunk_attn_ms(n, k) if n else 0.0)
+             for n in range(555) for d2, c in ((d, ctx), (d - 1, ctx - 700), (0, 0))]
+    assert max(fewer) <= bound

@@ -55,14 +55,15 @@ def test_credit_batching_runs_each_request_at_its_trp():
 def test_long_steps_make_loose_requests_run_before_their_slo_passes():
     pol = ScorpioPolicy(PROF)
     running = [decoding("a", 50, 0), decoding("c", 150, 1)]
-    # steps take 40 ms (the engine's last, as each step's budget reads it): c (TRP 1/3) would
-    # wait 120 ms between tokens
-    no_decode = SimpleNamespace(last_step_s=0.040, step_overhead_s=0.0, running=[])
+    # steps take 60 ms (the engine's last, as each step's budget reads it): by its credits
+    # alone c (TRP 1/3) would wait three steps, 180 ms, between tokens
+    no_decode = SimpleNamespace(last_step_s=0.060, step_overhead_s=0.0, running=[])
     assert pol.token_budget(no_decode) == PROF.max_num_batched_tokens  # nothing decodes: the full budget
-    batches = [[s.rid for s in pol.step_batch(running)] for _ in range(4)]
-    # c runs once gap + 2·40 > 150, gap the time since its last token: 40 (no), 80 (yes), then
-    # 0 and 40 after it ran (no, no); its credits alone would wait three steps
-    assert batches == [["a"], ["a", "c"], ["a"], ["a"]]
+    steps = [(pol.gap(running[1]), [s.rid for s in pol.step_batch(running)]) for _ in range(4)]
+    # c runs once gap + 2·60 > 150, gap the time since its last token: 0 at first (it joined
+    # the engine in the step before, its token at that step's end: no), 60 (yes), then 0 after
+    # it ran (no) and 60 (yes)
+    assert steps == [(0.0, ["a"]), (60.0, ["a", "c"]), (0.0, ["a"]), (60.0, ["a", "c"])]
 
 
 def test_equal_slos_fold_and_prefills_always_run():

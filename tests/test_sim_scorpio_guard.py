@@ -10,7 +10,7 @@ import copy
 
 import msgspec
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from tokenyard.services.worker.sim.core import SimEngineCore
 from tokenyard.services.worker.sim.latency import profile
@@ -157,6 +157,8 @@ def test_decodes_about_to_leave_do_not_make_a_waiting_request_look_late():
 
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), rate=st.sampled_from([8.0, 12.0, 16.0]))
+@example(seed=1231, rate=12.0)  # a step of fewer tokens than its budget cost more (the profile's tiles)
+@example(seed=213, rate=8.0)  # the first step where everyone runs forgot a loose decode's wait
 def test_every_token_comes_within_its_requests_tpot_slo(seed, rate):
     """The TPOT guard, step by step: no decode waits longer than its SLO between two tokens
     (the tight ones run every step, each step fits their SLO; a loose one runs before its gap
@@ -174,6 +176,55 @@ def test_every_token_comes_within_its_requests_tpot_slo(seed, rate):
                 worst = max(worst, (now - last[o.request_id]) * 1000 - slo[o.request_id])
             last[o.request_id] = now
     assert worst <= 1e-6
+
+
+def test_whatever_a_step_schedules_under_its_budget_fits_the_tpot_slo():
+    """The profile's linear ops are not monotone in the token count, and a step may schedule
+    fewer tokens than its budget (a prompt's last chunk): priced as the step of exactly its
+    budget, a 566-token budget let 540 tokens run 50.68 ms beside 22 decodes of a 50 ms SLO
+    (seed 1231 at 12 req/s, 0.104 ms over). Priced as the most any step under it costs, every
+    token count up to the budget fits, and the prompt takes one step more."""
+    pol = ScorpioPolicy(PROF)
+    core = SimEngineCore(PROF, 16, policy=pol)
+    for i in range(22):
+        core.add(areq(f"d{i}", 500, deadline=99.0, stp=50.0, out=500))
+    while core.waiting or any(s.computed < s.target for s in core.running):
+        core.step()
+    core.add(areq("big", 2747, deadline=99.0, stp=50.0, out=4))
+    big, steps = core.seqs["big"], []
+    while big.generated == 0:
+        budget, k = pol.token_budget(core), big.computed
+        decodes = [s for s in core.running if s.computed >= s.target]
+        d, ctx = len(decodes), sum(pol.context(s) for s in decodes)
+        worst = max(PROF.step_ms(d + n, d, ctx, PROF.chunk_attn_ms(n, k) if n else 0.0) for n in range(budget - d + 1))
+        res = core.step()
+        assert d == 22 and worst <= 50.0 and res.duration_s * 1000 <= worst
+        steps.append((budget, res.scheduled_tokens))
+    assert steps == [(582, 582), (580, 580), (578, 578), (543, 543), (532, 532), (523, 64)]
+
+
+def test_a_loose_decodes_wait_counts_in_the_first_step_where_everyone_runs():
+    """A 200 ms decode skips steps beside a 50 ms one (credit batching); when the tight one
+    leaves, every running request has the same SLO and everyone runs (`folds`) — but the loose
+    one has already waited two ~50 ms steps: that step's budget is what is left of its SLO
+    (seed 213 at 8 req/s priced it at the whole 200 ms: a 151 ms step after 148 ms, 99.4 ms over)."""
+    pol = ScorpioPolicy(PROF)
+    core = SimEngineCore(PROF, 16, policy=pol)
+    core.add(areq("t", 64, deadline=99.0, stp=50.0, out=4))
+    core.add(areq("l", 64, deadline=99.0, stp=200.0, out=100))
+    core.add(areq("big", 6000, deadline=99.0, stp=200.0, out=4))
+    now, last, gaps, steps = 0.0, None, [], []
+    while "l" in core.seqs:
+        budget, folds = pol.token_budget(core), pol.folds(core.running)
+        res = core.step()
+        now += res.duration_s
+        if any(o.request_id == "l" for o in res.outputs):
+            gaps += [] if last is None else [(now - last) * 1000]
+            last = now
+        steps.append((budget, folds, round(res.duration_s * 1000, 2)))
+    assert steps[1:6] == [(545, False, 49.59), (532, False, 49.78), (522, False, 49.67), (1045, True, 100.34), (2048, True, 141.88)]
+    assert gaps[:2] == [pytest.approx(49.59, abs=0.01), pytest.approx(49.78 + 49.67 + 100.34, abs=0.01)]
+    assert max(gaps) <= 200.0
 
 
 def test_scorpio_beats_fcfs_with_the_same_rejection_where_fcfs_breaks_the_tight_slo():

@@ -20,6 +20,8 @@ source of every number; data/vidur.json holds the measured tables, see calibrate
 * settings: weight quantization multiplies linear(T) by its documented factor (fp8: 1/1.6); the
   KV cache dtype scales decode attention and bytes per token (fp8: ×0.5).
 A step with nothing scheduled takes no time. `step_s(B, Σctx, [(N, K), …])` is the interface.
+The measured linear(T) is not monotone (a kernel's tiles): `step_ms_at_most` prices linear at
+its most for any T' ≤ T, a bound on every step of at most T tokens (SCORPIO's token budget).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +117,23 @@ class LatencyProfile:
         last = len(table) - 1
         return table[last] + (table[last] - table[last - 1]) * (tokens - last)
 
+    def linear_ceiling(self, tokens: int) -> float:
+        """The most linear(t) costs for any t ≤ `tokens`. The measured rows are not monotone
+        (a kernel's tiles: on a100-llama3-8b 543 tokens take 41.4 ms, 576 take 40.0), so a step
+        priced at T tokens that runs fewer — a prompt's last chunk short of the budget — can cost
+        more: a bound on every step of at most T tokens prices this. A mixture of experts'
+        roofline is monotone already."""
+        if self.moe is not None:
+            return self.linear(tokens)
+        top = self._linear_ceiling_ms
+        if tokens < len(top):
+            return top[tokens]
+        return max(top[-1], self.linear(tokens))
+
+    @cached_property
+    def _linear_ceiling_ms(self) -> tuple[float, ...]:
+        return tuple(np.maximum.accumulate(np.asarray(self.linear_ms)).tolist())
+
     def step_ms(self, tokens: int, decode_batch: int, decode_ctx: int, prefill_attn_ms: float) -> float:
         """The step's time given its token count and the prefill attention already summed
         (the engine core's hot path: no per-chunk call). SimEngineCore.advance repeats this
@@ -123,6 +142,17 @@ class LatencyProfile:
         if tokens == 0:
             return 0.0
         ms = self.overhead_ms + self.linear(tokens) + prefill_attn_ms
+        if decode_batch:
+            ms += self.d0 + self.d2 * decode_ctx
+        return ms
+
+    def step_ms_at_most(self, tokens: int, decode_batch: int, decode_ctx: int, prefill_attn_ms: float) -> float:
+        """The most a step of at most `tokens` tokens costs, with at most these decodes, their
+        context and this prefill attention: `step_ms` with linear at its ceiling (same order of
+        operations, so never below `step_ms` of any such step, to the bit)."""
+        if tokens == 0:
+            return 0.0
+        ms = self.overhead_ms + self.linear_ceiling(tokens) + prefill_attn_ms
         if decode_batch:
             ms += self.d0 + self.d2 * decode_ctx
         return ms

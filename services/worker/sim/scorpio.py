@@ -22,8 +22,9 @@ engine (scheduler.py's seam).
     every running request has the same STP everyone runs every step (`folds`: the engine
     may fold such steps, core.advance).
   * Token budget: a step's tokens are capped so that the step, with the decodes its credit
-    batch runs, fits the tightest running SLO (no minimum): prefill chunks shrink rather than
-    stretch the tight requests' TPOT (the core asks `token_budget` before each step).
+    batch runs, fits the tightest running SLO (no minimum) whatever it schedules under the cap
+    (priced at the most any step of at most that many tokens costs): prefill chunks shrink
+    rather than stretch the tight requests' TPOT (the core asks `token_budget` before each step).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class ScorpioPolicy:
         """(ids of the running set, its credit batch) between `token_budget` and `step_batch`."""
         self.credits: dict[str, float] = {}
         self.gap_ms: dict[str, float] = {}
-        """Per decoding request: time since its last token, as far as the engine's steps tell."""
+        """Per decoding request the last credit batch saw: time since its last token as that
+        step started (`gap`)."""
         self._ran: set[str] = set()
         self._last_step_ms = 0.0
         self._core: SimEngineCore | None = None
@@ -112,20 +114,26 @@ class ScorpioPolicy:
         """The step's token budget: the most tokens whose step, with the decodes this step's
         credit batch really runs (their own contexts), still ends within the SLO of each of them
         (the tightest: its STP; a loose one that skipped steps: its STP less the time since its
-        last token) — priced as an upper bound: the attention of one chunk of all the prompt
-        tokens on the longest cached context a chunk may sit on, plus p0 for each further chunk
-        the tokens can make (the running prefills', and the waiting requests' smallest whole
-        prompts that fit, and one more). A live engine's measured per-step overhead
-        (`SimEngineCore.step_overhead_s`) comes off the bound and onto each step's time. A step
-        with no decode takes the full budget. A prefix the window's requests would copy back from
-        the host tier lengthens the step by the copy (admit.py): it comes off the bound too."""
+        last token) — priced as an upper bound on any step of at most that many tokens: the
+        linear ops at their most for any count up to it (LatencyProfile.step_ms_at_most: the
+        step may schedule fewer, and the measured linear(T) is not monotone), the attention of
+        one chunk of all the prompt tokens on the longest cached context a chunk may sit on,
+        plus p0 for each further chunk the tokens can make (the running prefills', and the
+        waiting requests' smallest whole prompts that fit, and one more). A live engine's
+        measured per-step overhead (`SimEngineCore.step_overhead_s`) comes off the bound and
+        onto each step's time. A step with no decode takes the full budget. A prefix the
+        window's requests would copy back from the host tier lengthens the step by the copy
+        (admit.py): it comes off the bound too."""
         over = core.step_overhead_s * 1000.0  # live: what a step costs beyond its modelled time
         self._last_step_ms = core.last_step_s * 1000.0 + over
         self._core = core
         prof = self.prof
         full = prof.max_num_batched_tokens
         running = core.running
-        batch, _, gaps = ((running, {}, {}) if self.folds(running) else self._planned(running))
+        if self.folds(running):  # everyone runs: one that skipped the steps before still has its gap
+            batch, gaps = running, {r.rid: self.gap(r) for r in running}
+        else:
+            batch, _, gaps = self._planned(running)
         decodes = [r for r in batch if r.computed >= r.target]
         if not decodes:
             return full
@@ -145,7 +153,9 @@ class ScorpioPolicy:
         def cost(n: int, chunks: int) -> float:
             # m chunks of n tokens in all cost at most m·p0 + p1·n + p2·n²/2 + p3·n·k (Σ n_i² ≤ n²)
             attn = prof.chunk_attn_ms(n, k) + (chunks - 1) * prof.p0 if n else 0.0
-            return prof.step_ms(d + n, d, ctx, attn)
+            # at most: the step may run fewer tokens (a last chunk short of the budget), and
+            # the profile's linear(T) is not monotone — fewer tokens can cost more
+            return prof.step_ms_at_most(d + n, d, ctx, attn)
 
         def fits(n: int, chunks: int) -> bool:
             return cost(n, chunks) <= bound
@@ -224,7 +234,7 @@ class ScorpioPolicy:
                 continue
             stp = self.stp(r)
             c = self.credits.get(r.rid, 0.0) + tight / stp
-            gap = 0.0 if r.rid in self._ran else self.gap_ms.get(r.rid, 0.0) + s
+            gap = self.gap(r)
             if c >= 1.0 - 1e-9 or gap + 2 * s > stp:
                 c = max(0.0, c - 1.0)
                 batch.append(r)
@@ -233,6 +243,15 @@ class ScorpioPolicy:
         plan = (batch, credits, gaps)
         self._plan = (key, plan)
         return plan
+
+    def gap(self, seq: Seq) -> float:
+        """Time since `seq`'s last token as the coming step starts (ms): its gap as the last
+        step started plus that step where that step's credit batch skipped it; else 0 — the
+        last step ran it, or it joined the engine in that step (its first token, or a swapped
+        decode's resumed one, came at the step's end)."""
+        if seq.rid in self._ran or seq.rid not in self.gap_ms:
+            return 0.0
+        return self.gap_ms[seq.rid] + self._last_step_ms
 
     def step_batch(self, running: list[Seq]) -> Sequence[Seq]:
         """Credit-based batching: each step every decoding request earns TRP(r) and runs once

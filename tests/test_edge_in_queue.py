@@ -174,14 +174,14 @@ async def test_two_fronts_side_by_side_lose_and_double_no_request(nats_server):
 
             done = await asyncio.gather(*(one(i) for i in range(24)))
         assert done == [(200, "length")] * 24
+        for f in fronts:  # every store ended (a request is routed before its store begins); every
+            q = f.hosts[1].shell  # route call returned: a response can end before its router has read the worker's answer
+            await until(lambda q=q, f=f: q.kept()["local"] == q.kept()["held"] == q.kept()["routes"] == 0
+                        and not f.admission.handing_over, timeout_s=15, what="every request routed and its store acked")
         placed = [{key[0] for key in f.router.reask.placed} for f in fronts]
         assert placed[0] | placed[1] == {f"pair-{i}" for i in range(24)}
         assert not placed[0] & placed[1]  # no request placed by both
         assert len(placed[0]) == 12 and len(placed[1]) == 12  # each by the front it came to
-        for f in fronts:  # every store ended (a request is routed before its store begins)
-            q = f.hosts[1].shell
-            await until(lambda q=q, f=f: q.kept()["local"] == q.kept()["held"] == 0 and not f.admission.handing_over,
-                        timeout_s=15, what="every request routed and its store acked")
 
         async def none_left() -> bool:  # a routed request's copy is deleted once its store's ack comes
             return await stored(nats_server.url) == 0

@@ -11,7 +11,6 @@ import json
 import math
 from contextlib import asynccontextmanager
 
-import nats
 import pytest
 from aiohttp import web
 from tokenyard.loadgen import cli
@@ -19,7 +18,7 @@ from tokenyard.loadgen.config import BenchConfig
 from tokenyard.loadgen.records import RequestRecord
 from tokenyard.loadgen.serve import drive, run_bench
 from tokenyard.loadgen.workload import BenchRequest, make_workload
-from tokenyard.shared import codec, schemas, subjects
+from tokenyard.shared import codec, natsutil, schemas, subjects
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ async def nats_url(plain_nats):
 @asynccontextmanager
 async def fake_admission(url: str, reject_priority: int | None = None, silent_priority: int | None = None):
     """Rejects one class with 429, leaves one class hanging after Accepted, serves the rest."""
-    nc = await nats.connect(url)
+    nc = await natsutil.connect(url, "fake-admission")
 
     async def handle(msg) -> None:
         as_json = codec.is_json(msg.headers)
@@ -57,6 +56,7 @@ async def fake_admission(url: str, reject_priority: int | None = None, silent_pr
         await send(schemas.Finished(rid, n, "length", schemas.Usage(plen, n, plen + n)))
 
     sub = await nc.subscribe(subjects.SUBMIT, cb=handle)
+    await nc.flush()  # the SUB is at the server before the bench's first publish (another connection)
     try:
         yield
     finally:

@@ -11,7 +11,6 @@ import io
 import json
 from collections import Counter
 
-import nats
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +23,7 @@ from tokenyard.loadgen.report import print_result
 from tokenyard.loadgen.serve import run_bench
 from tokenyard.loadgen.targets import HttpTarget
 from tokenyard.loadgen.workload import make_workload
-from tokenyard.shared import codec, schemas, subjects
+from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.openai_api import Endpoint, parse_request
 
 MIX = ((50.0, 0.5), (200.0, 0.5))
@@ -141,7 +140,7 @@ async def nats_url(plain_nats):
 async def test_each_request_arrives_with_its_slo_and_the_result_reports_each_group(nats_url, tmp_path):
     """A fake admission on a real nats-server records each request's tpot_slo_ms and serves it."""
     seen: dict[str, float | None] = {}
-    nc = await nats.connect(nats_url)
+    nc = await natsutil.connect(nats_url, "fake-admission-slo")
 
     async def handle(msg) -> None:
         req = codec.decode(msg.data, schemas.GenerateRequest, json=codec.is_json(msg.headers))
@@ -154,6 +153,7 @@ async def test_each_request_arrives_with_its_slo_and_the_result_reports_each_gro
             await nc.publish(msg.reply, codec.encode(e))
 
     sub = await nc.subscribe(subjects.SUBMIT, cb=handle)
+    await nc.flush()  # the SUB is at the server before the bench's first publish (another connection)
     c = cfg(target=nats_url, model="m", num_prompts=30, progress=False, request_timeout_s=10.0,
             goodput={"ttft": 10_000.0})
     try:

@@ -127,6 +127,8 @@ async def test_a_handed_request_not_yet_routed_when_its_taker_goes_silent_is_pla
         pair.silence_a()
         got = await asyncio.wait_for(done, 10 + PEER_SILENT_S)
         assert got.finish_reason == "length" and len(got.token_ids) == 5, got
+        # the stream can end before `b`'s router has read the worker's answer: its route call returns after
+        await until(lambda: pair.b.kept()["routes"] == 0, what="`b`'s route call to return")
         assert [k[0] for k in pair.b_router.reask.placed] == [got.request_id]  # placed once, by `b`
     finally:
         for task in stalled:  # `a`'s stalled route, which its stop would wait for

@@ -50,6 +50,16 @@ async def start(url: str, workers: list) -> Fleet:
     return Fleet(hosts, admission, queue, router)
 
 
+def all_routed(queue: QueueShell) -> bool:
+    """Nothing of a request kept here: every stored copy that came was acked (`held`), every
+    handed-over request routed (`local`), and every route call returned (`routes`) — so the router
+    has settled each placement and counted its decision. A client's stream can end before that: the
+    worker's answer leaves with the stream's first event, but the router reads it on its own
+    connection, and a 3-token stream may reach the client whole before the answer reaches the router."""
+    kept = queue.kept()
+    return kept["local"] == kept["held"] == kept["routes"] == 0
+
+
 async def stored(url: str) -> int:
     """Messages left in the queue's stream (a work queue: an acked one is gone)."""
     nc = await natsutil.connect(url, "with-admission-check")
@@ -75,11 +85,12 @@ async def test_a_request_is_placed_from_admissions_hand_and_its_stored_copy_only
         assert [d.finish_reason for d in done] == ["length"] * 6
         assert all(d.accepted is not None for d in done)
         assert taken == [True] * 6
-        assert len(fleet.router.reask.placed) == 6  # each placed once: no stored copy was queued again
-        assert fleet.router.metrics.snapshot()["decisions"] == {"least-loaded,routed": 6}
-        await until(lambda: fleet.queue.kept()["local"] == fleet.queue.kept()["held"] == 0)  # every copy came and was acked
+        # the streams can end before the router has read its workers' answers (all_routed)
+        await until(lambda: all_routed(fleet.queue), what="every copy acked, every route call returned")
         assert await stored(nats_server.url) == 0
         assert len(fleet.queue.core) == 0 and not fleet.queue.core.in_flight
+        assert len(fleet.router.reask.placed) == 6  # each placed once: no stored copy was queued again
+        assert fleet.router.metrics.snapshot()["decisions"] == {"least-loaded,routed": 6}
     finally:
         await client.close()
         await stop_fleet(fleet.hosts)
@@ -101,6 +112,7 @@ async def test_a_reused_id_is_answered_409_by_admission_and_the_first_request_ru
         again = await client.generate(schemas.GenerateRequest(prompt="three", max_tokens=4, request_id=rid))
         assert again.rejected is not None and (again.rejected.status, again.rejected.code) == (
             409, "duplicate_request_id"), again
+        await until(lambda: all_routed(fleet.queue), what="every route call returned")
         assert [k[0] for k in fleet.router.reask.placed] == [rid]  # placed once
     finally:
         await client.close()
@@ -177,10 +189,10 @@ async def test_another_queue_replica_leaves_a_request_to_the_replica_admission_h
         done = await asyncio.gather(*(client.generate(schemas.GenerateRequest(prompt=f"pair {i}", max_tokens=2))
                                       for i in range(8)))
         assert [d.finish_reason for d in done] == ["length"] * 8
-        assert len(fleet.router.reask.placed) == 8 and not other_router.reask.placed  # each placed once, by its taker
-        await until(lambda: fleet.queue.kept()["local"] == fleet.queue.kept()["held"] == other.kept()["held"] == 0,
-                    timeout_s=15)
+        await until(lambda: all_routed(fleet.queue) and all_routed(other), timeout_s=15,
+                    what="every copy acked, every route call returned")
         assert await stored(nats_server.url) == 0  # every copy came back to its taker and was acked
+        assert len(fleet.router.reask.placed) == 8 and not other_router.reask.placed  # each placed once, by its taker
     finally:
         await client.close()
         await stop_fleet(fleet.hosts)

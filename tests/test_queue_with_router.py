@@ -38,6 +38,14 @@ async def start(url: str, workers: list) -> tuple[list[ServiceHost], RouterShell
     return hosts, router
 
 
+async def routes_returned(hosts: list[ServiceHost]) -> None:
+    """Every route call of the queue returned: the router has settled each placement and counted
+    its decision. A client's stream can end before that: the worker's answer leaves with the
+    stream's first event, but the router reads it on its own connection."""
+    queue = hosts[-1].shell
+    await until(lambda: queue.kept()["routes"] == 0, what="the queue's route calls to return")
+
+
 async def test_the_queue_asks_its_router_in_process_and_no_route_request_crosses_nats(nats_server):
     hosts, router = await start(nats_server.url, [worker("lw0"), worker("lw1")])
     nc = await natsutil.connect(nats_server.url, "route-watch")  # the operator: it may watch any subject
@@ -55,6 +63,7 @@ async def test_the_queue_asks_its_router_in_process_and_no_route_request_crosses
         assert [d.finish_reason for d in done] == ["length"] * 4
         assert {d.worker_id for d in done} <= {"lw0", "lw1"}
         assert asked_over_nats == []
+        await routes_returned(hosts)
         assert len(router.reask.placed) == 4  # every one placed by this router, once
         assert router.metrics.snapshot()["decisions"] == {"least-loaded,routed": 4}
     finally:
@@ -96,6 +105,7 @@ async def test_an_offer_left_unanswered_is_asked_again_of_the_same_worker_and_se
         assert rec.seqs() == list(range(len(rec.seqs())))  # one stream, no chunk twice
         rid = rec.last.request_id
         assert offers == [rid, rid]  # asked again (unsure), of the same worker: it had it
+        await routes_returned(hosts)
         assert [w for k, w in router.reask.placed.items() if k[0] == rid] == ["lw-slow"]
         assert router.metrics.snapshot()["decisions"] == {"least-loaded,no_capacity": 1, "least-loaded,routed": 1}
     finally:

@@ -13,22 +13,13 @@ the streams to C."""
 
 from __future__ import annotations
 
-import contextlib
-
 from tokenyard.services.router import shell as router_shell
-from tokenyard.services.router.core import RouterConfig
-from tokenyard.services.router.shell import RouterShell
-from tokenyard.services.worker.core import WorkerConfig
-from tokenyard.services.worker.shell import WorkerShell
-from tokenyard.services.worker.sim.core import SimEngineCore
-from tokenyard.services.worker.sim.engine import SimEngine
-from tokenyard.services.worker.sim.latency import profile
-from tokenyard.shared import codec, config, natsutil, schemas, subjects
+from tokenyard.shared import codec, config
 from tokenyard.shared.adoption import AdoptAsk
-from tokenyard.shared.tokenizer import ByteTokenizer
 
+from tests import adoption_fleet
 from tests.builders import req
-from tests.conftest import InProcFleet, stop_hosts, until
+from tests.conftest import until
 
 STREAMS = 3
 
@@ -51,43 +42,24 @@ async def test_a_lost_adopt_reply_leaves_the_streams_with_their_adopter_and_no_s
         return await real_on_adopt(hosts["c"].shell, msg)
 
     monkeypatch.setattr(router_shell, "on_adopt", on_adopt)  # bound by each router's start
-    fleet = InProcFleet(nats_server.url, None)
-    engine = SimEngine(SimEngineCore(profile("a100-llama3-8b"), 16), speed=0.25)
-    worker = await fleet.add(WorkerShell(WorkerConfig("lw0", config.DEFAULT_MODEL, flow_control=False), engine,
-                                         ByteTokenizer()))
-    router_a = await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
-    nc = await natsutil.connect(nats_server.url, "lost-reply-client")
-    handovers: list[list[str]] = []
-
-    async def on_ask(msg):
-        handovers.append([r.request_id for r in codec.decode(msg.data, AdoptAsk).requests])
-
-    await nc.subscribe(subjects.ADOPT, cb=on_ask)
-    got: dict[str, int] = {}
-
-    async def on_event(msg):
-        rid = codec.decode_event(msg.data, msg.headers).request_id
-        got[rid] = got.get(rid, 0) + 1
-
-    await nc.subscribe("_INBOX.lostreply.*", cb=on_event)
+    af = await adoption_fleet.start(nats_server.url, "lw0", "_INBOX.lostreply")
     reqs = [req(f"lost-{i}", prompt_len=64, max_tokens=4000, reply_to=f"_INBOX.lostreply.{i}",
                 model=config.DEFAULT_MODEL) for i in range(STREAMS)]
     ids = {ar.request_id for ar in reqs}
-    core = worker.shell.core
+    core = af.worker.shell.core
+
+    def handovers() -> list[list[str]]:
+        return [[r.request_id for r in codec.decode(a, AdoptAsk).requests] for a in af.asks]
+
     try:
-        await until(lambda: "lw0" in router_a.shell.core.view.ids, 10, what="router A hears the worker")
-        for ar in reqs:
-            decision = codec.decode((await nc.request(subjects.ROUTE, codec.encode(ar), timeout=10)).data,
-                                    schemas.RouteDecision)
-            assert decision.outcome == schemas.Outcome.ROUTED, decision
-        await until(lambda: len(got) == STREAMS, 30, what="every stream's first chunk")
+        await adoption_fleet.place(af, reqs, 30)
         [by_a] = {st.placed_by for st in core.streams.values()}
-        hosts["b"] = await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
+        hosts["b"] = await af.fleet.add(adoption_fleet.router())
         b = hosts["b"].shell
-        await router_a.nc.close()  # router A is gone from the bus
+        await af.router_a.nc.close()  # router A is gone from the bus
         await until(lambda: ids <= set(b.migration.tracked), 30, 0.05, what="router B adopts every stream")
         assert len(b_asks) == 1  # its AdoptReply dropped
-        hosts["c"] = await fleet.add(RouterShell(RouterConfig(policy="least-loaded")))
+        hosts["c"] = await af.fleet.add(adoption_fleet.router())
         c = hosts["c"].shell
 
         def credited_to_b() -> bool:
@@ -101,22 +73,12 @@ async def test_a_lost_adopt_reply_leaves_the_streams_with_their_adopter_and_no_s
         [by_b] = {st.placed_by for st in core.streams.values()}
         await until(lambda: by_a not in core.routers.proven, 10, what="the worker to stop following A")
         assert not c.migration.tracked and ids <= set(b.migration.tracked)
-        assert handovers == [sorted(ids)] and len(b_asks) == 1  # one hand-over only
+        assert handovers() == [sorted(ids)] and len(b_asks) == 1  # one hand-over only
         # B is the one followed now: when it goes, the streams go to C
         await hosts["b"].nc.close()
         await until(lambda: ids <= set(c.migration.tracked), 30, 0.05, what="the worker hands the streams to C")
         await until(lambda: all(core.streams[rid].placed_by not in ("", by_a, by_b) for rid in ids), 10,
                     what="the worker to follow C")
-        assert len(handovers) == 2 and sorted(handovers[1]) == sorted(ids)
+        assert len(handovers()) == 2 and sorted(handovers()[1]) == sorted(ids)
     finally:
-        with contextlib.suppress(Exception):
-            for ar in reqs:
-                await nc.publish(subjects.ABORT, codec.encode(schemas.Abort(ar.request_id)))
-            await nc.flush()
-        for ar in reqs:
-            await worker.shell.engine.abort(ar.request_id)
-        dead = [h for h in fleet.hosts if h.nc.is_closed]
-        with contextlib.suppress(Exception):
-            await stop_hosts(dead)
-        await stop_hosts([h for h in fleet.hosts if h not in dead])
-        await nc.close()
+        await adoption_fleet.stop(af, reqs)

@@ -19,7 +19,7 @@ class ReqState:
     worker: str = ""
     error: str | None = None
     message: str = ""
-    """The refusal's own words (admission's or the queue's), as a live client reads them."""
+    """The failure's own words (admission's, the queue's or the engine's), as a live client reads them."""
     finished: bool = False
     expired: bool = False
     """Admitted, then rejected by the queue once its TTFT deadline passed."""

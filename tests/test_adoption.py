@@ -199,12 +199,9 @@ class AdoptNc:
         return type("Msg", (), {"data": codec.encode(AdoptReply([s.request_id for s in states]))})()
 
 
-async def hand_over(fail) -> tuple[WorkerShell, AdoptNc]:
-    shell = WorkerShell(WorkerConfig("w0", "m"), engine=None, tokenizer=ByteTokenizer())
-    for rid in ("r1", "r2", "r3"):
-        place(shell.core, long_req(rid, 300), A)
-    shell.nc = AdoptNc(shell.core, fail)
-
+async def probe_gone_router(shell: WorkerShell) -> None:
+    """The shell's router probes at 0, 3 and 6 s, every one answered "no responders": the
+    placing router proven gone at the second, and its streams handed over on `shell.nc`."""
     async def gone(subject):
         return True
 
@@ -212,6 +209,14 @@ async def hand_over(fail) -> tuple[WorkerShell, AdoptNc]:
     for t in (0.0, 3.0, 6.0):
         for p in shell.core.router_probes(t):
             await handover.probe_router(shell, p)
+
+
+async def hand_over(fail) -> tuple[WorkerShell, AdoptNc]:
+    shell = WorkerShell(WorkerConfig("w0", "m"), engine=None, tokenizer=ByteTokenizer())
+    for rid in ("r1", "r2", "r3"):
+        place(shell.core, long_req(rid, 300), A)
+    shell.nc = AdoptNc(shell.core, fail)
+    await probe_gone_router(shell)
     return shell, shell.nc
 
 

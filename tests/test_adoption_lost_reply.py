@@ -26,7 +26,7 @@ from tokenyard.shared.adoption import (
 )
 from tokenyard.shared.tokenizer import ByteTokenizer
 
-from tests.test_adoption import B_AT, A, B, handed_over, place, req, worker
+from tests.test_adoption import B_AT, A, B, handed_over, place, probe_gone_router, req, worker
 
 C, C_AT = "_INBOX.router.cccc.alive", subjects.router_adopted("router-c")
 ROOM = message_room(1 << 20)
@@ -146,14 +146,7 @@ async def test_the_shell_asks_the_adopter_whose_reply_timed_out_on_the_subject_i
     for rid in ("r1", "r2"):
         place(shell.core, req(rid), A)
     shell.nc = LosingNc(shell.core, ["r2"])
-
-    async def gone(subject):
-        return True
-
-    shell._gone = gone
-    for t in (0.0, 3.0, 6.0):
-        for p in shell.core.router_probes(t):
-            await handover.probe_router(shell, p)
+    await probe_gone_router(shell)
     assert shell.nc.asked == [subjects.ADOPT] and placed(shell.core) == {"r1": A, "r2": A}
     [ask] = shell.core.adopter_asks(6.1, message_room(shell.nc.max_payload))
     await handover.ask_adopter(shell, ask)

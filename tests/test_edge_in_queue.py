@@ -27,7 +27,7 @@ from tokenyard.shared.service import ServiceHost
 
 from tests.conftest import stop_hosts, until
 from tests.fault_fleet import TOK, worker
-from tests.test_queue_with_admission import stored
+from tests.test_queue_with_admission import all_routed, stored
 
 MODEL = config.DEFAULT_MODEL
 
@@ -176,8 +176,7 @@ async def test_two_fronts_side_by_side_lose_and_double_no_request(nats_server):
         assert done == [(200, "length")] * 24
         for f in fronts:  # every store ended (a request is routed before its store begins); every
             q = f.hosts[1].shell  # route call returned: a response can end before its router has read the worker's answer
-            await until(lambda q=q, f=f: q.kept()["local"] == q.kept()["held"] == q.kept()["routes"] == 0
-                        and not f.admission.handing_over, timeout_s=15, what="every request routed and its store acked")
+            await until(lambda q=q, f=f: all_routed(q) and not f.admission.handing_over, timeout_s=15, what="every request routed and its store acked")
         placed = [{key[0] for key in f.router.reask.placed} for f in fronts]
         assert placed[0] | placed[1] == {f"pair-{i}" for i in range(24)}
         assert not placed[0] & placed[1]  # no request placed by both

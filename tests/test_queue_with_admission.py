@@ -16,6 +16,7 @@ from tokenyard.services.admission.shell import AdmissionShell
 from tokenyard.services.priority_queue.core import QueueConfig
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
 from tokenyard.services.priority_queue.shell import QueueShell
+from tokenyard.services.router import shell as router_shell
 from tokenyard.services.router.core import RouterConfig
 from tokenyard.services.router.shell import RouterShell
 from tokenyard.shared import natsutil, schemas, subjects
@@ -69,7 +70,11 @@ async def stored(url: str) -> int:
         await nc.drain()
 
 
-async def test_a_request_is_placed_from_admissions_hand_and_its_stored_copy_only_acked(nats_server):
+async def test_a_request_is_placed_from_admissions_hand_and_its_stored_copy_only_acked(nats_server, monkeypatch):
+    # One decision a request is the claim. A worker's answer later than the router's offer timeout
+    # (seen under a stalled host: two busy loops beside the suite) is a correct second decision,
+    # an unsure round and a re-ask (tests/test_reoffer.py pins that path), not this test's subject.
+    monkeypatch.setattr(router_shell, "OFFER_TIMEOUT_S", 30.0)
     fleet = await start(nats_server.url, [worker("aw0"), worker("aw1")])
     taken, take = [], fleet.queue.take
 

@@ -108,7 +108,7 @@ def test_the_drain_counts_only_what_left_a_backlog_per_second_of_backlog():
     q.offer(classed("a", 1, 0.0, prompt_len=96), 0.0)  # cost 100; the queue empties: no backlog
     assert ids(q.dispatchable(0.0)) == ["a"]
     q.on_routed("a", "w0", now=0.1)
-    assert q.drain_rate(0.2) == (400.0, 4.0)  # no backlog yet: all routed over ≥ 0.25 s
+    assert q.drain_rate(0.2) == (0.0, 0.0)  # no backlog yet: a's leaving measured the demand only
     q.on_heartbeat(hb("w0"), 1.0)
     for rid in ("b", "c"):
         q.offer(classed(rid, 1, 1.0, prompt_len=46), 1.0)  # cost 50 each

@@ -436,8 +436,10 @@ class QueueCore:
     def drain_rate(self, now: float) -> tuple[float, float]:
         """(work, requests) per second over the last drain_window_s: routed out of a backlog
         per second of backlog, once the window holds DRAIN_MIN_SPAN_S of backlog; before that,
-        all routed over the time since the oldest of them (at least DRAIN_MIN_SPAN_S: a burst
-        after an idle spell is not measured against idle seconds)."""
+        (0, 0), nothing measured. What left with nothing waiting behind it was the demand, not
+        what the fleet can take: a trickle's rate read as the drain made admission predict a
+        wait of minutes for a burst that the idle fleet then served in 0.3 s, and refuse it
+        (admission prices a burst with no measured drain by what the workers sustain)."""
         start = now - self.cfg.drain_window_s
         while self.routed and self.routed[0][0] <= start:
             self.routed.popleft()
@@ -447,11 +449,10 @@ class QueueCore:
             return 0.0, 0.0
         spells = [*self.backlog_spells, *([(self.backlog_since, now)] if self.backlog_since is not None else [])]
         held = sum(end - max(begin, start) for begin, end in spells)
-        if held >= DRAIN_MIN_SPAN_S:
-            out = [c for _, c, backlog in self.routed if backlog]
-            return sum(out) / held, len(out) / held
-        span = min(self.cfg.drain_window_s, max(DRAIN_MIN_SPAN_S, now - self.routed[0][0]))
-        return sum(c for _, c, _ in self.routed) / span, len(self.routed) / span
+        if held < DRAIN_MIN_SPAN_S:
+            return 0.0, 0.0
+        out = [c for _, c, backlog in self.routed if backlog]
+        return sum(out) / held, len(out) / held
 
     def stats(self, instance_id: str, now: float) -> QueueStats:
         tokens, requests = self.drain_rate(now)

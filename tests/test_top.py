@@ -72,6 +72,14 @@ def test_render_shows_services_workers_and_queue():
     assert rows["hybrid"] == ["hybrid", "0", "2", "5", "0", "3", "7.5"]
 
 
+def test_a_queue_holding_no_backlog_shows_no_drain_rather_than_zero():
+    """What leaves a queue with nothing waiting is the demand, not a drain: nothing measured."""
+    queue = schemas.QueueStats("queue-1", 100.0, "hybrid", [0, 0, 0, 0], [0, 0, 0, 0], in_flight=2)
+    console = Console(record=True, width=200)
+    console.print(top.render(top.Sample(100.0, [admission({"admitted": 1}, {}, 1)], {"w0": hb("w0")}, queue), None))
+    assert cells(console.export_text())["hybrid"] == ["hybrid", "0", "0", "0", "0", "2", "-"]
+
+
 def test_a_plain_fleet_fits_80_columns_uncut():
     """No macro-instance and every worker mixed: those two columns are left out, and nothing in
     the three tables is cut short at a plain terminal's 80 columns."""

@@ -121,7 +121,9 @@ def render(cur: Sample, prev: Sample | None = None) -> Group:
         queue.add_column(col, justify="left" if col == "policy" else "right")
     if cur.queue is not None:
         q = cur.queue
-        queue.add_row(q.policy, *map(str, q.depth), str(q.in_flight), f"{q.drain_requests_per_s:.1f}")
+        # the drain is measured only out of a backlog (QueueCore.drain_rate): "-" while none is held
+        drain = f"{q.drain_requests_per_s:.1f}" if q.drain_requests_per_s > 0 else "-"
+        queue.add_row(q.policy, *map(str, q.depth), str(q.in_flight), drain)
     return Group(head, services, workers, queue)
 
 

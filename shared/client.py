@@ -298,8 +298,12 @@ class TokenyardClient:
         last list ending with exactly one terminal event. While no admission replica is
         subscribed (none runs, or the only one is reconnecting after its NATS node died) the
         submit is repeated for `no_responders_retry_s`, then answered 503: nothing received it,
-        so a repeat cannot run it twice. `published`: first yield an empty list as soon as the
-        request is out (a relay starts it at once, and sets up the rest while it travels)."""
+        so a repeat cannot run it twice. A submit sent across this connection's own reconnect
+        (nats-py sends what it buffered as soon as it is back, before the services have
+        resubscribed) gets that window anew from the reconnect's first "no responders": the one
+        that ran out while the bus was down tried nothing. `published`: first yield an empty list
+        as soon as the request is out (a relay starts it at once, and sets up the rest while it
+        travels)."""
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         rid = request.request_id
@@ -322,7 +326,7 @@ class TokenyardClient:
                 yield []
             loop = asyncio.get_running_loop()
             give_up = loop.time() + no_responders_retry_s
-            reconnects = self.nc.stats["reconnects"]
+            reconnects = submitted_at = self.nc.stats["reconnects"]
             while True:
                 idle_until = loop.time() + idle_timeout_s
                 after_reconnect = False
@@ -375,6 +379,9 @@ class TokenyardClient:
                             yield [schemas.Error(rid, 503, "the stream's worker is gone and no admission replica "
                                                            "takes its resume", seq=check.next_seq)]
                             return
+                        if self.nc.stats["reconnects"] != submitted_at:  # the bus came back since: its
+                            # services resubscribe after us, the window spent in the outage tried nothing
+                            submitted_at, give_up = self.nc.stats["reconnects"], loop.time() + no_responders_retry_s
                         if loop.time() < give_up:  # nothing received the request: nothing else is coming
                             await asyncio.sleep(0.1)
                             await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,

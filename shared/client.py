@@ -49,14 +49,15 @@ import functools
 import itertools
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.inbox import Inbox
+from tokenyard.shared.local_admission import LocalAdmission, _Answer
 from tokenyard.shared.resume import ResumeAsk
 from tokenyard.shared.stream_check import StreamCheck
 from tokenyard.shared.stream_watch import ResumeDue, StreamWatch, WorkerGone, WorkerProbe
@@ -95,25 +96,6 @@ class Completion:
     rejected: schemas.Rejected | None = None
     error: schemas.Error | None = None
     worker_id: str = ""
-
-
-class LocalAdmission(Protocol):
-    """Admission in this process (services/admission/shell.py AdmissionShell.submit): a request
-    handed over by a call instead of a publish on `llm.v1.submit`; admission's own answers come
-    back through `respond`, straight into the stream's inbox."""
-
-    async def submit(self, body: schemas.GenerateRequest, reply_to: str, headers: dict[str, str],
-                     respond: Callable[..., Awaitable[None]]) -> None: ...
-
-
-class _Answer:
-    """An answer admission in this process handed over (`LocalAdmission`), shaped as the NATS
-    message it would have been: what a stream's inbox holds."""
-
-    __slots__ = ("subject", "data", "headers")
-
-    def __init__(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
-        self.subject, self.data, self.headers = subject, data, headers or None
 
 
 async def _ignore(_msg) -> None:

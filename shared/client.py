@@ -28,6 +28,11 @@ What this client guarantees on top: every stream ends with exactly one terminal 
     it got (shared/resume.py): the reader sees one stream, no seq twice, none missing. A resume
     refused, or a resumed stream lost again and moved by no router within the routers'
     re-issue deadline, ends it with an `error` 503, not silence until the idle timeout.
+  * A submit that has no answer at all (not even `accepted`) within natsutil.SUBMIT_ANSWER_S
+    was lost with the admission process that took it: it is sent once more, same id, same
+    inbox, marked (subjects.RESUBMIT_HEADER) so that admission stores it first; a 409
+    `duplicate_request_id` then means the first did land (its stored copy runs once a queue
+    replica takes it over) and is dropped.
   * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
     inbox was resubscribed after they went by): a stream that then stays silent for
     RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
@@ -274,6 +279,7 @@ class TokenyardClient:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         no_responders_retry_s: float = 2.0,
         published: bool = False,
+        submit_answer_s: float = natsutil.SUBMIT_ANSWER_S,
     ) -> AsyncIterator[list[schemas.StreamEvent]]:
         """Submit and yield the request's events in order, a list at a time: every event that
         had arrived when the reader came back for more (a relay writes each list at once), the
@@ -296,6 +302,7 @@ class TokenyardClient:
         check = StreamCheck(rid)
         watch = StreamWatch()
         got: list[int] = []  # the token ids handed on, in seq order: what a resume continues from
+        resubmitted = False  # sent again, its first unanswered: a 409 duplicate says the first landed
         ended = False  # a terminal event was yielded (the reader may leave at it)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
@@ -309,6 +316,8 @@ class TokenyardClient:
             loop = asyncio.get_running_loop()
             give_up = loop.time() + no_responders_retry_s
             reconnects = submitted_at = self.nc.stats["reconnects"]
+            # over NATS only: an admission in this process cannot lose the submit and live on
+            resubmit_at = loop.time() + submit_answer_s if self.admission is None else None
             while True:
                 idle_until = loop.time() + idle_timeout_s
                 after_reconnect = False
@@ -322,6 +331,11 @@ class TokenyardClient:
                         ended = True
                         yield [gap]
                         return
+                    if resubmit_at is not None and loop.time() >= resubmit_at:  # nothing at all came
+                        resubmit_at, resubmitted = None, True
+                        log.warning("resubmitted", request_id=rid, after_s=submit_answer_s)
+                        await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,
+                                              headers={**hdrs, subjects.RESUBMIT_HEADER: "1"})
                     if self.nc.stats["reconnects"] != reconnects:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
@@ -353,6 +367,7 @@ class TokenyardClient:
                     return
                 out: list[schemas.StreamEvent] = []
                 now = loop.time()
+                resubmit_at = None  # answered
                 while box.msgs:
                     msg = box.msgs.popleft()
                     if not msg.data and msg.headers and msg.headers.get("Status") == "503":
@@ -378,6 +393,12 @@ class TokenyardClient:
                         continue  # not ours to read: garbage on the inbox changes nothing
                     if event.request_id != rid:
                         continue  # another request's event (a submit that named this inbox as its reply)
+                    if resubmitted and type(event) is schemas.Rejected:  # the second submit's answer
+                        resubmitted = False
+                        if event.code == "duplicate_request_id":  # the first landed: its stream comes here
+                            continue
+                        await self.abort(rid, reason="client_resubmit_refused", reply_to=inbox)  # a first that
+                        # landed would run for nobody
                     if type(event) is schemas.Chunk:
                         watch.on_chunk(now, event.worker_id)
                     else:

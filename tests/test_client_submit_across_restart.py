@@ -3,7 +3,7 @@ it as soon as the connection is back, before admission has resubscribed, so "no 
 answers it. The retry window (`no_responders_retry_s`) then starts again: the one that ran out
 while the bus was down tried nothing, and admission, which was running all along, is reached
 once it is back, instead of the client answering 503 "no admission service is running"
-(bench.faults chaos, seeds 4-7: 3-5 NATS requests each, sent in the outage).
+(bench.faults chaos, seeds 4-8 on main: 3-5 NATS requests a run, sent in the outage).
 
 Real nats-server, stopped and started on its port; admission is a plain subscription on
 `llm.v1.submit` of this module's own server that answers every submit with a 429 naming

@@ -115,3 +115,47 @@ async def test_a_resubmit_of_a_request_that_did_land_is_dropped_as_409_and_the_f
         await client.close()
         await client.nc.drain()
         await stop_fleet(hosts)
+
+
+async def _live_queue_peer(nc, instance_id: str) -> None:
+    """Another queue replica, alive: its state every 0.1 s (a replica hears its peers so)."""
+    while True:
+        stats = schemas.QueueStats(instance_id=instance_id, ts=time.time(), policy="fcfs", depth=[0] * 4,
+                                   work_tokens=[0] * 4)
+        await nc.publish(subjects.QUEUE_STATE, codec.encode(stats))
+        await asyncio.sleep(0.1)
+
+
+async def test_admission_stores_a_resubmit_first_though_its_own_queue_never_saw_the_id(nats_server):
+    """The first of the id is stored and left to another replica that lives (this process's queue
+    naks its copy and never sees the id). A marked resubmit is a bare 409; main handed it to this
+    process's queue: `accepted` first, then an `error` 409, which the client cannot tell from
+    its stream's end."""
+    fleet = await start(nats_server.url, [])
+    peer = await natsutil.connect(nats_server.url, "queue-peer")
+    alive = asyncio.create_task(_live_queue_peer(peer, "queue-peer"))
+    rid = f"rs-held-{uuid.uuid4().hex}"
+    try:
+        await until(lambda: "queue-peer" in fleet.queue._peers, what="the queue hears its peer")
+        req = schemas.GenerateRequest(prompt="held elsewhere", max_tokens=4, request_id=rid)
+        first = AdmissionCore(AdmissionConfig(), TOK).admit(req, reply_to=peer.new_inbox(), json=False, headers={},
+                                                            now=time.time(), new_id=rid)
+        await peer.jetstream().publish(subjects.QUEUE, codec.encode(first),
+                                       headers={"Nats-Msg-Id": rid, subjects.TAKEN_BY_HEADER: "queue-peer"})
+        got: list = []
+
+        async def keep(msg) -> None:
+            got.append(codec.decode_event(msg.data, msg.headers))
+
+        inbox = peer.new_inbox()
+        await peer.subscribe(inbox, cb=keep)
+        await peer.publish(subjects.SUBMIT, codec.encode(req), reply=inbox, headers={subjects.RESUBMIT_HEADER: "1"})
+        await until(lambda: got, what="admission's answer")
+        await until(lambda: not fleet.admission._inflight, what="admission done with it")
+        await peer.flush()
+        assert rid not in fleet.queue.core.policy and rid not in fleet.queue.core.in_flight
+        assert [(type(e).__name__, e.status, e.code) for e in got] == [("Rejected", 409, "duplicate_request_id")]
+    finally:
+        alive.cancel()
+        await peer.drain()
+        await stop_fleet(fleet.hosts)

@@ -28,6 +28,11 @@ What this client guarantees on top: every stream ends with exactly one terminal 
     it got (shared/resume.py): the reader sees one stream, no seq twice, none missing. A resume
     refused, or a resumed stream lost again and moved by no router within the routers'
     re-issue deadline, ends it with an `error` 503, not silence until the idle timeout.
+  * A submit that has no answer at all (not even `accepted`) within natsutil.SUBMIT_ANSWER_S
+    was lost with the admission process that took it: it is sent once more, same id, same
+    inbox, marked (subjects.RESUBMIT_HEADER) so that admission stores it first; a 409
+    `duplicate_request_id` then means the first did land (its stored copy runs once a queue
+    replica takes it over) and is dropped.
   * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
     inbox was resubscribed after they went by): a stream that then stays silent for
     RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
@@ -49,14 +54,15 @@ import functools
 import itertools
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.inbox import Inbox
+from tokenyard.shared.local_admission import LocalAdmission, _Answer
 from tokenyard.shared.resume import ResumeAsk
 from tokenyard.shared.stream_check import StreamCheck
 from tokenyard.shared.stream_watch import ResumeDue, StreamWatch, WorkerGone, WorkerProbe
@@ -95,25 +101,6 @@ class Completion:
     rejected: schemas.Rejected | None = None
     error: schemas.Error | None = None
     worker_id: str = ""
-
-
-class LocalAdmission(Protocol):
-    """Admission in this process (services/admission/shell.py AdmissionShell.submit): a request
-    handed over by a call instead of a publish on `llm.v1.submit`; admission's own answers come
-    back through `respond`, straight into the stream's inbox."""
-
-    async def submit(self, body: schemas.GenerateRequest, reply_to: str, headers: dict[str, str],
-                     respond: Callable[..., Awaitable[None]]) -> None: ...
-
-
-class _Answer:
-    """An answer admission in this process handed over (`LocalAdmission`), shaped as the NATS
-    message it would have been: what a stream's inbox holds."""
-
-    __slots__ = ("subject", "data", "headers")
-
-    def __init__(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
-        self.subject, self.data, self.headers = subject, data, headers or None
 
 
 async def _ignore(_msg) -> None:
@@ -292,14 +279,19 @@ class TokenyardClient:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         no_responders_retry_s: float = 2.0,
         published: bool = False,
+        submit_answer_s: float = natsutil.SUBMIT_ANSWER_S,
     ) -> AsyncIterator[list[schemas.StreamEvent]]:
         """Submit and yield the request's events in order, a list at a time: every event that
         had arrived when the reader came back for more (a relay writes each list at once), the
         last list ending with exactly one terminal event. While no admission replica is
         subscribed (none runs, or the only one is reconnecting after its NATS node died) the
         submit is repeated for `no_responders_retry_s`, then answered 503: nothing received it,
-        so a repeat cannot run it twice. `published`: first yield an empty list as soon as the
-        request is out (a relay starts it at once, and sets up the rest while it travels)."""
+        so a repeat cannot run it twice. A submit sent across this connection's own reconnect
+        (nats-py sends what it buffered as soon as it is back, before the services have
+        resubscribed) gets that window anew from the reconnect's first "no responders": the one
+        that ran out while the bus was down tried nothing. `published`: first yield an empty list
+        as soon as the request is out (a relay starts it at once, and sets up the rest while it
+        travels)."""
         if not request.request_id:
             request.request_id = uuid.uuid4().hex
         rid = request.request_id
@@ -310,6 +302,7 @@ class TokenyardClient:
         check = StreamCheck(rid)
         watch = StreamWatch()
         got: list[int] = []  # the token ids handed on, in seq order: what a resume continues from
+        resubmitted = False  # sent again, its first unanswered: a 409 duplicate says the first landed
         ended = False  # a terminal event was yielded (the reader may leave at it)
         try:
             hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
@@ -322,7 +315,9 @@ class TokenyardClient:
                 yield []
             loop = asyncio.get_running_loop()
             give_up = loop.time() + no_responders_retry_s
-            reconnects = self.nc.stats["reconnects"]
+            reconnects = submitted_at = self.nc.stats["reconnects"]
+            # over NATS only: an admission in this process cannot lose the submit and live on
+            resubmit_at = loop.time() + submit_answer_s if self.admission is None else None
             while True:
                 idle_until = loop.time() + idle_timeout_s
                 after_reconnect = False
@@ -336,6 +331,11 @@ class TokenyardClient:
                         ended = True
                         yield [gap]
                         return
+                    if resubmit_at is not None and loop.time() >= resubmit_at:  # nothing at all came
+                        resubmit_at, resubmitted = None, True
+                        log.warning("resubmitted", request_id=rid, after_s=submit_answer_s)
+                        await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,
+                                              headers={**hdrs, subjects.RESUBMIT_HEADER: "1"})
                     if self.nc.stats["reconnects"] != reconnects:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
@@ -367,6 +367,7 @@ class TokenyardClient:
                     return
                 out: list[schemas.StreamEvent] = []
                 now = loop.time()
+                resubmit_at = None  # answered
                 while box.msgs:
                     msg = box.msgs.popleft()
                     if not msg.data and msg.headers and msg.headers.get("Status") == "503":
@@ -375,6 +376,9 @@ class TokenyardClient:
                             yield [schemas.Error(rid, 503, "the stream's worker is gone and no admission replica "
                                                            "takes its resume", seq=check.next_seq)]
                             return
+                        if self.nc.stats["reconnects"] != submitted_at:  # the bus came back since: its
+                            # services resubscribe after us, the window spent in the outage tried nothing
+                            submitted_at, give_up = self.nc.stats["reconnects"], loop.time() + no_responders_retry_s
                         if loop.time() < give_up:  # nothing received the request: nothing else is coming
                             await asyncio.sleep(0.1)
                             await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,
@@ -389,6 +393,12 @@ class TokenyardClient:
                         continue  # not ours to read: garbage on the inbox changes nothing
                     if event.request_id != rid:
                         continue  # another request's event (a submit that named this inbox as its reply)
+                    if resubmitted and type(event) is schemas.Rejected:  # the second submit's answer
+                        resubmitted = False
+                        if event.code == "duplicate_request_id":  # the first landed: its stream comes here
+                            continue
+                        await self.abort(rid, reason="client_resubmit_refused", reply_to=inbox)  # a first that
+                        # landed would run for nobody
                     if type(event) is schemas.Chunk:
                         watch.on_chunk(now, event.worker_id)
                     else:

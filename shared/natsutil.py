@@ -416,8 +416,8 @@ submits again with the same request id on a new reply subject and listens on bot
 first did land (its store left just before the crash), the second ends with a 409
 `duplicate_request_id` (any chunk before it is dropped) and the first's stream comes on the
 first subject once another queue replica places its stored copy (after the consumer's ack
-wait); if it did not, the second's stream is the answer. TokenyardClient and the edge end such
-a stream with their idle timeout (504 after 60 s)."""
+wait); if it did not, the second's stream is the answer. TokenyardClient (and so the edge) sends
+it again on the same subject, marked (shared/client.py, subjects.RESUBMIT_HEADER)."""
 
 
 class MaybeStored(Exception):

@@ -40,6 +40,11 @@ TAKEN_BY_HEADER = "Tokenyard-Taken-By"
 its own process (`tokenyard queue --with-admission`); another replica leaves it to that one
 while it lives."""
 
+RESUBMIT_HEADER = "Tokenyard-Resubmit"
+"""On a submit: its client sends it again, its first submit unanswered for natsutil.SUBMIT_ANSWER_S
+(lost with an admission process that died). Admission stores it before anything runs, so that a
+first that did land is told by a 409 `duplicate_request_id` and nothing else on the inbox."""
+
 RESUME = f"{PREFIX}.resume"
 """client, edge → admission: request/reply, queue group; a stream whose worker and router are gone,
 resumed once by its own client on a new inbox (shared/resume.py)."""

@@ -71,3 +71,28 @@ async def test_a_short_chaos_run_loses_nothing(tmp_path, layout):
     assert row["sent"] == 192
     assert (row["lost"], row["hung"], row["duplicated"], row["silent_short"], row["left_running"]) == (0, 0, 0, 0, 0), row
     assert row["completed"] + row["failed_clean"] + row["aborted"] == row["sent"]
+
+
+class _Msg:
+    def __init__(self, subject: str, event) -> None:
+        from tokenyard.shared import codec
+
+        self.subject, self.data, self.headers = subject, codec.encode(event), None
+
+
+def test_the_wire_count_tells_a_replay_from_a_second_generation():
+    from tokenyard.shared.inbox import Inbox
+
+    from bench.faults.chaos import WireCount
+
+    wire = WireCount(nc=None)
+    wire._inboxes["in.1"] = Inbox("r1")
+    chunk = lambda seq, worker="": schemas.Chunk("r1", seq, "x", [7], worker_id=worker)  # noqa: E731
+    for e in (chunk(0, "w0"), chunk(1), chunk(2),
+              chunk(0, "w0"), chunk(1), chunk(2),  # a worker's replay after an outage: repeats only
+              chunk(3, "w1"), chunk(0, "w2")):    # a migration's re-issue; a second placement from seq 0
+        wire._deliver(_Msg("in.1", e))
+    wire._deliver(_Msg("in.other", chunk(0, "w0")))  # not an open stream's inbox: not counted
+    assert wire.repeats["r1"][0] == 4  # seqs 0, 1, 2 again, and seq 0 from w2
+    assert [(w, q) for _, w, q in wire.generations["r1"]] == [("w0", 0), ("w1", 3), ("w2", 0)]
+    assert len(wire._inboxes["in.1"].msgs) == 8  # every message still handed on to the stream

@@ -28,6 +28,11 @@ OpenAI SSE through the edge, half TokenyardClient over NATS, a seeded class (no 
 P3), length, and for ABORT_SHARE of them a client abort after a few tokens (an HTTP client
 closing its connection; a NATS client cancelling its reader, or leaving its `async for`).
 
+The NATS half is also counted on the wire, before TokenyardClient repairs it (`WireCount`): a
+seq that came twice (the client drops it) and the generations a stream had (a chunk naming its
+worker opens one): more generations than the worker kill and the client's resumes account for
+is a request placed twice, which the client's tally alone cannot show.
+
 Each request is tallied once: completed (every token, one end) · failed_clean (an error or
 refusal the client saw, with its reason) · aborted (the client's own abort) · lost (accepted,
 then ended only by the client's own watchdog — no event for 60 s, or events lost while NATS
@@ -51,7 +56,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from tokenyard.loadgen.sse import SSEReader
-from tokenyard.shared import natsutil, schemas
+from tokenyard.shared import codec, natsutil, schemas
 from tokenyard.shared.client import TokenyardClient
 
 from bench.faults.fleet import RestartableNats, fleet_for, proc, queue_replica, running_on, stop_process
@@ -92,6 +97,38 @@ class Planned:
     """Chunks read before the client aborts; 0: never."""
     how: str = ""
     """A NATS client's abort: `cancel` (its reader task) or `leave` (out of its `async for`)."""
+
+
+class WireCount(TokenyardClient):
+    """A TokenyardClient that also counts, per stream, what reached its inbox on the wire: the
+    seqs that came again (`repeats`, with when the first and the last came) and the chunks that
+    named a worker (`generations`: when, which worker, from which seq; the first chunk of a
+    placement, of a migration's re-issue or of a resume; the same chunk sent again by a worker's
+    replay after a NATS outage is a repeat, not another generation)."""
+
+    def __init__(self, nc) -> None:
+        super().__init__(nc)
+        self.repeats: dict[str, list[float]] = {}
+        """request id → [count, first, last] (time.monotonic)."""
+        self.generations: dict[str, list[tuple[float, str, int]]] = {}
+        self._seen: dict[str, set[int]] = {}
+
+    def _deliver(self, msg) -> None:
+        box = self._inboxes.get(msg.subject)
+        if box is not None and msg.data:  # (no admission in this process: every message came over NATS)
+            with contextlib.suppress(Exception):
+                e = codec.decode_event(msg.data, msg.headers)
+                if type(e) is schemas.Chunk:
+                    now = time.monotonic()
+                    seen = self._seen.setdefault(box.request_id, set())
+                    if e.seq in seen:
+                        r = self.repeats.setdefault(box.request_id, [0, now, now])
+                        r[0], r[2] = r[0] + 1, now
+                    seen.add(e.seq)
+                    gens = self.generations.setdefault(box.request_id, [])
+                    if e.worker_id and all((w, q) != (e.worker_id, e.seq) for _, w, q in gens):  # not a replay
+                        gens.append((now, e.worker_id, e.seq))
+        super()._deliver(msg)
 
 
 def schedule(seed: int, load_s: float) -> list[Fault]:
@@ -144,14 +181,14 @@ class Chaos:
         try:
             self.standby = queue_replica(self.fleet, log_file(args, "queue-standby"), env)
             self.nc = await natsutil.connect(self.server.url, "bench-chaos")
-            self.client = TokenyardClient(await natsutil.connect(self.server.url, "bench-chaos-client"))
+            self.client = WireCount(await natsutil.connect(self.server.url, "bench-chaos-client"))
             async with asyncio.timeout(60):
                 while not await self._answering():
                     await asyncio.sleep(0.2)
             conn = aiohttp.TCPConnector(force_close=True, limit=0)  # a connection each: both edge processes serve
             async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
                 self.http = http
-                t0 = time.monotonic()
+                t0 = self.t0 = time.monotonic()
                 load = asyncio.create_task(self._load(t0))
                 for fault in schedule(self.seed, args.chaos_s):
                     await self._at(t0, fault.at_s)
@@ -317,6 +354,7 @@ class Chaos:
     def _tally(self, took_s: float) -> dict:
         outcomes: Counter = Counter()
         reasons: Counter = Counter()
+        failures = []
         by_via: dict[str, Counter] = {"nats": Counter(), "http": Counter()}
         for p, s in self.streams:
             kind = outcome(s)
@@ -324,6 +362,10 @@ class Chaos:
             by_via[p.via][kind] += 1
             if kind in ("failed_clean", "lost"):
                 reasons[f"{p.via} {s.status} {s.message[:70]}"] += 1
+                failures.append({"via": p.via, "sent_s": p.at_s, "tier": p.tier, "kind": kind, "accepted": s.accepted,
+                                 "status": s.status,
+                                 "ended_s": round(s.end_s - self.t0, 2) if s.end_s else None,
+                                 "message": s.message[:160]})
         return {
             "probe": "chaos", "layout": layout(self.args), "seed": self.seed, "load_s": self.args.chaos_s, "rate": self.args.chaos_rate,
             "sent": len(self.streams), "completed": outcomes["completed"], "failed_clean": outcomes["failed_clean"],
@@ -333,8 +375,29 @@ class Chaos:
             "left_running": len(self.left_running),
             "left_running_by_how": dict(Counter(p.how or p.via for p, s in self.streams if s.request_id in self.left_running)),
             "by_via": {k: dict(v) for k, v in by_via.items()},
-            "reasons": dict(reasons.most_common(8)), "faults": self.faults, "took_s": round(took_s, 1),
+            "wire": self._wire(),
+            "reasons": dict(reasons.most_common(8)), "failures": failures, "faults": self.faults, "took_s": round(took_s, 1),
         }
+
+
+    def _wire(self) -> dict:
+        """The NATS half on the wire (`WireCount`): streams with a seq repeated, with more than one
+        generation, and each such stream's story (times from the load's start), to be set against
+        the faults' (a worker kill's running streams are migrated: one more generation each)."""
+        c = self.client
+        regenerated = {rid: g for rid, g in c.generations.items() if len(g) > 1}
+        sent = {s.request_id: p for p, s in self.streams}
+        story = []
+        for rid in sorted(set(regenerated) | set(c.repeats), key=lambda r: sent[r].at_s if r in sent else 0):
+            n, first, last = c.repeats.get(rid, (0, 0.0, 0.0))
+            story.append({"request": rid[:12], "sent_s": sent[rid].at_s if rid in sent else None,
+                          "max_tokens": sent[rid].max_tokens if rid in sent else None,
+                          "generations": [[round(t - self.t0, 2), w, q] for t, w, q in c.generations.get(rid, ())],
+                          "repeats": n, "repeats_s": [round(first - self.t0, 2), round(last - self.t0, 2)] if n else []})
+        return {"repeated_seqs": sum(int(r[0]) for r in c.repeats.values()), "streams_with_repeats": len(c.repeats),
+                "streams_regenerated": len(regenerated),
+                "extra_generations": sum(len(g) - 1 for g in regenerated.values()),
+                "resumes": c.resumes, "streams": story[:40]}
 
 
 def layout(args) -> str:

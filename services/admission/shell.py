@@ -220,7 +220,10 @@ class AdmissionShell:
             if telemetry.recording():  # where admission's own work ends and JetStream's begins
                 span.set_attribute("tokenyard.enqueue_ns", time.time_ns())
             trace = telemetry.inject()  # the queue's span is a child of this one
-            placing = self.queue.take(verdict, queued, trace) if self.queue is not None else None
+            # a resubmit (subjects.RESUBMIT_HEADER) is stored first: a first that landed makes it a
+            # 409 with nothing sent before it, not a generation beside the first's on one inbox
+            resubmit = headers.get(subjects.RESUBMIT_HEADER) is not None
+            placing = self.queue.take(verdict, queued, trace) if self.queue is not None and not resubmit else None
             if placing is None:  # stored after a hand-over of the same id still storing: JetStream judges them in order
                 task = asyncio.create_task(self._publish(respond, verdict, queued, json, trace, span,
                                                          after=self._handing.get(verdict.request_id)))

@@ -62,7 +62,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.inbox import Inbox
-from tokenyard.shared.local_admission import LocalAdmission, _Answer
+from tokenyard.shared.local_admission import LocalAdmission, LocalAnswer
 from tokenyard.shared.resume import ResumeAsk
 from tokenyard.shared.stream_check import StreamCheck
 from tokenyard.shared.stream_watch import ResumeDue, StreamWatch, WorkerGone, WorkerProbe
@@ -215,7 +215,7 @@ class TokenyardClient:
         box = self._inboxes.get(msg.subject)
         if box is not None:  # else a stream already over, or a lease probe: nothing to hand on
             box.put(msg)
-        if self._taps and type(msg) is not _Answer and (tap := self._taps.get(msg.subject)) is not None:
+        if self._taps and type(msg) is not LocalAnswer and (tap := self._taps.get(msg.subject)) is not None:
             try:
                 tap(msg)
             except Exception:  # on nats-py's reader: one tap's failure must not stop the connection's reading
@@ -238,7 +238,7 @@ class TokenyardClient:
 
     async def _answer(self, inbox: str, data: bytes, headers: dict[str, str] | None = None) -> None:
         """Admission in this process answers a stream (`LocalAdmission`): into its inbox."""
-        self._deliver(_Answer(inbox, data, headers))
+        self._deliver(LocalAnswer(inbox, data, headers))
 
     async def _renew_lease(self) -> None:
         """Publish the lease every LEASE_INTERVAL_S, and hold `<inbox prefix>.<lease>.alive`

@@ -19,7 +19,7 @@ class LocalAdmission(Protocol):
                      respond: Callable[..., Awaitable[None]]) -> None: ...
 
 
-class _Answer:
+class LocalAnswer:
     """An answer admission in this process handed over (`LocalAdmission`), shaped as the NATS
     message it would have been: what a stream's inbox holds."""
 

@@ -227,6 +227,27 @@ def test_a_loose_decodes_wait_counts_in_the_first_step_where_everyone_runs():
     assert max(gaps) <= 200.0
 
 
+
+
+def test_the_guards_step_is_the_most_prompt_tokens_that_fit():
+    """prefill_step bisected on the step time, which is not monotone in its tokens: beside one
+    decode (context 500) of a 29.2 ms SLO it stopped at 263 prompt tokens (29.161 ms) where 351
+    fit (29.122 ms), so the guard priced the prefill 25 % slower than the engine's step can
+    run it — the wrong way for a guard that errs on keeping. It bisects on the step's monotone
+    floor (LatencyProfile.step_ms_at_least) and walks down to the count that fits."""
+    pol = ScorpioPolicy(PROF)
+    core = SimEngineCore(PROF, 16, policy=pol)
+    core.add(areq("d", 499, deadline=99.0, stp=29.2, out=50))
+    core.step()
+    decodes = [s for s in core.running if s.computed >= s.target]
+    assert [pol.context(s) for s in decodes] == [500]
+    step = lambda n: PROF.step_ms(1 + n, 1, 500, PROF.chunk_attn_ms(n, 0) if n else 0.0)  # noqa: E731
+    fitting = [n for n in range(2048) if step(n) <= 29.2]
+    assert fitting[-1] == 351 and 263 in fitting and 264 not in fitting  # not an interval
+    assert pol.prefill_step(core, decodes) == (351, pytest.approx(step(351) / 1000))
+    assert step(263) == pytest.approx(29.161, abs=1e-3) and step(351) == pytest.approx(29.122, abs=1e-3)
+
+
 def test_scorpio_beats_fcfs_with_the_same_rejection_where_fcfs_breaks_the_tight_slo():
     reqs = workload(300, rate=14.0, seed=1)
     fcfs, same, scorpio = (simulate(p, reqs) for p in ("fcfs", "fcfs+reject", "scorpio"))

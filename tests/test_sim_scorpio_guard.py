@@ -7,6 +7,7 @@ no request it rejects would have made its deadline kept."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import msgspec
 import pytest
@@ -227,6 +228,56 @@ def test_a_loose_decodes_wait_counts_in_the_first_step_where_everyone_runs():
     assert max(gaps) <= 200.0
 
 
+def test_a_decode_the_credit_batch_skips_bounds_the_step_while_the_tightest_still_prefills():
+    """A 200 ms decode skips steps beside a 50 ms one (credit batching); when that one leaves,
+    the tightest running request is a 16,000-token prompt of a 50 ms SLO still prefilling, and
+    the credit batch holds no decode. The step took the full 2,048 tokens (186 ms) after the
+    loose one had waited two ~50 ms steps: 297 ms between two tokens, then, stuck, a 1-token
+    step for it and a full one without it, 217-295 ms each. A skipped decode now bounds the step
+    too: what is left of its SLO less the next step's decodes (85 ms here, after its 99 ms of
+    waiting), and once run it leaves each long step ~13 ms of room."""
+    pol = ScorpioPolicy(PROF)
+    core = SimEngineCore(PROF, 16, policy=pol)
+    core.add(areq("t", 64, deadline=99.0, stp=50.0, out=4))
+    core.add(areq("l", 64, deadline=99.0, stp=200.0, out=100))
+    core.add(areq("big", 16000, deadline=99.0, stp=50.0, out=4))
+    big, now, last, gaps, steps = core.seqs["big"], 0.0, None, [], []
+    while big.generated == 0:
+        budget = pol.token_budget(core)
+        res = core.step()
+        now += res.duration_s
+        ran = any(o.request_id == "l" for o in res.outputs)
+        if ran:
+            gaps += [] if last is None else [(now - last) * 1000]
+            last = now
+        steps.append((budget, round(res.duration_s * 1000, 2), ran))
+    assert max(gaps) <= 200.0 and len(gaps) == 9 and min(gaps[1:]) > 199.0
+    assert steps[1:8] == [(545, 49.59, True), (532, 49.78, False), (522, 49.67, False), (925, 85.12, False),
+                          (67, 15.16, True), (1935, 186.8, False), (20, 12.93, True)]
+    assert now == pytest.approx(1.8668, abs=1e-4)  # its first token (1.815 s when the loose one waited 297 ms)
+
+
+def test_a_decode_behind_a_prefilling_prompt_keeps_its_token():
+    """With vLLM's long_prefill_token_threshold set (1,900 here), a long prompt's chunk stops
+    short of the budget and a 200 ms request is admitted behind it, then decodes while the
+    prompt still prefills. The budget counts a token for it, but the core fills the budget in
+    the batch's order: the chunk ahead took that token too, and the decode waited 1,062 ms.
+    SCORPIO's batch puts its decodes first."""
+    prof = dataclasses.replace(PROF, long_prefill_token_threshold=1900)
+    pol = ScorpioPolicy(prof)
+    core = SimEngineCore(prof, 16, policy=pol)
+    core.add(areq("big", 16000, deadline=99.0, stp=50.0, out=4))
+    core.step()
+    core.add(areq("l", 64, deadline=99.0, stp=200.0, out=100))
+    big, now, last, gaps = core.seqs["big"], 0.0, None, []
+    while big.generated == 0:
+        res = core.step()
+        now += res.duration_s
+        if any(o.request_id == "l" for o in res.outputs):
+            gaps += [] if last is None else [(now - last) * 1000]
+            last = now
+        assert [s.rid for s in core.running] == ["big", "l"]  # the prompt ahead in the running order
+    assert max(gaps) <= 200.0 and len(gaps) == 8
 
 
 def test_the_guards_step_is_the_most_prompt_tokens_that_fit():

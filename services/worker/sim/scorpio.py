@@ -184,11 +184,11 @@ class ScorpioPolicy:
         window = core.waiting.ordered()[: 2 * core.waiting.lookahead] if core.waiting else []
         todo = [(*ttft_guard.uncached(core, w), w.target) for w in window]
         copies = sum(prof.transfer_s(h) for _, h, _ in todo if h) * 1000.0
-        self._copies_ms = copies
-        self._next_ms = self.next_decodes_ms(running, todo) + over
         if self.folds(running):  # everyone runs: one that skipped the steps before still has its gap
             batch, gaps = running, {r.rid: self.gap(r) for r in running}
         else:
+            self._copies_ms = copies
+            self._next_ms = self.next_decodes_ms(running, todo) + over
             batch, _, gaps = self._planned(running)
         decodes = [r for r in batch if r.computed >= r.target]
         runs = {id(r) for r in decodes}

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 
 import msgspec
-import numpy as np
 import pytest
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from tokenyard.services.worker.sim.core import SimEngineCore
-from tokenyard.services.worker.sim.latency import LatencyProfile, profile
-from tokenyard.services.worker.sim.replay import replay
+from tokenyard.services.worker.sim.latency import profile
 from tokenyard.services.worker.sim.scheduler import VllmPolicy
 from tokenyard.services.worker.sim.scorpio import ScorpioPolicy
 from tokenyard.services.worker.sim.ttft_guard import PrefillClock, full_step, unattainable, uncached
@@ -25,6 +22,7 @@ from tokenyard.shared.schemas import AdmittedRequest
 from tokenyard.shared.slo import request_deadline_s
 
 from bench.scorpio_goodput import LOOSE_MS, TIGHT_MS, simulate, workload
+from bench.scorpio_tpot_scan import long_prompts, tpot_overshoot_ms
 from tests.builders import req
 
 PROF = profile("a100-llama3-8b")
@@ -158,23 +156,6 @@ def test_decodes_about_to_leave_do_not_make_a_waiting_request_look_late():
         assert (unattainable(core, 0.0) == [big]) is late
 
 
-def tpot_overshoot_ms(prof: LatencyProfile, reqs: list[AdmittedRequest]) -> float:
-    """The most any decode waited past its TPOT SLO between two tokens (ms; ≤ 0: none did),
-    the requests replayed through one SCORPIO engine."""
-    core = SimEngineCore(prof, 16, policy=ScorpioPolicy(prof))
-    last: dict[str, float] = {}
-    slo = {r.request_id: r.tpot_slo_ms for r in reqs}
-    worst = 0.0
-    for now, _, res in replay(core, reqs):
-        for o in res.outputs:
-            if not o.new_token_ids:
-                continue
-            if o.request_id in last:
-                worst = max(worst, (now - last[o.request_id]) * 1000 - slo[o.request_id])
-            last[o.request_id] = now
-    return worst
-
-
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), rate=st.sampled_from([8.0, 12.0, 16.0]))
 @example(seed=1231, rate=12.0)  # a step of fewer tokens than its budget cost more (the profile's tiles)
@@ -184,21 +165,6 @@ def test_every_token_comes_within_its_requests_tpot_slo(seed, rate):
     (the tight ones run every step, each step fits their SLO; a loose one runs before its gap
     passes its own)."""
     assert tpot_overshoot_ms(PROF, workload(60, rate, seed=seed)) <= 1e-6
-
-
-def long_prompts(n: int, rate: float, seed: int) -> list[AdmittedRequest]:
-    """Decodes of five TPOT SLOs (25, 50, 100, 200, 400 ms) beside long prompts: a fifth of the
-    prompts 6,000-20,000 tokens, the rest LN(256, 0.8) in [16, 2048]; outputs LN(150, 0.6) in
-    [8, 600]; Poisson arrivals."""
-    rng = np.random.default_rng(seed)
-    arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / rate, size=n - 1))])
-    long = rng.random(n) < 0.2
-    short = np.clip(np.rint(rng.lognormal(math.log(256), 0.8, size=n)), 16, 2048)
-    prompt = np.where(long, rng.integers(6000, 20000, size=n), short).astype(int)
-    out = np.clip(np.rint(rng.lognormal(math.log(150), 0.6, size=n)), 8, 600).astype(int)
-    stp = rng.choice([25.0, 50.0, 100.0, 200.0, 400.0], size=n)
-    return [AdmittedRequest(f"r{i}", "", "m", [], int(prompt[i]), [], 16, int(out[i]), 1, float(arrivals[i]),
-                            tpot_slo_ms=float(stp[i])) for i in range(n)]
 
 
 @settings(max_examples=6, deadline=None)

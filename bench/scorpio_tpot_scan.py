@@ -74,11 +74,12 @@ def _one(job: tuple[str, str, int, int, float]) -> tuple[int, float, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scorpio_tpot_scan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=("bench", "long"), default="bench")
+    p.add_argument("--workload", choices=("bench", "long"), default="bench",
+                   help="bench: bench.scorpio_goodput's; long: long_prompts (default: %(default)s)")
     p.add_argument("--seeds", default="0-2000", help="first-last, inclusive (default: %(default)s)")
     p.add_argument("--rates", default="8,12,16", help="requests a second, comma list (default: %(default)s)")
     p.add_argument("--threshold", type=int, default=0, help="long_prefill_token_threshold (default: %(default)s)")
-    p.add_argument("--profile", default="a100-llama3-8b")
+    p.add_argument("--profile", default="a100-llama3-8b", help="the engine's latency profile (default: %(default)s)")
     p.add_argument("--procs", type=int, default=2, help="worker processes (default: %(default)s)")
     p.add_argument("--out", default=None, help="write the failing runs and the counts as JSON")
     args = p.parse_args(argv)

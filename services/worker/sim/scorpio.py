@@ -168,9 +168,8 @@ class ScorpioPolicy:
         onto each step's time. A decode the credit batch skips bounds the step at its STP less
         its gap less the next step's decodes at their most (`next_decodes_ms`): whichever later
         step runs it, each step before leaves it that much. A step with no decode, run or
-        skipped, takes the full budget. A
-        prefix the window's requests would copy back from the host tier lengthens the step by
-        the copy (admit.py): it comes off the bound too."""
+        skipped, takes the full budget. A prefix the window's requests would copy back from the
+        host tier lengthens the step by the copy (admit.py): it comes off the bound too."""
         over = core.step_overhead_s * 1000.0  # live: what a step costs beyond its modelled time
         self._last_step_ms = core.last_step_s * 1000.0 + over
         self._core = core

@@ -75,3 +75,24 @@ def test_a_steps_ceiling_bounds_every_step_of_at_most_its_tokens():
     fewer = [a100.step_ms(d2 + n, d2, c, a100.chunk_attn_ms(n, k) if n else 0.0)
              for n in range(555) for d2, c in ((d, ctx), (d - 1, ctx - 700), (0, 0))]
     assert max(fewer) <= bound
+
+
+def test_a_steps_floor_bounds_every_step_of_at_least_its_tokens():
+    """The searches for the most tokens (or the largest batch) that fit a time bisect on a
+    monotone envelope: linear_floor(T) is the least any T' ≥ T costs (the A100's 544 tokens
+    cost 41.52 ms, but 560 cost 39.02), and step_ms_at_least is never above step_ms of any
+    step of at least those tokens, decodes, context and attention, to the bit."""
+    a100 = PROFILES["a100-llama3-8b"]
+    assert a100.linear_floor(544) == a100.linear(560) < a100.linear(544)
+    assert (a100.linear(544), a100.linear(560)) == pytest.approx((41.52, 39.024))
+    for p in PROFILES.values():
+        n = len(p.linear_ms) + 50
+        low = [p.linear(t) for t in range(n)]
+        for t in range(n - 2, -1, -1):
+            low[t] = min(low[t], low[t + 1])
+        assert all(p.linear_floor(t) == low[t] for t in range(n - 50))  # the last 50: beyond the table, rising
+        assert all(p.linear_floor(t) == p.linear(t) for t in range(n - 50, n))
+    d, ctx, k = 22, 16438, 1675
+    floor = a100.step_ms_at_least(d + 521, d, ctx, a100.chunk_attn_ms(521, k))
+    more = [a100.step_ms(d + n, d2, c, a100.chunk_attn_ms(n, k)) for n in range(521, 2048) for d2, c in ((d, ctx), (d + 1, ctx + 700))]
+    assert floor <= min(more) and floor < more[0]  # below the step of exactly 521: linear dips at 560

@@ -116,6 +116,23 @@ def test_vbs_admission_lets_a_loose_request_past_an_infeasible_tight_one():
     assert 4.1 <= stats.vbs_limit < 5.0
 
 
+def test_the_vbs_limit_is_the_largest_vbs_that_meets_the_slo():
+    """The estimated TPOT is not monotone in VBS (the profile's linear ops: 41-45 tokens cost
+    less than 40): at context 1,000 a 33.2 ms SLO is met up to VBS 175.75, missed from 175.8125
+    to 176.9375 and met again up to 185.625. The bisection stopped at 175.75, so the router's
+    filter (optimistic by design: the worker's admission has the last word) could drop a worker
+    that would admit; the limit is the largest VBS that meets it."""
+    est = [estimated_tpot_ms(PROF, i / 16, 1000) for i in range(16 * PROF.max_num_seqs + 1)]
+    meets = [i / 16 for i, ms in enumerate(est) if ms <= 33.2]
+    assert meets[-1] == 185.625 and 175.75 in meets and 175.8125 not in meets and 177.0 in meets
+    assert ScorpioPolicy(PROF).vbs_limit(33.2, 1000) == 185.625
+    for l_avg in (100, 500, 2000):  # and elsewhere: the largest, each SLO to 0.1 ms
+        est = [estimated_tpot_ms(PROF, i / 16, l_avg) for i in range(16 * PROF.max_num_seqs + 1)]
+        for tight in np.arange(12.0, 40.0, 0.1):
+            largest = max((i for i, ms in enumerate(est) if ms <= tight), default=0)
+            assert ScorpioPolicy(PROF).vbs_limit(float(tight), l_avg) == largest / 16
+
+
 def test_token_budget_keeps_the_step_within_the_tightest_slo():
     core, pol = engine(0)
     for i in range(8):

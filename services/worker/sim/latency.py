@@ -21,7 +21,8 @@ source of every number; data/vidur.json holds the measured tables, see calibrate
   KV cache dtype scales decode attention and bytes per token (fp8: ×0.5).
 A step with nothing scheduled takes no time. `step_s(B, Σctx, [(N, K), …])` is the interface.
 The measured linear(T) is not monotone (a kernel's tiles): `step_ms_at_most` prices linear at
-its most for any T' ≤ T, a bound on every step of at most T tokens (SCORPIO's token budget).
+its most for any T' ≤ T, a bound on every step of at most T tokens (SCORPIO's token budget);
+`step_ms_at_least` at its least for any T' ≥ T, the monotone envelope its searches bisect on.
 """
 
 from __future__ import annotations
@@ -134,6 +135,23 @@ class LatencyProfile:
     def _linear_ceiling_ms(self) -> tuple[float, ...]:
         return tuple(np.maximum.accumulate(np.asarray(self.linear_ms)).tolist())
 
+    def linear_floor(self, tokens: int) -> float:
+        """The least linear(t) costs for any t ≥ `tokens`: monotone, so a search for the most
+        tokens that fit a time can bisect on it and then walk down to the count that really fits
+        (SCORPIO's `largest_within`). Beyond the table the last slope, which rises."""
+        if self.moe is not None:
+            return self.linear(tokens)
+        low = self._linear_floor_ms
+        if tokens < len(low):
+            return low[tokens]
+        return self.linear(tokens)
+
+    @cached_property
+    def _linear_floor_ms(self) -> tuple[float, ...]:
+        table = np.asarray(self.linear_ms)
+        assert table[-1] >= table[-2], f"{self.name}: linear(T) falls beyond its table"
+        return tuple(np.minimum.accumulate(table[::-1])[::-1].tolist())
+
     def step_ms(self, tokens: int, decode_batch: int, decode_ctx: int, prefill_attn_ms: float) -> float:
         """The step's time given its token count and the prefill attention already summed
         (the engine core's hot path: no per-chunk call). SimEngineCore.advance repeats this
@@ -153,6 +171,17 @@ class LatencyProfile:
         if tokens == 0:
             return 0.0
         ms = self.overhead_ms + self.linear_ceiling(tokens) + prefill_attn_ms
+        if decode_batch:
+            ms += self.d0 + self.d2 * decode_ctx
+        return ms
+
+    def step_ms_at_least(self, tokens: int, decode_batch: int, decode_ctx: int, prefill_attn_ms: float) -> float:
+        """The least a step of at least `tokens` tokens costs, with at least these decodes, their
+        context and this prefill attention: `step_ms` with linear at its floor (never above
+        `step_ms` of any such step, to the bit)."""
+        if tokens == 0:
+            return 0.0
+        ms = self.overhead_ms + self.linear_floor(tokens) + prefill_attn_ms
         if decode_batch:
             ms += self.d0 + self.d2 * decode_ctx
         return ms

@@ -18,19 +18,23 @@ engine (scheduler.py's seam).
     the step when its credit reaches 1, paying 1; so a request with twice the tightest SLO
     runs every other step, and the step's batch holds ≈ VBS decodes. Steps longer than min
     STP would starve the loose ones, so a request also runs when skipping could let the
-    time since its last token pass its SLO (step_batch). Prefill chunks always run. When
-    every running request has the same STP everyone runs every step (`folds`: the engine
-    may fold such steps, core.advance).
+    time since its last token pass its SLO (step_batch). Prefill chunks always run, after the
+    decodes (`decodes_first`). When every running request has the same STP everyone runs
+    every step (`folds`: the engine may fold such steps, core.advance).
   * Token budget: a step's tokens are capped so that the step, with the decodes its credit
     batch runs, fits the tightest running SLO (no minimum) whatever it schedules under the cap
     (priced at the most any step of at most that many tokens costs): prefill chunks shrink
     rather than stretch the tight requests' TPOT (the core asks `token_budget` before each step).
+    A decode the batch skips bounds the step too: it must still have the next step's decodes'
+    time left of its SLO (while the tightest request still prefills, nothing else bounds it).
+  * Searches on step time (`prefill_step`, `vbs_limit`) find the largest count that fits,
+    though step time is not monotone in tokens (`largest_within`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tokenyard.services.worker.sim import ttft_guard
@@ -53,17 +57,52 @@ def ldf_key(seq: Seq, preempted: bool) -> tuple:
     return (0, 0.0) if preempted else (1, deadline(seq))
 
 
-def estimated_tpot_ms(prof: LatencyProfile, vbs: float, l_avg: float) -> float:
-    """The decode step of `vbs` sequences of context `l_avg` (fractional: interpolated)."""
+def estimated_tpot_ms(prof: LatencyProfile, vbs: float, l_avg: float, at_least: bool = False) -> float:
+    """The decode step of `vbs` sequences of context `l_avg` (fractional: interpolated);
+    `at_least`: the least any larger batch costs (LatencyProfile.step_ms_at_least), monotone."""
     lo = math.floor(vbs)
     hi = math.ceil(vbs)
+    price = prof.step_ms_at_least if at_least else prof.step_ms
 
     def step(b: int) -> float:
-        return prof.step_ms(b, b, int(b * l_avg), 0.0) if b else 0.0
+        return price(b, b, int(b * l_avg), 0.0) if b else 0.0
 
     if lo == hi:
         return step(lo)
     return step(lo) + (step(hi) - step(lo)) * (vbs - lo)
+
+
+def largest_within(hi: int, cost: Callable[[int], float], floor: Callable[[int], float], bound: float) -> int:
+    """The largest n in [0, hi] with cost(n) ≤ bound (0 when none does). The profile's step time
+    is not monotone in its tokens (543 tokens of linear ops take 41.4 ms, 576 take 40.0 on
+    a100-llama3-8b), so bisecting on cost can stop below a count that fits; `floor(n)`, at most
+    cost(m) for every m ≥ n and monotone, is bisected instead — nothing past its answer fits —
+    and the walk down from there stops at the first count that really fits."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if floor(mid) <= bound:
+            lo = mid
+        else:
+            hi = mid - 1
+    while lo > 0 and cost(lo) > bound:
+        lo -= 1
+    return lo
+
+
+def decodes_first(running: list[Seq]) -> list[Seq]:
+    """`running` with its decodes ahead of its prefill chunks (itself when they are already).
+    The token budget counts one token for each decode of the batch and gives the rest to the
+    chunks; the core fills the budget in the batch's order, so a chunk ahead of a decode (one
+    admitted while a long prompt still prefilled, as vLLM's long_prefill_token_threshold lets
+    happen) would take its token and leave it waiting past its SLO."""
+    seen_chunk = False
+    for r in running:
+        if r.computed < r.target:
+            seen_chunk = True
+        elif seen_chunk:
+            return [r for r in running if r.computed >= r.target] + [r for r in running if r.computed < r.target]
+    return running
 
 
 class ScorpioPolicy:
@@ -86,6 +125,11 @@ class ScorpioPolicy:
         step started (`gap`)."""
         self._ran: set[str] = set()
         self._last_step_ms = 0.0
+        self._next_ms = 0.0
+        """What a decode the credit batch skips must have left of its SLO as the step ends (the
+        next step's decodes at their most, `next_decodes_ms`, and the live overhead)."""
+        self._copies_ms = 0.0
+        """The host-tier copies the step may make (they lengthen it beyond its budget's tokens)."""
         self._core: SimEngineCore | None = None
         self.refused = 0
         """Admission checks that found the head infeasible (it waited)."""
@@ -121,32 +165,43 @@ class ScorpioPolicy:
         plus p0 for each further chunk the tokens can make (the running prefills', and the
         waiting requests' smallest whole prompts that fit, and one more). A live engine's
         measured per-step overhead (`SimEngineCore.step_overhead_s`) comes off the bound and
-        onto each step's time. A step with no decode takes the full budget. A prefix the
-        window's requests would copy back from the host tier lengthens the step by the copy
-        (admit.py): it comes off the bound too."""
+        onto each step's time. A decode the credit batch skips bounds the step at its STP less
+        its gap less the next step's decodes at their most (`next_decodes_ms`): whichever later
+        step runs it, each step before leaves it that much. A step with no decode, run or
+        skipped, takes the full budget. A prefix the window's requests would copy back from the
+        host tier lengthens the step by the copy (admit.py): it comes off the bound too."""
         over = core.step_overhead_s * 1000.0  # live: what a step costs beyond its modelled time
         self._last_step_ms = core.last_step_s * 1000.0 + over
         self._core = core
         prof = self.prof
         full = prof.max_num_batched_tokens
         running = core.running
-        if self.folds(running):  # everyone runs: one that skipped the steps before still has its gap
-            batch, gaps = running, {r.rid: self.gap(r) for r in running}
-        else:
-            batch, _, gaps = self._planned(running)
-        decodes = [r for r in batch if r.computed >= r.target]
-        if not decodes:
+        if all(r.computed < r.target for r in running):  # no decode to guard
             return full
-        d = len(decodes)
-        ctx = sum(self.context(r) for r in decodes)
-        prefilling = [r for r in running if r.computed < r.target]
         # a step admits from the line's first `lookahead` (its gate's window, which moves on by
         # one per admission): twice that covers every request it can start
         window = core.waiting.ordered()[: 2 * core.waiting.lookahead] if core.waiting else []
         todo = [(*ttft_guard.uncached(core, w), w.target) for w in window]
-        waiting = sorted(u for u, _, _ in todo)
         copies = sum(prof.transfer_s(h) for _, h, _ in todo if h) * 1000.0
-        bound = min(self.stp(r) - gaps.get(r.rid, 0.0) for r in decodes) - over - copies
+        if self.folds(running):  # everyone runs: one that skipped the steps before still has its gap
+            batch, gaps = running, {r.rid: self.gap(r) for r in running}
+        else:
+            self._copies_ms = copies
+            self._next_ms = self.next_decodes_ms(running, todo) + over
+            batch, _, gaps = self._planned(running)
+        decodes = [r for r in batch if r.computed >= r.target]
+        runs = {id(r) for r in decodes}
+        skipped = [r for r in running if r.computed >= r.target and id(r) not in runs]
+        d = len(decodes)
+        ctx = sum(self.context(r) for r in decodes)
+        prefilling = [r for r in running if r.computed < r.target]
+        waiting = sorted(u for u, _, _ in todo)
+        # a decode the credit batch skips gets its token in a later step: this one must leave
+        # it room for the next one's decodes (when the tightest is still prefilling the batch may
+        # hold no decode at all, and nothing else bounds the step)
+        left = [self.stp(r) - gaps.get(r.rid, 0.0) for r in decodes]
+        left += [self.stp(r) - gaps[r.rid] - self._next_ms for r in skipped]
+        bound = min(left) - over - copies
         # the longest context a chunk may sit on: a prefilling request's, or a waiting one's cached prefix
         k = max([r.computed for r in prefilling] + [t - u for u, _, t in todo], default=0)
 
@@ -188,7 +243,27 @@ class ScorpioPolicy:
         while (need := chunks_for(lo)) > chunks:  # more chunks, fewer tokens: it settles
             chunks = need
             lo = largest(chunks)
-        return d + lo
+        return max(d + lo, 1)  # never a step of nothing: the engine would stall (_planned's rule leaves a token room)
+
+    def next_decodes_ms(self, running: list[Seq], todo: list[tuple[int, int, int]]) -> float:
+        """The most the decodes of the step after this one can cost with no prompt token beside
+        them (the live overhead aside): every running request a decode by then (a prefilling one
+        may finish its prompt in this step), and as many of the window's requests (`todo`:
+        uncached, copied, target) as can prefill their whole prompts in this one step, each at
+        its largest context; linear at its ceiling. A decode this step skips must have that much
+        of its SLO left when this step ends."""
+        full = self.prof.max_num_batched_tokens
+        n = len(running)
+        ctx = sum(max(self.context(r), r.target) + 1 for r in running)
+        whole = sorted((u, t + 1) for u, _, t in todo if u <= full)
+        m, total = 0, 0
+        for u, _ in whole:
+            if total + u > full:
+                break
+            total += u
+            m += 1
+        ctx += sum(sorted((t for _, t in whole), reverse=True)[:m])
+        return self.prof.step_ms_at_most(n + m, n + m, ctx, 0.0)
 
     def prefill_step(self, core: SimEngineCore, decodes: list[Seq]) -> tuple[int, float]:
         """The TTFT guard's optimistic step beside `decodes` (ttft_guard.py): the most prompt
@@ -208,14 +283,11 @@ class ScorpioPolicy:
         def step(n: int) -> float:
             return prof.step_ms(d + n, d, ctx, prof.chunk_attn_ms(n, 0) if n else 0.0)
 
-        lo, hi = 0, max(0, prof.max_num_batched_tokens - d)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if step(mid) <= bound:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo, (step(lo) + over) / 1000.0
+        def floor(n: int) -> float:
+            return prof.step_ms_at_least(d + n, d, ctx, prof.chunk_attn_ms(n, 0) if n else 0.0)
+
+        n = largest_within(max(0, prof.max_num_batched_tokens - d), step, floor, bound)
+        return n, (step(n) + over) / 1000.0
 
     def _planned(self, running: list[Seq]) -> tuple[list[Seq], dict[str, float], dict[str, float]]:
         """The credit batch of `running` for the coming step (computed once a step, kept for
@@ -223,24 +295,27 @@ class ScorpioPolicy:
         key = [id(r) for r in running]
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
-        s = self._last_step_ms
+        # two steps ahead (this one, then the next, where a skipped decode runs at the latest)
+        # each at least as long as the last and as the next one's decodes (its budget's bound)
+        ahead = 2 * max(self._last_step_ms, self._next_ms) + self._copies_ms
         tight = min(self.stp(r) for r in running)
         batch: list[Seq] = []
+        chunks: list[Seq] = []
         credits: dict[str, float] = {}
         gaps: dict[str, float] = {}
         for r in running:
             if r.computed < r.target:  # prefilling: its chunk runs
-                batch.append(r)
+                chunks.append(r)
                 continue
             stp = self.stp(r)
             c = self.credits.get(r.rid, 0.0) + tight / stp
             gap = self.gap(r)
-            if c >= 1.0 - 1e-9 or gap + 2 * s > stp:
+            if c >= 1.0 - 1e-9 or gap + ahead > stp:
                 c = max(0.0, c - 1.0)
                 batch.append(r)
             credits[r.rid] = c
             gaps[r.rid] = gap
-        plan = (batch, credits, gaps)
+        plan = (batch + chunks, credits, gaps)  # decodes first (decodes_first)
         self._plan = (key, plan)
         return plan
 
@@ -258,11 +333,13 @@ class ScorpioPolicy:
         its credit reaches 1, paying 1 (the tightest, TRP = 1, runs every step). On the
         engine's real clock a step may take longer than min STP, so a request also runs when
         skipping could let the time since its last token pass its SLO before its next
-        chance: gap_r + 2·s > STP(r), s the last step's duration. The batch `token_budget`
-        priced, when the running set is still the one it saw."""
+        chance: gap_r + 2·max(s, n) + c > STP(r), s the last step's duration, n the next
+        step's decodes at their most (`next_decodes_ms`), c the step's host-tier copies — the
+        token budget then holds the step to STP(r) − gap_r − n for each one skipped. The batch
+        `token_budget` priced, when the running set is still the one it saw; decodes first."""
         if self.folds(running):
             self.credits, self.gap_ms, self._plan = {}, {}, None
-            return running
+            return decodes_first(running)
         batch, self.credits, self.gap_ms = self._planned(running)
         self._plan = None
         self._ran = {r.rid for r in batch}
@@ -292,15 +369,16 @@ class ScorpioPolicy:
         return False
 
     def vbs_limit(self, tight: float, l_avg: float) -> float:
-        """The largest VBS (to 1/16) whose estimated TPOT meets `tight`."""
-        lo, hi = 0, 16 * self.prof.max_num_seqs
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if estimated_tpot_ms(self.prof, mid / 16, l_avg) <= tight:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo / 16
+        """The largest VBS (to 1/16) whose estimated TPOT meets `tight` (the estimate is not
+        monotone in VBS: `largest_within`)."""
+        prof = self.prof
+        n = largest_within(
+            16 * prof.max_num_seqs,
+            lambda i: estimated_tpot_ms(prof, i / 16, l_avg),
+            lambda i: estimated_tpot_ms(prof, i / 16, l_avg, at_least=True),
+            tight,
+        )
+        return n / 16
 
     def heartbeat_fields(self, core: SimEngineCore) -> dict[str, float]:
         """What the worker's heartbeat carries for the router's VBS filter."""

@@ -168,20 +168,17 @@ class LatencyProfile:
         """The most a step of at most `tokens` tokens costs, with at most these decodes, their
         context and this prefill attention: `step_ms` with linear at its ceiling (same order of
         operations, so never below `step_ms` of any such step, to the bit)."""
-        if tokens == 0:
-            return 0.0
-        ms = self.overhead_ms + self.linear_ceiling(tokens) + prefill_attn_ms
-        if decode_batch:
-            ms += self.d0 + self.d2 * decode_ctx
-        return ms
+        return self._priced(self.linear_ceiling(tokens), decode_batch, decode_ctx, prefill_attn_ms) if tokens else 0.0
 
     def step_ms_at_least(self, tokens: int, decode_batch: int, decode_ctx: int, prefill_attn_ms: float) -> float:
         """The least a step of at least `tokens` tokens costs, with at least these decodes, their
         context and this prefill attention: `step_ms` with linear at its floor (never above
         `step_ms` of any such step, to the bit)."""
-        if tokens == 0:
-            return 0.0
-        ms = self.overhead_ms + self.linear_floor(tokens) + prefill_attn_ms
+        return self._priced(self.linear_floor(tokens), decode_batch, decode_ctx, prefill_attn_ms) if tokens else 0.0
+
+    def _priced(self, linear_ms: float, decode_batch: int, decode_ctx: int, prefill_attn_ms: float) -> float:
+        """`step_ms`'s formula, in its order of operations, with this linear term."""
+        ms = self.overhead_ms + linear_ms + prefill_attn_ms
         if decode_batch:
             ms += self.d0 + self.d2 * decode_ctx
         return ms

@@ -55,12 +55,12 @@ import itertools
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
+from tokenyard.shared.completion import Completion, gather
 from tokenyard.shared.inbox import Inbox
 from tokenyard.shared.local_admission import LocalAdmission, LocalAnswer
 from tokenyard.shared.resume import ResumeAsk
@@ -86,21 +86,6 @@ MUX_FLUSH_TIMEOUT_S = 2.0  # the most the first stream waits for its inbox subsc
 IDLE_TIMEOUT_S = 60.0
 """Default silence after which a stream ends with an error: above the queue's longest
 ordinary wait for a P2 request (its 60 s TTFT target), far above worker-death detection."""
-
-
-@dataclass
-class Completion:
-    """What `generate` gathers from one stream."""
-
-    request_id: str
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    usage: schemas.Usage | None = None
-    accepted: schemas.Accepted | None = None
-    rejected: schemas.Rejected | None = None
-    error: schemas.Error | None = None
-    worker_id: str = ""
 
 
 async def _ignore(_msg) -> None:
@@ -305,11 +290,16 @@ class TokenyardClient:
         resubmitted = False  # sent again, its first unanswered: a 409 duplicate says the first landed
         ended = False  # a terminal event was yielded (the reader may leave at it)
         try:
-            hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
+            hdrs = submit_hdrs = telemetry.inject({**(headers or {}), **codec.content_headers(json)})
+
+            async def send() -> None:  # submit_hdrs: marked once resubmitted, retries included
+                await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,
+                                      headers=submit_hdrs)
+
             if self.admission is not None:  # in this process: a call, its answers straight into the inbox
                 await self.admission.submit(request, inbox, hdrs, functools.partial(self._answer, inbox))
             else:
-                await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox, headers=hdrs)
+                await send()
             if published:  # let nats-py's flusher send it now, before the caller's set-up runs
                 await asyncio.sleep(0)
                 yield []
@@ -334,8 +324,8 @@ class TokenyardClient:
                     if resubmit_at is not None and loop.time() >= resubmit_at:  # nothing at all came
                         resubmit_at, resubmitted = None, True
                         log.warning("resubmitted", request_id=rid, after_s=submit_answer_s)
-                        await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,
-                                              headers={**hdrs, subjects.RESUBMIT_HEADER: "1"})
+                        submit_hdrs = {**hdrs, subjects.RESUBMIT_HEADER: "1"}
+                        await send()
                     if self.nc.stats["reconnects"] != reconnects:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
@@ -367,7 +357,6 @@ class TokenyardClient:
                     return
                 out: list[schemas.StreamEvent] = []
                 now = loop.time()
-                resubmit_at = None  # answered
                 while box.msgs:
                     msg = box.msgs.popleft()
                     if not msg.data and msg.headers and msg.headers.get("Status") == "503":
@@ -381,11 +370,15 @@ class TokenyardClient:
                             submitted_at, give_up = self.nc.stats["reconnects"], loop.time() + no_responders_retry_s
                         if loop.time() < give_up:  # nothing received the request: nothing else is coming
                             await asyncio.sleep(0.1)
-                            await self.nc.publish(subjects.SUBMIT, codec.encode(request, json=json), reply=inbox,
-                                                  headers=hdrs)
+                            await send()
                             continue
                         ended = True
-                        yield [schemas.Rejected(rid, 503, "no_responders", "no admission service is running")]
+                        if resubmitted:  # the first submit may have landed: it must not run for nobody
+                            await self.abort(rid, reason="client_resubmit_refused", reply_to=inbox)
+                            yield [schemas.Error(rid, 503, "no admission service took the resubmit of a submit "
+                                                           "left unanswered", seq=check.next_seq)]
+                        else:
+                            yield [schemas.Rejected(rid, 503, "no_responders", "no admission service is running")]
                         return
                     try:
                         event = codec.decode_event(msg.data, msg.headers)
@@ -393,10 +386,12 @@ class TokenyardClient:
                         continue  # not ours to read: garbage on the inbox changes nothing
                     if event.request_id != rid:
                         continue  # another request's event (a submit that named this inbox as its reply)
-                    if resubmitted and type(event) is schemas.Rejected:  # the second submit's answer
-                        resubmitted = False
-                        if event.code == "duplicate_request_id":  # the first landed: its stream comes here
-                            continue
+                    resubmit_at = None  # answered
+                    if type(event) is schemas.Rejected and (
+                            (msg.headers or {}).get(subjects.RESUBMIT_HEADER)  # the resubmit's own answer
+                            or (resubmitted and event.code == "duplicate_request_id")):  # (an older admission's)
+                        if event.code == "duplicate_request_id" or check.accepted or check.ahead:
+                            continue  # the first landed, or its stream has begun: it comes here
                         await self.abort(rid, reason="client_resubmit_refused", reply_to=inbox)  # a first that
                         # landed would run for nobody
                     if type(event) is schemas.Chunk:
@@ -474,24 +469,7 @@ class TokenyardClient:
 
     async def generate(self, request: schemas.GenerateRequest, **kwargs) -> Completion:
         """Submit and wait for the whole completion."""
-        out = Completion(request_id=request.request_id or "")
-        parts: list[str] = []
-        async for event in self.stream(request, **kwargs):
-            out.request_id = event.request_id or out.request_id
-            match event:
-                case schemas.Accepted():
-                    out.accepted = event
-                case schemas.Chunk():
-                    parts.append(event.text)
-                    out.token_ids.extend(event.token_ids)
-                case schemas.Finished():
-                    out.finish_reason, out.usage, out.worker_id = event.finish_reason, event.usage, event.worker_id
-                case schemas.Rejected():
-                    out.rejected = event
-                case schemas.Error():
-                    out.error = event
-        out.text = "".join(parts)
-        return out
+        return await gather(request.request_id or "", self.stream(request, **kwargs))
 
     async def abort(self, request_id: str, reason: str = "client", reply_to: str = "") -> None:
         """`reply_to`: only the generation streaming there (a reused id's other one runs on)."""

@@ -146,6 +146,9 @@ async def test_admission_stores_a_resubmit_first_though_its_own_queue_never_saw_
 
         async def keep(msg) -> None:
             got.append(codec.decode_event(msg.data, msg.headers))
+            marks.append((msg.headers or {}).get(subjects.RESUBMIT_HEADER))
+
+        marks: list = []
 
         inbox = peer.new_inbox()
         await peer.subscribe(inbox, cb=keep)
@@ -156,7 +159,100 @@ async def test_admission_stores_a_resubmit_first_though_its_own_queue_never_saw_
         assert rid not in fleet.queue.core.policy and rid not in fleet.queue.core.in_flight
         assert [(type(e).__name__, getattr(e, "status", None), getattr(e, "code", None)) for e in got] == [
             ("Rejected", 409, "duplicate_request_id")]
+        assert marks == ["1"]  # the answer says it is the resubmit's: its client tells it from the first's
     finally:
         alive.cancel()
         await peer.drain()
         await stop_fleet(fleet.hosts)
+
+
+async def _scripted_admission(url: str, on_first, on_resubmit):
+    """The only admission: `on_first(nc, msg)` / `on_resubmit(nc, msg)` answer each kind of submit."""
+    nc = await natsutil.connect(url, "scripted-admission")
+
+    async def answer(msg) -> None:
+        marked = (msg.headers or {}).get(subjects.RESUBMIT_HEADER)
+        asyncio.create_task((on_resubmit if marked else on_first)(nc, msg))
+
+    sub = await nc.subscribe(subjects.SUBMIT, queue=subjects.GROUP_ADMISSION, cb=answer)
+    await nc.flush()
+    return nc, sub
+
+
+async def test_a_refused_resubmit_does_not_end_a_stream_whose_first_submit_answered_late(nats_server):
+    """The first's answer comes after the resubmit left (a slow store, a stalled process); the
+    resubmit is refused 503 (overload judged again). The stream has begun: the refusal is dropped,
+    and the reader gets the first's stream whole, never a `rejected` after its chunks."""
+    rid = f"rs-late-{uuid.uuid4().hex}"
+
+    async def late_first(nc, msg) -> None:  # accepted just after the resubmit left, its tokens after the refusal
+        await asyncio.sleep(FAST["submit_answer_s"] + 1.5)  # the client checks once a second: resubmitted by then
+        await nc.publish(msg.reply, codec.encode(schemas.Accepted(rid, 1, 3)))
+        await asyncio.sleep(2.0)
+        for event in (schemas.Chunk(rid, 0, "a", [1], worker_id="w"), schemas.Finished(rid, 1, "length",
+                                                                                      schemas.Usage(3, 1, 4))):
+            await nc.publish(msg.reply, codec.encode(event))
+
+    refused: list[str] = []
+
+    async def refuse(nc, msg) -> None:  # judged again, a moment later: refused
+        refused.append(rid)
+        await asyncio.sleep(1.8)
+        refusal = schemas.Rejected(rid, 503, "overloaded", "Fleet saturated")
+        await nc.publish(msg.reply, codec.encode(refusal), headers={subjects.RESUBMIT_HEADER: "1"})
+
+    nc, _ = await _scripted_admission(nats_server.url, late_first, refuse)
+    watcher, aborts = await _aborts(nats_server.url)
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        done = await asyncio.wait_for(client.generate(
+            schemas.GenerateRequest(prompt="late", max_tokens=1, request_id=rid), **FAST), 10)
+        assert (done.rejected, done.error, done.finish_reason, done.text) == (None, None, "length", "a")
+        await watcher.flush()
+        assert refused == [rid]  # the resubmit left, and its refusal came after the first's acceptance
+        assert [a.reason for a in aborts if a.request_id == rid] == []  # the running first was left alone
+    finally:
+        await client.close()
+        await nc.drain()
+        await watcher.drain()
+
+
+async def _aborts(url: str):
+    """Every Abort published on the bus, as it comes."""
+    watcher = await natsutil.connect(url, "abort-watcher")
+    aborts: list = []
+
+    async def seen(msg) -> None:
+        aborts.append(codec.decode(msg.data, schemas.Abort))
+
+    await watcher.subscribe(subjects.ABORT, cb=seen)
+    await watcher.flush()
+    return watcher, aborts
+
+
+async def test_a_resubmit_nobody_takes_ends_in_an_error_and_stops_the_first(nats_server):
+    """The first submit went to an admission that died with it; nothing takes the resubmit (no
+    admission left, "no responders" for the whole window). The first may have been stored: the
+    client aborts its inbox's generation and ends with an `error` 503, not `rejected` (which says
+    nothing ran)."""
+    rid = f"rs-none-{uuid.uuid4().hex}"
+    async def swallow(nc, msg) -> None:
+        pass
+
+    nc, sub = await _scripted_admission(nats_server.url, swallow, swallow)
+    watcher, aborts = await _aborts(nats_server.url)
+    client = await TokenyardClient.connect(nats_server.url)
+    try:
+        run = asyncio.create_task(client.generate(
+            schemas.GenerateRequest(prompt="none", max_tokens=1, request_id=rid), **FAST))
+        await asyncio.sleep(0.5)  # the first is taken (and swallowed) before its admission goes
+        await sub.unsubscribe()
+        await nc.flush()
+        done = await asyncio.wait_for(run, 10)
+        assert done.rejected is None and (done.error.status, done.error.request_id) == (503, rid)
+        await until(lambda: any(a.request_id == rid and a.reason == "client_resubmit_refused" for a in aborts),
+                    what="the first's generation stopped")
+    finally:
+        await client.close()
+        await nc.drain()
+        await watcher.drain()

@@ -167,8 +167,12 @@ class AdmissionShell:
             body: schemas.GenerateRequest | codec.DecodeError = codec.decode(req.data, schemas.GenerateRequest, json=json)
         except codec.DecodeError as e:
             body = e
+        respond = req.respond
+        if subjects.RESUBMIT_HEADER in headers:  # its answers say so: its client tells them from the first's
+            async def respond(data: bytes, headers: dict[str, str] | None = None) -> None:
+                await req.respond(data, headers={**(headers or {}), subjects.RESUBMIT_HEADER: "1"})
         # the request's stream: every later hop publishes there
-        await self._decide(body, req._msg.reply, json, headers, req.respond)
+        await self._decide(body, req._msg.reply, json, headers, respond)
 
     async def submit(self, body: schemas.GenerateRequest, reply_to: str, headers: dict[str, str],
                      respond: Respond) -> None:

@@ -64,7 +64,8 @@ from prometheus_client import (
 from tokenyard.services.edge import core
 from tokenyard.services.edge.core import ApiError, Endpoint
 from tokenyard.shared import config, http_front, metrics, openai_api, schemas, subjects, telemetry, validation
-from tokenyard.shared.client import LocalAdmission, TokenyardClient
+from tokenyard.shared.client import TokenyardClient
+from tokenyard.shared.local_admission import LocalAdmission
 from tokenyard.shared.schemas import Outcome
 from tokenyard.shared.service import new_instance_id
 

@@ -16,6 +16,8 @@ import asyncio
 from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
+from tests.conftest import until
+
 
 class _SeesNoResponders(TokenyardClient):
     """Sets `no_responders` when a "no responders" status reaches one of its inboxes."""
@@ -30,12 +32,6 @@ class _SeesNoResponders(TokenyardClient):
         super()._deliver(msg)
 
 
-async def _until(cond, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not cond():
-            await asyncio.sleep(0.02)
-
-
 async def test_a_submit_sent_in_a_bus_outage_reaches_admission_once_it_resubscribes():
     server = await natsutil.NatsServer().start()
     admission = None
@@ -45,7 +41,7 @@ async def test_a_submit_sent_in_a_bus_outage_reaches_admission_once_it_resubscri
         assert first.rejected is not None and first.rejected.status == 503  # no admission yet: refused
 
         server.stop()
-        await _until(lambda: not client.nc.is_connected)
+        await until(lambda: not client.nc.is_connected, what="the client saw the server go")
         client.no_responders.clear()
         req = schemas.GenerateRequest(prompt="in the outage", max_tokens=2, request_id="r1")
         result = asyncio.create_task(client.generate(req))

@@ -17,6 +17,7 @@ import enum
 from typing import Annotated, NewType
 
 import msgspec
+from tokenyard.shared.in_transit import in_transit
 
 WorkerId = NewType("WorkerId", str)
 MacroId = NewType("MacroId", str)
@@ -233,22 +234,7 @@ class AdmittedRequest(msgspec.Struct, omit_defaults=True):
     decode worker receives the KV and makes the remaining tokens. Empty: a new request."""
 
 
-def _in_transit(t: type[msgspec.Struct], raw: str) -> type[msgspec.Struct]:
-    """`t` with field `raw` kept as MessagePack (msgspec.Raw): decoded without building its
-    values, encoded again byte for byte as it came."""
-    fields: list = []
-    for f in msgspec.structs.fields(t):
-        typ = msgspec.Raw if f.name == raw else f.type
-        if f.required:
-            fields.append((f.name, typ))
-        elif f.default_factory is not msgspec.NODEFAULT:
-            fields.append((f.name, typ, msgspec.field(default_factory=f.default_factory)))
-        else:
-            fields.append((f.name, typ, f.default))
-    return msgspec.defstruct(f"{t.__name__}InTransit", fields, omit_defaults=True, module=__name__)
-
-
-AdmittedRequestInTransit = _in_transit(AdmittedRequest, "prompt_token_ids")
+AdmittedRequestInTransit = in_transit(AdmittedRequest, "prompt_token_ids", __name__)
 """An AdmittedRequest as the hops that pass it on read it (the queue, the router): every field
 but the prompt's tokens, which stay encoded, so a re-encoded one (a migration's re-issue) is
 whole again. Decoding an 8k-token prompt's tokens costs ~0.3 ms of CPU at each hop that
@@ -498,3 +484,6 @@ class QueueStats(msgspec.Struct, omit_defaults=True):
     """The latest `arrival_s` (admission's clock) among the requests this queue has taken in
     from JetStream: admission keeps counting what it admitted after it (not yet in `work_tokens`);
     0 = unknown (admission then counts from this state on)."""
+    drain_measured: bool = True
+    """False: the queue held no backlog for long enough to measure a drain (0 then is no rate,
+    not a stalled queue: what leaves an empty queue is the demand)."""

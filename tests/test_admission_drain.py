@@ -8,7 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenyard.shared.schemas import AdmittedRequest, GenerateRequest, Rejected
+from tokenyard.shared.schemas import AdmittedRequest, GenerateRequest, QueueStats, Rejected
 
 from tests.builders import hb
 from tests.test_admission_limits import admit, core, stats
@@ -238,3 +238,22 @@ def test_a_worker_gone_silent_stops_counting_in_the_block_memorys_bound():
     assert c.fleet.live.fresh("w0", t)
     admit(c, GenerateRequest(prompt="e" * 1000, max_tokens=10), now=t)
     assert len(c.fleet.recent_blocks) == 25
+
+
+def test_a_replica_whose_backlog_is_too_young_to_measure_leaves_the_wait_to_the_sustainable_drain():
+    """Two queue replicas: one measured a slow drain, the other holds work but has held it too
+    briefly to measure one (`drain_measured` False; its 0 is no rate). Their summed drain would be
+    the first's alone against both backlogs; admission prices the wait by what the fleet sustains."""
+    c = core()
+    for w in ("w0", "w1"):
+        decoding_worker(c, w)
+    c.on_queue_stats(stats(work=(0, 0, 0, 0), drain=0.0, headroom=10**6), 100.0)
+    assert isinstance(admit(c, GenerateRequest(prompt="a" * 1000, max_tokens=100)), AdmittedRequest)
+    c.on_queue_stats(stats(work=(0, 33_000, 0, 0), depth=(0, 30, 0, 0), drain=1000.0, iid="pq-1"), 100.0)
+    young = QueueStats("pq-2", 0.0, "hybrid", [0, 30, 0, 0], [0, 33_000, 0, 0], drain_measured=False)
+    c.on_queue_stats(young, 100.0)
+    within = c.fleet.sustainable_drain(100.0, 4.75)
+    assert within > 1000.0
+    assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(66_000 / within)  # not 66 s at the first's 1,000
+    c.on_queue_stats(stats(work=(0, 33_000, 0, 0), depth=(0, 30, 0, 0), drain=0.0, iid="pq-2"), 100.0)  # measured: a stall
+    assert c.fleet.judge(1, None, 100.0).wait_s == pytest.approx(66_000 / 1000.0)

@@ -126,6 +126,9 @@ def test_backlog_late_share_counts_what_waits_past_the_ttft_slo():
     assert backlog_late_share([qstats(10, 10_000, 0.0, 0)], 2_000.0) == 1.0
     # a replica with headroom is not the bottleneck
     assert backlog_late_share([qstats(10, 10_000, 0.0, 0, headroom=500)], 2_000.0) == 0.0
+    # nor one whose backlog is too young to have measured a drain: its 0 is no rate, not a stall
+    young = QueueStats("q0", 0.0, "fcfs", [0, 10, 0, 0], [0, 10_000, 0, 0], drain_measured=False)
+    assert backlog_late_share([young], 2_000.0) == 0.0
     # nothing held at all
     assert backlog_late_share([], 2_000.0) == 0.0
     assert backlog_late_share([qstats(in_flight=30)], 2_000.0) == 0.0

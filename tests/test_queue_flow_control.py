@@ -109,13 +109,16 @@ def test_the_drain_counts_only_what_left_a_backlog_per_second_of_backlog():
     assert ids(q.dispatchable(0.0)) == ["a"]
     q.on_routed("a", "w0", now=0.1)
     assert q.drain_rate(0.2) == (0.0, 0.0)  # no backlog yet: a's leaving measured the demand only
+    assert not q.stats("pq", 0.2).drain_measured  # and admission is told so: 0 is no rate, not a stall
     q.on_heartbeat(hb("w0"), 1.0)
     for rid in ("b", "c"):
         q.offer(classed(rid, 1, 1.0, prompt_len=46), 1.0)  # cost 50 each
     assert ids(q.dispatchable(1.0)) == ["b"]  # c waits: a backlog from 1.0
+    assert not q.stats("pq", 1.2).drain_measured  # 0.2 s of backlog: too young to measure
     q.on_routed("b", "w0", now=1.2)
     # 0.5 s of backlog held, 50 tokens left it (a's 100 routed with nothing waiting do not count)
     assert q.drain_rate(1.5) == (100.0, 2.0)
+    assert q.stats("pq", 1.5).drain_measured
 
 
 def test_the_running_decodes_tpot_slack_bounds_the_room():

@@ -74,10 +74,15 @@ def test_render_shows_services_workers_and_queue():
 
 def test_a_queue_holding_no_backlog_shows_no_drain_rather_than_zero():
     """What leaves a queue with nothing waiting is the demand, not a drain: nothing measured."""
-    queue = schemas.QueueStats("queue-1", 100.0, "hybrid", [0, 0, 0, 0], [0, 0, 0, 0], in_flight=2)
-    console = Console(record=True, width=200)
-    console.print(top.render(top.Sample(100.0, [admission({"admitted": 1}, {}, 1)], {"w0": hb("w0")}, queue), None))
-    assert cells(console.export_text())["hybrid"] == ["hybrid", "0", "0", "0", "0", "2", "-"]
+    def drain_cell(queue: schemas.QueueStats) -> str:
+        console = Console(record=True, width=200)
+        console.print(top.render(top.Sample(100.0, [admission({"admitted": 1}, {}, 1)], {"w0": hb("w0")}, queue), None))
+        return cells(console.export_text())["hybrid"][-1]
+
+    assert drain_cell(schemas.QueueStats("queue-1", 100.0, "hybrid", [0] * 4, [0] * 4, in_flight=2,
+                                         drain_measured=False)) == "-"
+    # a backlog that drains nothing is measured: a stall shows as one
+    assert drain_cell(schemas.QueueStats("queue-1", 100.0, "hybrid", [0, 3, 0, 0], [0, 90, 0, 0])) == "0.0"
 
 
 def test_a_plain_fleet_fits_80_columns_uncut():

@@ -121,8 +121,8 @@ def render(cur: Sample, prev: Sample | None = None) -> Group:
         queue.add_column(col, justify="left" if col == "policy" else "right")
     if cur.queue is not None:
         q = cur.queue
-        # the drain is measured only out of a backlog (QueueCore.drain_rate): "-" while none is held
-        drain = f"{q.drain_requests_per_s:.1f}" if q.drain_requests_per_s > 0 else "-"
+        # the drain is measured only out of a backlog (QueueCore.drain_rate): "-" until one is held
+        drain = f"{q.drain_requests_per_s:.1f}" if q.drain_measured else "-"
         queue.add_row(q.policy, *map(str, q.depth), str(q.in_flight), drain)
     return Group(head, services, workers, queue)
 

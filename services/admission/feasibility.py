@@ -494,6 +494,6 @@ class FleetView:
         sustainable = self.sustainable_drain(now, horizon_s)
         if sustainable is None:
             return measured if measured > 0 else None
-        if measured <= 0:
+        if measured <= 0 or any(sum(s.depth) and not s.drain_measured for s in qs):  # a replica's work, unmeasured
             return sustainable
         return min(measured, sustainable) if self.cap_at_sustainable else measured

@@ -197,8 +197,9 @@ def backlog_late_share(queues: list[QueueStats], ttft_slo_ms: float) -> float:
     lately): served first come first served at the drain rate, the k-th of N equal requests
     leaves after k·W/(N·D), so those past D·T/W of the line are late. A replica reporting
     headroom is not the bottleneck (what waits in it is about to leave): it counts no late
-    requests, as admission's feasibility check reads the same state. With work waiting and no
-    drain, every waiting request is late. Classes are pooled (FCFS): a strict or weighted
+    requests, as admission's feasibility check reads the same state; nor does one whose backlog is
+    too young to have measured a drain (`drain_measured`). With work waiting and no drain, every
+    waiting request is late. Classes are pooled (FCFS): a strict or weighted
     queue serves its top class sooner, which this ignores."""
     waiting = sum(sum(q.depth) for q in queues)
     held = waiting + sum(q.in_flight for q in queues)
@@ -207,7 +208,7 @@ def backlog_late_share(queues: list[QueueStats], ttft_slo_ms: float) -> float:
     late = 0.0
     for q in queues:
         n, w = sum(q.depth), sum(q.work_tokens)
-        if n == 0 or q.headroom > 0:
+        if n == 0 or q.headroom > 0 or not q.drain_measured:  # a backlog too young to be late
             continue
         late += n if q.drain_tokens_per_s <= 0 else n * max(0.0, 1.0 - q.drain_tokens_per_s * ttft_slo_ms / 1000.0 / max(w, 1))
     return late / held

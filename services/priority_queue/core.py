@@ -440,19 +440,22 @@ class QueueCore:
         what the fleet can take: a trickle's rate read as the drain made admission predict a
         wait of minutes for a burst that the idle fleet then served in 0.3 s, and refuse it
         (admission prices a burst with no measured drain by what the workers sustain)."""
+        held = self.backlog_held_s(now)
+        if not self.routed or held < DRAIN_MIN_SPAN_S:
+            return 0.0, 0.0
+        out = [c for _, c, backlog in self.routed if backlog]
+        return sum(out) / held, len(out) / held
+
+    def backlog_held_s(self, now: float) -> float:
+        """Seconds of the last drain_window_s during which requests waited here (what is older
+        leaves the window's records)."""
         start = now - self.cfg.drain_window_s
         while self.routed and self.routed[0][0] <= start:
             self.routed.popleft()
         while self.backlog_spells and self.backlog_spells[0][1] <= start:
             self.backlog_spells.popleft()
-        if not self.routed:
-            return 0.0, 0.0
         spells = [*self.backlog_spells, *([(self.backlog_since, now)] if self.backlog_since is not None else [])]
-        held = sum(end - max(begin, start) for begin, end in spells)
-        if held < DRAIN_MIN_SPAN_S:
-            return 0.0, 0.0
-        out = [c for _, c, backlog in self.routed if backlog]
-        return sum(out) / held, len(out) / held
+        return sum(end - max(begin, start) for begin, end in spells)
 
     def stats(self, instance_id: str, now: float) -> QueueStats:
         tokens, requests = self.drain_rate(now)
@@ -460,6 +463,7 @@ class QueueCore:
             instance_id=instance_id, ts=now, policy=self.policy.name, depth=list(self.depth),
             work_tokens=list(self.work), in_flight=len(self.in_flight),
             drain_tokens_per_s=tokens, drain_requests_per_s=requests,
+            drain_measured=self.backlog_held_s(now) >= DRAIN_MIN_SPAN_S,
             headroom=max(0, self.headroom(now)) if now >= self.paused_until else 0,
             seen_arrival_s=self.seen_arrival_s,
         )

@@ -13,8 +13,9 @@ import uuid
 from tokenyard.services.admission.core import AdmissionConfig
 from tokenyard.services.admission.shell import AdmissionShell
 from tokenyard.services.priority_queue.core import QueueConfig
+from tokenyard.services.priority_queue.peer_watch import PEER_SILENT_S
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
-from tokenyard.services.priority_queue.shell import PEER_SILENT_S, QueueShell
+from tokenyard.services.priority_queue.shell import QueueShell
 from tokenyard.services.router.core import RouterConfig
 from tokenyard.services.router.shell import RouterShell
 from tokenyard.shared import natsutil, schemas, subjects

@@ -60,6 +60,7 @@ from opentelemetry.trace import SpanKind
 from tokenyard.services.priority_queue import intake
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.local_router import LocalRouter
+from tokenyard.services.priority_queue.peer_watch import TAKEN_RETRY_S, leave_to_taker
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
 from tokenyard.services.priority_queue.seen_ids import SeenIds
 from tokenyard.services.priority_queue.state_gate import StatsGate
@@ -76,12 +77,6 @@ ROUTE_TIMEOUT_S = 5.0
 ROUTER_DOWN_BACKOFF_MAX_S = 2.0
 PULL_EXPIRES_S = 1.0
 """A pull request's life: an idle queue renews it this often."""
-PEER_SILENT_S = 1.0
-"""A replica not heard on `llm.v1.pq.state` (it publishes every 100 ms, or every
-state_gate.UNCHANGED_STATS_S while its state does not change) for this long is gone: the requests it took
-from admission in its process are anyone's (`_on_pulled`)."""
-TAKEN_RETRY_S = 0.5
-"""A request another live replica took is handed back to JetStream for this long."""
 PULL_GRACE_S = 1.0
 """A pull whose end (its 408) never came is renewed this long after it expired: a NATS
 restart forgets pull requests, and so does a failover to another node."""
@@ -237,7 +232,8 @@ class QueueShell:
             else:  # routed or ended before its copy came (or while its delete was on its way)
                 await msg.ack()
             return
-        if taker and taker != self.instance_id and time.time() - self._peers.get(taker, self._started) < PEER_SILENT_S:
+        if leave_to_taker(taker, self.instance_id, self._peers.get(taker or ""), self._started,
+                          natsutil.reconnected_at(self.nc), time.time()):
             await msg.nak(delay=TAKEN_RETRY_S)  # the replica admission handed it to places it (and acks it)
             return
         self.seen.check(req.request_id, time.time())

@@ -11,7 +11,7 @@ from tokenyard.shared import schemas
 
 UNCHANGED_STATS_S = 0.3
 """An unchanged QueueStats is published this often, not every stats interval: well within
-the shell's PEER_SILENT_S and the readers' staleness (admission's config.STALE_AFTER_S, 1 s; macro's 3 s),
+peer_watch.PEER_SILENT_S and the readers' staleness (admission's config.STALE_AFTER_S, 1 s; macro's 3 s),
 so a live idle queue is never taken for gone, at a third of the messages."""
 
 

@@ -18,7 +18,8 @@ pauses after a refused route) exceeds the prompt tokens admitted since, the queu
 bottleneck: what waits is about to leave, wait = 0. Without headroom and with no drain
 measured (a burst after a quiet spell or a trickle: the queue measures its drain only once it
 has held a backlog for 0.25 s, since what leaves an empty queue is the demand, not the fleet's
-capacity), D = D_s(budget − H); with neither, nothing is predicted (wait = 0). With no fresh queue state (no queue yet) nothing is predicted and nothing refused.
+capacity), D = D_s(budget − H); with neither, nothing is predicted (wait = 0). With no fresh
+queue state (no queue yet) nothing is predicted and nothing refused.
 
 The sustainable drain D_s foresees the decodes a backlog's requests will run. The queue
 routes a request once its prompt is prefilled at the rate the engines' flow control allows,

@@ -137,7 +137,7 @@ async def test_admission_stores_a_resubmit_first_though_its_own_queue_never_saw_
     alive = asyncio.create_task(_live_queue_peer(peer, "queue-peer"))
     rid = f"rs-held-{uuid.uuid4().hex}"
     try:
-        await until(lambda: "queue-peer" in fleet.queue._peers, what="the queue hears its peer")
+        await until(lambda: "queue-peer" in fleet.queue.peers, what="the queue hears its peer")
         req = schemas.GenerateRequest(prompt="held elsewhere", max_tokens=4, request_id=rid)
         first = AdmissionCore(AdmissionConfig(), TOK).admit(req, reply_to=peer.new_inbox(), json=False, headers={},
                                                             now=time.time(), new_id=rid)

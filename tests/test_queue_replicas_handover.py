@@ -13,7 +13,7 @@ import uuid
 from tokenyard.services.admission.core import AdmissionConfig
 from tokenyard.services.admission.shell import AdmissionShell
 from tokenyard.services.priority_queue.core import QueueConfig
-from tokenyard.services.priority_queue.peer_watch import PEER_SILENT_S
+from tokenyard.services.priority_queue.peer_watch import PEER_SILENT_S, TAKEN_RETRY_S
 from tokenyard.services.priority_queue.policies.fcfs import FCFS
 from tokenyard.services.priority_queue.shell import QueueShell
 from tokenyard.services.router.core import RouterConfig
@@ -180,6 +180,56 @@ async def test_a_reused_id_placed_by_another_replica_before_its_409_is_stopped_a
         assert set(rw0.generating) == {rid}  # the first runs on
         await asyncio.wait_for(running, 30)
         assert isinstance(first.last, schemas.Finished) and first.tokens() == 500
+    finally:
+        await client.close()
+        await stop_fleet(hosts)
+
+
+async def test_a_replica_started_a_moment_ago_and_not_yet_heard_keeps_the_copies_it_took(nats_server):
+    """Chaos seed 12: the queue process was killed and started again; the new front's admission
+    took a submit before its first state reached the standby (`b`, running for long), so `b` had
+    never heard of the copy's taker and placed it too: two workers ran the request. `b` now leaves
+    a never-heard taker's copy to it for PEER_SILENT_S after the first came, and `a`, having
+    routed it, deletes it."""
+    url = nats_server.url
+    nc = await natsutil.connect(url, "replicas-setup")
+    await natsutil.ensure_queue_stream(nc)
+    await nc.jetstream().purge_stream(subjects.QUEUE_STREAM)
+    await nc.drain()
+    workers = [worker("rw0"), worker("rw1")]
+    hosts = [await ServiceHost(w, url).start() for w in workers]
+    b_router = RouterShell(RouterConfig(policy="least-loaded"))
+    b = QueueShell(QueueConfig(), FCFS(), router=b_router)
+    hosts += [await ServiceHost(s, url).start() for s in (b_router, b)]
+    await asyncio.sleep(PEER_SILENT_S * 1.5)  # `b` has run for longer than a peer may be silent
+    a_router = RouterShell(RouterConfig(policy="least-loaded"))
+    a = QueueShell(QueueConfig(), FCFS(), router=a_router)
+
+    async def never_runs() -> None:
+        return None
+
+    a._pull_loop = never_runs  # its copy reaches `b` (a fault set-up: no public way)
+    a._stats_loop = never_runs  # `a` is not heard yet: its first state is still on its way
+    admission = AdmissionShell(AdmissionConfig(), TOK, queue=a)
+    hosts += [await ServiceHost(s, url).start() for s in (a_router, a, admission)]
+    ids = {w.core.cfg.worker_id for w in workers}
+    await until(lambda: ids <= set(a_router.core.view.ids) and ids <= set(a.core.workers)
+                and ids <= set(b.core.workers) and ids <= set(admission.core.fleet.workers))
+    assert a.instance_id not in b.peers
+    client = await TokenyardClient.connect(url)
+    try:
+        got = await asyncio.wait_for(client.generate(schemas.GenerateRequest(prompt="newcomer", max_tokens=5)), 20)
+        assert got.finish_reason == "length" and len(got.token_ids) == 5, got
+        assert [k[0] for k in a_router.reask.placed] == [got.request_id]
+
+        async def copy_gone() -> bool:
+            return await stream_state(url) == (0, 0)
+
+        async with asyncio.timeout(10):  # deleted by `a` once routed and stored
+            while not await copy_gone():
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(PEER_SILENT_S + TAKEN_RETRY_S)  # past the time `b` leaves it to `a`
+        assert not b_router.reask.placed and not b.held and len(b.core) == 0  # placed once, by `a`
     finally:
         await client.close()
         await stop_fleet(hosts)

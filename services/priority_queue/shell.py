@@ -60,7 +60,7 @@ from opentelemetry.trace import SpanKind
 from tokenyard.services.priority_queue import intake
 from tokenyard.services.priority_queue.core import QueueConfig, QueueCore
 from tokenyard.services.priority_queue.local_router import LocalRouter
-from tokenyard.services.priority_queue.peer_watch import TAKEN_RETRY_S, leave_to_taker
+from tokenyard.services.priority_queue.peer_watch import TAKEN_RETRY_S, PeerWatch
 from tokenyard.services.priority_queue.policies.base import QueuePolicy
 from tokenyard.services.priority_queue.seen_ids import SeenIds
 from tokenyard.services.priority_queue.state_gate import StatsGate
@@ -111,11 +111,7 @@ class QueueShell:
         self._placing: dict[str, asyncio.Future] = {}
         """request id → what `take` returned for it, until its route has an answer (or it
         waits for room, or it was taken back)."""
-        self._peers: dict[str, float] = {}
-        """Other queue replicas → when their QueueStats were last heard. One never heard counts
-        as heard when this queue started: a replica that has just started has not heard its
-        peers yet, and would otherwise take every copy a live peer handed over (and place it twice)."""
-        self._started = time.time()
+        self.peer_watch = PeerWatch(self.instance_id)  # whose stored copies are left to them
         self._received_ns: dict[str, int] = {}
         """request id → when its message came (only while spans are recorded: the hop profile)."""
         self._wake = asyncio.Event()
@@ -232,8 +228,7 @@ class QueueShell:
             else:  # routed or ended before its copy came (or while its delete was on its way)
                 await msg.ack()
             return
-        if leave_to_taker(taker, self.instance_id, self._peers.get(taker or ""), self._started,
-                          natsutil.reconnected_at(self.nc), time.time()):
+        if self.peer_watch.leave_to_taker(taker, natsutil.reconnected_at(self.nc), time.time()):
             await msg.nak(delay=TAKEN_RETRY_S)  # the replica admission handed it to places it (and acks it)
             return
         self.seen.check(req.request_id, time.time())
@@ -411,11 +406,10 @@ class QueueShell:
     @property
     def peers(self) -> dict[str, float]:
         """The other queue replicas heard on `llm.v1.pq.state` → when last (a copy)."""
-        return dict(self._peers)
+        return dict(self.peer_watch.heard)
 
     def on_peer_state(self, stats: schemas.QueueStats, now: float) -> None:
-        if stats.instance_id != self.instance_id:
-            self._peers[stats.instance_id] = now
+        self.peer_watch.on_state(stats.instance_id, now)
 
     def on_heartbeat(self, hb: schemas.Heartbeat, now: float) -> None:
         self.core.on_heartbeat(hb, now)

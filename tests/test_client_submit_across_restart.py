@@ -7,7 +7,8 @@ once it is back, instead of the client answering 503 "no admission service is ru
 
 Real nats-server, stopped and started on its port; admission is a plain subscription on
 `llm.v1.submit` of this module's own server that answers every submit with a 429 naming
-itself, subscribed only once the client's submit has met "no responders" after the restart."""
+itself, subscribed only once the client's submit has met "no responders" after the restart (its
+connection is made before, so the subscribe alone, ~1 ms, falls within the 2 s window)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,8 @@ async def test_a_submit_sent_in_a_bus_outage_reaches_admission_once_it_resubscri
         result = asyncio.create_task(client.generate(req))
         await asyncio.sleep(2.5)  # the outage outlasts the 2 s retry window: it is the case itself
         await server.start()
+        admission = await natsutil.connect(server.url, "admission")  # connected now: only its subscribe is left
         await asyncio.wait_for(client.no_responders.wait(), 10)  # the buffered submit met nobody
-
-        admission = await natsutil.connect(server.url, "admission")
 
         async def answer(msg) -> None:
             rid = codec.decode(msg.data, schemas.GenerateRequest).request_id

@@ -440,11 +440,17 @@ class QueueCore:
         what the fleet can take: a trickle's rate read as the drain made admission predict a
         wait of minutes for a burst that the idle fleet then served in 0.3 s, and refuse it
         (admission prices a burst with no measured drain by what the workers sustain)."""
+        tokens, requests, _ = self._drain(now)
+        return tokens, requests
+
+    def _drain(self, now: float) -> tuple[float, float, bool]:
+        """`drain_rate`'s (work, requests) per second, and whether they were measured (the window
+        held DRAIN_MIN_SPAN_S of backlog: a measured 0 is a stall, not an unmeasured drain)."""
         held = self.backlog_held_s(now)
-        if not self.routed or held < DRAIN_MIN_SPAN_S:
-            return 0.0, 0.0
+        if held < DRAIN_MIN_SPAN_S:
+            return 0.0, 0.0, False
         out = [c for _, c, backlog in self.routed if backlog]
-        return sum(out) / held, len(out) / held
+        return sum(out) / held, len(out) / held, True
 
     def backlog_held_s(self, now: float) -> float:
         """Seconds of the last drain_window_s during which requests waited here (what is older
@@ -458,12 +464,12 @@ class QueueCore:
         return sum(end - max(begin, start) for begin, end in spells)
 
     def stats(self, instance_id: str, now: float) -> QueueStats:
-        tokens, requests = self.drain_rate(now)
+        tokens, requests, measured = self._drain(now)
         return QueueStats(
             instance_id=instance_id, ts=now, policy=self.policy.name, depth=list(self.depth),
             work_tokens=list(self.work), in_flight=len(self.in_flight),
             drain_tokens_per_s=tokens, drain_requests_per_s=requests,
-            drain_measured=self.backlog_held_s(now) >= DRAIN_MIN_SPAN_S,
+            drain_measured=measured,
             headroom=max(0, self.headroom(now)) if now >= self.paused_until else 0,
             seen_arrival_s=self.seen_arrival_s,
         )

@@ -40,6 +40,13 @@ TAKEN_BY_HEADER = "Tokenyard-Taken-By"
 its own process (`tokenyard queue --with-admission`); another replica leaves it to that one
 while it lives."""
 
+PLACED_HEADER = "Tokenyard-Placed"
+"""On a request stored in the queue stream beside TAKEN_BY_HEADER: the replica that took it had
+already placed it on a worker when it stored it (the store follows the route's answer). Its copy
+only guards the id (JetStream's duplicate check) and is deleted next; a replica that gets it
+before that delete acks it and never places it, even with its taker gone (a crash between the
+store and the delete would otherwise run the request twice)."""
+
 RESUBMIT_HEADER = "Tokenyard-Resubmit"
 """On a submit: its client sends it again, its first submit unanswered for natsutil.SUBMIT_ANSWER_S
 (lost with an admission process that died). Admission stores it before anything runs, so that a

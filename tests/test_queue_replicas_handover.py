@@ -233,3 +233,39 @@ async def test_a_replica_started_a_moment_ago_and_not_yet_heard_keeps_the_copies
     finally:
         await client.close()
         await stop_fleet(hosts)
+
+
+async def test_a_placed_requests_copy_whose_delete_never_came_is_not_placed_again_by_another_replica(nats_server):
+    """Round 12's finding 4: replica `a` placed the request, stored its copy (after the route's
+    answer), then died before its delete reached the server. `b` got the copy with its taker
+    gone, and placed it a second time while rw0 still ran it. The copy now says it was placed."""
+    pair = await start_pair(nats_server.url)
+    deletes = []
+    pair.a.copies.delete = deletes.append  # the delete never leaves: `a` died between store and delete
+    client = await TokenyardClient.connect(nats_server.url)
+    rec = Recorder()
+    try:
+        running = asyncio.create_task(rec.run(client, schemas.GenerateRequest(prompt="placed " * 4, max_tokens=600)))
+        await until(lambda: rec.tokens() > 0 and not pair.admission.handing_over)  # routed, and its store acked
+        rid = rec.events[0].request_id
+        assert len(deletes) == 1 and [k[0] for k in pair.a_router.reask.placed] == [rid]
+        pair.silence_a()
+        state = {}
+
+        async def copy_acked() -> bool:
+            state["now"] = await stream_state(nats_server.url)
+            return state["now"] == (0, 0)  # acked by `b` (the stream keeps no acked message)
+
+        try:
+            async with asyncio.timeout(10):
+                while not await copy_acked():
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            raise AssertionError(f"the copy's stream state: {state}, b placed {dict(pair.b_router.reask.placed)}") from None
+        assert not running.done()  # still generating on its worker while `b` had its copy
+        await asyncio.wait_for(running, 30)
+        assert isinstance(rec.last, schemas.Finished) and rec.tokens() == 600
+        assert not pair.b_router.reask.placed and not pair.b.held  # placed once, by `a`
+    finally:
+        await client.close()
+        await stop_fleet(pair.hosts)

@@ -331,6 +331,7 @@ class AdmissionShell:
                     routed = await placing
             if routed:  # the first token, which came with the answer, goes out first; one that waits
                 await asyncio.sleep(STORE_AFTER_S)  # for room has no token to let by: a crash here would lose it
+                trace = {**trace, subjects.PLACED_HEADER: "1"}  # no replica places its copy again
             store = asyncio.ensure_future(self.store(verdict, queued, trace))
             await asyncio.sleep(0)  # the store's first step ran: its publish is in the connection's buffer
             accepted = schemas.Accepted(request_id=rid, priority=verdict.priority, prompt_tokens=verdict.prompt_len)

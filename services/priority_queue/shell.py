@@ -33,11 +33,11 @@ Once such a request is routed AND admission has its store's ack (`stored`: the a
 copy's stream sequence), the copy is deleted by that sequence (JetStream's message delete) unless
 it came here already (then it is acked): with several replicas, the copy may sit with another
 replica (handed back, `TAKEN_RETRY_S`) or wait for redelivery, and if this replica then died or
-went silent for PEER_SILENT_S, that replica would place it a second time. What remains: a replica
-that dies between the offer and the delete reaching the server (the store's round trip plus the
-delete's, ~ms) leaves its copy to be placed again; and one silent for PEER_SILENT_S while a handed
-request still waits here unrouted (a GC pause) lets another replica place the copy while this one,
-once it resumes, places its own.
+went silent for PEER_SILENT_S, that replica would place it a second time. A copy stored after its
+route's answer is marked so (subjects.PLACED_HEADER): should this replica die between its store
+and its delete (~ms), another acks it instead of placing it again. What remains: a replica silent
+for PEER_SILENT_S while a handed request still waits here unrouted (a GC pause) lets another
+replica place the copy while this one, once it resumes, places its own.
 """
 
 from __future__ import annotations
@@ -227,6 +227,9 @@ class QueueShell:
                 self.held[req.request_id] = msg  # acked once routed, as any other
             else:  # routed or ended before its copy came (or while its delete was on its way)
                 await msg.ack()
+            return
+        if subjects.PLACED_HEADER in (msg.headers or {}):  # on a worker already, its delete on its way or lost
+            await msg.ack()  # with its taker: it is never placed a second time
             return
         if self.peer_watch.leave_to_taker(taker, natsutil.reconnected_at(self.nc), time.time()):
             await msg.nak(delay=TAKEN_RETRY_S)  # the replica admission handed it to places it (and acks it)

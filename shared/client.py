@@ -32,7 +32,9 @@ What this client guarantees on top: every stream ends with exactly one terminal 
     was lost with the admission process that took it: it is sent once more, same id, same
     inbox, marked (subjects.RESUBMIT_HEADER) so that admission stores it first; a 409
     `duplicate_request_id` then means the first did land (its stored copy runs once a queue
-    replica takes it over) and is dropped.
+    replica takes it over) and is dropped. One still unanswered when the connection
+    reconnects is sent again RECONNECT_RESUBMIT_S after the reconnect: published as the server
+    went away, it was lost with the connection.
   * After its NATS connection reconnected, events sent meanwhile may be lost for good (the
     inbox was resubscribed after they went by): a stream that then stays silent for
     RECONNECT_GRACE_S ends with an `error` 503; one whose next chunk skips a seq with a 502.
@@ -74,6 +76,13 @@ LEASE_INTERVAL_S = 1.0
 
 RECONNECT_GRACE_S = 8.0
 """After a reconnect, the silence that says the stream's end was lost in the outage."""
+
+RECONNECT_RESUBMIT_S = 2.0
+"""A submit with no answer at all when this connection reconnected is sent again (marked) this
+long after the reconnect, not SUBMIT_ANSWER_S after it left: one published as the server went
+away was lost with the connection (no admission ever saw it), and its stream would otherwise end
+with RECONNECT_GRACE_S's 503. As long as the no-responders window, so a first that nats-py
+buffered and sent on the reconnect has been answered, or refused by "no responders", by then."""
 
 CLIENT_CLOSED = 499
 """The status of the `error` that ends a stream its own client closed (nginx's "client closed
@@ -323,13 +332,15 @@ class TokenyardClient:
                         return
                     if resubmit_at is not None and loop.time() >= resubmit_at:  # nothing at all came
                         resubmit_at, resubmitted = None, True
-                        log.warning("resubmitted", request_id=rid, after_s=submit_answer_s)
+                        log.warning("resubmitted", request_id=rid)
                         submit_hdrs = {**hdrs, subjects.RESUBMIT_HEADER: "1"}
                         await send()
                     if self.nc.stats["reconnects"] != reconnects:
                         reconnects = self.nc.stats["reconnects"]
                         after_reconnect = True
                         idle_until = min(idle_until, loop.time() + RECONNECT_GRACE_S)
+                        if resubmit_at is not None:  # unanswered: it may have gone down with the connection
+                            resubmit_at = min(resubmit_at, loop.time() + RECONNECT_RESUBMIT_S)
                         watch.on_reconnected(loop.time())
                         continue
                     lost = await self._watch(watch, loop)

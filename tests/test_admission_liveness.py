@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.admission.feasibility import FleetView
 from tokenyard.services.admission.liveness import GAP_DECAY, LATE_FACTOR, MISSED_BEATS, Liveness
+from tokenyard.services.admission.shell import AdmissionShell
 from tokenyard.shared import codec, natsutil, schemas, subjects
 from tokenyard.shared.schemas import AdmittedRequest, GenerateRequest, Rejected
+from tokenyard.shared.service import ServiceHost
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.builders import hb
@@ -112,6 +114,25 @@ def test_admissions_own_stall_is_not_the_workers_silence():
     assert not f.fleet_down(12.35)
     ticking(f, 12.35, 12.5)
     assert f.fleet_down(12.5)
+
+
+def test_requests_handled_while_cut_off_from_the_bus_are_not_watching_time():
+    """bench chaos (rate 12, seed 22): a 3 s nats-server outage, HTTP requests reaching admission
+    in its own process every 0.2 s meanwhile. Each counted as watching, so half the outage was
+    the workers' silence; the first NATS request after the bus came back was refused 503 "No
+    worker is up" before the workers' next heartbeat. Cut off, every moment is blind."""
+    f = view()
+    beating(f, "w0", 0.0, 10.0, 0.1)
+    t = 10.0
+    while t < 13.0:  # the outage: requests from this process only, every 0.2 s
+        f.awake(t, observing=False)
+        assert f.up("w0", t), t  # nothing heard proves nothing, during the outage too
+        t += 0.2
+    back = 13.05
+    ticking(f, back, back + 0.5)  # back on the bus; the worker not heard yet
+    assert not f.fleet_down(back + 0.5)
+    ticking(f, back + 0.5, back + 1.2)  # and it stays silent: down once its own bound has passed
+    assert f.fleet_down(back + 1.2)
 
 
 def test_without_a_tick_promise_nothing_counts_as_blind():
@@ -290,3 +311,55 @@ def test_admissions_own_stall_does_not_make_a_fleet_without_workers():
     c.on_queue_stats(idle_queue(), 101.25)
     ok = c.admit(GenerateRequest(prompt="a"), reply_to="inbox", json=False, headers={}, now=101.25, new_id="r1")
     assert isinstance(ok, AdmittedRequest)
+
+
+async def test_requests_from_its_own_process_in_a_bus_outage_do_not_make_the_workers_look_silent():
+    """Live: admission with a worker's heartbeats and a queue's state from another connection.
+    The bus goes down for 3 s while requests reach admission from its own process (the edge in
+    the queue's process) every 0.2 s; the bus comes back and a queue state arrives, the worker's
+    next heartbeat not yet. Before, that request was refused 503 "No worker is up" (each request in
+    the outage counted as watching: 1.5 s of the workers' silence)."""
+    server = await natsutil.NatsServer().start()
+    admission = AdmissionShell(AdmissionConfig(), ByteTokenizer())
+    host = await ServiceHost(admission, server.url).start()
+    peer = await natsutil.connect(server.url, "liveness-peer")
+
+    async def beat() -> None:
+        while True:
+            await peer.publish(subjects.heartbeat("hw0"), codec.encode(hb("hw0")))
+            await peer.publish(subjects.QUEUE_STATE, codec.encode(idle_queue()))
+            await asyncio.sleep(0.1)
+
+    async def ask() -> list[schemas.StreamEvent]:
+        """This request's answers (a refusal at once, within the call; `accepted` once stored)."""
+        answers: list[schemas.StreamEvent] = []
+
+        async def respond(data: bytes, headers=None) -> None:
+            answers.append(codec.decode(data, schemas.StreamEvent))
+
+        await admission.submit(GenerateRequest(prompt="are you there", max_tokens=4), "_INBOX.nobody", {}, respond)
+        return answers
+
+    beats = asyncio.create_task(beat())
+    try:
+        await until(lambda: admission.core.fleet.up("hw0", time.time()) and admission.core.fleet.queues)
+        beats.cancel()
+        server.stop()
+        await until(lambda: not admission.nc.is_connected, what="admission saw the bus go")
+        for _ in range(15):  # 3 s of requests from its own process, cut off from the bus
+            await ask()
+            await asyncio.sleep(0.2)
+        queues_before = dict(admission.core.fleet.queues)
+        await server.start()
+        await until(lambda: admission.nc.is_connected and peer.is_connected, what="both back")
+        await peer.publish(subjects.QUEUE_STATE, codec.encode(idle_queue()))  # the queue is back; the worker not yet
+        await until(lambda: admission.core.fleet.queues != queues_before, what="a fresh queue state")
+        await natsutil.ensure_queue_stream(peer)
+        answers = await ask()
+        await until(lambda: answers, what="admission's answer")
+        assert isinstance(answers[0], schemas.Accepted), answers[0]  # not a 503 "No worker is up"
+    finally:
+        beats.cancel()
+        await peer.close()
+        await host.stop()
+        server.stop()

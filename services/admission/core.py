@@ -114,10 +114,11 @@ class AdmissionCore:
         count against the workers' silence."""
         self.fleet.live.tick_s = tick_s
 
-    def on_tick(self, now: float) -> None:
+    def on_tick(self, now: float, observing: bool = True) -> None:
         """Admission is awake at `now`: the shell calls it every tick and before each request
-        (a refusal changes no state, so `admit` does not note the time itself)."""
-        self.fleet.awake(now)
+        (a refusal changes no state, so `admit` does not note the time itself). `observing`
+        False: its shell is cut off from the bus, and the time is its own blind time."""
+        self.fleet.awake(now, observing)
 
     def on_keepalive(self, worker_id: str, now: float) -> bool:
         """The worker's latest heartbeat again, at `now` (feasibility.FleetView.on_keepalive)."""

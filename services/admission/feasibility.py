@@ -286,10 +286,10 @@ class FleetView:
         if not self.admitted:  # exact zeros, whatever the float sums drifted to
             self.admitted_work = [0.0] * NUM_CLASSES
 
-    def awake(self, now: float) -> None:
-        """Admission handles an event (a request, a tick) at `now` (liveness.Liveness.awake);
-        the heartbeat and queue state handlers call it themselves."""
-        self.live.awake(now)
+    def awake(self, now: float, observing: bool = True) -> None:
+        """Admission handles an event (a request, a tick) at `now`, cut off from the bus unless
+        `observing` (liveness.Liveness.awake); heartbeat and queue state handlers call it too."""
+        self.live.awake(now, observing)
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.live.awake(now)

@@ -20,8 +20,9 @@ blind(t)    the observer's own time not observing, up to t: every gap between tw
             not the workers': after a 1.5 s stall the first request it handles is judged before
             the heartbeats that queued up meanwhile, and would otherwise find every worker
             silent for 1.5 s and call the fleet down (a 503 with nothing queued, seen in CI).
-            `tick_s` None: the caller promises nothing (the simulator delivers every event on
-            its virtual time), no blind time is counted.
+            While its connection is down every moment is blind, whatever it handles meanwhile
+            (a request from its own process). `tick_s` None: the caller promises nothing (the
+            simulator delivers every event on its virtual time), no blind time is counted.
 
 Why not the NATS server's word ("no responders", as the router's lease probe uses): it tells a
 closed connection, not a hung worker, and it costs admission a round trip in the path of a
@@ -72,13 +73,21 @@ class Liveness:
     first_event_s: float | None = None
     """When the observer handled its first event: how long it has been watching."""
 
-    def awake(self, now: float) -> None:
+    def awake(self, now: float, observing: bool = True) -> None:
         """The observer handles an event at `now`: a gap since its previous one beyond tick_s
-        was its own blind time."""
+        was its own blind time. `observing` False: it is cut off from the bus (it handles a
+        request from its own process while its connection is down), and the whole time since
+        its previous event was blind: before, each such request counted as watching, and after
+        a 3 s nats-server outage with HTTP requests every 0.2 s the workers looked silent for
+        1.5 s the moment the bus came back (a 503 "No worker is up" in bench chaos)."""
         if self.first_event_s is None:
             self.first_event_s = now
-        if self.tick_s is not None and self.last_event_s is not None and now - self.last_event_s > self.tick_s:
-            self.blind_s += now - self.last_event_s - self.tick_s
+        if self.tick_s is not None and self.last_event_s is not None and now > self.last_event_s:
+            gap = now - self.last_event_s
+            if not observing:
+                self.blind_s += gap
+            elif gap > self.tick_s:
+                self.blind_s += gap - self.tick_s
         if self.last_event_s is None or now > self.last_event_s:
             self.last_event_s = now
 

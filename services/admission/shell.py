@@ -146,12 +146,14 @@ class AdmissionShell:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S / 2)
-            # cut off from NATS it hears nothing — on its own connection, or on the one its
-            # heartbeats and queue states come in on (the router's, in the queue's process): that
-            # time is its own blind time, not the workers' silence
-            if self.nc is not None and self.nc.is_connected and self.feeds.heartbeats.connected \
-                    and self.feeds.queue_states.connected:
-                self.core.on_tick(time.time())
+            self.core.on_tick(time.time(), self._observing())
+
+    def _observing(self) -> bool:
+        """Cut off from NATS it hears nothing — on its own connection, or on the one its
+        heartbeats and queue states come in on (the router's, in the queue's process): that time
+        is its own blind time, not the workers' silence."""
+        return self.nc is not None and self.nc.is_connected and self.feeds.heartbeats.connected \
+            and self.feeds.queue_states.connected
 
     async def _on_submit(self, req: Request) -> None:
         """The decision in the endpoint's own pass, in arrival order (the micro endpoint awaits
@@ -197,7 +199,7 @@ class AdmissionShell:
                 )
             else:
                 now = time.time()
-                self.core.on_tick(now)  # after a stall of this process, the first thing it notes
+                self.core.on_tick(now, self._observing())  # after a stall of this process, the first thing it notes
                 verdict = self.core.admit(  # an id is drawn only for a request that brings none
                     body, reply_to=reply_to or "", json=json, headers=headers, now=now,
                     new_id=body.request_id or uuid.uuid4().hex,

@@ -213,6 +213,32 @@ def test_after_the_routers_own_outage_nothing_is_declared_dead_or_orphaned():
     assert isinstance(m.tick(9.0)[0], Reissue)  # silence after the outage still counts
 
 
+def test_no_responders_just_after_the_routers_own_reconnect_is_not_a_death():
+    """bench chaos seed 17: the router came back from a bus outage first and probed w0, which
+    had not resubscribed yet: "no responders" declared it dead, and its streams were re-issued
+    while w0, back a moment later, ran them on. Within dead_after_s of the router's own
+    reconnect a no-responders proves nothing; silence still decides."""
+    m = placed()
+    back = 6.0
+    m.on_reconnected(back)  # deaf from 0 to 6 s
+    assert m.tick(back + 0.6) == [Probe("w0")]  # not heard since the reconnect: probed
+    m.on_no_responders("w0", back + 0.6, back_s=back)  # still reconnecting: no subscription yet
+    assert m.tick(back + 0.7) == []
+    m.on_heartbeat("w0", back + 0.8)  # back on the bus
+    assert m.tick(back + 0.9) == [] and not m.workers["w0"].dead
+    # once the grace has passed, no responders is proof again
+    m.on_no_responders("w0", back + 3.5, back_s=back)
+    assert isinstance(m.tick(back + 3.6)[0], Reissue)
+
+
+def test_a_worker_that_never_comes_back_after_the_routers_reconnect_is_dead_by_its_silence():
+    m = placed()
+    m.on_reconnected(6.0)
+    m.on_no_responders("w0", 6.6, back_s=6.0)
+    assert m.tick(8.9) == [Probe("w0")]
+    assert isinstance(m.tick(9.0)[0], Reissue)  # dead_after_s of silence after the reconnect
+
+
 def test_lease_of_reads_the_inbox():
     lease = "0123456789abcdef"
     assert lease_of(f"_INBOX.{lease}.def") == lease

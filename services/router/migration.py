@@ -5,7 +5,8 @@ sent (Dynamo's request migration), or ends it with a clean error.
     track(req, worker, now)            the request was placed on `worker`
     on_event(id, event, now)           a chunk / finished / error seen on its reply subject
     on_heartbeat(worker, now)          the worker is alive
-    on_no_responders(worker, now)      nobody listens on the worker's subjects: it is gone
+    on_no_responders(worker, now, back) nobody listens on the worker's subjects: it is gone (not
+                                       within dead_after_s of the router's own reconnect `back`)
     on_probe(worker, running | None)   the worker's answer to a probe (None: no answer)
     on_lease(lease, now)               a client (an edge) is alive
     on_lease_gone(lease, now)          a lease probe found no responders: that client is gone
@@ -230,7 +231,14 @@ class MigrationCore:
         w = self.workers.setdefault(worker_id, _Worker(now))
         w.seen_s, w.dead = now, False  # alive (again: a restarted worker takes new work)
 
-    def on_no_responders(self, worker_id: str, now: float) -> None:
+    def on_no_responders(self, worker_id: str, now: float, back_s: float | None = None) -> None:
+        """Nobody listens on the worker's subjects: it is gone — unless this router's own
+        connection came back from an outage (at `back_s`) less than dead_after_s ago. A worker
+        still reconnecting has no subscription yet either (bench chaos seed 17: two streams
+        re-issued 0.6 s after a bus outage while their worker, back a moment later, ran them on:
+        two workers generating one tail). Then its silence decides, as for a probe unanswered."""
+        if back_s is not None and now - back_s < self.cfg.dead_after_s:
+            return
         self._dead(worker_id, now)
 
     def on_probe(self, worker_id: str, running: set[str] | None, now: float) -> None:

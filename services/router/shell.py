@@ -339,7 +339,7 @@ class RouterShell:
                 msg = await asked
                 return codec.decode(msg.data, schemas.GenerateReply)
             except NoRespondersError:  # nobody listens there: a refusal, not a doubt
-                self.migration.on_no_responders(worker_id, time.time())
+                self.migration.on_no_responders(worker_id, time.time(), natsutil.reconnected_at(self.nc))
                 log.warning("offer_failed", request_id=ar.request_id, worker=worker_id, error="no responders")
                 return schemas.GenerateReply(ar.request_id, False, "no responders")
             except Exception as e:  # asked, not answered: it may have taken the request
@@ -422,7 +422,7 @@ class RouterShell:
             running: set[str] | None = set(msgspec.msgpack.decode(msg.data, type=list[str]))
         except NoRespondersError:
             log.warning("worker_gone", worker=worker_id, detected_by="no_responders")
-            self.migration.on_no_responders(worker_id, time.time())
+            self.migration.on_no_responders(worker_id, time.time(), natsutil.reconnected_at(self.nc))
             return
         except Exception:
             running = None

@@ -56,6 +56,10 @@ BAD = [
     ("unknown chat role", "chat", '{"messages": [{"role": "wizard", "content": "a"}]}', {}, 400, "invalid_value"),
     ("empty messages", "chat", '{"messages": []}', {}, 400, "missing_required_parameter"),
     ("n = 3", "completions", '{"prompt": "a", "n": 3}', {}, 400, "invalid_value"),
+    # admitted before, then a vLLM worker's SamplingParams raised on it: an `error` 500 mid-request
+    ("an empty stop string", "completions", '{"prompt": "a", "stop": ""}', {}, 400, "invalid_value"),
+    ("an empty string among the stops", "chat", '{"messages": [{"role": "user", "content": "a"}], '
+     '"stop": ["done", ""]}', {}, 400, "invalid_value"),
     ("unknown model", "completions", '{"prompt": "a", "model": "gpt-9"}', {}, 404, "model_not_found"),
     ("not JSON", "completions", "{", {}, 400, "invalid_json"),
     ("not UTF-8", "completions", b'{"prompt": "\xff\xfe"}', {}, 400, "invalid_json"),

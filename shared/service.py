@@ -22,7 +22,7 @@ from typing import Protocol
 
 from nats.aio.client import Client
 from nats.micro.service import Service, ServiceConfig
-from tokenyard.shared import metrics, natsutil, telemetry
+from tokenyard.shared import metrics, natsutil, subjects, telemetry
 
 VERSION = "0.1.0"
 
@@ -59,6 +59,24 @@ def new_instance_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:8]}"
 
 
+class InboxOnlyService(Service):
+    """nats.micro's service answering `$SRV.PING` / `INFO` / `STATS` on an inbox only
+    (subjects.is_inbox): the read-only `observer` may ask them, and every service's answer on
+    `$KV.tokenyard_topology.<key>` would overwrite the topology the macro controller keeps."""
+
+    async def _handle_ping_request(self, msg) -> None:
+        if subjects.is_inbox(msg.reply):
+            await super()._handle_ping_request(msg)
+
+    async def _handle_info_request(self, msg) -> None:
+        if subjects.is_inbox(msg.reply):
+            await super()._handle_info_request(msg)
+
+    async def _handle_stats_request(self, msg) -> None:
+        if subjects.is_inbox(msg.reply):
+            await super()._handle_stats_request(msg)
+
+
 class ServiceHost:
     def __init__(self, shell: Shell, nats_url: str, metrics_port: int | None = None,
                  metrics_host: str = "0.0.0.0"):
@@ -78,7 +96,7 @@ class ServiceHost:
     async def start(self) -> ServiceHost:
         telemetry.setup(self.shell.kind)
         self.nc = await natsutil.connect(self.nats_url, name=self.shell.instance_id, kind=self.shell.kind)
-        self.service = Service(self.nc, ServiceConfig(
+        self.service = InboxOnlyService(self.nc, ServiceConfig(
             name=f"tokenyard-{self.shell.kind}",
             version=VERSION,
             description=f"tokenyard {self.shell.kind}",

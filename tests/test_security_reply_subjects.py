@@ -20,10 +20,16 @@ from tokenyard.shared.client import TokenyardClient
 JSON = {"Content-Type": "application/json"}
 
 DOORS = [
-    # door, subject, payload, headers, the JetStream call its answer would make
-    ("a worker's alive probe", subjects.worker_alive("tw0"), b"", None, "$JS.API.STREAM.DELETE.LLM_QUEUE"),
-    ("a malformed submit", subjects.SUBMIT, b"{", JSON, "$JS.API.STREAM.PURGE.LLM_QUEUE"),
-    ("a malformed resume", subjects.RESUME, b"{", JSON, "$JS.API.STREAM.PURGE.LLM_QUEUE"),
+    # door, who knocks, subject, payload, headers, where its answer would land, what it answers an inbox
+    ("a worker's alive probe", "alice", subjects.worker_alive("tw0"), b"", None, "$JS.API.STREAM.DELETE.LLM_QUEUE",
+     b""),
+    ("a malformed submit", "alice", subjects.SUBMIT, b"{", JSON, "$JS.API.STREAM.PURGE.LLM_QUEUE", b"malformed"),
+    ("a malformed resume", "alice", subjects.RESUME, b"{", JSON, "$JS.API.STREAM.PURGE.LLM_QUEUE", b"malformed"),
+    # the read-only observer: a service's $SRV answer would overwrite a key of the topology bucket
+    ("a micro PING", "observer", "$SRV.PING.tokenyard-admission", b"", None, "$KV.tokenyard_topology.forged",
+     b"ping_response"),
+    ("a micro STATS", "observer", "$SRV.STATS.tokenyard-admission", b"", None, "$KV.tokenyard_topology.forged",
+     b"stats_response"),
 ]
 
 
@@ -32,28 +38,28 @@ async def connect_as(server, user: str):
                               **server.auth.credentials(user).connect_options())
 
 
-@pytest.mark.parametrize("door,subject,payload,headers,target", DOORS, ids=[d[0] for d in DOORS])
-async def test_no_door_answers_on_a_subject_that_is_not_an_inbox(nats_server, fleet, door, subject, payload,
-                                                                  headers, target):
+@pytest.mark.parametrize("door,user,subject,payload,headers,target,answers", DOORS, ids=[d[0] for d in DOORS])
+async def test_no_door_answers_on_a_subject_that_is_not_an_inbox(nats_server, fleet, door, user, subject, payload,
+                                                                  headers, target, answers):
     admin = fleet.nats
     spy = await admin.subscribe(target)
     await admin.flush()
-    alice = await connect_as(nats_server, "alice")
+    knocker = await connect_as(nats_server, user)
     try:
-        await alice.publish(subject, payload, reply=target, headers=headers)
-        await alice.flush()  # the server has handed it to the door before the admin's ask below
+        await knocker.publish(subject, payload, reply=target, headers=headers)
+        await knocker.flush()  # the server has handed it to the door before the admin's ask below
         # A door handles its messages in order and answers on one connection: its answer to this
-        # ask reaches the admin's connection after any answer to alice's would have.
+        # ask reaches the admin's connection after any answer to the knocker's would have.
         answer = await admin.request(subject, payload, headers=headers, timeout=5)
-        if subject == subjects.worker_alive("tw0"):
-            assert answer.data == b""
+        if answers:
+            assert answers in answer.data
         else:
-            assert b"malformed" in answer.data
+            assert answer.data == b""
         assert spy.pending_msgs == 0, f"{door} answered on {target}"
         assert (await admin.jetstream().stream_info(subjects.QUEUE_STREAM)).config.name == subjects.QUEUE_STREAM
     finally:
         await spy.unsubscribe()
-        await alice.close()
+        await knocker.close()
 
 
 async def test_a_submit_whose_reply_is_not_an_inbox_is_not_run(nats_server, fleet):

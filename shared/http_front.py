@@ -4,13 +4,15 @@ implements the handlers (`OpenAIFront`); this module owns what must not differ b
 
     routes        POST /v1/completions, /v1/chat/completions; GET /v1/models[/{model}],
                   /health, /metrics, /openapi.json (openapi_document)
-    body limit    client_max_size = the front's limit; a larger body is a 413, never read whole
+    body limit    client_max_size = the front's limit; a larger body is a 413, never read whole;
+                  one that has not arrived whole within BODY_READ_S is a 408 (its slot freed)
     errors        aiohttp's own (404, 405, 413) and any crash as OpenAI's error body; a crash
                   is logged and answered 500 (a bug: tests hold every bad input to a 4xx)
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 import msgspec
@@ -81,15 +83,27 @@ async def serve(app: web.Application, host: str, port: int, shutdown_timeout_s: 
     return runner, runner.addresses[0][1]
 
 
+BODY_READ_S = 60.0
+"""The longest a request's body may take to arrive (a whole 1 MiB one at 17 KiB/s). A client that
+announces a Content-Length and never sends it all held its request's place among the edge's
+`max_in_flight` for as long as it kept the connection open: a few thousand such made the edge
+refuse everyone (503 edge_busy)."""
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The body, or a 413 before reading it when the client announced more than `limit`."""
+    """The body, or a 413 before reading it when the client announced more than `limit`, or a
+    408 when it has not arrived within BODY_READ_S."""
     too_big = ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
     if request.content_length is not None and request.content_length > limit:
         raise too_big
     try:
-        return await request.read()
+        async with asyncio.timeout(BODY_READ_S):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_big from None
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {BODY_READ_S:g} s",
+                       code="request_timeout") from None
 
 
 def dumps(obj: Any) -> str:

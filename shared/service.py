@@ -1,6 +1,8 @@
 """The thin runtime every service shell runs in: connect to NATS, register a `nats.micro`
 service (so `$SRV.PING` / `$SRV.INFO` / `$SRV.STATS` find it), start the shell, wait for
-SIGINT/SIGTERM or `stop()`, then let the shell drain its in-flight work and drain NATS.
+SIGINT/SIGTERM or `stop()`, then let the shell drain its in-flight work and drain NATS — while
+the connection carries what the drain sends: one down for BUS_GONE_S (`tokenyard up` killed
+outright takes nats-server with its services) stops at once, for its work can reach nobody.
 
 A shell that has `metrics` (shared/metrics.py) gets them served on `GET /metrics` at
 `metrics_port` when one is given, and their `snapshot()` in `$SRV.STATS` as each endpoint's
@@ -20,7 +22,7 @@ from typing import Protocol
 
 from nats.aio.client import Client
 from nats.micro.service import Service, ServiceConfig
-from tokenyard.shared import metrics, natsutil, telemetry
+from tokenyard.shared import metrics, natsutil, subjects, telemetry
 
 VERSION = "0.1.0"
 
@@ -30,6 +32,15 @@ pending task wait (`stop_overran`), keeps that text in `overran`, and closes its
 the bus sees the service gone. None, a process's default: no bound (a draining worker lets its
 generations finish, however long they take). The tests set one: a stop that hangs must not leave
 a fleet answering on the session's shared server."""
+
+
+BUS_GONE_S = natsutil.IDLE_RECONNECT_BOUND_S
+"""A stop whose connection has been down (reconnecting, or closed) this long ends without its
+drain: the edge's HTTP streams and a worker's generations have nobody left to reach, and would
+otherwise hold their clients (aiohttp's 60 s shutdown) and the process (a generation's whole
+length) for nothing. A NATS restart within it costs the drain nothing."""
+
+BUS_POLL_S = 0.1
 
 
 class Shell(Protocol):
@@ -46,6 +57,24 @@ class Shell(Protocol):
 
 def new_instance_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:8]}"
+
+
+class InboxOnlyService(Service):
+    """nats.micro's service answering `$SRV.PING` / `INFO` / `STATS` on an inbox only
+    (subjects.is_inbox): the read-only `observer` may ask them, and every service's answer on
+    `$KV.tokenyard_topology.<key>` would overwrite the topology the macro controller keeps."""
+
+    async def _handle_ping_request(self, msg) -> None:
+        if subjects.is_inbox(msg.reply):
+            await super()._handle_ping_request(msg)
+
+    async def _handle_info_request(self, msg) -> None:
+        if subjects.is_inbox(msg.reply):
+            await super()._handle_info_request(msg)
+
+    async def _handle_stats_request(self, msg) -> None:
+        if subjects.is_inbox(msg.reply):
+            await super()._handle_stats_request(msg)
 
 
 class ServiceHost:
@@ -67,7 +96,7 @@ class ServiceHost:
     async def start(self) -> ServiceHost:
         telemetry.setup(self.shell.kind)
         self.nc = await natsutil.connect(self.nats_url, name=self.shell.instance_id, kind=self.shell.kind)
-        self.service = Service(self.nc, ServiceConfig(
+        self.service = InboxOnlyService(self.nc, ServiceConfig(
             name=f"tokenyard-{self.shell.kind}",
             version=VERSION,
             description=f"tokenyard {self.shell.kind}",
@@ -97,19 +126,16 @@ class ServiceHost:
         self._stopped.set()
         steps = asyncio.ensure_future(self._stop_steps())
         try:
-            done, _ = await asyncio.wait({steps}, timeout=STOP_BOUND_S)
+            cut = await self._cut_short(steps)
         except asyncio.CancelledError:
             steps.cancel()  # the stop's caller was cancelled: so is the stop
             raise
-        if steps in done:
+        if cut is None:
             return steps.result()
-        try:
-            self.overran = f"{self.shell.kind} {self.shell.instance_id}: stop waits at " + " / ".join(
-                [await_chain(steps), *(await_chain(t) for t in asyncio.all_tasks() if t is not steps
-                                       and t is not asyncio.current_task())])
-        except Exception as e:  # noqa: BLE001 (the diagnosis must not keep the service on the bus)
-            self.overran = f"{self.shell.kind} {self.shell.instance_id}: stop overran (no diagnosis: {e!r})"
-        telemetry.logger(self.shell.kind).error("stop_overran", bound_s=STOP_BOUND_S, where=self.overran)
+        if cut == "bus":
+            telemetry.logger(self.shell.kind).warning("stop_without_nats", down_s=BUS_GONE_S)
+        else:
+            self._overran(steps)
         steps.cancel()
         await asyncio.wait({steps}, timeout=1.0)  # a stop that swallows the cancellation is left behind
         with contextlib.suppress(Exception):
@@ -117,6 +143,34 @@ class ServiceHost:
                 await self._metrics_runner.cleanup()  # its port is free again
             if self.nc and not self.nc.is_closed:
                 await self.nc.close()
+
+    async def _cut_short(self, steps: asyncio.Future) -> str | None:
+        """None once `steps` end; "bound" past STOP_BOUND_S; "bus" once the connection has been
+        down BUS_GONE_S."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + (STOP_BOUND_S if STOP_BOUND_S is not None else float("inf"))
+        down_since: float | None = None
+        while not steps.done():
+            now = loop.time()
+            if now >= end:
+                return "bound"
+            if self.nc is None or not (self.nc.is_reconnecting or self.nc.is_closed):
+                down_since = None
+            elif down_since is None:
+                down_since = now
+            elif now - down_since >= BUS_GONE_S:
+                return "bus"
+            await asyncio.wait({steps}, timeout=min(BUS_POLL_S, end - now))
+        return None
+
+    def _overran(self, steps: asyncio.Future) -> None:
+        try:
+            self.overran = f"{self.shell.kind} {self.shell.instance_id}: stop waits at " + " / ".join(
+                [await_chain(steps), *(await_chain(t) for t in asyncio.all_tasks() if t is not steps
+                                       and t is not asyncio.current_task())])
+        except Exception as e:  # noqa: BLE001 (the diagnosis must not keep the service on the bus)
+            self.overran = f"{self.shell.kind} {self.shell.instance_id}: stop overran (no diagnosis: {e!r})"
+        telemetry.logger(self.shell.kind).error("stop_overran", bound_s=STOP_BOUND_S, where=self.overran)
 
     async def _stop_steps(self) -> None:
         await self.shell.stop()

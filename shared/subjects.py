@@ -145,6 +145,19 @@ def middle_token(subject: str) -> str:
 
 _LEASE = re.compile(r"[0-9a-f]{16}")
 
+_INBOX = re.compile(r"_INBOX(\.[^.*>\s]+)+")
+
+
+def is_inbox(reply: str | None) -> bool:
+    """May a service answer on this reply subject? Only an inbox, `_INBOX.<token>…` (nats' own
+    prefix; a secured client reads nothing else, shared/nats_auth.py). NATS lets whoever receives
+    a request publish on its reply subject whatever its own permissions (`allow_responses`), so
+    the requester picks where the answer lands: a worker's empty `alive` answer on
+    `$JS.API.STREAM.DELETE.LLM_QUEUE` deletes the queue's stream, with every admitted request in
+    it; admission's on `llm.v1.…` speaks on the fleet's own subjects. A request whose reply is not
+    an inbox is not answered (and not run)."""
+    return bool(reply) and _INBOX.fullmatch(reply) is not None
+
 
 def lease_of(reply_to: str) -> str:
     """`_INBOX[.<user>].<lease>.<n>` → `<lease>` (16 hex digits; `<user>` is the inbox prefix of

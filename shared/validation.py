@@ -83,6 +83,7 @@ def json_schema_rules(limits: Limits) -> dict[str, dict]:
         "n": {"minimum": 1, "maximum": 1},
         "temperature": {"minimum": 0.0, "maximum": 2.0},
         "top_p": {"exclusiveMinimum": 0.0, "maximum": 1.0},
+        "stop": {"minLength": 1, "items": {"type": "string", "minLength": 1}},  # the string, or each string
         "max_tokens": {"minimum": 1, "maximum": limits.max_model_len},
         "max_completion_tokens": {"minimum": 1, "maximum": limits.max_model_len},
         "request_id": {"pattern": REQUEST_ID.pattern},
@@ -112,6 +113,8 @@ def check(req: GenerateRequest, limits: Limits) -> Checked | Invalid:
         return Invalid(400, "temperature must be between 0 and 2", "temperature")
     if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
         return Invalid(400, "top_p must be in (0, 1]", "top_p")
+    if req.stop == "" or (isinstance(req.stop, list) and "" in req.stop):  # vLLM's SamplingParams raises on it
+        return Invalid(400, "stop cannot contain an empty string", "stop")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_tokens"  # OpenAI's newer name, max_completion_tokens, is the same limit
     if max_tokens is not None and max_tokens < 1:

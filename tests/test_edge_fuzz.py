@@ -5,8 +5,10 @@ all. The OpenAPI-driven fuzzing is in test_edge_fuzz_openapi.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import re
 
 import aiohttp
 import pytest
@@ -16,7 +18,7 @@ from tokenyard.services.edge.shell import EdgeConfig, EdgeShell
 from tokenyard.shared import config, openai_api, schemas
 from tokenyard.shared.client import TokenyardClient
 
-from tests.conftest import start_inproc_fleet
+from tests.conftest import start_inproc_fleet, until
 
 DEEP = 100_000
 
@@ -56,6 +58,10 @@ BAD = [
     ("unknown chat role", "chat", '{"messages": [{"role": "wizard", "content": "a"}]}', {}, 400, "invalid_value"),
     ("empty messages", "chat", '{"messages": []}', {}, 400, "missing_required_parameter"),
     ("n = 3", "completions", '{"prompt": "a", "n": 3}', {}, 400, "invalid_value"),
+    # admitted before, then a vLLM worker's SamplingParams raised on it: an `error` 500 mid-request
+    ("an empty stop string", "completions", '{"prompt": "a", "stop": ""}', {}, 400, "invalid_value"),
+    ("an empty string among the stops", "chat", '{"messages": [{"role": "user", "content": "a"}], '
+     '"stop": ["done", ""]}', {}, 400, "invalid_value"),
     ("unknown model", "completions", '{"prompt": "a", "model": "gpt-9"}', {}, 404, "model_not_found"),
     ("not JSON", "completions", "{", {}, 400, "invalid_json"),
     ("not UTF-8", "completions", b'{"prompt": "\xff\xfe"}', {}, 400, "invalid_json"),
@@ -113,6 +119,30 @@ async def test_wrong_routes_and_methods_are_4xx_too(edge):
         async with http.post(f"{url}/v1/completions", json={"prompt": "a"}, headers=four_keys) as resp:
             assert resp.status == 431  # each within HTTP's limits, together beyond a NATS message's header room
             assert (await resp.json())["error"]["code"] == "request_headers_too_large"
+
+
+async def test_a_body_that_never_arrives_whole_is_a_408_and_frees_its_place(edge, monkeypatch):
+    """Content-Length 100 and 5 bytes sent: the request held one of the edge's max_in_flight
+    places for as long as the client kept its connection open."""
+    from tokenyard.shared import http_front
+
+    monkeypatch.setattr(http_front, "BODY_READ_S", 0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", edge.port)
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"pro")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 408"), head
+        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+        error = json.loads(await asyncio.wait_for(reader.readexactly(length), 10))["error"]
+        assert (error["code"], error["type"]) == ("request_timeout", "invalid_request_error"), error
+    finally:
+        writer.close()
+    await until(lambda: edge.in_flight == 0, what="the edge's place given back")
+    async with aiohttp.ClientSession() as http:  # and it serves
+        async with http.post(f"http://127.0.0.1:{edge.port}/v1/completions", json={"prompt": "a", "max_tokens": 2}) as resp:
+            assert resp.status == 200
 
 
 async def test_the_body_limit_follows_the_nats_max_payload(edge):

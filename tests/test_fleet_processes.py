@@ -193,6 +193,45 @@ async def test_children_die_with_up_when_it_is_killed_outright(tmp_path):
             await up.wait()
 
 
+@pytest.mark.flaky(reruns=2)  # live processes on a shared host: see docs/HOUSE.md "Flaky live tests"
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+async def test_up_killed_outright_mid_stream_cuts_its_http_clients_and_its_children_within_seconds(tmp_path):
+    """SIGKILL takes nats-server down with `up`'s other children: a drain can reach nobody. The
+    edge (in the queue's process, up's default) waited for its streams until aiohttp's 60 s
+    shutdown timeout, its HTTP clients left hanging, and a worker let its generation run to its
+    end; each stops once its connection has been down service.BUS_GONE_S."""
+    from tokenyard.shared.service import BUS_GONE_S
+
+    with (tmp_path / "up.stderr").open("wb") as err:
+        up = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tokenyard.cli", "up", "--workers", "1", "--http-port", "0", "--nats-port", "0",
+            stdout=asyncio.subprocess.PIPE, stderr=err, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        async with asyncio.timeout(120):
+            while not (line := await up.stdout.readline()).startswith(b"  HTTP"):
+                assert line, f"up exited before the fleet was up:\n{(tmp_path / 'up.stderr').read_text()[-3000:]}"
+        url = line.split()[1].decode()
+        children = descendants(up.pid)
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as http:  # a stream of a minute on an A100's step times
+            async with http.post(f"{url}/completions", json={"prompt": "a long one", "max_tokens": 6000,
+                                                             "stream": True}) as resp:
+                assert resp.status == 200 and (await resp.content.readline()).startswith(b"data: ")
+                up.kill()
+                killed = loop.time()
+                with contextlib.suppress(aiohttp.ClientPayloadError):  # cut mid-stream: the process went
+                    async with asyncio.timeout(BUS_GONE_S + 6):
+                        while await resp.content.readline():
+                            pass
+                assert loop.time() - killed < BUS_GONE_S + 6
+        await until(lambda: not any(alive(p) for p in children), timeout_s=BUS_GONE_S + 12, poll_s=0.1,
+                    what="every child of the killed up gone")
+    finally:
+        if up.returncode is None:
+            up.kill()
+        await up.wait()
+
+
 def test_up_refuses_a_fleet_without_workers(capsys):
     assert cli.main(["up", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err

@@ -62,7 +62,10 @@ def resumed(core, ask: ResumeAsk, reply_to: str, headers: dict[str, str] | None,
 
 async def on_resume(shell, msg: Msg) -> None:
     """`llm.v1.resume` (queue group admission): answers on the new inbox, the message's reply."""
-    if not msg.reply:
+    if not subjects.is_inbox(msg.reply):  # nowhere safe to answer (subjects.is_inbox)
+        if msg.reply:
+            log.warning("resume_reply_not_an_inbox", reply=msg.reply[:200])
+            shell.metrics.observe(schemas.Outcome.REJECTED_INVALID, "reply_not_an_inbox")
         return
     json = codec.is_json(msg.headers)
 

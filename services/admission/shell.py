@@ -163,6 +163,11 @@ class AdmissionShell:
         holds up no request behind it, and in an overload, where most requests are refused, a
         refusal waits for no admitted request's publish work. The decisions stay in order, so each
         one counts every admission before it (feasibility.FleetView.on_admitted)."""
+        reply = req._msg.reply
+        if reply and not subjects.is_inbox(reply):  # nowhere safe to answer, no one to stream to: not run
+            self.metrics.observe(schemas.Outcome.REJECTED_INVALID, "reply_not_an_inbox")
+            log.warning("reply_not_an_inbox", reply=reply[:200])
+            return
         headers = req.headers or {}
         json = codec.is_json(headers) or req.data[:1] == b"{"
         try:
@@ -174,7 +179,7 @@ class AdmissionShell:
             async def respond(data: bytes, headers: dict[str, str] | None = None) -> None:
                 await req.respond(data, headers={**(headers or {}), subjects.RESUBMIT_HEADER: "1"})
         # the request's stream: every later hop publishes there
-        await self._decide(body, req._msg.reply, json, headers, respond)
+        await self._decide(body, reply, json, headers, respond)
 
     async def submit(self, body: schemas.GenerateRequest, reply_to: str, headers: dict[str, str],
                      respond: Respond) -> None:

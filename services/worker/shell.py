@@ -406,7 +406,10 @@ class WorkerShell:
 
 
 async def _answer_alive(msg) -> None:
-    await msg.respond(b"")
+    if subjects.is_inbox(msg.reply):  # an empty answer elsewhere could be a JetStream API call's
+        await msg.respond(b"")
+    elif msg.reply:
+        log.warning("alive_reply_not_an_inbox", reply=msg.reply[:200])
 
 
 class OfferAnswer:

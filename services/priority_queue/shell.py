@@ -266,7 +266,12 @@ class QueueShell:
         futures not yet done (`placing`), routes being asked (`routes`), JetStream messages held
         (`held`). All 0 once every request here is routed or ended."""
         return {"local": len(self._local), "stored": len(self._stored), "placing": len(self._placing),
-                "routes": len(self._routes), "held": len(self.held)}
+                "routes": len(self._routes), "held": len(self.held), "waiting": len(self.core),
+                "in_flight": len(self.core.in_flight), "received_ns": len(self._received_ns)}
+
+    def remembered(self) -> dict[str, tuple[int, int | None]]:
+        """The ids had within JetStream's duplicate window (SeenIds: its window and count bound)."""
+        return {"seen_ids": (len(self.seen), self.seen.remembered)}
 
     def stored(self, request_id: str, seq: int) -> None:
         """Admission's store of a request it handed over (`take`) was acked: `seq` is its copy's

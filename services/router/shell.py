@@ -87,6 +87,17 @@ class RouterShell:
         self.adoptions: dict[str, asyncio.Event] = {}
         """request id → the event set when its adoption under way here ends (services/router/adopt.py)."""
 
+    def kept(self) -> dict[str, int]:
+        """Per-request state here, counted (shared/service.py): 0 once its requests ended."""
+        return {"inflight": len(self._inflight), "adoptions": len(self.adoptions), "follows": len(list(self.follows)),
+                "placing": len(self.reask.placing), "offers_out": sum(map(len, self.core.unanswered.values())),
+                **self.migration.kept()}
+
+    def remembered(self) -> dict[str, tuple[int, int | None]]:
+        r = self.reask
+        return {"placed": (len(r.placed), r.capacity), "unanswered": (len(r.unanswered), r.capacity),
+                **self.migration.remembered()}
+
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = self.follows.nc = nc
         await self.feeds.heartbeats.join(nc, self.on_heartbeat)

@@ -185,8 +185,13 @@ class MigrationCore:
         if worker_id:  # '' = being placed: followed already, on no worker yet
             self.workers.setdefault(worker_id, _Worker(now)).dead = False
 
-    def untrack(self, request_id: str) -> None:
-        self.tracked.pop(request_id, None)
+    def untrack(self, request_id: str, ended: bool = False) -> None:
+        """No longer follow it; `ended` (its client aborted it): nor again, when an offer's reply
+        comes after the abort (the offer was out when it came) — that stream sends no more events,
+        so nothing would end its tracking but a probe's loss and a re-issue."""
+        t = self.tracked.pop(request_id, None)
+        if ended and t is not None:
+            self._ended(request_id, t.req.reply_to)
 
     def kept(self) -> dict[str, int]:
         """The requests followed and being adopted, counted (shared/service.py)."""

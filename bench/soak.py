@@ -33,9 +33,9 @@ request (0 at idle), and `remembered`, each memory bounded on purpose ([entries,
 
 Verdict, per process: RSS growth per 1,000 requests from the sample after the first phase (which
 warms caches and allocator arenas) to the last, and over each later phase alone; `grows` when
-the whole exceeds GROWS_MB_PER_1K and no later phase shrank it. A `kept` count not back at its
-baseline is named (`not_idle`), and each memory's growth per 1,000 requests is shown with its
-bound (a bounded memory grows until it is full: its share of the RSS growth is expected).
+the whole exceeds GROWS_MB_PER_1K and no later phase shrank it, `memories filling` instead when
+a bounded memory of that process (`process_of`) still grew (a memory grows until it is full: the
+RSS with it, expected). A `kept` count not back at its baseline is named (`not_idle`).
 """
 
 from __future__ import annotations
@@ -125,6 +125,18 @@ def not_idle(baseline: dict[str, int], kept: dict[str, int]) -> dict[str, list[i
     return {k: [baseline.get(k, 0), v] for k, v in kept.items() if v != baseline.get(k, 0)}
 
 
+def process_of(count: str, edge_processes: int = 0) -> str:
+    """The fleet process a `service.count` belongs to, as `tokenyard up` lays them out: the
+    queue's holds the router, admission and (without edge processes) the edge; worker wN is
+    `worker-N` (FleetProcesses' ids)."""
+    who = count.split(".")[0]
+    if who in ("queue", "router", "admission") or (who == "edge" and not edge_processes):
+        return "queue"
+    if who[:1] == "w" and who[1:].isdigit():
+        return f"worker-{who[1:]}"
+    return who
+
+
 def growth(values: list[float], per_phase: int) -> dict[str, Any]:
     """`values`: one sample after each phase. Growth per 1,000 requests from the first sample to
     the last (`per_1k`) and over each later phase (`phases`), and the verdict."""
@@ -134,7 +146,7 @@ def growth(values: list[float], per_phase: int) -> dict[str, Any]:
     return {"per_1k": round(total, 3), "phases": [round(s, 3) for s in steps], "grows": grows}
 
 
-def verdict(samples: list[dict[str, Any]], per_phase: int) -> dict[str, Any]:
+def verdict(samples: list[dict[str, Any]], per_phase: int, edge_processes: int = 0) -> dict[str, Any]:
     """The soak's verdict from its samples, one after each phase (the first, a warm-up, left out
     of the growth): RSS growth per process, memories' growth, the counts not back at idle."""
     later = samples[1:] if len(samples) > 1 else samples
@@ -143,9 +155,11 @@ def verdict(samples: list[dict[str, Any]], per_phase: int) -> dict[str, Any]:
                     "bound": later[-1]["remembered"][m][1]} for m in later[-1]["remembered"]}
     for m in memories.values():
         m["grows"] = m["per_1k"] > 0
+    for p, g in rss.items():
+        g["filling"] = sorted(m for m, v in memories.items() if v["grows"] and process_of(m, edge_processes) == p)
     left = {s["phase"]: s["not_idle"] for s in samples if s["not_idle"]}
     return {"rss": rss, "remembered": memories, "not_idle": left,
-            "growing": sorted(p for p, g in rss.items() if g["grows"]),
+            "growing": sorted(p for p, g in rss.items() if g["grows"] and not g["filling"]),
             "kept_not_back": sorted({k for v in left.values() for k in v})}
 
 
@@ -196,7 +210,7 @@ class Soak:
         code = commit_of(args.baseline) if args.baseline else "this tree"
         return {"config": {k: v for k, v in vars(args).items() if k not in ("func", "json", "log_dir")}, "code": code,
                 "mix": MIX, "tally": dict(sorted(self.tally.items())), "baseline": self.baseline,
-                "samples": samples, "verdict": verdict(samples[1:], args.requests)}
+                "samples": samples, "verdict": verdict(samples[1:], args.requests, args.edge_processes)}
 
     async def _sample(self, phase, load_s: float, idle_s: float) -> dict[str, Any]:
         kept, remembered = flat(await natsutil.gather_replies(self.nc, "$SRV.STATS", 1.0))
@@ -308,14 +322,16 @@ def print_report(doc: dict[str, Any], console: Console) -> None:
     samples = [s for s in doc["samples"] if s["phase"] != "idle"]
     v = doc["verdict"]
     t = Table(title=f"RSS (MB) after each phase of {doc['config']['requests']} requests, growth per 1,000 "
-                    f"requests after phase 1 (grows: over {GROWS_MB_PER_1K} and never shrinking)",
+                    f"requests after phase 1 (grows: over {GROWS_MB_PER_1K} and never shrinking; memories "
+                    "filling: so did one of its bounded memories)",
               box=box.SIMPLE_HEAD)
     for col in ("process", "idle", *(f"after {s['phase']}" for s in samples), "MB / 1k", "per later phase", "verdict"):
         t.add_column(col, justify="left" if col in ("process", "verdict") else "right")
     idle = doc["samples"][0]["rss_mb"]
     for p, g in v["rss"].items():
         t.add_row(p, f"{idle[p]:.1f}", *(f"{s['rss_mb'][p]:.1f}" for s in samples), f"{g['per_1k']:.2f}",
-                  " ".join(f"{x:.2f}" for x in g["phases"]), "grows" if g["grows"] else "flat")
+                  " ".join(f"{x:.2f}" for x in g["phases"]),
+                  "flat" if not g["grows"] else "memories filling" if g["filling"] else "grows")
     console.print(t)
     t = Table(title="Bounded memories: entries after each phase, growth per 1,000 requests", box=box.SIMPLE_HEAD)
     for col in ("memory", *(f"after {s['phase']}" for s in samples), "per 1k", "bound"):
@@ -349,7 +365,7 @@ def main() -> int:
     if args.phases < 3:
         p.error("--phases must be at least 3: growth is measured between the phases after the first")
     doc = asyncio.run(Soak(args).run())
-    print_report(doc, Console())
+    print_report(doc, Console(width=150))
     write_result(args.json, doc, prog="python -m bench.soak")
     return 0
 

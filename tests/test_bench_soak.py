@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.soak import GROWS_MB_PER_1K, MIX, Soak, flat, growth, not_idle, plan, verdict
+from bench.soak import GROWS_MB_PER_1K, MIX, Soak, flat, growth, not_idle, plan, process_of, verdict
 
 
 def sample(phase: int, rss: dict[str, float], ended: int, not_back: dict | None = None) -> dict:
@@ -23,20 +23,28 @@ def test_growth_is_per_thousand_requests_and_grows_only_when_steady_and_past_the
 
 
 def test_the_verdict_leaves_the_first_phase_out_and_names_what_did_not_come_back():
-    samples = [
-        sample(1, {"queue": 190.0, "worker-0": 70.0}, 1000),  # the warm-up: its jump is not counted
-        sample(2, {"queue": 191.0, "worker-0": 70.5}, 2000),
-        sample(3, {"queue": 193.0, "worker-0": 70.4}, 3000, {"router.tracked": [0, 13]}),
-        sample(4, {"queue": 195.0, "worker-0": 70.6}, 3500, {"router.tracked": [0, 20], "edge.streams": [0, 1]}),
+    samples = [  # the first, a warm-up: its jump is not counted
+        sample(1, {"queue": 190.0, "worker-0": 70.0, "nats-server": 20.0}, 1000),
+        sample(2, {"queue": 191.0, "worker-0": 70.5, "nats-server": 21.0}, 2000),
+        sample(3, {"queue": 193.0, "worker-0": 70.4, "nats-server": 22.0}, 3000, {"router.tracked": [0, 13]}),
+        sample(4, {"queue": 195.0, "worker-0": 70.6, "nats-server": 23.0}, 3500,
+               {"router.tracked": [0, 20], "edge.streams": [0, 1]}),
     ]
     v = verdict(samples, 1000)
-    assert v["rss"]["queue"] == {"per_1k": 2.0, "phases": [2.0, 2.0], "grows": True}
-    assert v["rss"]["worker-0"] == {"per_1k": 0.05, "phases": [-0.1, 0.2], "grows": False}
-    assert v["growing"] == ["queue"]
+    # the queue's process holds the router: its memory still filling accounts for its growth
+    assert v["rss"]["queue"] == {"per_1k": 2.0, "phases": [2.0, 2.0], "grows": True, "filling": ["router.ended"]}
+    assert v["rss"]["worker-0"] == {"per_1k": 0.05, "phases": [-0.1, 0.2], "grows": False, "filling": []}
+    assert v["rss"]["nats-server"]["grows"] and v["growing"] == ["nats-server"]
     assert v["remembered"]["router.ended"] == {"per_1k": 750.0, "phases": [1000.0, 500.0], "grows": True,
                                                "bound": 50_000}
     assert v["kept_not_back"] == ["edge.streams", "router.tracked"]
     assert v["not_idle"] == {3: {"router.tracked": [0, 13]}, 4: {"router.tracked": [0, 20], "edge.streams": [0, 1]}}
+
+
+def test_counts_belong_to_the_processes_of_ups_layout():
+    assert [process_of(c) for c in ("router.ended", "admission.tenant_buckets", "edge.streams", "w1.seen")] == [
+        "queue", "queue", "queue", "worker-1"]
+    assert process_of("edge.streams", edge_processes=1) == "edge" and process_of("macro.x") == "macro"
 
 
 def test_stats_replies_are_read_by_service_and_worker_id():

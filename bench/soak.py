@@ -80,8 +80,10 @@ TENANT_RATE = 1e7
 IDLE_TIMEOUT_S = 60.0
 SETTLE_S = 2.0
 GROWS_MB_PER_1K = 0.5
-"""RSS growth per 1,000 requests past which a process `grows`: above the allocator's noise seen
-between phases of a fleet that keeps nothing (docs: the soak's results)."""
+"""RSS growth per 1,000 requests past which a process `grows`. Chosen, not derived: workers whose
+bounded memories account for ~0.1 MB per 1,000 stepped 0.0–0.85 between phases
+(docs/results-soak.md), so one step says little. A leak of a few KB per affected request (the
+router's, fixed) stays under it for thousands of requests: the `kept` counts catch that one."""
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,8 @@ class QueueShell:
         waits for room, or it was taken back)."""
         self.peer_watch = PeerWatch(self.instance_id)  # whose stored copies are left to them
         self._received_ns: dict[str, int] = {}
-        """request id → when its message came (only while spans are recorded: the hop profile)."""
+        """request id → when its message came (only while spans are recorded: the hop profile), until
+        its route's span has it or it leaves unrouted (`_settle`)."""
         self._wake = asyncio.Event()
         self._pull_seq = 0
         """The number of the pull in force; its messages and its end arrive on `<inbox>.<seq>`."""
@@ -285,8 +286,9 @@ class QueueShell:
     def _settle(self, request_id: str) -> asyncio.Future | None:
         """A request leaves this queue (routed, or ended): its stored copy goes — acked if it came
         here (returned: the ack to await), else deleted by its sequence if its store's ack came
-        (else when it comes: `stored`)."""
+        (else when it comes: `stored`). Its arrival time goes too (expired or aborted: no route took it)."""
         self._local.pop(request_id, None)
+        self._received_ns.pop(request_id, None)
         seq = self._stored.pop(request_id, None)
         msg = self.held.pop(request_id, None)
         if msg is not None:

@@ -238,13 +238,14 @@ class TokenyardClient:
         """Publish the lease every LEASE_INTERVAL_S, and hold `<inbox prefix>.<lease>.alive`
         while it runs: a router that stops hearing the lease probes that subject, and only
         "no responders" (this client gone) makes it abort our requests — a client that is
-        merely late (its event loop stalled) keeps them."""
+        merely late (its event loop stalled) keeps them. Ends once the connection is closed (by
+        its owner, without `close()`): it would otherwise run for the life of the process."""
         subject = subjects.lease(self.lease_id)
         alive = None
         with contextlib.suppress(Exception):
             alive = await self.nc.subscribe(f"{self._prefix()}.{self.lease_id}.alive", cb=_ignore)
         try:
-            while True:
+            while not self.nc.is_closed:
                 with contextlib.suppress(Exception):
                     await self.nc.publish(subject, b"")
                 await asyncio.sleep(LEASE_INTERVAL_S)

@@ -6,7 +6,10 @@ outright takes nats-server with its services) stops at once, for its work can re
 
 A shell that has `metrics` (shared/metrics.py) gets them served on `GET /metrics` at
 `metrics_port` when one is given, and their `snapshot()` in `$SRV.STATS` as each endpoint's
-`data` (what `tokenyard top` reads).
+`data` (what `tokenyard top` reads). A shell's per-request state goes there too: `kept()`, the
+entries of each container that holds something per request (0 again once every request here
+ended), and `remembered()`, each memory kept on purpose and bounded (name → [entries, bound];
+bound None: bounded by time, not count): what bench/soak.py watches for state that grows.
 
 The same host runs a shell in its own process (`tokenyard router --nats URL`) or inside a
 test's event loop next to other shells, each with its own connection.
@@ -53,6 +56,8 @@ class Shell(Protocol):
 
     async def stop(self) -> None:
         """Stop taking work and finish what is in flight."""
+
+    # optional: kept() -> dict[str, int], remembered() -> dict[str, tuple[int, int | None]] (module header)
 
 
 def new_instance_id(kind: str) -> str:
@@ -118,7 +123,11 @@ class ServiceHost:
 
     def _stats_data(self, _endpoint) -> dict:
         snapshot = getattr(getattr(self.shell, "metrics", None), "snapshot", None)
-        return snapshot() if snapshot is not None else {}
+        data = snapshot() if snapshot is not None else {}
+        for part in ("kept", "remembered"):
+            if (count := getattr(self.shell, part, None)) is not None:
+                data[part] = count()
+        return data
 
     async def stop(self) -> None:
         if self._stopped.is_set():

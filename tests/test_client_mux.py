@@ -223,3 +223,22 @@ async def test_beside_an_in_process_admission_the_subscription_is_the_servers_be
         await client.close()
         await worker.close()
         await nc.close()
+
+
+async def test_a_clients_lease_ends_with_its_connection_closed_under_it(nats_server):
+    """A connection closed by its owner without `client.close()` (a process's own shutdown, a
+    vanishing client in bench/soak.py): the lease task ended with it, not at the process's end."""
+    op = await natsutil.connect(nats_server.url, "fake-admission")
+    await Scripted(op).start()
+    nc = await natsutil.connect(nats_server.url, "closed-under")
+    client = TokenyardClient(nc)
+    try:
+        batches = client.stream_batches(schemas.GenerateRequest(prompt="x", request_id="underneath"))
+        assert isinstance((await anext(batches))[0], schemas.Accepted)
+        assert client.leasing
+        await nc.close()
+        await until(lambda: not client.leasing, timeout_s=5.0, what="the lease task's end")
+        await batches.aclose()
+    finally:
+        await client.close()
+        await op.close()

@@ -205,7 +205,9 @@ async def test_live_fleet_counters_agree_with_the_client(fleet):
         # The same counters through nats.micro's $SRV.STATS, which is what `tokenyard top` reads.
         reply = await fleet.nats.request("$SRV.STATS.tokenyard-admission", b"", timeout=2)
         data = json.loads(reply.data)["endpoints"][0]["data"]
-        assert data == {"decisions": {"admitted": 6.0, "rejected_invalid": 1.0}, "refusals": {"invalid_value": 1.0}}
+        assert data == {"decisions": {"admitted": 6.0, "rejected_invalid": 1.0}, "refusals": {"invalid_value": 1.0},
+                        # what it holds per request (0: all handed on), and its tenant buckets (no rate: none)
+                        "kept": {"handing": 0, "inflight": 0}, "remembered": {"tenant_buckets": [0, None]}}
     finally:
         for r in runners.values():
             await r.cleanup()

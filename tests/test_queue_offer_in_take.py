@@ -44,7 +44,8 @@ async def test_take_makes_and_writes_the_offer_before_it_returns(nats_server):
         await until(lambda: events and isinstance(events[-1], schemas.TERMINAL_EVENTS), what="the stream's end")
         assert isinstance(events[-1], schemas.Finished) and events[-1].usage.completion_tokens == 3
         assert [k[0] for k in fleet.router.reask.placed] == [rid]
-        assert fleet.queue.kept() == {"local": 0, "stored": 0, "placing": 0, "routes": 0, "held": 0}
+        assert fleet.queue.kept() == {"local": 0, "stored": 0, "placing": 0, "routes": 0, "held": 0, "waiting": 0,
+                                      "in_flight": 0, "received_ns": 0}
     finally:
         await nc.drain()
         await stop_fleet(fleet.hosts)

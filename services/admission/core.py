@@ -54,6 +54,12 @@ from tokenyard.shared.tokenizer import Tokenizer
 
 TIER_HEADER = "x-request-tier"
 TENANT_HEADER = "x-tenant"
+BUCKET_SWEEP_S = 10.0
+"""How often `on_tick` forgets the tenant buckets that have refilled. A full bucket is the same
+as the fresh one `_tenant_bucket` makes (full, and charged alike), so dropping it changes no
+verdict; keeping it costs one bucket per tenant name ever charged: in an open fleet (no API
+keys) whose default policy has a rate, one per name a client claims (x-tenant, `user`), forever.
+A sweep is O(buckets) and the buckets it leaves are the tenants still refilling."""
 API_KEY_HEADER = "x-api-key"
 
 
@@ -103,7 +109,9 @@ class AdmissionCore:
             if t.global_rate_tokens_per_s else None
         )
         self.buckets: dict[str, TokenBucket] = {}
-        """Per-tenant buckets, created on a tenant's first admitted request."""
+        """Per-tenant buckets, created on a tenant's first admitted request, forgotten once full
+        again (`on_tick`, every BUCKET_SWEEP_S)."""
+        self._sweep_at = float("-inf")
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.fleet.on_heartbeat(hb, now)
@@ -117,8 +125,12 @@ class AdmissionCore:
     def on_tick(self, now: float, observing: bool = True) -> None:
         """Admission is awake at `now`: the shell calls it every tick and before each request
         (a refusal changes no state, so `admit` does not note the time itself). `observing`
-        False: its shell is cut off from the bus, and the time is its own blind time."""
+        False: its shell is cut off from the bus, and the time is its own blind time. Every
+        BUCKET_SWEEP_S it forgets the tenants' buckets that are full again."""
         self.fleet.awake(now, observing)
+        if now >= self._sweep_at:
+            self.buckets = {t: b for t, b in self.buckets.items() if b.level(now) < b.burst}
+            self._sweep_at = now + BUCKET_SWEEP_S
 
     def on_keepalive(self, worker_id: str, now: float) -> bool:
         """The worker's latest heartbeat again, at `now` (feasibility.FleetView.on_keepalive)."""

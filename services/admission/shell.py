@@ -122,6 +122,14 @@ class AdmissionShell:
         """The ids of the requests handed to the queue in this process whose store has not ended."""
         return list(self._handing)
 
+    def kept(self) -> dict[str, int]:
+        """Per-request state here, counted (shared/service.py): 0 once its requests are handed on."""
+        return {"handing": len(self._handing), "inflight": len(self._inflight)}
+
+    def remembered(self) -> dict[str, tuple[int, int | None]]:
+        """Tenants' buckets still refilling (the others are forgotten: AdmissionCore.on_tick)."""
+        return {"tenant_buckets": (len(self.core.buckets), None)}
+
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = nc
         self.js = nc.jetstream()

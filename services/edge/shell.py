@@ -217,7 +217,6 @@ class EdgeMetrics:
             "tokenyard:edge_in_flight_requests", "Generation requests in flight.", registry=self.registry,
             multiprocess_mode="livesum",
         )
-
         self.ttft_of = {e: self.ttft.labels(e.value) for e in Endpoint}
         """Each endpoint's TTFT child, looked up once (`labels` costs more than `observe`)."""
 
@@ -483,9 +482,10 @@ class EdgeShell:
         return web.json_response({"status": "nats_disconnected"}, status=503)
 
     async def on_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=scrape(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return web.Response(body=scrape(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def kept(self) -> dict[str, int]:  # per-request state, counted (shared/service.py)
+        return {"in_flight": self.in_flight, "streams": len(self.client.open_streams()) if self.client else 0}
 
     async def _micro_health(self, req: MicroRequest) -> None:
         status = {

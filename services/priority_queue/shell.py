@@ -113,7 +113,8 @@ class QueueShell:
         waits for room, or it was taken back)."""
         self.peer_watch = PeerWatch(self.instance_id)  # whose stored copies are left to them
         self._received_ns: dict[str, int] = {}
-        """request id → when its message came (only while spans are recorded: the hop profile)."""
+        """request id → when its message came (only while spans are recorded: the hop profile), until
+        its route's span has it or it leaves unrouted (`_settle`)."""
         self._wake = asyncio.Event()
         self._pull_seq = 0
         """The number of the pull in force; its messages and its end arrive on `<inbox>.<seq>`."""
@@ -269,7 +270,12 @@ class QueueShell:
         futures not yet done (`placing`), routes being asked (`routes`), JetStream messages held
         (`held`). All 0 once every request here is routed or ended."""
         return {"local": len(self._local), "stored": len(self._stored), "placing": len(self._placing),
-                "routes": len(self._routes), "held": len(self.held)}
+                "routes": len(self._routes), "held": len(self.held), "waiting": len(self.core),
+                "in_flight": len(self.core.in_flight), "received_ns": len(self._received_ns)}
+
+    def remembered(self) -> dict[str, tuple[int, int | None]]:
+        """The ids had within JetStream's duplicate window (SeenIds: its window and count bound)."""
+        return {"seen_ids": (len(self.seen), self.seen.remembered)}
 
     def stored(self, request_id: str, seq: int) -> None:
         """Admission's store of a request it handed over (`take`) was acked: `seq` is its copy's
@@ -283,8 +289,9 @@ class QueueShell:
     def _settle(self, request_id: str) -> asyncio.Future | None:
         """A request leaves this queue (routed, or ended): its stored copy goes — acked if it came
         here (returned: the ack to await), else deleted by its sequence if its store's ack came
-        (else when it comes: `stored`)."""
+        (else when it comes: `stored`). Its arrival time goes too (expired or aborted: no route took it)."""
         self._local.pop(request_id, None)
+        self._received_ns.pop(request_id, None)
         seq = self._stored.pop(request_id, None)
         msg = self.held.pop(request_id, None)
         if msg is not None:

@@ -186,8 +186,21 @@ class MigrationCore:
         if worker_id:  # '' = being placed: followed already, on no worker yet
             self.workers.setdefault(worker_id, _Worker(now)).dead = False
 
-    def untrack(self, request_id: str) -> None:
-        self.tracked.pop(request_id, None)
+    def untrack(self, request_id: str, ended: bool = False) -> None:
+        """No longer follow it; `ended` (its client aborted it): nor again, when an offer's reply
+        comes after the abort (the offer was out when it came) — that stream sends no more events,
+        so nothing would end its tracking but a probe's loss and a re-issue."""
+        t = self.tracked.pop(request_id, None)
+        if ended and t is not None:
+            self._ended(request_id, t.req.reply_to)
+
+    def kept(self) -> dict[str, int]:
+        """The requests followed and being adopted, counted (shared/service.py)."""
+        return {"tracked": len(self.tracked), "adopting": len(self.adopting)}
+
+    def remembered(self) -> dict[str, tuple[int, int | None]]:
+        """The streams seen to end (the last ENDED_REMEMBERED) and the leases heard (for 600 s)."""
+        return {"ended": (len(self.ended), ENDED_REMEMBERED), "leases": (len(self.leases), None)}
 
     def on_event(self, request_id: str, event: schemas.StreamEvent, now: float) -> None:
         t = self.tracked.get(request_id)
@@ -197,10 +210,7 @@ class MigrationCore:
             return
         if isinstance(event, schemas.TERMINAL_EVENTS):
             del self.tracked[request_id]
-            self.ended[request_id] = t.req.reply_to
-            self.ended.move_to_end(request_id)
-            while len(self.ended) > ENDED_REMEMBERED:
-                self.ended.popitem(last=False)
+            self._ended(request_id, t.req.reply_to)
             return
         t.last_event_s = now
         if isinstance(event, schemas.Chunk) and event.seq == t.next_seq:
@@ -342,6 +352,12 @@ class MigrationCore:
         self.workers = {k: w for k, w in self.workers.items() if now - w.seen_s < after_s or not w.dead}
 
     # ── internals ──
+
+    def _ended(self, request_id: str, reply_to: str) -> None:
+        self.ended[request_id] = reply_to
+        self.ended.move_to_end(request_id)
+        while len(self.ended) > ENDED_REMEMBERED:
+            self.ended.popitem(last=False)
 
     def _client_gone(self, lease: str, now: float) -> bool:
         """Its connection proven gone, or its lease silent past `stalled_client_s`."""

@@ -87,6 +87,17 @@ class RouterShell:
         self.adoptions: dict[str, asyncio.Event] = {}
         """request id → the event set when its adoption under way here ends (services/router/adopt.py)."""
 
+    def kept(self) -> dict[str, int]:
+        """Per-request state here, counted (shared/service.py): 0 once its requests ended."""
+        return {"inflight": len(self._inflight), "adoptions": len(self.adoptions), "follows": len(list(self.follows)),
+                "placing": len(self.reask.placing), "offers_out": sum(map(len, self.core.unanswered.values())),
+                **self.migration.kept()}
+
+    def remembered(self) -> dict[str, tuple[int, int | None]]:
+        r = self.reask
+        return {"placed": (len(r.placed), r.capacity), "unanswered": (len(r.unanswered), r.capacity),
+                **self.migration.remembered()}
+
     async def start(self, nc: Client, service: Service) -> None:
         self.nc = self.follows.nc = nc
         await self.feeds.heartbeats.join(nc, self.on_heartbeat)
@@ -132,7 +143,7 @@ class RouterShell:
         if abort.reply_to and tracked is not None and tracked.req.reply_to != abort.reply_to:
             return  # another request of the id (a reused id's newcomer is stopped): this one runs on
         if abort.reason != MIGRATED:
-            await self._drop(abort.request_id)
+            await self._drop(abort.request_id, ended=True)  # (not tracked again by a late offer reply)
 
     async def _on_kv_events(self, msg: Msg) -> None:
         try:
@@ -315,8 +326,8 @@ class RouterShell:
         queue's next ask offers it to `worker_id` first."""
         return self.reask.unsure(key, worker_id)
 
-    async def _drop(self, request_id: str) -> None:
-        self.migration.untrack(request_id)
+    async def _drop(self, request_id: str, ended: bool = False) -> None:
+        self.migration.untrack(request_id, ended)
         await self._unfollow(request_id)
 
     async def _offer(self, ar: schemas.AdmittedRequest, worker_id: str,
@@ -447,6 +458,8 @@ class RouterShell:
         decision, _ = await self.place(ar, exclude=effect.exclude)
         log.info("migrated", request_id=ar.request_id, from_worker=effect.old_worker, outcome=decision.outcome,
                  to_worker=decision.worker_id, resume_tokens=len(ar.resume_token_ids), migrations=ar.migrations)
+        if decision.outcome == schemas.Outcome.ABORTED:  # aborted meanwhile (its client left): it ends here
+            await self._drop(ar.request_id, ended=True)
         if decision.outcome != schemas.Outcome.NO_CAPACITY:
             return
         fail = self.migration.reissue_failed(ar.request_id, time.time())

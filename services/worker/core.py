@@ -127,6 +127,10 @@ class WorkerCore(HandOvers):
         self._handovers = 0
         self.adopters = LeaseWatch(at_once=True)
 
+    def remembered(self) -> dict[str, tuple[int, int | None]]:
+        """The ids it remembers, each memory bounded by `cfg.remember` (shared/service.py)."""
+        return {"seen": (len(self._seen), self.cfg.remember), "aborted": (len(self._aborted), self.cfg.remember)}
+
     def _remember(self, lru: OrderedDict, rid: str, value=None) -> None:
         lru[rid] = value
         lru.move_to_end(rid)

@@ -113,6 +113,15 @@ class WorkerShell:
         """The ids of the requests whose streams run here (until each stream's last event is sent)."""
         return list(self._streams)
 
+    def kept(self) -> dict[str, int]:
+        """Per-request state here, counted (shared/service.py): 0 once its generations ended."""
+        s = self.engine.stats()
+        return {"streams": len(self.core.streams), "stream_tasks": len(self._streams),
+                "lease_probes": len(self._lease_probes), "engine_running": s.running, "engine_waiting": s.waiting}
+
+    def remembered(self) -> dict[str, tuple[int, int | None]]:
+        return self.core.remembered()
+
     @property
     def kv_poll_awake(self) -> bool:
         """Whether the KV poll runs; it sleeps while no generation runs (an idle worker's KV

@@ -41,13 +41,18 @@ class Pair:
                 task.cancel()
 
 
-async def start_pair(url: str) -> Pair:
+async def two_workers(url: str) -> tuple[list, list[ServiceHost]]:
+    """An empty queue stream and two simulated workers, rw0 and rw1, each hosted."""
     nc = await natsutil.connect(url, "replicas-setup")
     await natsutil.ensure_queue_stream(nc)
     await nc.jetstream().purge_stream(subjects.QUEUE_STREAM)
     await nc.drain()
     workers = [worker("rw0"), worker("rw1")]
-    hosts = [await ServiceHost(w, url).start() for w in workers]
+    return workers, [await ServiceHost(w, url).start() for w in workers]
+
+
+async def start_pair(url: str) -> Pair:
+    workers, hosts = await two_workers(url)
     a_router, b_router = RouterShell(RouterConfig(policy="least-loaded")), RouterShell(RouterConfig(policy="least-loaded"))
     a, b = QueueShell(QueueConfig(), FCFS(), router=a_router), QueueShell(QueueConfig(), FCFS(), router=b_router)
 
@@ -192,12 +197,7 @@ async def test_a_replica_started_a_moment_ago_and_not_yet_heard_keeps_the_copies
     a never-heard taker's copy to it for PEER_SILENT_S after the first came, and `a`, having
     routed it, deletes it."""
     url = nats_server.url
-    nc = await natsutil.connect(url, "replicas-setup")
-    await natsutil.ensure_queue_stream(nc)
-    await nc.jetstream().purge_stream(subjects.QUEUE_STREAM)
-    await nc.drain()
-    workers = [worker("rw0"), worker("rw1")]
-    hosts = [await ServiceHost(w, url).start() for w in workers]
+    workers, hosts = await two_workers(url)
     b_router = RouterShell(RouterConfig(policy="least-loaded"))
     b = QueueShell(QueueConfig(), FCFS(), router=b_router)
     hosts += [await ServiceHost(s, url).start() for s in (b_router, b)]

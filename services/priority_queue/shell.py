@@ -365,7 +365,9 @@ class QueueShell:
                         # worker's answer, which leaves with the first token, not beside it.
                         decision = await self.router.route(req, data, only=only)
                     else:
-                        self._placed(req.request_id, True)  # the route ask leaves first: it is written before the store
+                        # the route ask leaves first, written before the store; not "routed": its copy
+                        # must stay placeable by another replica until the router has answered
+                        self._placed(req.request_id)
                         extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
                         reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
                                                       headers=telemetry.inject(extra) or None)

@@ -18,6 +18,7 @@ from tokenyard.services.router.migration import (
     alive_subject,
     lease_of,
 )
+from tokenyard.shared import natsutil
 from tokenyard.shared.schemas import AdmittedRequest, Chunk, Error, Finished, Usage
 
 from tests import builders
@@ -216,7 +217,7 @@ def test_after_the_routers_own_outage_nothing_is_declared_dead_or_orphaned():
 def test_no_responders_just_after_the_routers_own_reconnect_is_not_a_death():
     """bench chaos seed 17: the router came back from a bus outage first and probed w0, which
     had not resubscribed yet: "no responders" declared it dead, and its streams were re-issued
-    while w0, back a moment later, ran them on. Within dead_after_s of the router's own
+    while w0, back a moment later, ran them on. Within resubscribe_grace_s of the router's own
     reconnect a no-responders proves nothing; silence still decides."""
     m = placed()
     back = 6.0
@@ -229,6 +230,15 @@ def test_no_responders_just_after_the_routers_own_reconnect_is_not_a_death():
     # once the grace has passed, no responders is proof again
     m.on_no_responders("w0", back + 3.5, back_s=back)
     assert isinstance(m.tick(back + 3.6)[0], Reissue)
+
+
+def test_the_grace_after_a_reconnect_is_as_long_as_a_workers_own_reconnect_may_take():
+    assert MigrationConfig().resubscribe_grace_s == natsutil.IDLE_RECONNECT_BOUND_S
+    m = placed()
+    m.on_reconnected(6.0)
+    m.on_no_responders("w0", 6.0 + 3.1, back_s=6.0)  # past dead_after_s, an idle worker may still be on its way
+    m.on_heartbeat("w0", 6.0 + 3.2)
+    assert not m.workers["w0"].dead
 
 
 def test_a_worker_that_never_comes_back_after_the_routers_reconnect_is_dead_by_its_silence():

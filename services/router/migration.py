@@ -6,7 +6,7 @@ sent (Dynamo's request migration), or ends it with a clean error.
     on_event(id, event, now)           a chunk / finished / error seen on its reply subject
     on_heartbeat(worker, now)          the worker is alive
     on_no_responders(worker, now, back) nobody listens on the worker's subjects: it is gone (not
-                                       within dead_after_s of the router's own reconnect `back`)
+                                       within resubscribe_grace_s of the router's own reconnect)
     on_probe(worker, running | None)   the worker's answer to a probe (None: no answer)
     on_lease(lease, now)               a client (an edge) is alive
     on_lease_gone(lease, now)          a lease probe found no responders: that client is gone
@@ -69,6 +69,10 @@ class MigrationConfig:
     dead_after_s: float = 3.0
     """Heartbeat silence, with no probe answered, after which the worker is declared dead.
     A killed process is found sooner, by no-responders on the probe."""
+    resubscribe_grace_s: float = 3.25
+    """After the router's own reconnect, how long a worker's "no responders" proves nothing: the
+    longest a worker's connection takes to come back once the server answers again
+    (shared.natsutil.IDLE_RECONNECT_BOUND_S, pinned equal by tests/test_router_migration.py)."""
     silence_s: float = 10.0
     """A request with no event for this long gets its worker probed."""
     probe_every_s: float = 0.5
@@ -243,11 +247,11 @@ class MigrationCore:
 
     def on_no_responders(self, worker_id: str, now: float, back_s: float | None = None) -> None:
         """Nobody listens on the worker's subjects: it is gone — unless this router's own
-        connection came back from an outage (at `back_s`) less than dead_after_s ago. A worker
+        connection came back from an outage (at `back_s`) less than resubscribe_grace_s ago. A worker
         still reconnecting has no subscription yet either (bench chaos seed 17: two streams
         re-issued 0.6 s after a bus outage while their worker, back a moment later, ran them on:
         two workers generating one tail). Then its silence decides, as for a probe unanswered."""
-        if back_s is not None and now - back_s < self.cfg.dead_after_s:
+        if back_s is not None and now - back_s < self.cfg.resubscribe_grace_s:
             return
         self._dead(worker_id, now)
 

@@ -308,8 +308,8 @@ class QueueShell:
             task.add_done_callback(self._routes.discard)
 
     def _placed(self, request_id: str, routed: bool = False) -> None:
-        """`take`'s future is done: True, routed (its first token may be on its way: the store lets
-        it by); False, it waits for room, or ended (stored at once)."""
+        """`take`'s future is done: True, routed onto a worker (its copy is marked placed; its first
+        token may be on its way: the store lets it by); False, anything else (stored at once)."""
         placing = self._placing.pop(request_id, None)
         if placing is not None and not placing.done():
             placing.set_result(routed)
@@ -365,9 +365,7 @@ class QueueShell:
                         # worker's answer, which leaves with the first token, not beside it.
                         decision = await self.router.route(req, data, only=only)
                     else:
-                        # the route ask leaves first, written before the store; not "routed": its copy
-                        # must stay placeable by another replica until the router has answered
-                        self._placed(req.request_id)
+                        self._placed(req.request_id)  # the ask leaves first; not "routed" (no placed mark) yet
                         extra = {subjects.ROUTE_ONLY_HEADER: ",".join(sorted(only))} if only is not None else None
                         reply = await self.nc.request(subjects.ROUTE, data, timeout=ROUTE_TIMEOUT_S,
                                                       headers=telemetry.inject(extra) or None)

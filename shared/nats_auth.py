@@ -105,13 +105,14 @@ ROLES: dict[str, Role] = {
             "the request's inbox; hears which other replicas live",
     ),
     "router": Role(
-        (f"{_P}.worker.*.generate", f"{_P}.worker.*.status", f"{_P}.worker.*.state", subjects.ABORT, "_INBOX.>"),
+        (f"{_P}.worker.*.generate", f"{_P}.worker.*.status", f"{_P}.worker.*.state", subjects.ABORT, subjects.FENCE,
+         "_INBOX.>"),
         (subjects.ROUTE, subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.MACRO_STATE_ALL, subjects.LEASE_ALL,
          subjects.ABORT, subjects.ADOPT, subjects.ROUTER_ADOPTED_ALL,
          "_INBOX.>", _SRV),
         responses=1,
         why="the only sender of work to workers; follows the streams it placed (migration: probes workers, "
-            "re-issues, aborts orphans, ends a stream it cannot move) and those it adopts, and says which "
+            "re-issues behind a fence, aborts orphans, ends a stream it cannot move) and those it adopts, and says which "
             "it adopted when a worker asks again",
     ),
     "macro": Role(
@@ -125,8 +126,7 @@ ROLES: dict[str, Role] = {
         ("_INBOX.>", subjects.HEARTBEAT_ALL, subjects.KV_EVENTS_ALL, subjects.ROUTE, subjects.ADOPT,
          subjects.ROUTER_ADOPTED_ALL),
         (f"{_P}.worker.*.generate", f"{_P}.worker.*.control", f"{_P}.worker.*.status", f"{_P}.worker.*.state",
-         _ALIVE, subjects.ABORT, "{inbox}.>",
-         _SRV),
+         _ALIVE, subjects.ABORT, subjects.FENCE, "{inbox}.>", _SRV),
         responses=1,
         why="the only publisher of heartbeats and KV events; streams tokens to the request's inbox; "
             "a spatial P/D prefill worker asks the router to place the decode leg; hands a gone router's "

@@ -57,7 +57,13 @@ RESUME = f"{PREFIX}.resume"
 resumed once by its own client on a new inbox (shared/resume.py)."""
 
 ABORT = f"{PREFIX}.abort"
-"""edge, client → workers and queue: fan-out cancel of one request."""
+"""edge, client → workers and queue: fan-out cancel of one request. A `migrated` abort here is
+not the router's fence (FENCE) and is dropped: on this subject anyone may publish."""
+
+FENCE = f"{PREFIX}.fence"
+"""router → workers: fan-out, the migration fence (an Abort with reason `migrated`: the request
+now runs elsewhere; an old generation stops without a word and keeps its id). Only routers may
+publish it (shared/nats_auth.py), so no client can silence another's stream."""
 
 ADOPT = f"{PREFIX}.adopt"
 """worker → routers, queue group: follow these streams, their placing router is gone

@@ -13,7 +13,7 @@ again, with no second offer (another worker would take it: two generations on on
 Migration (services/router/migration.py decides; this shell performs): the replica that
 placed a request subscribes to its reply subject and follows its chunks; every `tick_s` it
 asks the migration core what to do — probe a worker (`llm.v1.worker.<id>.status`), re-issue
-a dead worker's request elsewhere (after fencing it with an abort `migrated`), end a request
+a dead worker's request elsewhere (after fencing it: `llm.v1.fence`), end a request
 with an error, or abort an orphan whose client's lease lapsed.
 """
 
@@ -453,7 +453,7 @@ class RouterShell:
     async def _reissue(self, effect: Reissue) -> None:
         ar = effect.req
         # Fence: a worker wrongly thought dead stops sending (it keeps the id open).
-        await self.nc.publish(subjects.ABORT, codec.encode(
+        await self.nc.publish(subjects.FENCE, codec.encode(
             schemas.Abort(ar.request_id, reason=MIGRATED, before_migration=ar.migrations)))
         decision, _ = await self.place(ar, exclude=effect.exclude)
         log.info("migrated", request_id=ar.request_id, from_worker=effect.old_worker, outcome=decision.outcome,

@@ -3,8 +3,9 @@
 * `llm.v1.worker.<id>.generate` (micro endpoint): the core accepts or refuses; an accepted
   request streams its engine outputs as numbered chunks, then `finished`, straight to the
   request's reply subject (the client's inbox or the edge), in the client's encoding.
-* `llm.v1.abort` (fan-out): abort in the engine if the request runs here (reason `migrated`:
-  the router moved it elsewhere; the rest of its outputs go nowhere).
+* `llm.v1.abort` (fan-out): abort in the engine if the request runs here. `llm.v1.fence`
+  (fan-out, routers only): the router moved it elsewhere (reason `migrated`); the rest of its
+  outputs go nowhere. A `migrated` abort on `llm.v1.abort` is dropped: anyone may publish there.
 * A migrated request (the router re-issued it after its worker died) runs as prompt + the
   tokens already sent, its chunks numbered on from where the client is (core.engine_request).
 * A NATS outage (services/worker/outage.py): what the worker sends while disconnected
@@ -134,6 +135,7 @@ class WorkerShell:
         wid = self.core.cfg.worker_id
         await self.engine.start()
         await nc.subscribe(subjects.ABORT, cb=self._on_abort)
+        await nc.subscribe(subjects.FENCE, cb=self._on_fence)
         await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
         await nc.subscribe(subjects.worker_alive(wid), cb=_answer_alive)  # a client's probe: being here is the answer
         await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self.on_generate)
@@ -303,14 +305,23 @@ class WorkerShell:
             error = schemas.Error(ar.request_id, 503, f"no decode worker took the request: {decision.reason}")
             await self._send(ar.reply_to, codec.encode(error, json=ar.json), hdrs, terminal=True)
 
-    async def _on_abort(self, msg: Msg) -> None:
+    async def _on_abort(self, msg: Msg, fence: bool = False) -> None:
+        """An abort (`llm.v1.abort`, anyone's) or the router's fence (`llm.v1.fence`, `fence`):
+        a `migrated` reason counts only on the fence, which no client may publish."""
         try:
             abort = codec.decode(msg.data, schemas.Abort, json=codec.is_json(msg.headers))
         except codec.DecodeError:
             return
+        if (abort.reason == schemas.MIGRATED) is not fence:
+            log.warning("abort_on_the_wrong_subject", request_id=abort.request_id[:64], reason=abort.reason[:64],
+                        subject=msg.subject)
+            return
         if self.core.on_abort(abort.request_id, abort.reason, abort.reply_to, abort.before_migration):
             self.metrics.observe_abort(abort.reason)
             await self.engine.abort(abort.request_id)
+
+    async def _on_fence(self, msg: Msg) -> None:
+        await self._on_abort(msg, fence=True)
 
     async def _on_control(self, msg: Msg) -> None:
         try:

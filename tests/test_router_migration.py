@@ -8,6 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 from tokenyard.services.router.migration import (
+    LEASES_REMEMBERED,
     Fail,
     MigrationConfig,
     MigrationCore,
@@ -196,6 +197,26 @@ def test_a_lease_silent_past_stalled_client_s_is_given_up_on_all_the_same():
     assert Orphaned("r1") not in m.tick(CFG.stalled_client_s - 0.1)
     m.on_heartbeat("w0", CFG.stalled_client_s)
     assert m.tick(CFG.stalled_client_s) == [Orphaned("r1")]
+
+
+def test_a_flood_of_made_up_leases_is_bounded_and_a_live_client_keeps_its_own():
+    """Anyone may publish on `llm.v1.lease.*`: the leases kept stop at LEASES_REMEMBERED, the
+    least recently heard forgotten first. A client that keeps saying it is alive stays known
+    (its orphans still found); a forgotten one's requests are never taken for orphans."""
+    m = MigrationCore(CFG)
+    live, quiet = "1ea5e00000000001", "1ea5e00000000002"
+    m.on_lease(quiet, 0.0)
+    m.on_lease(live, 0.0)
+    m.track(req("r1"), "w0", 0.0)
+    for i in range(LEASES_REMEMBERED + 10):
+        m.on_lease(f"f{i:015x}", 0.5)
+        if i == LEASES_REMEMBERED // 2:
+            m.on_lease(live, 0.5)  # the client's own, every second, in the middle of the flood
+    assert len(m.leases) == LEASES_REMEMBERED == m.remembered()["leases"][1]
+    assert quiet not in m.leases and "f000000000000000" not in m.leases and live in m.leases
+    m.on_lease_gone(live, 4.0)
+    assert m.orphan(req("r2"), 4.0)  # still judged: its connection is gone
+    assert not m.orphan(req("r3", reply_to=f"_INBOX.{quiet}.x"), 60.0)  # forgotten: runs on
 
 
 def test_alive_subject_is_beside_the_leases_inboxes():

@@ -150,6 +150,11 @@ class _Worker:
 
 ENDED_REMEMBERED = 50_000
 """Streams whose end was seen, remembered so that a late `track` does not follow them again."""
+LEASES_REMEMBERED = 50_000
+"""Leases heard, at most (the least recently heard forgotten first): anyone may publish on
+`llm.v1.lease.*`, and a flood of made-up leases would otherwise grow the map for 600 s. A
+forgotten lease is unknown, and a request of an unknown lease is never taken for an orphan:
+it runs on (at worst for nobody), it is not lost."""
 
 
 class MigrationCore:
@@ -203,8 +208,9 @@ class MigrationCore:
         return {"tracked": len(self.tracked), "adopting": len(self.adopting)}
 
     def remembered(self) -> dict[str, tuple[int, int | None]]:
-        """The streams seen to end (the last ENDED_REMEMBERED) and the leases heard (for 600 s)."""
-        return {"ended": (len(self.ended), ENDED_REMEMBERED), "leases": (len(self.leases), None)}
+        """The streams seen to end (the last ENDED_REMEMBERED) and the leases heard (for 600 s, the
+        last LEASES_REMEMBERED)."""
+        return {"ended": (len(self.ended), ENDED_REMEMBERED), "leases": (len(self.leases), LEASES_REMEMBERED)}
 
     def on_event(self, request_id: str, event: schemas.StreamEvent, now: float) -> None:
         t = self.tracked.get(request_id)
@@ -279,7 +285,13 @@ class MigrationCore:
         return w is not None and not w.dead and now - w.seen_s < self.cfg.dead_after_s
 
     def on_lease(self, lease: str, now: float) -> None:
+        self.leases.pop(lease, None)  # to the end: the dict runs from least to most recently heard
         self.leases[lease] = now
+        if len(self.leases) > LEASES_REMEMBERED:
+            oldest = next(iter(self.leases))
+            del self.leases[oldest]
+            self.lease_probed.pop(oldest, None)
+            self.leases_gone.discard(oldest)
         self.lease_probed.pop(lease, None)
         self.leases_gone.discard(lease)
 

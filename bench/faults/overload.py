@@ -86,20 +86,27 @@ async def closed_loop_capacity(url: str, concurrency: int, seconds: float, tpot_
 
 
 async def stage_counts(nats_url: str) -> dict[str, float]:
-    """Every service's cumulative counters (`$SRV.STATS`), summed over its instances, flat:
-    `kind:counter:label → n` (admission decisions and refusals, queue dispatches, router
-    decisions, worker finishes by reason, edge requests by outcome): where requests went, stage
-    by stage."""
+    """Every service's cumulative counters (`$SRV.STATS`), summed over its instances: `tally`."""
     nc = await natsutil.connect(nats_url, "bench-faults-stats")
     try:
         replies = await natsutil.gather_replies(nc, "$SRV.STATS", 1.0)
     finally:
         await nc.close()
+    return tally(replies)
+
+
+def tally(replies: list[dict]) -> dict[str, float]:
+    """`$SRV.STATS` replies flat, `kind:counter:label → n` (admission decisions and refusals,
+    queue dispatches, router decisions, worker finishes by reason, edge requests by outcome):
+    where requests went, stage by stage. The per-request state each service holds (`kept`,
+    `remembered`: bench.soak's) is not where requests went, and is left out."""
     out: Counter = Counter()
     for svc in replies:
         kind = svc["name"].removeprefix("tokenyard-")
         data = next((ep["data"] for ep in svc.get("endpoints") or [] if ep.get("data")), {})  # each endpoint repeats it
         for name, values in data.items():
+            if name in ("kept", "remembered"):
+                continue
             if isinstance(values, int | float):  # a gauge: a worker's running, waiting
                 out[f"{kind}:{name}"] += values
             elif isinstance(values, dict):

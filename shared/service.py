@@ -38,7 +38,8 @@ a fleet answering on the session's shared server."""
 
 
 BUS_GONE_S = natsutil.IDLE_RECONNECT_BOUND_S
-"""A stop whose connection has been down (reconnecting, or closed) this long ends without its
+"""A stop whose connection has been down (not connected: reconnecting, an attempt in flight to a
+silent address, or closed) this long ends without its
 drain: the edge's HTTP streams and a worker's generations have nobody left to reach, and would
 otherwise hold their clients (aiohttp's 60 s shutdown) and the process (a generation's whole
 length) for nothing. A NATS restart within it costs the drain nothing."""

@@ -39,10 +39,10 @@ a fleet answering on the session's shared server."""
 
 BUS_GONE_S = natsutil.IDLE_RECONNECT_BOUND_S
 """A stop whose connection has been down (not connected: reconnecting, an attempt in flight to a
-silent address, or closed) this long ends without its
-drain: the edge's HTTP streams and a worker's generations have nobody left to reach, and would
-otherwise hold their clients (aiohttp's 60 s shutdown) and the process (a generation's whole
-length) for nothing. A NATS restart within it costs the drain nothing."""
+silent address, or closed) this long ends without its drain: the edge's HTTP streams and a
+worker's generations have nobody left to reach, and would otherwise hold their clients (aiohttp's
+60 s shutdown) and the process (a generation's whole length) for nothing. A NATS restart within it
+costs the drain nothing."""
 
 CUT_OFF_S = 1.0
 """How long a shell's `cut_off()` may take: what it ends then is told at once, by a call."""

@@ -6,10 +6,13 @@ bytes stop going through, nothing tells either side — and heal it.
                        to a silent address waits out its own timeout). reset=True: the connections
                        open now are reset as well (their client starts reconnecting at once, into
                        the silence), as a peer that restarted would.
-    heal(reset=True)   new connections go through again. The ones cut before stay silent, except
-                       that reset=True resets those opened before the cut (the server behind the
-                       partition forgot them: their client's next write meets the reset) — an
-                       attempt opened during the cut is left hanging, as one whose SYN was lost is.
+    heal(reset=True)   new connections go through again. reset=True resets those opened before
+                       the cut (the server behind the partition forgot them), at once; reset=False
+                       lets them carry bytes again, what the cut dropped missing. An attempt opened
+                       during the cut is left hanging either way, as one whose SYN was lost is.
+
+tests/test_natsutil_connect.py keeps its own `Partition`, whose heal resets an old connection only
+on its client's next write: the idle connection's PING is what that test is about.
 """
 
 from __future__ import annotations

@@ -201,7 +201,8 @@ class ServiceHost:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
         if self.nc and not self.nc.is_closed:  # the drain refused (no connection): closed all the same,
-            await self.nc.close()  # or it reconnects later and sends what this stop left in its buffer
+            with contextlib.suppress(Exception):  # or it reconnects later and sends what this stop left in
+                await self.nc.close()  # its buffer (a close over a dead transport raises its reset)
 
     async def run_until_signalled(self) -> None:
         """Serve until SIGINT / SIGTERM, then drain and stop. The handlers go in before start():

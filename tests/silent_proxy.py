@@ -5,7 +5,8 @@ bytes stop going through, nothing tells either side — and heal it.
                        one opened while cut is accepted and then hears nothing (a connect attempt
                        to a silent address waits out its own timeout). reset=True: the connections
                        open now are reset as well (their client starts reconnecting at once, into
-                       the silence), as a peer that restarted would.
+                       the silence), as a peer that restarted would. refuse=True: a server gone
+                       instead of a partition — new connections are refused (a FIN world).
     heal(reset=True)   new connections go through again. reset=True resets those opened before
                        the cut (the server behind the partition forgot them), at once; reset=False
                        lets them carry bytes again, what the cut dropped missing. An attempt opened
@@ -40,7 +41,7 @@ class SilentProxy:
 
     async def start(self) -> SilentProxy:
         self.port = natsutil.free_port()
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
         return self
 
     async def stop(self) -> None:
@@ -51,16 +52,22 @@ class SilentProxy:
                 _reset(w)
         self._pipes.clear()
 
-    def cut(self, reset: bool = False) -> None:
+    async def cut(self, reset: bool = False, refuse: bool = False) -> None:
         self._silent = True
+        if refuse and self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
         if reset:
             for client, (_, writers) in list(self._pipes.items()):
                 for w in writers:
                     _reset(w)
                 self._pipes.pop(client, None)
 
-    def heal(self, reset: bool = True) -> None:
+    async def heal(self, reset: bool = True) -> None:
         self._silent = False
+        if self._server is None:  # refused while cut: listening again, on the same port
+            self._server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
         if reset:
             for client, (during_cut, writers) in list(self._pipes.items()):
                 if not during_cut:

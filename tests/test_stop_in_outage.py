@@ -1,7 +1,10 @@
 """A stop while the bus is gone (shared/service.py BUS_GONE_S), in the queue's process as `tokenyard
-up` runs it (router, queue, admission, the HTTP edge). Its path to nats-server is cut the way a
-partition cuts it (tests/silent_proxy.py: no FIN; each reconnect attempt hangs on a silent
-address, its connection CONNECTING, not RECONNECTING, for up to natsutil.ATTEMPT_TIMEOUT_S).
+up` runs it (router, queue, admission, the HTTP edge). Its path to nats-server is cut
+(tests/silent_proxy.py) the way a partition cuts it — no FIN; each reconnect attempt hangs on a
+silent address, its connection CONNECTING, not RECONNECTING, for up to natsutil.ATTEMPT_TIMEOUT_S:
+before, the bus cut never came, and the client waited 21 s for the store's 503 — or the way a
+server gone does (connections refused: before, the client hung with its 200 until the process
+ended, no error at all).
 
 A request the edge takes in the outage is admitted and handed to the queue by a call: its client
 has `accepted` (an SSE 200) while its JetStream store waits in the connection. The stop must
@@ -16,6 +19,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 from tokenyard.shared import natsutil, subjects
 from tokenyard.shared.service import BUS_GONE_S, CUT_OFF_S, ServiceHost
 
@@ -25,7 +29,8 @@ from tests.silent_proxy import SilentProxy
 from tests.test_edge_in_queue import start_front
 
 
-async def test_a_request_accepted_in_an_outage_is_told_to_send_again_when_its_process_stops(plain_nats):
+@pytest.mark.parametrize("outage", ["partition", "refused"])
+async def test_a_request_accepted_in_an_outage_is_told_to_send_again_when_its_process_stops(plain_nats, outage):
     nc = await natsutil.connect(plain_nats.url, "observer")
     await natsutil.ensure_queue_stream(nc)
     js = nc.jetstream()
@@ -37,7 +42,7 @@ async def test_a_request_accepted_in_an_outage_is_told_to_send_again_when_its_pr
         front = await start_front(proxy.url)
         hosts += front.hosts
         await until(lambda: "ow0" in front.router.core.view.ids and "ow0" in front.admission.core.fleet.workers)
-        proxy.cut(reset=True)
+        await proxy.cut(reset=True, refuse=outage == "refused")
         await until(lambda: not any(h.nc.is_connected for h in front.hosts), what="the front cut off")
         loop = asyncio.get_running_loop()
         async with aiohttp.ClientSession() as http:
@@ -55,7 +60,7 @@ async def test_a_request_accepted_in_an_outage_is_told_to_send_again_when_its_pr
         assert error["type"] == "server_error" and error["message"].startswith("not queued"), error
         assert took >= 2 * BUS_GONE_S - 0.5, took  # not before the bus cuts: a bus back within them stores it
         await stopping
-        proxy.heal()  # nothing of it is left to reach the bus
+        await proxy.heal()  # nothing of it is left to reach the bus
         # a connection the stop left open would be back by now, its attempt on the silent address given up
         await asyncio.sleep(natsutil.RECONNECT_BOUND_S)  # (no state to await)
         assert (await js.stream_info(subjects.QUEUE_STREAM)).state.messages == 0

@@ -49,11 +49,11 @@ async def test_a_worker_back_later_than_the_router_keeps_its_stream_and_nobody_e
         client_nc, _, (rec,), tasks = await start_streams(url, 1, TOKENS)  # placed on lw0, the only worker
         hosts.append(await ServiceHost(worker("lw1"), url).start())  # where a re-issue would go
         await until(lambda: router.core.view.n == 2, what="the router hears lw1")
-        to_worker.cut(reset=True)
-        to_router.cut()
+        await to_worker.cut(reset=True)
+        await to_router.cut()
         await until(lambda: late.nc.is_connecting, what="lw0's reconnect attempt in flight to the silent address")
-        to_router.heal()
-        to_worker.heal()
+        await to_router.heal()
+        await to_worker.heal()
         loop = asyncio.get_running_loop()
         healed = loop.time()
         await until(lambda: late.nc.is_connected, timeout_s=natsutil.ATTEMPT_TIMEOUT_S + 3, poll_s=0.05,

@@ -38,10 +38,14 @@ a fleet answering on the session's shared server."""
 
 
 BUS_GONE_S = natsutil.IDLE_RECONNECT_BOUND_S
-"""A stop whose connection has been down (reconnecting, or closed) this long ends without its
-drain: the edge's HTTP streams and a worker's generations have nobody left to reach, and would
-otherwise hold their clients (aiohttp's 60 s shutdown) and the process (a generation's whole
-length) for nothing. A NATS restart within it costs the drain nothing."""
+"""A stop whose connection has been down (not connected: reconnecting, an attempt in flight to a
+silent address, or closed) this long ends without its drain: the edge's HTTP streams and a
+worker's generations have nobody left to reach, and would otherwise hold their clients (aiohttp's
+60 s shutdown) and the process (a generation's whole length) for nothing. A NATS restart within it
+costs the drain nothing."""
+
+CUT_OFF_S = 1.0
+"""How long a shell's `cut_off()` may take: what it ends then is told at once, by a call."""
 
 BUS_POLL_S = 0.1
 
@@ -57,7 +61,9 @@ class Shell(Protocol):
     async def stop(self) -> None:
         """Stop taking work and finish what is in flight."""
 
-    # optional: kept() -> dict[str, int], remembered() -> dict[str, tuple[int, int | None]] (module header)
+    # optional: kept() -> dict[str, int], remembered() -> dict[str, tuple[int, int | None]] (module header);
+    # async cut_off(): the stop is cut for the bus (BUS_GONE_S): end now, honestly, what would be
+    # lost unsaid with the connection (admission: the hand-overs it answered `accepted` by a call)
 
 
 def new_instance_id(kind: str) -> str:
@@ -143,6 +149,9 @@ class ServiceHost:
             return steps.result()
         if cut == "bus":
             telemetry.logger(self.shell.kind).warning("stop_without_nats", down_s=BUS_GONE_S)
+            if (cut_off := getattr(self.shell, "cut_off", None)) is not None:
+                with contextlib.suppress(Exception):  # what it could not end in time is cut below
+                    await asyncio.wait_for(cut_off(), CUT_OFF_S)
         else:
             self._overran(steps)
         steps.cancel()
@@ -163,8 +172,8 @@ class ServiceHost:
             now = loop.time()
             if now >= end:
                 return "bound"
-            if self.nc is None or not (self.nc.is_reconnecting or self.nc.is_closed):
-                down_since = None
+            if self.nc is None or self.nc.is_connected or self.nc.is_draining:  # down: reconnecting, closed,
+                down_since = None  # or an attempt in flight (CONNECTING: to a partition's silent address, ≤ 5 s)
             elif down_since is None:
                 down_since = now
             elif now - down_since >= BUS_GONE_S:
@@ -191,6 +200,9 @@ class ServiceHost:
         if self.nc and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
+        if self.nc and not self.nc.is_closed:  # the drain refused (no connection): closed all the same,
+            with contextlib.suppress(Exception):  # or it reconnects later and sends what this stop left in
+                await self.nc.close()  # its buffer (a close over a dead transport raises its reset)
 
     async def run_until_signalled(self) -> None:
         """Serve until SIGINT / SIGTERM, then drain and stop. The handlers go in before start():

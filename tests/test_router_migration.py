@@ -232,7 +232,8 @@ def test_after_the_routers_own_outage_nothing_is_declared_dead_or_orphaned():
     assert m.tick(6.1) == []
     m.on_lease("1ea5e00000000001", 8.0)
     assert m.tick(8.9) == [Probe("w0")]
-    assert isinstance(m.tick(9.0)[0], Reissue)  # silence after the outage still counts
+    assert isinstance(m.tick(6.0 + CFG.resubscribe_grace_s)[0], Reissue)  # silence after the outage still
+    # counts, once a worker still reconnecting would be back
 
 
 def test_no_responders_just_after_the_routers_own_reconnect_is_not_a_death():
@@ -249,25 +250,36 @@ def test_no_responders_just_after_the_routers_own_reconnect_is_not_a_death():
     m.on_heartbeat("w0", back + 0.8)  # back on the bus
     assert m.tick(back + 0.9) == [] and not m.workers["w0"].dead
     # once the grace has passed, no responders is proof again
-    m.on_no_responders("w0", back + 3.5, back_s=back)
-    assert isinstance(m.tick(back + 3.6)[0], Reissue)
+    m.on_no_responders("w0", back + 6.5, back_s=back)
+    assert isinstance(m.tick(back + 6.6)[0], Reissue)
 
 
 def test_the_grace_after_a_reconnect_is_as_long_as_a_workers_own_reconnect_may_take():
-    assert MigrationConfig().resubscribe_grace_s == natsutil.IDLE_RECONNECT_BOUND_S
+    """A worker whose attempt hung on the silent address when the path healed is back up to
+    natsutil.RECONNECT_BOUND_S after it (tests/test_worker_back_late.py: 5.3 s); until then
+    neither its "no responders" nor its silence (past dead_after_s) is a death."""
+    assert MigrationConfig().resubscribe_grace_s == natsutil.RECONNECT_BOUND_S == 6.25
     m = placed()
     m.on_reconnected(6.0)
     m.on_no_responders("w0", 6.0 + 3.1, back_s=6.0)  # past dead_after_s, an idle worker may still be on its way
-    m.on_heartbeat("w0", 6.0 + 3.2)
-    assert not m.workers["w0"].dead
+    assert [e for e in m.tick(6.0 + 5.3) if not isinstance(e, Probe)] == []  # silent 5.3 s: still reconnecting
+    m.on_no_responders("w0", 6.0 + 5.3, back_s=6.0)
+    m.on_probe("w0", None, 6.0 + 5.4)  # a probe unanswered within the grace proves nothing either
+    m.on_heartbeat("w0", 6.0 + 5.5)  # back
+    assert not m.workers["w0"].dead and m.tick(6.0 + 5.6) == []
 
 
-def test_a_worker_that_never_comes_back_after_the_routers_reconnect_is_dead_by_its_silence():
+def test_a_worker_that_never_comes_back_after_the_routers_reconnect_is_dead_by_its_silence_after_the_grace():
     m = placed()
     m.on_reconnected(6.0)
     m.on_no_responders("w0", 6.6, back_s=6.0)
-    assert m.tick(8.9) == [Probe("w0")]
-    assert isinstance(m.tick(9.0)[0], Reissue)  # dead_after_s of silence after the reconnect
+    assert m.tick(9.0) == [Probe("w0")]  # dead_after_s of silence, but within the grace: probed only
+    assert isinstance(m.tick(6.0 + 6.25)[0], Reissue)  # silent through the grace: dead
+
+
+def test_outside_a_reconnect_silence_kills_after_dead_after_s_as_before():
+    m = placed()
+    assert isinstance(m.tick(3.0)[0], Reissue)  # heard at 0, never reconnected: dead_after_s decides
 
 
 def test_lease_of_reads_the_inbox():

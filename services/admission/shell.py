@@ -23,6 +23,9 @@ after `accepted`, and the queue gives the request back (`withdraw`); one already
 is aborted there. A reused id this process's queue has seen (JetStream's window) is not handed
 over: it takes the path above, and its duplicate is `rejected` 409 as ever.
 
+A stop cut off from NATS (shared/service.py BUS_GONE_S) ends each hand-over whose store has no
+ack with a 503 `not queued` to its client instead of dropping it unsaid (`cut_off`).
+
 An edge in the same process (`tokenyard queue --with-admission --http-port P`, `tokenyard up`'s
 default) hands its requests over by a call (`submit`) instead of on `llm.v1.submit`; they are
 decided the same way, and admission's own answers go straight into the stream's inbox.
@@ -74,6 +77,8 @@ The window in which a crash of this process loses a placed request's stored copy
 runs it on; its chunks carry the acceptance) grows by as much. Only a routed request waits: one
 that waits for room (`take`'s future says False) is stored at once — in this process alone, a
 crash would lose it with no event at its client (a NATS client's 60 s watchdog the only end)."""
+CUT_OFF = "cut_off"
+"""The cancel message of a hand-over its host ends for a stop without NATS (`cut_off`)."""
 TICK_S = config.HEARTBEAT_INTERVAL_S
 """The most admission leaves between two of its own events: it ticks twice as often."""
 
@@ -142,6 +147,18 @@ class AdmissionShell:
             name="submit", subject=subjects.SUBMIT, queue_group=subjects.GROUP_ADMISSION, handler=self._on_submit
         )
         await nc.subscribe(subjects.RESUME, queue=subjects.GROUP_ADMISSION, cb=functools.partial(on_resume, self))
+
+    async def cut_off(self) -> None:
+        """The host stops cut off from NATS (shared/service.py BUS_GONE_S): a request handed over
+        whose store has no ack holds an `accepted` its client may have had by a call (the edge in
+        this process), while its store sits in a connection about to close. Each is ended now
+        with an error its client can send again on (503 `not_queued`); its copy dies with the
+        connection, unsent, and the queue here gives it back: nothing runs for a client told so.
+        (A client over NATS hears nothing: its `accepted` sat behind the store, and it resubmits.)"""
+        for task in list(self._handing.values()):
+            task.cancel(CUT_OFF)
+        if self._handing:
+            await asyncio.wait(list(self._handing.values()))
 
     async def stop(self) -> None:
         await self.feeds.heartbeats.leave(self.core.on_heartbeat)
@@ -339,6 +356,7 @@ class AdmissionShell:
         `_publish`'s does."""
         rid = verdict.request_id
         outcome = schemas.Outcome.ADMIT_FAILED  # until JetStream has stored it
+        store: asyncio.Future | None = None
         try:
             routed = False
             with contextlib.suppress(TimeoutError):  # a bound only: the worker answers within a millisecond or two
@@ -375,6 +393,23 @@ class AdmissionShell:
             outcome = schemas.Outcome.ADMITTED
             self.queue.stored(rid, ack.seq)  # its copy is deleted once it is routed: no other replica places it again
             self.metrics.observe(schemas.Outcome.ADMITTED)
+        except asyncio.CancelledError as e:
+            if CUT_OFF not in e.args:
+                raise
+            await self._not_queued(respond, rid, json, store)
         finally:
             span.set_attribute("tokenyard.outcome", outcome)
             span.end()
+
+    async def _not_queued(self, respond: Respond, rid: str, json: bool, store: asyncio.Future | None) -> None:
+        """A hand-over ended by `cut_off`: its store is dropped, its client told (before or after
+        `accepted`, an error: `accepted` may have gone), the queue here gives the request back."""
+        if store is not None:
+            store.cancel()
+        log.warning("not_queued", request_id=rid, why="stopped cut off from NATS")
+        error = schemas.Error(rid, 503, "not queued: admission stopped cut off from NATS before the queue "
+                                        "confirmed the request; send it again", seq=0)
+        with contextlib.suppress(Exception):
+            await respond(codec.encode(error, json=json), headers=codec.content_headers(json))
+        self.queue.withdraw(rid)
+        self.metrics.observe(schemas.Outcome.FAILED, "not_queued")

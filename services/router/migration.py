@@ -69,10 +69,12 @@ class MigrationConfig:
     dead_after_s: float = 3.0
     """Heartbeat silence, with no probe answered, after which the worker is declared dead.
     A killed process is found sooner, by no-responders on the probe."""
-    resubscribe_grace_s: float = 3.25
-    """After the router's own reconnect, how long a worker's "no responders" proves nothing: the
-    longest a worker's connection takes to come back once the server answers again
-    (shared.natsutil.IDLE_RECONNECT_BOUND_S, pinned equal by tests/test_router_migration.py)."""
+    resubscribe_grace_s: float = 6.25
+    """After the router's own reconnect, how long neither a worker's "no responders" nor its
+    silence proves it dead: the longest a worker's connection takes to come back once the server
+    answers again — an attempt in flight to the silent address waited out — (shared.natsutil.
+    RECONNECT_BOUND_S, pinned equal by tests/test_router_migration.py; tests/test_worker_back_late.py).
+    A worker killed meanwhile is found this long after the reconnect, not dead_after_s."""
     silence_s: float = 10.0
     """A request with no event for this long gets its worker probed."""
     probe_every_s: float = 0.5
@@ -166,6 +168,8 @@ class MigrationCore:
         reply may come after its stream's end (another subscription), and tracking it then
         would follow a finished request forever (and re-issue it when its worker stops)."""
         self.workers: dict[str, _Worker] = {}
+        self.back_s = -math.inf
+        """When this router's own connection last came back from an outage (`on_reconnected`)."""
         self.leases: dict[str, float] = {}
         """lease → when it was last heard."""
         self.lease_probed: dict[str, float] = {}
@@ -267,7 +271,7 @@ class MigrationCore:
         if w is None or w.dead:
             return
         if running is None:
-            if now - w.seen_s >= self.cfg.dead_after_s:
+            if self._gone_quiet(w, now):
                 self._dead(worker_id, now)
             return
         w.seen_s = max(w.seen_s, now)
@@ -303,7 +307,9 @@ class MigrationCore:
 
     def on_reconnected(self, now: float) -> None:
         """The router's own connection was down: what it did not hear says nothing about the
-        workers or the clients, so every clock restarts now (no death, no orphan from it)."""
+        workers or the clients, so every clock restarts now (no death, no orphan from it), and no
+        worker is dead by its silence within resubscribe_grace_s: it may still be reconnecting."""
+        self.back_s = max(self.back_s, now)
         for w in self.workers.values():
             w.seen_s = max(w.seen_s, now)
         for t in self.tracked.values():
@@ -320,7 +326,7 @@ class MigrationCore:
             w = self.workers.get(wid)
             if w is None or w.dead:
                 continue
-            if now - w.seen_s >= cfg.dead_after_s:
+            if self._gone_quiet(w, now):
                 self._dead(wid, now)
             elif now - w.seen_s >= cfg.suspect_after_s or self._silent(wid, now):
                 if now - w.probed_s >= cfg.probe_every_s:
@@ -384,6 +390,10 @@ class MigrationCore:
         return any(
             t.worker_id == worker_id and now - t.last_event_s >= self.cfg.silence_s for t in self.tracked.values()
         )
+
+    def _gone_quiet(self, w: _Worker, now: float) -> bool:
+        """Silent dead_after_s, and not within resubscribe_grace_s of this router's own reconnect."""
+        return now - w.seen_s >= self.cfg.dead_after_s and now - self.back_s >= self.cfg.resubscribe_grace_s
 
     def _dead(self, worker_id: str, now: float) -> None:
         w = self.workers.setdefault(worker_id, _Worker(now))

@@ -136,6 +136,9 @@ def openapi_document(title: str, max_body_bytes: int, limits: validation.Limits)
     base = components.pop("GenerateRequest")
     for name, rule in validation.json_schema_rules(limits).items():
         _constrain(base["properties"][name], rule)
+    for name, accepted in validation.UNSUPPORTED.items():  # only the values that ask for nothing
+        base["properties"][name] = {"enum": list(accepted), "description": f"`{name}` is not supported: "
+                                    "any other value is a 400 unsupported_parameter"}
     components["ChatMessage"]["properties"]["role"] = {"enum": list(validation.CHAT_ROLES)}
     components["CompletionRequest"] = _variant(base, drop=_CHAT_ONLY + _REPLAY, required="prompt")
     components["ChatCompletionRequest"] = _variant(base, drop=_COMPLETION_ONLY, required="messages")

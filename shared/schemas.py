@@ -14,7 +14,7 @@ tagged), so a vLLM worker's events decode here without translation.
 from __future__ import annotations
 
 import enum
-from typing import NewType
+from typing import Any, NewType
 
 import msgspec
 from tokenyard.shared.in_transit import in_transit
@@ -114,6 +114,30 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
     """The client's own TTFT deadline (ms after admission); default: its class's target."""
     tpot_slo_ms: float | None = None
     """The client's TPOT SLO (ms per output token) for SCORPIO's engine scheduling."""
+    # OpenAI's (and vLLM's) fields that no engine here honours. Declared so that a request asking
+    # for one is refused by name (shared.validation.UNSUPPORTED: only the value that asks for
+    # nothing passes), instead of being decoded without it and answered as if it had been heard.
+    logprobs: bool | Int64 | None = None
+    top_logprobs: Int64 | None = None
+    echo: bool | None = None
+    best_of: Int64 | None = None
+    suffix: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    top_k: Int64 | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: Int64 | None = None
 
 
 # ───────────────────────────── stream events ─────────────────────────────

@@ -310,6 +310,18 @@ async def test_models_health_and_metrics(edge):
     assert "tokenyard:edge_in_flight_requests 0.0" in metrics
 
 
+async def test_a_field_no_engine_honours_is_refused_by_name_before_admission_hears_of_it(edge):
+    client = edge.openai()
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.completions.create(model=MODEL, prompt="hi", logprobs=2, extra_headers={"x-request-id": "unsup1"})
+    assert (e.value.param, e.value.code) == ("logprobs", "unsupported_parameter")
+    assert "unsup1" not in edge.fake.seen
+    out = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], n=1,
+                                               logprobs=False, extra_headers={"x-request-id": "unsup2"})
+    assert out.choices[0].message.content == "Hey"
+    assert edge.fake.seen["unsup2"][0].logprobs is False
+
+
 async def test_micro_health_endpoint(edge):
     reply = await edge.nc.request(health_subject(edge.shell.instance_id), b"", timeout=5)
     status = msgspec.json.decode(reply.data)

@@ -468,3 +468,15 @@ class QueueStats(msgspec.Struct, omit_defaults=True):
     drain_measured: bool = True
     """False: the queue held no backlog for long enough to measure a drain (0 then is no rate,
     not a stalled queue: what leaves an empty queue is the demand)."""
+
+
+class FleetHealth(msgspec.Struct, omit_defaults=True):
+    """Admission's view of the fleet for an HTTP front's readiness (shared/readiness.py), on
+    `llm.v1.admission.health` (any replica answers) or by a call in admission's own process."""
+
+    workers_up: Int64
+    """Workers up now as admission judges them (healthy, not draining, fresh: liveness.py)."""
+    workers_known: Int64
+    """Workers it has heard from at all."""
+    observing: bool = True
+    """It hears the bus: a cut-off admission's count is stale."""

@@ -38,6 +38,7 @@ BUS_TYPES = {
     "adopt reply, adopted reply (worker)": adoption.AdoptReply,
     "router adopted ask (router)": adoption.AdoptedAsk,
     "resume (admission)": resume.ResumeAsk,
+    "admission health reply (edge)": schemas.FleetHealth,
 }
 IDS = list(BUS_TYPES)
 TYPES = list(BUS_TYPES.values())

@@ -57,9 +57,9 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "repetition_penalty": (None, 1.0),
     "min_tokens": (None, 0),
 }
-"""Accepted and ignored, as they change nothing in an answer: `user`, `seed` on the simulated
-engine, `parallel_tool_calls` (no tools), `store`, `metadata`, `service_tier`, `prediction`,
-`prompt_cache_key`, `safety_identifier` (not declared, so not decoded)."""
+"""Accepted and ignored, as they change nothing in an answer: `parallel_tool_calls` (no tools),
+`store`, `metadata`, `service_tier`, `prediction`, `prompt_cache_key`, `safety_identifier` (not
+declared on GenerateRequest: the decoder skips them). `user` is read (a tenant, by admission)."""
 
 
 def asks_nothing(value: object, accepted: tuple[object, ...]) -> bool:

@@ -68,6 +68,9 @@ class StandIn:
         self.step_s = step_s
         self.running: dict[str, tuple[str, int]] = {}  # request id → (inbox, next seq)
 
+    async def on_health(self, msg) -> None:  # admission's answer to an edge's readiness probe (/health)
+        await msg.respond(codec.encode(schemas.FleetHealth(workers_up=1, workers_known=1)))
+
     async def on_submit(self, msg) -> None:
         req = codec.decode(msg.data, schemas.GenerateRequest)
         await self.nc.publish(msg.reply, codec.encode(schemas.Accepted(req.request_id, 1, 10)))
@@ -131,6 +134,7 @@ async def main_async(args) -> dict[str, Any]:
     nc = await natsutil.connect(server.url, "bench-edge-cpu")
     stand_in = StandIn(nc, args.tokens, args.step_ms / 1e3)
     await nc.subscribe(subjects.SUBMIT, cb=stand_in.on_submit)
+    await nc.subscribe(subjects.ADMISSION_HEALTH, cb=stand_in.on_health)
     stepper = asyncio.create_task(stand_in.run())
     logs = log_dir(args.log_dir, "edge-cpu")
     edges: dict[str, tuple[subprocess.Popen, str]] = {}

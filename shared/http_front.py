@@ -3,7 +3,8 @@ fleet) and a worker's own (`tokenyard worker --http`, straight from its engine).
 implements the handlers (`OpenAIFront`); this module owns what must not differ between them:
 
     routes        POST /v1/completions, /v1/chat/completions; GET /v1/models[/{model}],
-                  /health, /metrics, /openapi.json (openapi_document)
+                  /health (the front's readiness), /live (liveness: the process answers, here),
+                  /metrics, /openapi.json (openapi_document)
     body limit    client_max_size = the front's limit; a larger body is a 413, never read whole;
                   one that has not arrived whole within BODY_READ_S is a 408 (its slot freed)
     errors        aiohttp's own (404, 405, 413) and any crash as OpenAI's error body; a crash
@@ -39,6 +40,9 @@ def make_app(front: OpenAIFront, *, max_body_bytes: int, log, title: str,
     async def openapi(request: web.Request) -> web.Response:
         return web.Response(body=document, content_type="application/json")
 
+    async def live(request: web.Request) -> web.Response:  # restart on this; readiness is /health's
+        return web.json_response({"status": "live"})
+
     @web.middleware
     async def errors(request: web.Request, handler) -> web.StreamResponse:
         try:
@@ -65,6 +69,7 @@ def make_app(front: OpenAIFront, *, max_body_bytes: int, log, title: str,
         web.get("/v1/models", front.on_models),
         web.get("/v1/models/{model:.+}", front.on_model),
         web.get("/health", front.on_health),
+        web.get("/live", live),
         web.get("/metrics", front.on_metrics),
         web.get("/openapi.json", openapi),
     ])
@@ -136,6 +141,9 @@ def openapi_document(title: str, max_body_bytes: int, limits: validation.Limits)
     base = components.pop("GenerateRequest")
     for name, rule in validation.json_schema_rules(limits).items():
         _constrain(base["properties"][name], rule)
+    for name, accepted in validation.UNSUPPORTED.items():  # only the values that ask for nothing
+        base["properties"][name] = {"enum": list(accepted), "description": f"`{name}` is not supported: "
+                                    "any other value is a 400 unsupported_parameter"}
     components["ChatMessage"]["properties"]["role"] = {"enum": list(validation.CHAT_ROLES)}
     components["CompletionRequest"] = _variant(base, drop=_CHAT_ONLY + _REPLAY, required="prompt")
     components["ChatCompletionRequest"] = _variant(base, drop=_COMPLETION_ONLY, required="messages")
@@ -145,6 +153,7 @@ def openapi_document(title: str, max_body_bytes: int, limits: validation.Limits)
             "message": {"type": "string"}, "type": {"type": "string"},
             "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
     }
+    obj = {"application/json": {"schema": {"type": "object"}}}
     error = {"description": "OpenAI's error body", "content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}}}
     generated = {
         "200": {"description": "A completion object, or with `stream: true` server-sent events (`data: {chunk}` … "
@@ -174,14 +183,22 @@ def openapi_document(title: str, max_body_bytes: int, limits: validation.Limits)
 
     return {
         "openapi": "3.1.0",
-        "info": {"title": title, "version": "1", "description": f"OpenAI-compatible; bodies up to {max_body_bytes} bytes"},
+        "info": {"title": title, "version": "1", "description": (
+            f"OpenAI-compatible; bodies up to {max_body_bytes} bytes. A field no engine here honours "
+            "(logprobs, echo, tools, response_format, … : each one's `enum` holds the values that pass) is a 400 "
+            "unsupported_parameter naming it. /health is readiness (503 with a `reason`), /live liveness.")},
         "paths": {
             "/v1/completions": generation("CompletionRequest", "Text completion"),
             "/v1/chat/completions": generation("ChatCompletionRequest", "Chat completion"),
             "/v1/models": get("The served models"),
             "/v1/models/{model}": {"get": {**get("One model", errors=(404,))["get"], "parameters": [
                 {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]}},
-            "/health": get("Serving (503: not connected)"),
+            "/health": {"get": {"responses": {
+                "200": {"description": "Ready: the edge is connected to NATS, an admission answers and counts "
+                                       "`workers_up` ≥ 1 (a worker's own front: its engine runs)", "content": obj},
+                "503": {"description": "Not ready: `reason` is nats_disconnected, admission_unavailable, "
+                                       "admission_disconnected or no_workers; `message` says more", "content": obj}}}},
+            "/live": get("Live: the process answers (a liveness probe; readiness is /health)"),
             "/metrics": get("Prometheus text", content_type="text/plain"),
         },
         "components": {"schemas": components},

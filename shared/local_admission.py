@@ -18,6 +18,10 @@ class LocalAdmission(Protocol):
     async def submit(self, body: schemas.GenerateRequest, reply_to: str, headers: dict[str, str],
                      respond: Callable[..., Awaitable[None]]) -> None: ...
 
+    def fleet_health(self) -> schemas.FleetHealth:
+        """What it sees of the workers now: the edge's readiness (services/edge/health.py)."""
+        ...
+
 
 class LocalAnswer:
     """An answer admission in this process handed over (`LocalAdmission`), shaped as the NATS

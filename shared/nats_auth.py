@@ -81,15 +81,16 @@ ROLES: dict[str, Role] = {
             "a silent stream's worker is probed, the stream resumed once if it is gone",
     ),
     "edge": Role(
-        (subjects.SUBMIT, subjects.RESUME, subjects.ABORT, subjects.LEASE_ALL, _ALIVE),
+        (subjects.SUBMIT, subjects.RESUME, subjects.ABORT, subjects.LEASE_ALL, _ALIVE, subjects.ADMISSION_HEALTH),
         ("{inbox}.>", _SRV, f"{_P}.edge.*.health"),
         responses=1,
-        why="a client on behalf of HTTP callers",
+        why="a client on behalf of HTTP callers; asks admission how many workers are up (its /health)",
     ),
     "admission": Role(
         (subjects.QUEUE, subjects.ABORT, "$JS.API.INFO", f"$JS.API.STREAM.CREATE.{_Q}",
          f"$JS.API.STREAM.UPDATE.{_Q}", f"$JS.API.STREAM.INFO.{_Q}"),
-        (subjects.SUBMIT, subjects.RESUME, subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, "{inbox}.>", _SRV),
+        (subjects.SUBMIT, subjects.RESUME, subjects.HEARTBEAT_ALL, subjects.QUEUE_STATE, subjects.ADMISSION_HEALTH,
+         "{inbox}.>", _SRV),
         responses=2,  # `accepted`, then `error` if the enqueue fails
         why="the only publisher onto the queue stream; answers the submitter; aborts a request handed to "
             "the queue in its process whose store failed",

@@ -14,10 +14,19 @@ tagged), so a vLLM worker's events decode here without translation.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, NewType
+from typing import Any, NewType
 
 import msgspec
 from tokenyard.shared.in_transit import in_transit
+from tokenyard.shared.ints import Int64
+from tokenyard.shared.kv_events import (  # noqa: F401  (re-exported: every message is read as schemas.X)
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    KVEvent,
+    KVEventBatch,
+)
 
 WorkerId = NewType("WorkerId", str)
 MacroId = NewType("MacroId", str)
@@ -25,9 +34,6 @@ RequestId = NewType("RequestId", str)
 BlockHash = NewType("BlockHash", int)
 """The fleet's block hash: tokenyard's own chain over token ids (shared.hashing), signed 64 bits."""
 
-Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-"""Every integer on the bus: MessagePack carries 64 bits, so a larger one JSON can carry (max_tokens
-2^70) is refused where decoded, naming the field, not by the encoder of the hop that sends it on."""
 
 
 class PriorityClass(enum.IntEnum):
@@ -108,6 +114,30 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
     """The client's own TTFT deadline (ms after admission); default: its class's target."""
     tpot_slo_ms: float | None = None
     """The client's TPOT SLO (ms per output token) for SCORPIO's engine scheduling."""
+    # OpenAI's (and vLLM's) fields that no engine here honours. Declared so that a request asking
+    # for one is refused by name (shared.validation.UNSUPPORTED: only the value that asks for
+    # nothing passes), instead of being decoded without it and answered as if it had been heard.
+    logprobs: bool | Int64 | None = None
+    top_logprobs: Int64 | None = None
+    echo: bool | None = None
+    best_of: Int64 | None = None
+    suffix: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    top_k: Int64 | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: Int64 | None = None
 
 
 # ───────────────────────────── stream events ─────────────────────────────
@@ -411,55 +441,6 @@ class MacroState(msgspec.Struct, omit_defaults=True):
     tpot_slo_ms: float = 0.0
 
 
-# ───────────────────────────── KV events (vLLM's shapes) ─────────────────────────────
-
-
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    """Base of vLLM's KV cache events."""
-
-
-def _check_block_hashes(hashes: list[int | bytes]) -> None:
-    """vLLM's int block hashes may be unsigned 64-bit, past what msgspec can bound: a hash outside
-    MessagePack's 64 bits (either sign; JSON carries any) is a ValidationError where decoded."""
-    for h in hashes:
-        if type(h) is int and not -(2**63) <= h < 2**64:
-            raise ValueError(f"block hash {h} does not fit in 64 bits")
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[Int64]
-    block_size: Int64
-    lora_id: Int64 | None = None
-    medium: str | None = None
-
-    def __post_init__(self) -> None:
-        parent = self.parent_block_hash
-        _check_block_hashes(self.block_hashes if parent is None else [*self.block_hashes, parent])
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int | bytes]
-    medium: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_block_hashes(self.block_hashes)
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[KVEvent]
-    data_parallel_rank: Int64 | None = None
-
-
 # ───────────────────────────── queue state ─────────────────────────────
 
 
@@ -487,3 +468,15 @@ class QueueStats(msgspec.Struct, omit_defaults=True):
     drain_measured: bool = True
     """False: the queue held no backlog for long enough to measure a drain (0 then is no rate,
     not a stalled queue: what leaves an empty queue is the demand)."""
+
+
+class FleetHealth(msgspec.Struct, omit_defaults=True):
+    """Admission's view of the fleet for an HTTP front's readiness (shared/readiness.py), on
+    `llm.v1.admission.health` (any replica answers) or by a call in admission's own process."""
+
+    workers_up: Int64
+    """Workers up now as admission judges them (healthy, not draining, fresh: liveness.py)."""
+    workers_known: Int64
+    """Workers it has heard from at all."""
+    observing: bool = True
+    """It hears the bus: a cut-off admission's count is stale."""

@@ -52,6 +52,9 @@ RESUBMIT_HEADER = "Tokenyard-Resubmit"
 (lost with an admission process that died). Admission stores it before anything runs, so that a
 first that did land is told by a 409 `duplicate_request_id` and nothing else on the inbox."""
 
+ADMISSION_HEALTH = f"{PREFIX}.admission.health"
+"""edge → admission: request/reply, queue group; its FleetHealth, an HTTP front's readiness."""
+
 RESUME = f"{PREFIX}.resume"
 """client, edge → admission: request/reply, queue group; a stream whose worker and router are gone,
 resumed once by its own client on a new inbox (shared/resume.py)."""

@@ -11,6 +11,9 @@ the two, so that an overload's refusals never pay for tokenizing.
     max_tokens   = max_completion_tokens ?? max_tokens ?? min(default, max_model_len − prompt_len)
     context      : prompt_len + max_tokens ≤ max_model_len              (400 context_length_exceeded)
     replay       : block_hashes + prompt_len, len(block_hashes) · block_size ≤ prompt_len
+    unsupported  : a field of UNSUPPORTED other than a value that asks for nothing (400
+                   unsupported_parameter, naming it): no engine here honours it, and an answer
+                   made without it would look right and not be what was asked for
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 
+import msgspec
 from tokenyard.shared import config, hashing, schemas
 from tokenyard.shared.schemas import GenerateRequest
 from tokenyard.shared.tokenizer import Tokenizer, content_text, render_chat
@@ -26,6 +30,52 @@ from tokenyard.shared.tokenizer import Tokenizer, content_text, render_chat
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_\-.:]{1,128}$")
 REQUEST_ID_RULE = "1-128 characters of [A-Za-z0-9_-.:]"
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    # OpenAI's completions and chat fields no engine here honours → the values that ask for
+    # nothing, which pass (clients send some of them always: null, false, n's 1 …)
+    "logprobs": (None, False),  # completions: an int 0-5; chat: a bool
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "presence_penalty": (None, 0.0),
+    "frequency_penalty": (None, 0.0),
+    "logit_bias": (None, {}),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    # vLLM's sampling extras, which a client of a vLLM-compatible server may send
+    "top_k": (None, -1, 0),
+    "min_p": (None, 0.0),
+    "repetition_penalty": (None, 1.0),
+    "min_tokens": (None, 0),
+}
+"""Accepted and ignored, as they change nothing in an answer: `parallel_tool_calls` (no tools),
+`store`, `metadata`, `service_tier`, `prediction`, `prompt_cache_key`, `safety_identifier` (not
+declared on GenerateRequest: the decoder skips them). `user` is read (a tenant, by admission)."""
+
+
+def asks_nothing(value: object, accepted: tuple[object, ...]) -> bool:
+    """`value` is one of `accepted`, type for type (False is not 0, 0 is not 0.0 …, as JSON
+    tells them apart; a float field decodes 0 as 0.0)."""
+    return any(type(value) is type(a) and value == a for a in accepted)
+
+
+def _unsupported(req: GenerateRequest) -> Invalid | None:
+    for name, accepted in UNSUPPORTED.items():
+        value = getattr(req, name)
+        if value is not None and not asks_nothing(value, accepted):
+            allowed = " or ".join(msgspec.json.encode(a).decode() for a in accepted)
+            return Invalid(400, f"`{name}` is not supported (leave it out, or send {allowed})", name,
+                           "unsupported_parameter")
+    return None
 
 
 @dataclass(frozen=True)
@@ -106,6 +156,8 @@ def check(req: GenerateRequest, limits: Limits) -> Checked | Invalid:
         return Invalid(400, "exactly one of 'prompt', 'messages' or 'block_hashes' must be given", "prompt")
     if req.n != 1:
         return Invalid(400, "only n = 1 is supported", "n")
+    if (unsupported := _unsupported(req)) is not None:
+        return unsupported
     model = req.model or (limits.models[0] if limits.models else "")
     if limits.models and model not in limits.models:
         return Invalid(404, f"The model '{model}' does not exist", "model", "model_not_found")

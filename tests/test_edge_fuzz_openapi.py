@@ -32,6 +32,7 @@ CASES = {  # operation → examples per generation mode; GETs without parameters
     "GET /v1/models/{model}": 60,
     "GET /v1/models": 10,
     "GET /health": 10,
+    "GET /live": 10,
     "GET /metrics": 10,
 }
 CALL_TIMEOUT_S = 30.0
@@ -101,7 +102,7 @@ async def test_schemathesis_over_a_thousand_cases_finds_no_5xx(fleet, nats_serve
         assert resp.status == 200
         document = await resp.json()
     assert set(document["paths"]) == {"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model}",
-                                      "/health", "/metrics"}
+                                      "/health", "/live", "/metrics"}
     # the body limit the document states is the edge's NATS-derived one
     assert str(edge.max_body_bytes) in document["info"]["description"]
     result = await asyncio.to_thread(fuzz, document, base)

@@ -82,6 +82,34 @@ async def submits_seen(nc) -> list:
     return seen
 
 
+async def health(front: Front) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as s, s.get(f"{front.url}/health") as r:
+        return r.status, await r.json()
+
+
+async def test_health_is_ready_only_while_the_admission_beside_it_counts_a_worker_up(nats_server):
+    """`tokenyard up`'s layout: /health asks the admission in its process by a call, by the rule
+    that admission judges every request by — a fleet with no worker up is a 503 no_workers,
+    before the first worker and after the last one is gone (it said ok with NATS alone)."""
+    hosts, [front] = await start(nats_server.url, workers=())
+    try:
+        status, body = await health(front)
+        assert (status, body["reason"], body["workers_up"], body["workers_known"]) == (503, "no_workers", 0, 0)
+        w = await ServiceHost(worker("ewh", "zero"), nats_server.url).start()
+        assert await until(lambda: _status(front, 200), what="ready once the worker's heartbeat is heard") == \
+            (200, {"status": "ok", "workers_up": 1, "workers_known": 1})
+        await w.stop()
+        status, body = await until(lambda: _status(front, 503), what="not ready once the worker is gone")
+        assert (body["reason"], body["workers_up"], body["workers_known"]) == ("no_workers", 0, 1)
+    finally:
+        await stop_hosts(hosts)
+
+
+async def _status(front: Front, want: int) -> tuple[int, dict] | None:
+    answer = await health(front)
+    return answer if answer[0] == want else None
+
+
 async def test_the_in_process_edge_answers_as_the_nats_path_and_publishes_no_submit(nats_server):
     hosts, [front] = await start(nats_server.url, prof="zero")
     spy = await natsutil.connect(nats_server.url, "edge-in-queue-spy")

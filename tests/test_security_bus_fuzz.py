@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.shared import adoption, codec, resume, schemas
+from tokenyard.shared import kv_events as kv_events_module
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 BUS_TYPES = {
@@ -37,6 +38,7 @@ BUS_TYPES = {
     "adopt reply, adopted reply (worker)": adoption.AdoptReply,
     "router adopted ask (router)": adoption.AdoptedAsk,
     "resume (admission)": resume.ResumeAsk,
+    "admission health reply (edge)": schemas.FleetHealth,
 }
 IDS = list(BUS_TYPES)
 TYPES = list(BUS_TYPES.values())
@@ -178,9 +180,9 @@ def test_admission_answers_any_decoded_request_with_something_it_can_send(value,
 
 def test_the_list_names_every_message_a_shell_decodes():
     """A new Struct on the bus must join BUS_TYPES (the messages of shared/schemas.py,
-    shared/adoption.py and shared/resume.py, less those only nested inside others)."""
+    shared/kv_events.py, shared/adoption.py and shared/resume.py, less those only nested inside others)."""
     nested_only = {schemas.ChatMessage, schemas.StreamOptions, schemas.Usage, schemas.Sampling, schemas.EngineStats}
-    tops = {v for m in (schemas, adoption, resume) for v in vars(m).values()
+    tops = {v for m in (schemas, kv_events_module, adoption, resume) for v in vars(m).values()
             if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == m.__name__}
     kv_events = {schemas.KVCacheEvent, schemas.BlockStored, schemas.BlockRemoved, schemas.AllBlocksCleared}
     events = {schemas.Accepted, schemas.Rejected, schemas.Chunk, schemas.Finished, schemas.Error}

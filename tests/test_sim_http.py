@@ -99,6 +99,9 @@ async def test_bad_requests_get_openai_errors(front):
     assert status == 400
     status, body = await post(front, "/v1/completions", {"prompt": "x", "max_tokens": 4096 * 16})
     assert (status, body["error"]["code"]) == (400, "context_length_exceeded")
+    tools = [{"type": "function", "function": {"name": "f"}}]  # a field the engine does not honour (validation.UNSUPPORTED)
+    status, body = await post(front, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": tools})
+    assert (status, body["error"]["param"], body["error"]["code"]) == (400, "tools", "unsupported_parameter")
 
 
 async def test_a_client_that_goes_away_aborts_its_request(front):

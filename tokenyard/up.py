@@ -180,7 +180,7 @@ async def run_up(args) -> int:
             local = leave_local_creds(fleet)
             print(f"  creds    {nats_auth.CREDS_ENV}={fleet.client_creds}   (the `client` user"
                   + (f"; clients on this machine find it in {local})" if local else ")"))
-        print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health)")
+        print(f"  HTTP     {fleet.http_url}/v1   (OpenAI-compatible; /metrics, /health ready, /live)")
         print(f"  model    {args.model}")
         for name, url in fleet.scrape_targets().items():
             print(f"  metrics  {name:<10} {url}")

@@ -139,6 +139,13 @@ class AdmissionCore:
     def on_queue_stats(self, stats: QueueStats, now: float) -> None:
         self.fleet.on_queue_stats(stats, now)
 
+    def fleet_health(self, now: float, observing: bool = True) -> schemas.FleetHealth:
+        """What it sees of the workers, for an HTTP front's readiness: those `up` by the rule
+        every request is judged by (none up: a request gets 503 "No worker is up", or waits for
+        the first one). Changes nothing: a probe is not an event that watches the bus."""
+        return schemas.FleetHealth(workers_up=len(self.fleet.up_at(now)), workers_known=len(self.fleet.workers),
+                                   observing=observing)
+
     def admit(
         self,
         req: GenerateRequest,

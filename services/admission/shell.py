@@ -147,6 +147,18 @@ class AdmissionShell:
             name="submit", subject=subjects.SUBMIT, queue_group=subjects.GROUP_ADMISSION, handler=self._on_submit
         )
         await nc.subscribe(subjects.RESUME, queue=subjects.GROUP_ADMISSION, cb=functools.partial(on_resume, self))
+        # a plain subscription, as resume's: a micro endpoint would show in `tokenyard top` and repeat
+        # the service's stats in $SRV.STATS once more (each endpoint carries them)
+        await nc.subscribe(subjects.ADMISSION_HEALTH, queue=subjects.GROUP_ADMISSION, cb=self._on_health)
+
+    def fleet_health(self) -> schemas.FleetHealth:
+        """What it sees of the workers now (an HTTP front's readiness: shared/readiness.py);
+        asked by a call from an edge in this process, over NATS by one of its own."""
+        return self.core.fleet_health(time.time(), self._observing())
+
+    async def _on_health(self, msg) -> None:
+        if msg.reply:
+            await msg.respond(codec.encode(self.fleet_health(), json=codec.is_json(msg.headers)))
 
     async def cut_off(self) -> None:
         """The host stops cut off from NATS (shared/service.py BUS_GONE_S): a request handed over

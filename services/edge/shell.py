@@ -6,8 +6,8 @@
         Accepted → stream=true: SSE 200, one frame per event (core.Renderer), every event
                    already received written at once (one write per batch, not per token)
                    stream=false: gather until Finished, answer one JSON object
-    GET /v1/models[/{model}], /health (NATS connected?), /metrics (Prometheus text),
-        /openapi.json (the app, its routes, body limit and error bodies: shared.http_front)
+    GET /v1/models[/{model}], /metrics (Prometheus text), /openapi.json (shared.http_front),
+        /live (the process answers), /health (ready: NATS, admission and a worker up; health.py)
 
 The body limit follows the NATS server's max payload (openai_api.body_limit), so whatever the
 edge takes can be sent on; every bad input is a 4xx (docs/security.md).
@@ -63,6 +63,7 @@ from prometheus_client import (
 )
 from tokenyard.services.edge import core
 from tokenyard.services.edge.core import ApiError, Endpoint
+from tokenyard.services.edge.health import HealthProbe
 from tokenyard.shared import config, http_front, metrics, openai_api, schemas, subjects, telemetry, validation
 from tokenyard.shared.client import TokenyardClient
 from tokenyard.shared.local_admission import LocalAdmission
@@ -200,19 +201,10 @@ class EdgeMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "tokenyard:edge_requests",
-            "Generation requests by endpoint and outcome.",
-            ["endpoint", "outcome"],
-            registry=self.registry,
-        )
-        self.ttft = Histogram(
-            "tokenyard:edge_ttft_seconds",
-            "HTTP request received → first token chunk.",
-            ["endpoint"],
-            buckets=TTFT_BUCKETS_S,
-            registry=self.registry,
-        )
+        self.requests = Counter("tokenyard:edge_requests", "Generation requests by endpoint and outcome.",
+                                ["endpoint", "outcome"], registry=self.registry)
+        self.ttft = Histogram("tokenyard:edge_ttft_seconds", "HTTP request received → first token chunk.",
+                              ["endpoint"], buckets=TTFT_BUCKETS_S, registry=self.registry)
         self.in_flight = Gauge(
             "tokenyard:edge_in_flight_requests", "Generation requests in flight.", registry=self.registry,
             multiprocess_mode="livesum",
@@ -258,6 +250,7 @@ class EdgeShell:
         self._nc: Client | None = None
         self.client: TokenyardClient | None = None  # every HTTP request's stream (made at start)
         self._runner: web.AppRunner | None = None
+        self.health: HealthProbe | None = None
         self._started_at = 0
         self.max_body_bytes = 0
         self.max_payload = 0
@@ -267,6 +260,7 @@ class EdgeShell:
     async def start(self, nc: Client, service: Service) -> None:
         self._nc = nc
         self.client = TokenyardClient(nc, admission=self.admission)
+        self.health = HealthProbe(nc, self.admission)
         self._started_at = int(time.time())
         self.max_body_bytes = self.config.max_body_bytes or openai_api.body_limit(nc.max_payload)
         self.max_payload = nc.max_payload
@@ -477,9 +471,9 @@ class EdgeShell:
         return web.json_response(core.model_card(model, self._started_at), dumps=http_front.dumps)
 
     async def on_health(self, request: web.Request) -> web.Response:
-        if self._nc is not None and self._nc.is_connected:
-            return web.json_response({"status": "ok"})
-        return web.json_response({"status": "nats_disconnected"}, status=503)
+        assert self.health is not None
+        verdict = await self.health.readiness()
+        return web.json_response(verdict.body, status=verdict.status)
 
     async def on_metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=scrape(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -488,8 +482,9 @@ class EdgeShell:
         return {"in_flight": self.in_flight, "streams": len(self.client.open_streams()) if self.client else 0}
 
     async def _micro_health(self, req: MicroRequest) -> None:
+        assert self.health is not None
         status = {
-            "status": "ok" if self._nc is not None and self._nc.is_connected else "nats_disconnected",
+            **(await self.health.readiness()).body,
             "instance": self.instance_id,
             "http": f"http://{self.config.host}:{self.port}",
             "models": self.config.models,

@@ -114,6 +114,15 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
     """The client's own TTFT deadline (ms after admission); default: its class's target."""
     tpot_slo_ms: float | None = None
     """The client's TPOT SLO (ms per output token) for SCORPIO's engine scheduling."""
+    # Sampling that vLLM applies (`Sampling` carries them to the worker; the simulated engine,
+    # which samples nothing, runs every request to max_tokens as ever): OpenAI's two penalties
+    # and vLLM's extras. Ranges: shared.validation.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    top_k: Int64 | None = None
+    min_p: float | None = None
+    min_tokens: Int64 | None = None
     # OpenAI's (and vLLM's) fields that no engine here honours. Declared so that a request asking
     # for one is refused by name (shared.validation.UNSUPPORTED: only the value that asks for
     # nothing passes), instead of being decoded without it and answered as if it had been heard.
@@ -122,8 +131,6 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
     echo: bool | None = None
     best_of: Int64 | None = None
     suffix: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
@@ -134,10 +141,6 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
     audio: dict[str, Any] | None = None
     reasoning_effort: str | None = None
     web_search_options: dict[str, Any] | None = None
-    top_k: Int64 | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: Int64 | None = None
 
 
 # ───────────────────────────── stream events ─────────────────────────────
@@ -216,6 +219,13 @@ class Sampling(msgspec.Struct, omit_defaults=True):
     seed: Int64 | None = None
     stop: list[str] | None = None
     ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    top_k: Int64 | None = None
+    min_p: float | None = None
+    min_tokens: Int64 | None = None
+    """None: the engine's default (no penalty, no top-k / min-p cut, no minimum)."""
 
 
 class AdmittedRequest(msgspec.Struct, omit_defaults=True):

@@ -11,6 +11,8 @@ the two, so that an overload's refusals never pay for tokenizing.
     max_tokens   = max_completion_tokens ?? max_tokens ?? min(default, max_model_len − prompt_len)
     context      : prompt_len + max_tokens ≤ max_model_len              (400 context_length_exceeded)
     replay       : block_hashes + prompt_len, len(block_hashes) · block_size ≤ prompt_len
+    sampling     : temperature, top_p, penalties, top_k, min_p, min_tokens in vLLM's ranges
+                   (SAMPLING_RANGES and check's own), carried to the engine (schemas.Sampling)
     unsupported  : a field of UNSUPPORTED other than a value that asks for nothing (400
                    unsupported_parameter, naming it): no engine here honours it, and an answer
                    made without it would look right and not be what was asked for
@@ -39,8 +41,6 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "presence_penalty": (None, 0.0),
-    "frequency_penalty": (None, 0.0),
     "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}),
     "tools": (None, []),
@@ -51,15 +51,18 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "audio": (None,),
     "reasoning_effort": (None,),
     "web_search_options": (None,),
-    # vLLM's sampling extras, which a client of a vLLM-compatible server may send
-    "top_k": (None, -1, 0),
-    "min_p": (None, 0.0),
-    "repetition_penalty": (None, 1.0),
-    "min_tokens": (None, 0),
 }
 """Accepted and ignored, as they change nothing in an answer: `parallel_tool_calls` (no tools),
 `store`, `metadata`, `service_tier`, `prediction`, `prompt_cache_key`, `safety_identifier` (not
 declared on GenerateRequest: the decoder skips them). `user` is read (a tenant, by admission)."""
+
+
+SAMPLING_RANGES: dict[str, tuple[float, float, str]] = {
+    # the sampling vLLM applies, in the ranges it accepts (its SamplingParams raises outside them)
+    "presence_penalty": (-2.0, 2.0, "between -2 and 2"),
+    "frequency_penalty": (-2.0, 2.0, "between -2 and 2"),
+    "min_p": (0.0, 1.0, "between 0 and 1"),
+}
 
 
 def asks_nothing(value: object, accepted: tuple[object, ...]) -> bool:
@@ -133,6 +136,10 @@ def json_schema_rules(limits: Limits) -> dict[str, dict]:
         "n": {"minimum": 1, "maximum": 1},
         "temperature": {"minimum": 0.0, "maximum": 2.0},
         "top_p": {"exclusiveMinimum": 0.0, "maximum": 1.0},
+        **{name: {"minimum": lo, "maximum": hi} for name, (lo, hi, _) in SAMPLING_RANGES.items()},
+        "repetition_penalty": {"exclusiveMinimum": 0.0, "maximum": 2.0},
+        "top_k": {"minimum": -1},
+        "min_tokens": {"minimum": 0, "maximum": limits.max_model_len},
         "stop": {"minLength": 1, "items": {"type": "string", "minLength": 1}},  # the string, or each string
         "max_tokens": {"minimum": 1, "maximum": limits.max_model_len},
         "max_completion_tokens": {"minimum": 1, "maximum": limits.max_model_len},
@@ -165,12 +172,22 @@ def check(req: GenerateRequest, limits: Limits) -> Checked | Invalid:
         return Invalid(400, "temperature must be between 0 and 2", "temperature")
     if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
         return Invalid(400, "top_p must be in (0, 1]", "top_p")
+    for name, (lo, hi, rule) in SAMPLING_RANGES.items():
+        value = getattr(req, name)
+        if value is not None and not lo <= value <= hi:
+            return Invalid(400, f"{name} must be {rule}, got {value}", name)
+    if req.repetition_penalty is not None and not 0.0 < req.repetition_penalty <= 2.0:
+        return Invalid(400, f"repetition_penalty must be in (0, 2], got {req.repetition_penalty}", "repetition_penalty")
+    if req.top_k is not None and req.top_k < -1:
+        return Invalid(400, f"top_k must be -1 or 0 (no cut) or a positive count, got {req.top_k}", "top_k")
     if req.stop == "" or (isinstance(req.stop, list) and "" in req.stop):  # vLLM's SamplingParams raises on it
         return Invalid(400, "stop cannot contain an empty string", "stop")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_tokens"  # OpenAI's newer name, max_completion_tokens, is the same limit
     if max_tokens is not None and max_tokens < 1:
         return Invalid(400, f"max_tokens must be at least 1, got {max_tokens}", param)
+    if req.min_tokens is not None and not 0 <= req.min_tokens <= (max_tokens or limits.max_model_len):
+        return Invalid(400, f"min_tokens must be between 0 and max_tokens, got {req.min_tokens}", "min_tokens")
     if max_tokens is not None and max_tokens > limits.max_model_len:
         return Invalid(400, f"max_tokens must be at most the model's context length {limits.max_model_len}, "
                             f"got {max_tokens}", param, "context_length_exceeded")
@@ -195,6 +212,8 @@ def tokenize(req: GenerateRequest, checked: Checked, tokenizer: Tokenizer, limit
     if max_tokens is None:
         default = limits.default_chat_max_tokens if checked.kind == "chat" else limits.default_max_tokens
         max_tokens = max(1, min(default, limits.max_model_len - prompt_len))
+    if req.min_tokens is not None and req.min_tokens > max_tokens:  # vLLM's SamplingParams raises on it
+        return Invalid(400, f"min_tokens ({req.min_tokens}) is more than max_tokens ({max_tokens})", "min_tokens")
     if prompt_len + max_tokens > limits.max_model_len:
         return Invalid(
             400,

@@ -23,8 +23,6 @@ ASKING = {  # field → values that ask for something the engines do not do
     "echo": [True],
     "best_of": [2],
     "suffix": ["}\n"],
-    "presence_penalty": [0.5, -2.0],
-    "frequency_penalty": [1.0],
     "logit_bias": [{"50256": -100.0}],
     "response_format": [{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x"}}],
     "tools": [[{"type": "function", "function": {"name": "f"}}]],
@@ -35,10 +33,6 @@ ASKING = {  # field → values that ask for something the engines do not do
     "audio": [{"voice": "alloy", "format": "wav"}],
     "reasoning_effort": ["low"],
     "web_search_options": [{}],
-    "top_k": [40],
-    "min_p": [0.05],
-    "repetition_penalty": [1.2],
-    "min_tokens": [4],
 }
 ENDPOINTS = {Endpoint.COMPLETIONS: {"prompt": "Hello"},
              Endpoint.CHAT: {"messages": [{"role": "user", "content": "Hello"}]}}
@@ -108,3 +102,37 @@ def test_admission_refuses_them_too_on_the_bus_changing_nothing():
     ok = core.admit(schemas.GenerateRequest(model=config.DEFAULT_MODEL, prompt="Hello", tools=[], logprobs=False),
                     reply_to="_INBOX.x", json=True, headers={}, now=1.0, new_id="n")
     assert isinstance(ok, schemas.AdmittedRequest)
+
+
+CARRIED = {"presence_penalty": 0.5, "frequency_penalty": -1.5, "repetition_penalty": 1.2, "top_k": 40, "min_p": 0.05,
+           "min_tokens": 4}
+
+
+def test_the_sampling_vllm_applies_reaches_the_engine_as_given():
+    """Penalties, top_k, min_p and min_tokens are vLLM's to apply: admission carries them to the
+    worker (schemas.Sampling), whose vLLM engine hands them to SamplingParams; none given, none
+    set (vLLM's defaults)."""
+    core = AdmissionCore(AdmissionConfig(), ByteTokenizer())
+    body = parse(Endpoint.CHAT, max_tokens=8, **CARRIED)
+    out = core.admit(body, reply_to="_INBOX.x", json=True, headers={}, now=1.0, new_id="n")
+    assert isinstance(out, schemas.AdmittedRequest)
+    assert {name: getattr(out.sampling, name) for name in CARRIED} == CARRIED
+    plain = core.admit(parse(Endpoint.CHAT), reply_to="_INBOX.x", json=True, headers={}, now=1.0, new_id="m")
+    assert all(getattr(plain.sampling, name) is None for name in CARRIED)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("presence_penalty", 2.5), ("frequency_penalty", -2.01), ("repetition_penalty", 0.0), ("repetition_penalty", 2.5),
+    ("top_k", -2), ("min_p", 1.5), ("min_tokens", -1), ("min_tokens", 9),
+])
+def test_sampling_outside_vllms_ranges_is_a_400_naming_it(name, value):
+    with pytest.raises(ApiError) as e:
+        parse(Endpoint.COMPLETIONS, max_tokens=8, **{name: value})
+    assert (e.value.status, e.value.param) == (400, name)
+
+
+def test_min_tokens_beyond_the_default_max_tokens_is_refused_once_it_is_known():
+    core = AdmissionCore(AdmissionConfig(), ByteTokenizer())
+    out = core.admit(parse(Endpoint.COMPLETIONS, min_tokens=config.MAX_MODEL_LEN - 1), reply_to="_INBOX.x", json=True,
+                     headers={}, now=1.0, new_id="n")
+    assert isinstance(out, schemas.Rejected) and (out.status, out.param) == (400, "min_tokens"), out

@@ -252,7 +252,10 @@ class AdmissionCore:
             tenant=tenant,
             declared_priority=req.priority,
             sampling=schemas.Sampling(
-                temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos
+                temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos,
+                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty, top_k=req.top_k, min_p=req.min_p,
+                min_tokens=req.min_tokens,
             ),
             kind=kind,
             deadline_s=deadline if deadline != float("inf") else 0.0,

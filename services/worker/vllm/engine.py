@@ -70,6 +70,10 @@ def platform_name() -> str:
     return str(p.device_type)
 
 
+EXTRAS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens")
+"""Sampling fields passed to vLLM as the client gave them (its defaults where it gave none)."""
+
+
 def sampling_params(req: AdmittedRequest) -> SamplingParams:
     s = req.sampling
     return SamplingParams(
@@ -79,6 +83,7 @@ def sampling_params(req: AdmittedRequest) -> SamplingParams:
         seed=s.seed,
         stop=list(s.stop) if s.stop else None,
         ignore_eos=s.ignore_eos,
+        **{name: value for name in EXTRAS if (value := getattr(s, name)) is not None},  # else vLLM's defaults
         output_kind=RequestOutputKind.DELTA,
         # The worker decodes token ids itself; vLLM's detokenizer is needed only for stop strings.
         detokenize=bool(s.stop),

@@ -27,6 +27,15 @@ def worker(finished: float) -> dict:
             "endpoints": [{"name": "generate", "num_requests": 0, "data": {"finished": {"w0,length": finished}}}]}
 
 
+def test_a_service_with_several_endpoints_is_counted_once():
+    """nats.micro repeats a service's stats on each endpoint: a worker's generate, status and
+    state each carry the same `finished` (top counted every request three times)."""
+    three = worker(6)
+    three["endpoints"] = [{**three["endpoints"][0], "name": name} for name in ("generate", "status", "state")]
+    three["endpoints"].insert(0, {"name": "generate", "num_requests": 0, "data": None})
+    assert top.Sample(1.0, [three]).counters()["finished"] == 6
+
+
 def hb(wid: str, **kw) -> schemas.Heartbeat:
     base = dict(ts=99.5, running=3, waiting=1, queued=512, used=30, free=70, prefix_hits=1, prefix_queries=4,
                 phase=schemas.Phase.PREFILL, macro_id="m0")

@@ -45,19 +45,19 @@ class Sample:
         out: Counter = Counter()
         for svc in self.services:
             kind = svc["name"].removeprefix("tokenyard-")
-            for ep in svc.get("endpoints") or []:
-                data = ep.get("data") or {}
-                if kind == "admission":
-                    for outcome, n in (data.get("decisions") or {}).items():
-                        out["requests"] += n
-                        out[f"admission:{outcome}"] += n
-                    for reason, n in (data.get("refusals") or {}).items():
-                        out[f"refused:{reason}"] += n
-                elif kind == "router":
-                    for labels, n in (data.get("decisions") or {}).items():
-                        out[f"router:{labels.rsplit(',', 1)[-1]}"] += n
-                elif kind == "worker":
-                    out["finished"] += sum((data.get("finished") or {}).values())
+            # nats.micro repeats a service's stats on each of its endpoints (a worker has three): once
+            data = next((ep["data"] for ep in svc.get("endpoints") or [] if ep.get("data")), {})
+            if kind == "admission":
+                for outcome, n in (data.get("decisions") or {}).items():
+                    out["requests"] += n
+                    out[f"admission:{outcome}"] += n
+                for reason, n in (data.get("refusals") or {}).items():
+                    out[f"refused:{reason}"] += n
+            elif kind == "router":
+                for labels, n in (data.get("decisions") or {}).items():
+                    out[f"router:{labels.rsplit(',', 1)[-1]}"] += n
+            elif kind == "worker":
+                out["finished"] += sum((data.get("finished") or {}).values())
         return out
 
 

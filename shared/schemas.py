@@ -85,7 +85,21 @@ class StreamOptions(msgspec.Struct, omit_defaults=True):
     include_usage: bool = False
 
 
-class GenerateRequest(msgspec.Struct, omit_defaults=True):
+class VllmSampling(msgspec.Struct, omit_defaults=True):
+    """Sampling vLLM applies beyond OpenAI's basics: OpenAI's two penalties and vLLM's extras,
+    on the request as the client gives them and on `Sampling` as the worker gets them (ranges:
+    shared.validation). None: the engine's default (no penalty, no top-k / min-p cut, no
+    minimum). The simulated engine samples nothing: it runs every request to its max_tokens."""
+
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    top_k: Int64 | None = None
+    min_p: float | None = None
+    min_tokens: Int64 | None = None
+
+
+class GenerateRequest(VllmSampling, omit_defaults=True):
     """What a client publishes on `llm.v1.submit`: the fields of OpenAI's completions / chat
     completions request, plus vLLM's `priority` (lower runs first) and tokenyard's own
     (`request_id`, `tenant`, and for trace replay `block_hashes` + `prompt_len` instead of
@@ -114,15 +128,6 @@ class GenerateRequest(msgspec.Struct, omit_defaults=True):
     """The client's own TTFT deadline (ms after admission); default: its class's target."""
     tpot_slo_ms: float | None = None
     """The client's TPOT SLO (ms per output token) for SCORPIO's engine scheduling."""
-    # Sampling that vLLM applies (`Sampling` carries them to the worker; the simulated engine,
-    # which samples nothing, runs every request to max_tokens as ever): OpenAI's two penalties
-    # and vLLM's extras. Ranges: shared.validation.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    top_k: Int64 | None = None
-    min_p: float | None = None
-    min_tokens: Int64 | None = None
     # OpenAI's (and vLLM's) fields that no engine here honours. Declared so that a request asking
     # for one is refused by name (shared.validation.UNSUPPORTED: only the value that asks for
     # nothing passes), instead of being decoded without it and answered as if it had been heard.
@@ -213,19 +218,14 @@ TERMINAL_EVENTS = (Rejected, Finished, Error)
 # ───────────────────────────── internal data path ─────────────────────────────
 
 
-class Sampling(msgspec.Struct, omit_defaults=True):
+class Sampling(VllmSampling, omit_defaults=True):
+    """The sampling a request runs with, as the worker's engine gets it (shared.validation.sampling)."""
+
     temperature: float | None = None
     top_p: float | None = None
     seed: Int64 | None = None
     stop: list[str] | None = None
     ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    top_k: Int64 | None = None
-    min_p: float | None = None
-    min_tokens: Int64 | None = None
-    """None: the engine's default (no penalty, no top-k / min-p cut, no minimum)."""
 
 
 class AdmittedRequest(msgspec.Struct, omit_defaults=True):

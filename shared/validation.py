@@ -200,6 +200,15 @@ def check(req: GenerateRequest, limits: Limits) -> Checked | Invalid:
     return Checked(model, "chat" if req.messages is not None else "completion", max_tokens)
 
 
+def sampling(req: GenerateRequest) -> schemas.Sampling:
+    """The request's sampling as its engine gets it (`stop` as a list), for admission and a
+    worker's own HTTP front alike."""
+    extras = {f: getattr(req, f) for f in schemas.VllmSampling.__struct_fields__}
+    return schemas.Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                            stop=[req.stop] if isinstance(req.stop, str) else req.stop,
+                            ignore_eos=req.ignore_eos, **extras)
+
+
 def tokenize(req: GenerateRequest, checked: Checked, tokenizer: Tokenizer, limits: Limits) -> Prepared | Invalid:
     """Token ids, prompt length, block-hash chain and the max_tokens to run with."""
     try:

@@ -119,6 +119,7 @@ def test_the_sampling_vllm_applies_reaches_the_engine_as_given():
     assert {name: getattr(out.sampling, name) for name in CARRIED} == CARRIED
     plain = core.admit(parse(Endpoint.CHAT), reply_to="_INBOX.x", json=True, headers={}, now=1.0, new_id="m")
     assert all(getattr(plain.sampling, name) is None for name in CARRIED)
+    assert set(CARRIED) == set(schemas.VllmSampling.__struct_fields__)
 
 
 @pytest.mark.parametrize(("name", "value"), [

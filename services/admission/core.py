@@ -236,7 +236,6 @@ class AdmissionCore:
         self._charge(tenant, policy, price, now)
         self.fleet.on_admitted(int(priority), price, prompt_len, now, chain, self.cfg.block_size)
 
-        stop = [req.stop] if isinstance(req.stop, str) else req.stop
         return schemas.AdmittedRequest(
             request_id=rid,
             reply_to=reply_to,
@@ -251,12 +250,7 @@ class AdmissionCore:
             json=json,
             tenant=tenant,
             declared_priority=req.priority,
-            sampling=schemas.Sampling(
-                temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos,
-                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                repetition_penalty=req.repetition_penalty, top_k=req.top_k, min_p=req.min_p,
-                min_tokens=req.min_tokens,
-            ),
+            sampling=validation.sampling(req),
             kind=kind,
             deadline_s=deadline if deadline != float("inf") else 0.0,
             tpot_slo_ms=req.tpot_slo_ms or 0.0,

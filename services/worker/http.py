@@ -153,13 +153,11 @@ class WorkerHttp:
                            code="context_length_exceeded")
         if stats.waiting >= self.cfg.max_waiting:
             raise ApiError(503, "the engine's waiting line is full", code="overloaded", retry_after_s=1.0)
-        stop = [req.stop] if isinstance(req.stop, str) else req.stop
         return schemas.AdmittedRequest(
             request_id=req.request_id or "", reply_to="", model=req.model, prompt_token_ids=tokens,
             prompt_len=prompt_len, block_hashes=chain, block_size=self.cfg.block_size, max_tokens=max_tokens,
             priority=min(max(req.priority, 0), 3), arrival_s=time.time(), json=True,
-            sampling=schemas.Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop,
-                                      ignore_eos=req.ignore_eos),
+            sampling=validation.sampling(req),
             kind="chat" if endpoint is Endpoint.CHAT else "completion",
         )
 

@@ -21,7 +21,8 @@ flow control can release (wait_terms.py):
 each fresh worker's whole room in prompt tokens (a_w its prefill cost per token, i_w its
 heartbeat interval, P and M below), once per heartbeat: the queue sends a worker no more than
 its room, that room reopens only with the worker's next heartbeat, and a prompt counts whole,
-cached or not. On a flash crowd of cached prompts (`bench.overload --workload api`, ×5) the
+cached or not (the decodes' TPOT slack, which lowers a room, is left out: it returns as they
+finish, and D_r stays an upper bound; a worker in a decode phase is counted alike). On a flash crowd of cached prompts (`bench.overload --workload api`, ×5) the
 engines run at 2–9 % of their token budget while the queue drains at D_r, ~0.6 of their D_s. While the
 headroom the queues report (their flow control's room, in prompt tokens; 0 while a queue
 pauses after a refused route) exceeds the prompt tokens admitted since, the queue is not the

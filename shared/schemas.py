@@ -478,6 +478,10 @@ class QueueStats(msgspec.Struct, omit_defaults=True):
     drain_measured: bool = True
     """False: the queue held no backlog for long enough to measure a drain (0 then is no rate,
     not a stalled queue: what leaves an empty queue is the demand)."""
+    flow_control: bool = True
+    """The queue releases by its flow control's room in prompt tokens (QueueConfig.flow_control;
+    False: by slots): admission then bounds the drain by the rate that room reopens at
+    (services/admission/wait_terms.py `release_rate`)."""
 
 
 class FleetHealth(msgspec.Struct, omit_defaults=True):

@@ -12,7 +12,18 @@ D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue 
 second over its last few seconds, summed over fresh queue replicas, no more than what the
 fleet sustains over the wait the request may have, D_s(budget − H) below (on by default,
 FleetView.cap_at_sustainable): the queue releases work only into the headroom its flow control
-judges from the workers' heartbeats, so the measured D is what the fleet absorbs now. While the
+judges from the workers' heartbeats, so the measured D is what the fleet absorbs now. It is
+also capped, while the queues run flow control (QueueStats.flow_control), at D_r, the most that
+flow control can release (wait_terms.py):
+
+    D_r      = Σ_w min(H / a_w, kv_free_w) / i_w · (P + M) / P
+
+each fresh worker's whole room in prompt tokens (a_w its prefill cost per token, i_w its
+heartbeat interval, P and M below), once per heartbeat: the queue sends a worker no more than
+its room, that room reopens only with the worker's next heartbeat, and a prompt counts whole,
+cached or not (the decodes' TPOT slack, which lowers a room, is left out: it returns as they
+finish, and D_r stays an upper bound; a worker in a decode phase is counted alike). On a flash crowd of cached prompts (`bench.overload --workload api`, ×5) the
+engines run at 2–9 % of their token budget while the queue drains at D_r, ~0.6 of their D_s. While the
 headroom the queues report (their flow control's room, in prompt tokens; 0 while a queue
 pauses after a refused route) exceeds the prompt tokens admitted since, the queue is not the
 bottleneck: what waits is about to leave, wait = 0. Without headroom and with no drain
@@ -112,17 +123,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tokenyard.services.admission.liveness import Liveness
+from tokenyard.services.admission.wait_terms import (  # the wait's pure formulas; re-exported
+    ARRIVAL_WINDOW_S,
+    NUM_CLASSES,
+    overtaking,
+    priority_wait,
+    release_rate,
+    still_decoding,
+    work_ahead,
+)
 from tokenyard.shared import config, staleness
 from tokenyard.shared.schemas import Heartbeat, QueueStats
 from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S, decode_slack_s
 
-NUM_CLASSES = 4
-WEIGHTS = (16.0, 8.0, 4.0, 2.0)
 TARGET_S = TTFT_TARGET_S
-HYBRID_FAMILY = ("hybrid", "bubble", "bubble-placed", "fixed", "sjf")
-ARRIVAL_WINDOW_S = 2.0
-"""T: λ is measured over the admissions of the last T seconds (the queue's drain window, so λ
-and D cover the same span), and overtaking work is counted for at most T of a wait."""
 ARRIVAL_MIN_SPAN_S = ENGINE_BACKLOG_S
 """λ is never measured over less than this (H, what one release fills): a request or a handful
 admitted at one instant is not a rate."""
@@ -135,58 +149,6 @@ within this (ten minutes: a stale spell or a restart, not a decommissioned worke
 SHAPE_WEIGHT = 1 / 32
 """The weight of each admitted request in the mean request shape (P, M) of the sustainable
 drain: the shape of about the last 32 requests, what a queue's backlog is made of."""
-
-
-def overtaking(policy: str, c: int) -> range:
-    """The classes whose later arrivals still go before a waiting class-c request: strict
-    priority, every higher class; the hybrid family (and hybrid-wfq), P0, its strict tier (its
-    fair tier orders P1 and P2 by release time, so a P1 that arrives later does not pass a
-    waiting P2 whose release comes first; P3 has no deadline to judge); fcfs, wfq, drr: none
-    counted (fcfs: nothing passes; wfq, drr: a later arrival passes only up to its share,
-    which `work_ahead` already counts for the work waiting)."""
-    if policy == "strict":
-        return range(c)
-    if policy in HYBRID_FAMILY or policy == "hybrid-wfq":
-        return range(min(c, 1))
-    return range(0)
-
-
-def still_decoding(horizon_ms: float, life_ms: float) -> float:
-    """k: over a horizon w, the mean share of today's decodes still running (each has a uniform
-    share of its life L left: 1 − τ/L at τ) = 1 − w/2L (w ≤ L), L/2w (w > L); 1 − k is the mean
-    share of its steady state that the decode population of the requests routed from now on has
-    reached (min(τ, L)/L). w = ∞ or L = 0: 0 (the steady state)."""
-    if math.isinf(horizon_ms) or life_ms <= 0:
-        return 0.0
-    x = max(horizon_ms, 0.0) / life_ms
-    return 1.0 - x / 2 if x <= 1.0 else 1.0 / (2 * x)
-
-
-def priority_wait(ahead: float, drain: float, overtaking_rate: float, counted_s: float = ARRIVAL_WINDOW_S) -> float:
-    """The wait behind `ahead` work at `drain` > 0 while `overtaking_rate` work per second keeps
-    arriving ahead of it, that arrival counted for no more than `counted_s` (T, the module's
-    formula; ∞: over the whole wait, the textbook ahead / (D − λ))."""
-    if overtaking_rate <= 0 or ahead <= 0:  # nothing ahead: released before anything can pass it
-        return max(ahead, 0.0) / drain
-    passed_by = ahead / (drain - overtaking_rate) if drain > overtaking_rate else math.inf
-    return min(passed_by, (ahead + overtaking_rate * counted_s) / drain)  # counted_s = ∞: passed_by
-
-
-def work_ahead(policy: str, work: list[float], c: int) -> float:
-    if policy == "strict":
-        return sum(work[: c + 1])
-    if policy in ("wfq", "drr"):
-        return work[c] + sum(min(work[k], work[c] * WEIGHTS[k] / WEIGHTS[c]) for k in range(NUM_CLASSES) if k != c)
-    if policy in HYBRID_FAMILY:
-        return sum(work) if c == 3 else sum(work[: c + 1])
-    if policy == "hybrid-wfq":
-        if c == 0:
-            return work[0]
-        if c == 3:
-            return sum(work)
-        o = 3 - c  # the other fair class: 1 ↔ 2
-        return work[0] + work[c] + min(work[o], work[c] * WEIGHTS[o] / WEIGHTS[c])
-    return sum(work)
 
 
 @dataclass
@@ -248,6 +210,9 @@ class FleetView:
     """Σ cost per class over `arrivals`."""
     decoding: dict[str, tuple[int, float]] = field(default_factory=dict)
     """worker id → (its running decodes, its last step time in ms), as it reported them."""
+    release: dict[str, float] = field(default_factory=dict)
+    """worker id → R_w, the prompt tokens per second the queue's flow control can release to it
+    (wait_terms.release_rate, from its latest heartbeat)."""
     beats_heard: int = field(default=0, repr=False, compare=False)
     """Heartbeats and keep-alives taken so far: with the time and the observer's blind time,
     the key of `up_at`'s kept answer (a memo's key, not state: left out of equality and repr,
@@ -306,6 +271,8 @@ class FleetView:
         if hb.output_share > 0:
             self.output_share[hb.worker_id] = hb.output_share
         self.tpot_slack_s[hb.worker_id] = decode_slack_s(hb)
+        self.release[hb.worker_id] = release_rate(s.prefill_ms_per_token, s.kv_blocks_free * s.block_size,
+                                                  hb.interval_s or config.HEARTBEAT_INTERVAL_S)
 
     def on_keepalive(self, worker_id: str, now: float) -> bool:
         """The worker's latest heartbeat again, at `now`: the same as `on_heartbeat` with it
@@ -436,6 +403,18 @@ class FleetView:
             total += free * (p + m) * 1000.0 / (c_p + ran * c_d * (1.0 - k))
         return total if total > 0 else None
 
+    def release_ceiling(self, now: float) -> float | None:
+        """D_r: the work per second the queues' flow control can release to the fresh, healthy
+        workers, Σ_w R_w · (P + M) / P (its room is in prompt tokens, the queue's work counts
+        max_tokens too); None: unknown (no request shape, no fresh worker, one that reports no
+        prefill cost, or no free KV on any)."""
+        up = self.up_at(now)
+        rates = [self.release.get(w, math.inf) for w in self.workers if w in up]
+        if self.shape is None or self.shape[0] <= 0 or not rates or math.isinf(total := sum(rates)) or total <= 0:
+            return None
+        p, m = self.shape
+        return total * (p + m) / p
+
     def _fresh_queues(self, now: float) -> list[QueueStats]:
         return [s for seen, s in self.queues.values() if now - seen <= self.stale_after_s]
 
@@ -493,6 +472,9 @@ class FleetView:
         burst after a quiet spell): the sustainable one; None: neither is known."""
         measured = sum(s.drain_tokens_per_s for s in qs)
         sustainable = self.sustainable_drain(now, horizon_s)
+        ceiling = self.release_ceiling(now) if all(s.flow_control for s in qs) else None
+        if ceiling is not None:
+            sustainable = ceiling if sustainable is None else min(sustainable, ceiling)
         if sustainable is None:
             return measured if measured > 0 else None
         if measured <= 0 or any(sum(s.depth) and not s.drain_measured for s in qs):  # a replica's work, unmeasured

@@ -471,7 +471,7 @@ class QueueCore:
             drain_tokens_per_s=tokens, drain_requests_per_s=requests,
             drain_measured=measured,
             headroom=max(0, self.headroom(now)) if now >= self.paused_until else 0,
-            seen_arrival_s=self.seen_arrival_s,
+            seen_arrival_s=self.seen_arrival_s, flow_control=self.cfg.flow_control,
         )
 
     def __len__(self) -> int:

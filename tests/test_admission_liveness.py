@@ -116,6 +116,19 @@ def test_admissions_own_stall_is_not_the_workers_silence():
     assert f.fleet_down(12.5)
 
 
+def test_a_readiness_probe_after_a_stall_does_not_find_the_workers_gone():
+    """/health asks admission what it sees (AdmissionShell.fleet_health): a stall of its process
+    just before the probe is its own blind time, as for a request, not the workers' silence."""
+    shell = AdmissionShell(AdmissionConfig(), ByteTokenizer())
+    shell.core.ticks_every(0.05)
+    now = time.time()
+    for k in range(20):  # a worker beating every 0.1 s until 2 s ago, admission ticking beside it
+        shell.core.on_tick(now - 4.0 + k * 0.1)
+        shell.core.on_heartbeat(hb("w0", ts=now - 4.0 + k * 0.1), now - 4.0 + k * 0.1)
+    # then nothing for 2 s (the process stalled): the first thing it does is answer a probe
+    assert shell.fleet_health().workers_up == 1
+
+
 def test_requests_handled_while_cut_off_from_the_bus_are_not_watching_time():
     """bench chaos (rate 12, seed 22): a 3 s nats-server outage, HTTP requests reaching admission
     in its own process every 0.2 s meanwhile. Each counted as watching, so half the outage was

@@ -153,8 +153,12 @@ class AdmissionShell:
 
     def fleet_health(self) -> schemas.FleetHealth:
         """What it sees of the workers now (an HTTP front's readiness: shared/readiness.py);
-        asked by a call from an edge in this process, over NATS by one of its own."""
-        return self.core.fleet_health(time.time(), self._observing())
+        asked by a call from an edge in this process, over NATS by one of its own. A tick first, as
+        a request's decision has: a stall of this process just before the probe is its own blind
+        time, not the workers' silence (else `no_workers` once, until the queued heartbeats are read)."""
+        now, observing = time.time(), self._observing()
+        self.core.on_tick(now, observing)
+        return self.core.fleet_health(now, observing)
 
     async def _on_health(self, msg) -> None:
         if msg.reply:

@@ -33,10 +33,10 @@ SUBJECT = "bench.rtt"
 
 async def respond(url: str) -> None:
     import nats
-    from tokenyard.shared import natsutil
+    from tokenyard.shared import nats_internals
 
     nc = await nats.connect(url)
-    natsutil.ping_after_pending(nc)  # else the flush's PING overtakes the SUB: "ready" before it is
+    nats_internals.ping_after_pending(nc)  # else the flush's PING overtakes the SUB: "ready" before it is
 
     async def echo(msg) -> None:
         await msg.respond(msg.data)

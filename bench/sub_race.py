@@ -7,7 +7,7 @@ heard within `--wait-ms`? Three ways for A to make sure first: `none` (nothing: 
 still in nats-py's pending buffer when B publishes), `flush` (a bare nats-py `flush()`: its
 PING is written straight to the socket, ahead of the pending SUB, so the PONG can come back
 before the server has the SUB), `in-order` (the same flush on a connection given
-`natsutil.ping_after_pending`, as `natsutil.connect` gives every one: the SUB, then the PING).
+`nats_internals.ping_after_pending`, as `natsutil.connect` gives every one: the SUB, then the PING).
 Printed: messages lost of `--rounds` for each (`none` runs a tenth of the rounds: each loss
 waits out `--wait-ms`). A nats-server of its own; no fleet.
 """
@@ -25,11 +25,11 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 async def lost(url: str, how: str, rounds: int, wait_s: float) -> int:
     import nats
-    from tokenyard.shared import natsutil
+    from tokenyard.shared import nats_internals
 
     a, b = await nats.connect(url), await nats.connect(url)
     if how == "in-order":
-        natsutil.ping_after_pending(a)
+        nats_internals.ping_after_pending(a)
     missed = 0
     try:
         for i in range(rounds):

@@ -61,7 +61,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
-from tokenyard.shared import codec, nats_auth, natsutil, schemas, subjects, telemetry
+from tokenyard.shared import codec, nats_auth, nats_internals, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.completion import Completion, gather
 from tokenyard.shared.inbox import Inbox
 from tokenyard.shared.local_admission import LocalAdmission, LocalAnswer
@@ -186,11 +186,11 @@ class TokenyardClient:
             async with self._mux_lock:
                 if self._mux is None:
                     # Unbounded: `_deliver` hands each message on at once, from nats-py's reader
-                    # (natsutil.deliver_directly); a slow reader's events wait in its own inbox.
+                    # (nats_internals.deliver_directly); a slow reader's events wait in its own inbox.
                     self._inbox_base = f"{self._prefix()}.{self._mux_token}."
                     mux = await self.nc.subscribe(self._inbox_base + "*", cb=self._deliver_async,
                                                   pending_msgs_limit=0, pending_bytes_limit=0)
-                    natsutil.deliver_directly(mux, self._deliver)
+                    nats_internals.deliver_directly(mux, self._deliver)
                     # Held by the server before any request names it: another connection of this
                     # process (the router's, beside an in-process edge) may offer it first.
                     with contextlib.suppress(Exception):  # cut off: the request meets that as before

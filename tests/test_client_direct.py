@@ -1,7 +1,7 @@
-"""The client's first-token path (shared/client.py, shared/natsutil.py): a relay's request is on
+"""The client's first-token path (shared/client.py, shared/nats_internals.py): a relay's request is on
 the wire when its stream first yields (`published=True`: the edge sets up its answer while the
 request travels, instead of before it leaves), and each event reaches its stream's inbox from
-nats-py's reader in the same turn (natsutil.deliver_directly), not through the subscription's
+nats-py's reader in the same turn (nats_internals.deliver_directly), not through the subscription's
 task. Against the session's secured nats-server, a fake admission answering as the operator."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 
 from nats import micro
-from tokenyard.shared import codec, natsutil, schemas, subjects
+from tokenyard.shared import codec, nats_internals, natsutil, schemas, subjects
 from tokenyard.shared.client import TokenyardClient
 
 from tests.conftest import until
@@ -27,7 +27,7 @@ async def test_deliver_directly_hands_each_message_over_in_the_readers_turn(nats
 
     try:
         sub = await nc.subscribe("direct.test", cb=cb)
-        assert natsutil.deliver_directly(sub, lambda msg: got.append(msg.data))
+        assert nats_internals.deliver_directly(sub, lambda msg: got.append(msg.data))
         for i in range(50):
             await nc.publish("direct.test", str(i).encode())
         await nc.flush()
@@ -57,7 +57,7 @@ async def test_a_delivery_that_raises_leaves_the_connection_reading(nats_server)
 
     try:
         sub = await nc.subscribe("direct.raise", cb=_unused)
-        natsutil.deliver_directly(sub, deliver)
+        nats_internals.deliver_directly(sub, deliver)
         for data in (b"1", b"bad", b"2"):
             await nc.publish("direct.raise", data)
         await nc.flush()
@@ -140,7 +140,7 @@ async def test_an_event_of_another_request_on_a_streams_inbox_is_not_its_answer(
 
 
 async def test_a_micro_endpoint_handled_directly_answers_in_the_readers_turn_and_counts_its_requests(nats_server):
-    """The worker's generate endpoint (natsutil.handle_directly): each request's handler starts
+    """The worker's generate endpoint (nats_internals.handle_directly): each request's handler starts
     as nats-py's reader parses it — still answered with the endpoint's subscription task
     stopped — and nats.micro's wrapper still counts it in the endpoint's stats."""
     nc = await natsutil.connect(nats_server.url, "direct-micro")
@@ -153,8 +153,8 @@ async def test_a_micro_endpoint_handled_directly_answers_in_the_readers_turn_and
     try:
         service = await micro.add_service(nc, name="direct-test", version="0.0.1")
         await service.add_endpoint(name="offer", subject="direct.micro", handler=handler)
-        assert natsutil.handle_directly(service, "direct.micro")
-        assert not natsutil.handle_directly(service, "no.such.endpoint")
+        assert nats_internals.handle_directly(service, "direct.micro")
+        assert not nats_internals.handle_directly(service, "no.such.endpoint")
         task = service._endpoints[0]._subscription._wait_for_msgs_task  # nats.micro's own, no public handle
         task.cancel()
         await until(lambda: task.done(), what="the endpoint's subscription task stopped")

@@ -1,7 +1,7 @@
 """With admission, the queue and the router in one process (`tokenyard up`'s default), the
 call that hands a request to the queue (QueueShell.take) reaches the router's offer to a
 worker before it returns, and the offer is written to the socket in that call
-(natsutil.send_now), not on nats-py's flusher's turn behind the rest of the caller's work:
+(nats_internals.send_now), not on nats-py's flusher's turn behind the rest of the caller's work:
 on return the stream is followed, the placement is under way and nothing is left unwritten.
 The request then runs as any other. Against a real nats-server."""
 
@@ -11,7 +11,7 @@ import time
 import uuid
 
 from tokenyard.services.router.reask import key_of
-from tokenyard.shared import codec, config, natsutil, schemas
+from tokenyard.shared import codec, config, nats_internals, natsutil, schemas
 
 from tests.builders import req
 from tests.conftest import until
@@ -68,7 +68,7 @@ def test_send_now_leaves_the_buffer_to_the_flusher_when_the_transport_refuses():
             self._pending, self._pending_data_size = [b"PUB a 1\r\nx\r\n"], 14
 
     conn = Conn()
-    assert natsutil.send_now(conn) is False
+    assert nats_internals.send_now(conn) is False
     assert conn._pending == [b"PUB a 1\r\nx\r\n"] and conn._pending_data_size == 14
 
 
@@ -83,10 +83,10 @@ async def test_send_now_writes_what_is_pending_once(nats_server):
     try:
         await sub.subscribe("send.now.test", cb=on_msg)
         await sub.flush()
-        assert natsutil.send_now(pub) is False  # nothing pending: nothing written
+        assert nats_internals.send_now(pub) is False  # nothing pending: nothing written
         await pub.publish("send.now.test", b"one")
         assert pub.pending_data_size > 0
-        assert natsutil.send_now(pub) is True and pub.pending_data_size == 0
+        assert nats_internals.send_now(pub) is True and pub.pending_data_size == 0
         await pub.flush()  # the flusher's turn: nothing left, nothing sent twice
         await until(lambda: got, what="the message")
         await sub.flush()

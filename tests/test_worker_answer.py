@@ -1,6 +1,6 @@
 """The worker's answer to an offer it took leaves right behind the request's first token
 (services/worker/shell.py, `OfferAnswer`, REPLY_HOLD_S): the first token is written to the
-socket at once and alone (natsutil.send_now), not on nats-py's flusher's turn behind the rest
+socket at once and alone (nats_internals.send_now), not on nats-py's flusher's turn behind the rest
 of the engine's step, and the answer follows in that same turn of the loop, into the buffer
 the flusher writes — on the first token's path there is no write, and no reading by the router,
 of the answer first. An engine whose first event is not near has the answer go alone at the
@@ -100,7 +100,7 @@ async def test_a_refusal_is_answered_at_once_and_an_eventless_end_still_answers(
 
 class Buffered(Wire):
     """nats-py's buffering: a publish waits in `_pending` until a write — its flusher's, on a
-    later turn (`flush_each_turn`), or `natsutil.send_now`'s, at once. `writes`: what each
+    later turn (`flush_each_turn`), or `nats_internals.send_now`'s, at once. `writes`: what each
     write carried."""
 
     def __init__(self) -> None:

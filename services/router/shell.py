@@ -45,7 +45,7 @@ from tokenyard.services.router.migration import (
     Reissue,
 )
 from tokenyard.services.router.reask import Answer, ReaskMemory, Wait, key_of
-from tokenyard.shared import codec, natsutil, schemas, subjects, telemetry
+from tokenyard.shared import codec, nats_internals, natsutil, schemas, subjects, telemetry
 from tokenyard.shared.eager import eager_task
 from tokenyard.shared.feed import ProcessFeeds
 from tokenyard.shared.metrics import RouterMetrics
@@ -346,7 +346,7 @@ class RouterShell:
                 asked = eager_task(self.nc.request(
                     subject, data or codec.encode(ar), timeout=OFFER_TIMEOUT_S, headers=headers or None
                 ))
-                natsutil.send_now(self.nc)
+                nats_internals.send_now(self.nc)
                 msg = await asked
                 return codec.decode(msg.data, schemas.GenerateReply)
             except NoRespondersError:  # nobody listens there: a refusal, not a doubt

@@ -53,7 +53,7 @@ from tokenyard.services.worker.core import WorkerConfig, WorkerCore, engine_requ
 from tokenyard.services.worker.engine import Engine
 from tokenyard.services.worker.leases import LeaseProbe
 from tokenyard.services.worker.outage import REPLAY_AFTER_S, REPLAY_BEFORE_S, OutageReplay
-from tokenyard.shared import codec, config, natsutil, schemas, subjects, telemetry
+from tokenyard.shared import codec, config, nats_internals, schemas, subjects, telemetry
 from tokenyard.shared.adoption import message_room
 from tokenyard.shared.eager import eager_task
 from tokenyard.shared.metrics import WorkerMetrics
@@ -68,7 +68,7 @@ LEG_ROUTE_TIMEOUT_S = 5.0
 
 REPLY_HOLD_S = 0.002
 """How long the answer to an offer it took waits for the request's first event, and leaves right
-behind it: the first token is written first, alone and at once (natsutil.send_now), and the
+behind it: the first token is written first, alone and at once (nats_internals.send_now), and the
 answer follows on nats-py's flusher's turn — on the first token's path neither the answer's own
 write nor the router's reading of it comes first. A first event that takes longer (a real
 engine's prefill) finds the answer gone alone at this bound; a refusal is answered at once."""
@@ -139,7 +139,7 @@ class WorkerShell:
         await nc.subscribe(subjects.worker_control(wid), cb=self._on_control)
         await nc.subscribe(subjects.worker_alive(wid), cb=_answer_alive)  # a client's probe: being here is the answer
         await service.add_endpoint(name="generate", subject=subjects.worker_generate(wid), handler=self.on_generate)
-        natsutil.handle_directly(service, subjects.worker_generate(wid))  # an offer's handler starts in the reader's turn
+        nats_internals.handle_directly(service, subjects.worker_generate(wid))  # an offer's handler starts in the reader's turn
         await service.add_endpoint(name="status", subject=subjects.worker_status(wid), handler=self._on_status)
         await service.add_endpoint(name="state", subject=subjects.worker_state(wid), handler=functools.partial(handover.on_state, self))
         await self._publish_heartbeat()
@@ -229,7 +229,7 @@ class WorkerShell:
                         if first:  # handed to NATS: where the hop profile's last segment starts
                             # written now, not on nats-py's flusher's turn behind the rest of this
                             # step (the next event's work); the router's answer after it
-                            natsutil.send_now(self.nc)
+                            nats_internals.send_now(self.nc)
                             if answer is not None:
                                 await answer.send()
                             span.set_attribute("tokenyard.first_event_ns", time.time_ns())

@@ -10,7 +10,7 @@ JetStream redelivers what a dead queue held. The same request asked while its pl
 runs gets that placement's decision; asked after it was routed, `routed` to the same worker
 again, with no second offer (another worker would take it: two generations on one stream).
 
-Migration (services/router/migration.py decides; this shell performs): the replica that
+Migration (services/router/migration.py decides; services/router/effects.py performs): the replica that
 placed a request subscribes to its reply subject and follows its chunks; every `tick_s` it
 asks the migration core what to do — probe a worker (`llm.v1.worker.<id>.status`), re-issue
 a dead worker's request elsewhere (after fencing it: `llm.v1.fence`), end a request
@@ -24,25 +24,20 @@ import functools
 import logging
 import time
 
-import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from opentelemetry.trace import SpanKind
+from tokenyard.services.router import effects
 from tokenyard.services.router.adopt import on_adopt, on_adopted_ask
 from tokenyard.services.router.bounds import check_inputs
 from tokenyard.services.router.core import ROUTE_ATTEMPTS, Placement, RouterConfig, RouterCore
 from tokenyard.services.router.follow import Follows
 from tokenyard.services.router.migration import (
-    Fail,
     MigrationConfig,
     MigrationCore,
-    Orphaned,
-    Probe,
-    ProbeLease,
-    Reissue,
 )
 from tokenyard.services.router.reask import Answer, ReaskMemory, Wait, key_of
 from tokenyard.shared import codec, nats_internals, natsutil, schemas, subjects, telemetry
@@ -56,7 +51,6 @@ from tokenyard.shared.slo import OfferPrefill
 log = telemetry.logger("router")
 
 OFFER_TIMEOUT_S = 2.0
-PROBE_TIMEOUT_S = 0.5
 
 
 class RouterShell:
@@ -111,7 +105,7 @@ class RouterShell:
             name="route", subject=subjects.ROUTE, queue_group=subjects.GROUP_ROUTER, handler=self._on_route
         )
         self._housekeeping = asyncio.create_task(self._housekeeping_loop())
-        self._monitor = asyncio.create_task(self._monitor_loop())
+        self._monitor = asyncio.create_task(effects.monitor(self))
 
     async def stop(self) -> None:
         if self._housekeeping:
@@ -375,96 +369,10 @@ class RouterShell:
     async def _unfollow(self, request_id: str) -> None:
         await self.follows.unfollow(request_id)
 
-    async def _monitor_loop(self) -> None:
-        """Every `tick_s` while a stream is followed: the migration core's tick (death, orphans,
-        re-issues). With nothing followed the tick has nothing to do, so the loop waits for the
-        next one tracked instead of waking ten times a second. An outage it slept through is
-        found by the connection's reconnect count, so every clock restarts as if it had been
-        awake (MigrationCore.on_reconnected): from when the connection came back
-        (natsutil.reconnected_at), not from when the loop next woke."""
-        deaf = False
-        reconnects = self.nc.stats["reconnects"]
-        while True:
-            if not self.migration.tracked:
-                self._tracking.clear()
-                await self._tracking.wait()
-            await asyncio.sleep(self.tick_s)
-            if not self.nc.is_connected:  # a NATS outage: silence proves nothing
-                deaf = True
-                continue
-            if deaf or self.nc.stats["reconnects"] != reconnects:
-                deaf, reconnects = False, self.nc.stats["reconnects"]
-                # from the reconnect itself: one slept through while nothing was followed may be
-                # long past, and its clocks (a gone client's lease) must not start again now
-                self.migration.on_reconnected(natsutil.reconnected_at(self.nc) or time.time())
-            for effect in self.migration.tick(time.time()):
-                try:
-                    await self._perform(effect)
-                except Exception:  # one failed publish must not drop the other effects
-                    log.exception("migration_effect_failed", effect=type(effect).__name__)
-
-    async def _perform(self, effect) -> None:
-        match effect:
-            case Probe(worker_id=wid):
-                self._spawn(self._probe(wid))
-            case Reissue():
-                self._spawn(self._reissue(effect))
-            case Fail(req=req, event=event):
-                log.warning("stream_ended_by_router", request_id=req.request_id, sent=type(event).__name__,
-                            message=getattr(event, "message", ""))
-                await self._unfollow(req.request_id)
-                await self.nc.publish(req.reply_to, codec.encode(event, json=req.json),
-                                      headers=codec.content_headers(req.json))
-            case ProbeLease():
-                self._spawn(self._probe_lease(effect))
-            case Orphaned(request_id=rid):
-                log.info("orphan_aborted", request_id=rid)
-                await self._unfollow(rid)
-                await self.nc.publish(subjects.ABORT, codec.encode(schemas.Abort(rid, reason="orphaned")))
-
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
-
-    async def _probe(self, worker_id: str) -> None:
-        try:
-            msg = await self.nc.request(subjects.worker_status(worker_id), b"", timeout=PROBE_TIMEOUT_S)
-            running: set[str] | None = set(msgspec.msgpack.decode(msg.data, type=list[str]))
-        except NoRespondersError:
-            log.warning("worker_gone", worker=worker_id, detected_by="no_responders")
-            self.migration.on_no_responders(worker_id, time.time(), natsutil.reconnected_at(self.nc))
-            return
-        except Exception:
-            running = None
-        self.migration.on_probe(worker_id, running, time.time())
-
-    async def _probe_lease(self, effect: ProbeLease) -> None:
-        """Is the silent lease's holder still connected? Only "no responders" says no (it
-        holds no reply rights: a stalled holder and a live one both time out)."""
-        try:
-            await self.nc.request(effect.subject, b"", timeout=PROBE_TIMEOUT_S)
-        except NoRespondersError:
-            log.info("client_gone", lease=effect.lease)
-            self.migration.on_lease_gone(effect.lease, time.time())
-        except Exception:
-            pass
-
-    async def _reissue(self, effect: Reissue) -> None:
-        ar = effect.req
-        # Fence: a worker wrongly thought dead stops sending (it keeps the id open).
-        await self.nc.publish(subjects.FENCE, codec.encode(
-            schemas.Abort(ar.request_id, reason=MIGRATED, before_migration=ar.migrations)))
-        decision, _ = await self.place(ar, exclude=effect.exclude)
-        log.info("migrated", request_id=ar.request_id, from_worker=effect.old_worker, outcome=decision.outcome,
-                 to_worker=decision.worker_id, resume_tokens=len(ar.resume_token_ids), migrations=ar.migrations)
-        if decision.outcome == schemas.Outcome.ABORTED:  # aborted meanwhile (its client left): it ends here
-            await self._drop(ar.request_id, ended=True)
-        if decision.outcome != schemas.Outcome.NO_CAPACITY:
-            return
-        fail = self.migration.reissue_failed(ar.request_id, time.time())
-        if fail is not None:
-            await self._perform(fail)
 
     async def _housekeeping_loop(self) -> None:
         while True:

@@ -7,23 +7,37 @@ worker is up", /health said no_workers, though an admitted request waits in the 
 for the worker and loses nothing. A worker up when admission lost the bus is now excused the
 reconnect bound from admission's return; one silent while admission heard the bus is not.
 
-Pure cases on the core, and a property over outages."""
+Pure cases on the core, a property over outages, then live: `tokenyard up`'s front (router,
+queue, admission, the HTTP edge in one process) and a worker cut off together
+(tests/silent_proxy.py); the path heals, the front is back at once, the worker ~5.3 s later. Then
+the worker, back and beating, dies while the front stays connected: refused after its own bound,
+as before."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.admission.feasibility import FleetView
 from tokenyard.services.admission.liveness import MISSED_BEATS
-from tokenyard.shared import natsutil, readiness
+from tokenyard.shared import config, natsutil, readiness, subjects
 from tokenyard.shared.schemas import AdmittedRequest, GenerateRequest, PriorityClass
+from tokenyard.shared.service import ServiceHost
 from tokenyard.shared.slo import ENGINE_BACKLOG_S, TTFT_TARGET_S
 from tokenyard.shared.tokenizer import ByteTokenizer
 
 from tests.builders import hb
+from tests.conftest import stop_hosts, until
+from tests.fault_fleet import crash_worker, worker
+from tests.silent_proxy import SilentProxy
 from tests.test_admission_liveness import TICK, beating, idle_queue, ticking, view
+from tests.test_edge_in_queue import health, start_front
 
 E = natsutil.RECONNECT_BOUND_S
 BOUND = MISSED_BEATS * 0.1
@@ -183,3 +197,93 @@ def test_a_worker_back_within_the_bound_is_never_down_and_one_never_back_is_down
         assert f.up("w0", t), t
         assert f.up("w1", t) == (t <= back + E + BOUND), (t, back)
         t += TICK / 2
+
+
+async def complete(url: str, tier: str, max_tokens: int = 4) -> tuple[int, dict, dict]:
+    """A completion over HTTP: (status, body, headers)."""
+    body = {"model": config.DEFAULT_MODEL, "prompt": "while the worker reconnects", "max_tokens": max_tokens}
+    async with aiohttp.ClientSession() as s, \
+            s.post(f"{url}/v1/completions", json=body, headers={"x-request-tier": tier}) as r:
+        return r.status, json.loads(await r.text()), dict(r.headers)
+
+
+# ───────────────────────────── live ─────────────────────────────
+
+
+async def test_admission_admits_while_a_worker_is_still_reconnecting_and_refuses_one_that_died(plain_nats):
+    nc = await natsutil.connect(plain_nats.url, "back-late-setup")
+    await natsutil.ensure_queue_stream(nc)
+    await nc.jetstream().purge_stream(subjects.QUEUE_STREAM)
+    await nc.drain()
+    to_worker, to_front = await SilentProxy(plain_nats.port).start(), await SilentProxy(plain_nats.port).start()
+    hosts = [await ServiceHost(worker("bw0"), to_worker.url).start()]
+    late = hosts[0]
+    try:
+        front = await start_front(to_front.url, AdmissionConfig(default_ceiling=PriorityClass.P0))
+        hosts += front.hosts
+        admission = front.admission
+        await until(lambda: admission.core.fleet.up("bw0", time.time()), what="admission hears bw0")
+        assert (await health(front))[0] == 200
+        await to_worker.cut(reset=True)  # its attempts hang on the silent address
+        await to_front.cut()  # the front's connections go silent
+        await until(lambda: late.nc.is_connecting, what="bw0's reconnect attempt in flight to the silent address")
+        await to_front.heal()  # resets the front's connections: back at once
+        await to_worker.heal()
+        loop = asyncio.get_running_loop()
+        healed = loop.time()
+        await until(lambda: all(h.nc.is_connected and h.nc.stats["reconnects"] == 1 for h in front.hosts),
+                    what="the front back")
+        # past bw0's own bound (10 × 0.1 s) of silence since the front's return: before, down here
+        await until(lambda: admission.core.fleet.live.overdue_s("bw0", time.time()) is not None,
+                    what="bw0 silent past its own bound since the front's return")
+        assert not late.nc.is_connected, "bw0 back already: the window this test is about is gone"
+        at = loop.time() - healed
+
+        async def back() -> float:
+            await until(lambda: late.nc.is_connected, timeout_s=natsutil.RECONNECT_BOUND_S, poll_s=0.02, what="bw0 back")
+            return loop.time() - healed
+
+        returned = asyncio.ensure_future(back())
+        # P0 (0.5 s): bw0 may take the rest of natsutil.RECONNECT_BOUND_S, counted as wait:
+        # overloaded, not no_workers, and told when that wait would fit
+        p0 = await complete(front.url, "P0")
+        p0_at = loop.time() - healed
+        ready = await health(front)
+        # P2 (60 s): admitted, stored; served once bw0 is back
+        async with asyncio.timeout(30):
+            p2 = await complete(front.url, "P2")
+        served_at = loop.time() - healed
+        back_after = await returned
+        print(f"\nheal +{at:.2f} s: P0 {p0[0]} {p0[1].get('error', {}).get('code')} Retry-After "
+              f"{p0[2].get('Retry-After')}; /health {ready}; P2 {p2[0]} {p2[1].get('error', {}).get('code')} "
+              f"answered at +{served_at:.2f} s; bw0 back at +{back_after:.2f} s")
+        assert (p0[0], p0[1]["error"]["code"]) == (503, "overloaded"), p0
+        expected = natsutil.RECONNECT_BOUND_S - p0_at + ENGINE_BACKLOG_S - TTFT_TARGET_S[0]
+        assert abs(float(p0[2]["Retry-After"]) - expected) <= 1.0, (p0[2], expected)  # whole seconds, rounded up
+        assert ready == (200, {"status": "ok", "workers_up": 1, "workers_known": 1, "workers_reconnecting": 1})
+        assert p2[0] == 200, p2
+        assert (p2[1]["usage"]["completion_tokens"], p2[1]["choices"][0]["finish_reason"]) == (4, "length"), p2
+        assert late.nc.is_connected and late.nc.stats["reconnects"] == 1
+        assert natsutil.IDLE_RECONNECT_BOUND_S < back_after <= natsutil.RECONNECT_BOUND_S, back_after
+        assert served_at > back_after  # served once bw0 was back, not by anyone else
+
+        # bw0 dies while the front stays connected: not ready, and refused, once its own bound has
+        # passed, as ever (not a reconnect's excuse later)
+        crashed = loop.time()
+        await crash_worker(late)
+        status, body = await until(lambda: _health_is(front, 503), timeout_s=5, poll_s=0.02, what="bw0 down")
+        took = loop.time() - crashed
+        assert (body["reason"], body["workers_up"]) == ("no_workers", 0), body
+        assert 0.9 <= took <= 2.0, took  # 10 × the 0.1 s heartbeat, and then at once
+        status, body, _ = await complete(front.url, "P2")
+        assert (status, body["error"]["code"]) == (503, "no_workers") and "No worker is up" in body["error"]["message"]
+        print(f"crash: no_workers after {took:.2f} s")
+    finally:
+        await stop_hosts(hosts)
+        await to_worker.stop()
+        await to_front.stop()
+
+
+async def _health_is(front, want: int) -> tuple[int, dict] | None:
+    answer = await health(front)
+    return answer if answer[0] == want else None

@@ -16,6 +16,7 @@ as before."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 
@@ -233,17 +234,28 @@ async def test_admission_admits_while_a_worker_is_still_reconnecting_and_refuses
         healed = loop.time()
         await until(lambda: all(h.nc.is_connected and h.nc.stats["reconnects"] == 1 for h in front.hosts),
                     what="the front back")
-        # past bw0's own bound (10 × 0.1 s) of silence since the front's return: before, down here
-        await until(lambda: admission.core.fleet.live.overdue_s("bw0", time.time()) is not None,
-                    what="bw0 silent past its own bound since the front's return")
-        assert not late.nc.is_connected, "bw0 back already: the window this test is about is gone"
-        at = loop.time() - healed
 
         async def back() -> float:
             await until(lambda: late.nc.is_connected, timeout_s=natsutil.RECONNECT_BOUND_S, poll_s=0.02, what="bw0 back")
             return loop.time() - healed
 
         returned = asyncio.ensure_future(back())
+
+        async def probe() -> list[tuple[int, dict, dict]]:
+            """A P2 every 0.1 s (a client's pace, not an ordering) from the front's return until
+            0.5 s after bw0's: each answer."""
+            sent = []
+            while not returned.done() or loop.time() - healed < returned.result() + 0.5:
+                sent.append(asyncio.ensure_future(complete(front.url, "P2")))
+                await asyncio.sleep(0.1)
+            return await asyncio.gather(*sent)
+
+        probing = asyncio.ensure_future(probe())
+        # past bw0's own bound (10 × 0.1 s) of silence since the front's return: before, down here
+        await until(lambda: admission.core.fleet.live.overdue_s("bw0", time.time()) is not None,
+                    what="bw0 silent past its own bound since the front's return")
+        assert not late.nc.is_connected, "bw0 back already: the window this test is about is gone"
+        at = loop.time() - healed
         # P0 (0.5 s): bw0 may take the rest of natsutil.RECONNECT_BOUND_S, counted as wait:
         # overloaded, not no_workers, and told when that wait would fit
         p0 = await complete(front.url, "P0")
@@ -254,9 +266,12 @@ async def test_admission_admits_while_a_worker_is_still_reconnecting_and_refuses
             p2 = await complete(front.url, "P2")
         served_at = loop.time() - healed
         back_after = await returned
+        async with asyncio.timeout(30):
+            probed = await probing
         print(f"\nheal +{at:.2f} s: P0 {p0[0]} {p0[1].get('error', {}).get('code')} Retry-After "
               f"{p0[2].get('Retry-After')}; /health {ready}; P2 {p2[0]} {p2[1].get('error', {}).get('code')} "
-              f"answered at +{served_at:.2f} s; bw0 back at +{back_after:.2f} s")
+              f"answered at +{served_at:.2f} s; bw0 back at +{back_after:.2f} s; a P2 every 0.1 s: "
+              f"{collections.Counter(a[0] for a in probed)}")
         assert (p0[0], p0[1]["error"]["code"]) == (503, "overloaded"), p0
         expected = natsutil.RECONNECT_BOUND_S - p0_at + ENGINE_BACKLOG_S - TTFT_TARGET_S[0]
         assert abs(float(p0[2]["Retry-After"]) - expected) <= 1.0, (p0[2], expected)  # whole seconds, rounded up
@@ -266,6 +281,8 @@ async def test_admission_admits_while_a_worker_is_still_reconnecting_and_refuses
         assert late.nc.is_connected and late.nc.stats["reconnects"] == 1
         assert natsutil.IDLE_RECONNECT_BOUND_S < back_after <= natsutil.RECONNECT_BOUND_S, back_after
         assert served_at > back_after  # served once bw0 was back, not by anyone else
+        assert len(probed) >= 40 and all(a[0] == 200 and a[1]["usage"]["completion_tokens"] == 4 for a in probed), \
+            [a[:2] for a in probed if a[0] != 200][:3]  # before: 503 no_workers from +1.3 s to bw0's return
 
         # bw0 dies while the front stays connected: not ready, and refused, once its own bound has
         # passed, as ever (not a reconnect's excuse later)

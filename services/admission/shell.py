@@ -33,8 +33,8 @@ decided the same way, and admission's own answers go straight into the stream's 
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
 A tick every TICK_S / 2 tells the core it is awake: a longer gap between its events is its own
-stall, which does not make the workers look silent (liveness.py). A connection of its own or of
-its feeds that came back from an outage is told to the core before anything else it handles
+stall, which does not make the workers look silent (liveness.py). The connection its heartbeats
+come in on, back from an outage, is told to the core before anything else it handles
 (`_note_return`: nats-py counts a reconnect before it subscribes again): the workers up when it
 lost the bus are excused natsutil.RECONNECT_BOUND_S of silence, the longest theirs take.
 """
@@ -126,7 +126,7 @@ class AdmissionShell:
         self._inflight: set[asyncio.Task] = set()
         self._ticker: asyncio.Task | None = None
         self._reconnects: weakref.WeakKeyDictionary[Client, int] = weakref.WeakKeyDictionary()
-        """Each connection it hears the bus on → its reconnects counted when last looked at."""
+        """Each connection its heartbeats came in on → its reconnects counted when last looked at."""
 
     @property
     def handing_over(self) -> list[str]:
@@ -209,21 +209,20 @@ class AdmissionShell:
         self.core.on_queue_stats(stats, now)
 
     def _note_return(self, now: float) -> None:
-        """A connection it hears the bus on counted a reconnect since last looked at: the core
-        hears of it (at natsutil.reconnected_at, or `now` until nats-py's callback has run), after
-        a tick at `now` that counts the outage's blind time, before the message in hand."""
-        back = None
-        for nc in (self.nc, self.feeds.heartbeats.nc, self.feeds.queue_states.nc):
-            if nc is None:
-                continue
-            count = nc.stats["reconnects"]
-            if self._reconnects.setdefault(nc, count) != count:
-                self._reconnects[nc] = count
-                at = natsutil.reconnected_at(nc) or now
-                back = at if back is None else max(back, at)
-        if back is not None:
+        """The connection its heartbeats come in on (its own, or another service's in this
+        process: shared/feed.py) counted a reconnect since last looked at: the core hears of it
+        (at natsutil.reconnected_at, or `now` until nats-py's callback has run), after a tick at
+        `now` that counts the outage's blind time, before the message in hand. Its own connection
+        alone coming back is no reason: the heartbeats were heard meanwhile, and a worker silent
+        then is silent."""
+        nc = self.feeds.heartbeats.nc
+        if nc is None:
+            return
+        count = nc.stats["reconnects"]
+        if self._reconnects.setdefault(nc, count) != count:
+            self._reconnects[nc] = count
             self.core.on_tick(now, self._observing())
-            self.core.on_reconnected(min(back, now), natsutil.RECONNECT_BOUND_S)
+            self.core.on_reconnected(min(natsutil.reconnected_at(nc) or now, now), natsutil.RECONNECT_BOUND_S)
 
     def _observing(self) -> bool:
         """Cut off from NATS it hears nothing — on its own connection, or on the one its

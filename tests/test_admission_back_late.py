@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from tokenyard.services.admission.core import AdmissionConfig, AdmissionCore
 from tokenyard.services.admission.feasibility import FleetView
 from tokenyard.services.admission.liveness import MISSED_BEATS
+from tokenyard.services.admission.shell import AdmissionShell
 from tokenyard.shared import config, natsutil, readiness, subjects
 from tokenyard.shared.schemas import AdmittedRequest, GenerateRequest, PriorityClass
 from tokenyard.shared.service import ServiceHost
@@ -198,6 +199,32 @@ def test_a_worker_back_within_the_bound_is_never_down_and_one_never_back_is_down
         assert f.up("w0", t), t
         assert f.up("w1", t) == (t <= back + E + BOUND), (t, back)
         t += TICK / 2
+
+
+class Conn:
+    """A connection as `AdmissionShell._note_return` reads one: its reconnect count, its state."""
+
+    def __init__(self) -> None:
+        self.stats = {"reconnects": 0}
+        self.is_connected = True
+
+
+def test_only_the_heartbeats_connection_coming_back_excuses_the_workers():
+    """The shell's seam: admission's own connection back alone (the heartbeats heard meanwhile on
+    another service's, in its process) excuses no one; the heartbeats' connection back does."""
+    shell = AdmissionShell(AdmissionConfig(), ByteTokenizer())
+    shell.core.ticks_every(TICK)
+    shell.nc, shell.feeds.heartbeats.nc = Conn(), Conn()
+    for k in range(100):
+        shell._on_heartbeat(hb("w0"), k * 0.1)  # (the first look counts no reconnect)
+    shell.nc.stats["reconnects"] = 1
+    shell._awake(9.95)
+    assert shell.core.fleet.live.beats["w0"].excuse_s == 0.0
+    shell.feeds.heartbeats.nc.stats["reconnects"] = 1
+    shell._awake(10.0)
+    assert shell.core.fleet.live.beats["w0"].excuse_s == E
+    shell._awake(10.05)  # counted once
+    assert shell.core.fleet.live.beats["w0"].seen_s == 10.0
 
 
 async def complete(url: str, tier: str, max_tokens: int = 4) -> tuple[int, dict, dict]:

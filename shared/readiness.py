@@ -11,14 +11,18 @@ the fleet (shared/http_front.py) — restart on that, take out of rotation on th
                                 in a 503 "admission did not answer in time"
         admission_disconnected  admission is cut off from the bus: it hears no worker
         no_workers              admission counts no worker up (healthy, not draining, heard from
-                                within its liveness bound): every request would get a 503 "No
-                                worker is up", or wait for one
+                                within its liveness bound, or one up when admission lost the bus
+                                and still within the bound of its reconnect): every request would
+                                get a 503 "No worker is up", or wait for one
 
 workers_up is admission's count, by the rule it judges every request by, so the probe and the
 answers agree: the edge in admission's process (`tokenyard up`) asks it by a call, an edge
 process of its own (`--edge-processes N`, `tokenyard edge`) over NATS, one ask at a time however
-many probes come. A saturated fleet is ready: its 503s (Retry-After) are per request, and a
-front taken out of rotation on every burst would flap.
+many probes come. `workers_reconnecting`, present while some are: those of workers_up silent past
+their bound since admission's own return from a bus outage, up as still reconnecting
+(services/admission/liveness.py). The front is ready then, as admission admits then: a request
+waits in the queue, stored, for their return. A saturated fleet is ready: its 503s (Retry-After)
+are per request, and a front taken out of rotation on every burst would flap.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def judge(nats_connected: bool, fleet: schemas.FleetHealth | None, unanswered: s
     if fleet is None:
         return _unavailable("admission_unavailable", f"no admission answers: {unanswered or 'not asked'}")
     counts = {"workers_up": fleet.workers_up, "workers_known": fleet.workers_known}
+    if fleet.workers_reconnecting:
+        counts["workers_reconnecting"] = fleet.workers_reconnecting
     if not fleet.observing:
         return _unavailable("admission_disconnected", "admission is cut off from NATS: it hears no worker", counts)
     if fleet.workers_up < 1:

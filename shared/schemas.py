@@ -494,3 +494,6 @@ class FleetHealth(msgspec.Struct, omit_defaults=True):
     """Workers it has heard from at all."""
     observing: bool = True
     """It hears the bus: a cut-off admission's count is stale."""
+    workers_reconnecting: Int64 = 0
+    """Of workers_up, those counted up only as still reconnecting after admission's own return
+    from a bus outage (services/admission/liveness.py: not heard since, within the bound)."""

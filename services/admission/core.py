@@ -139,12 +139,20 @@ class AdmissionCore:
     def on_queue_stats(self, stats: QueueStats, now: float) -> None:
         self.fleet.on_queue_stats(stats, now)
 
+    def on_reconnected(self, back_s: float, excuse_s: float) -> None:
+        """Its shell's connection came back from an outage at `back_s`, and the workers' take up
+        to `excuse_s` (natsutil.RECONNECT_BOUND_S): called before anything heard since is handled
+        (feasibility.FleetView.on_reconnected)."""
+        self.fleet.on_reconnected(back_s, excuse_s)
+
     def fleet_health(self, now: float, observing: bool = True) -> schemas.FleetHealth:
         """What it sees of the workers, for an HTTP front's readiness: those `up` by the rule
         every request is judged by (none up: a request gets 503 "No worker is up", or waits for
-        the first one). Changes nothing: a probe is not an event that watches the bus."""
-        return schemas.FleetHealth(workers_up=len(self.fleet.up_at(now)), workers_known=len(self.fleet.workers),
-                                   observing=observing)
+        the first one), and of those, the ones up as still reconnecting. Changes nothing: a probe
+        is not an event that watches the bus."""
+        up = self.fleet.up_at(now)
+        return schemas.FleetHealth(workers_up=len(up), workers_known=len(self.fleet.workers), observing=observing,
+                                   workers_reconnecting=self.fleet.live.reconnecting(up, now)[0])
 
     def admit(
         self,
@@ -268,6 +276,15 @@ class AdmissionCore:
                 message=f"No worker is up ({heard}): a P{int(priority)} request cannot be served; "
                         f"start a worker (tokenyard worker) or retry later",
                 retry_after_s=self.fleet.stale_after_s, queue_depth=depth,
+            )
+        reconnecting, due = self.fleet.live.reconnecting(self.fleet.up_at(now), now)
+        if wait != float("inf") and due > 0 and wait == due:  # the wait is theirs, not a backlog's
+            return Rejected(
+                request_id=rid, status=503, code="overloaded", reason="workers_reconnecting",
+                message=f"No worker has been heard from since admission's return to the bus: the {reconnecting} up may "
+                        f"take {duration(due)} more to reconnect, beyond a P{int(priority)} request's {deadline:g} s "
+                        f"TTFT target; retry later",
+                retry_after_s=retry_after, queue_depth=depth,
             )
         wait_text = "no capacity to serve it" if wait == float("inf") else f"a predicted wait of {wait:.2f} s"
         return Rejected(

@@ -8,6 +8,10 @@
                 a released request may still wait behind (shared.slo, 0.25 s)
     Retry-After = wait(c) + H − budget   (when, at this drain rate, the backlog would fit)
 
+While every worker up is one admission has not heard from since its own return from a bus outage
+(up by liveness.py's excuse, silent past its bound), wait(c) is at least the excuse left: the
+longest it may yet take to reconnect, before which it serves nothing.
+
 D, the fleet's drain rate, is the work (prompt + max_tokens) the priority queue routed per
 second over its last few seconds, summed over fresh queue replicas, no more than what the
 fleet sustains over the wait the request may have, D_s(budget − H) below (on by default,
@@ -214,8 +218,8 @@ class FleetView:
     """worker id → R_w, the prompt tokens per second the queue's flow control can release to it
     (wait_terms.release_rate, from its latest heartbeat)."""
     beats_heard: int = field(default=0, repr=False, compare=False)
-    """Heartbeats and keep-alives taken so far: with the time and the observer's blind time,
-    the key of `up_at`'s kept answer (a memo's key, not state: left out of equality and repr,
+    """Heartbeats, keep-alives and admission's returns from an outage taken so far: with the time
+    and the observer's blind time, the key of `up_at`'s kept answer (a memo's key, not state: left out of equality and repr,
     so a run that folds across ticks and one stepped one by one, which take different numbers
     of keep-alives into the same state, compare equal)."""
     # up_at's kept answer: a memo of what the state above gives, not state itself (a refused
@@ -241,6 +245,7 @@ class FleetView:
         the queue has not fetched yet would otherwise vanish from the prediction at each state.
         A queue that reports no watermark (0) counts everything admitted before now."""
         self.live.awake(now)
+        self.live.heard(now)
         self.queues[s.instance_id] = (now, s)
         seen = max((q.seen_arrival_s for _, q in self.queues.values()), default=0.0) if s.seen_arrival_s > 0 else now
         while self.admitted and self.admitted[0][0] <= seen:
@@ -255,6 +260,12 @@ class FleetView:
         """Admission handles an event (a request, a tick) at `now`, cut off from the bus unless
         `observing` (liveness.Liveness.awake); heartbeat and queue state handlers call it too."""
         self.live.awake(now, observing)
+
+    def on_reconnected(self, back_s: float, excuse_s: float) -> None:
+        """Admission's connection came back at `back_s`: the workers up when it last heard the bus
+        are excused `excuse_s` of silence from then (liveness.Liveness.back)."""
+        self.live.back(back_s, excuse_s)
+        self.beats_heard += 1  # `up_at`'s kept answer is stale
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.live.awake(now)
@@ -464,6 +475,8 @@ class FleetView:
             wait = 0.0 if drain is None else priority_wait(
                 ahead, drain, self.arrival_rate(overtaking(qs[0].policy, c), now), self.overtaking_counted_s)
             # (None: no rate known at all, nothing to predict from)
+        if wait != float("inf"):  # every worker up still reconnecting: serves no sooner than it is back
+            wait = max(wait, self.live.reconnecting(self.up_at(now), now)[1])
         return Verdict(wait, deadline, depth)
 
     def drain(self, qs: list[QueueStats], now: float, horizon_s: float = math.inf) -> float | None:

@@ -33,7 +33,10 @@ decided the same way, and admission's own answers go straight into the stream's 
 For SLO feasibility the core is fed the workers' heartbeats (`llm.v1.hb.*`) and the queue's
 state (`llm.v1.pq.state`); a refusal (429 / 503) is answered at once, before any tokenizing.
 A tick every TICK_S / 2 tells the core it is awake: a longer gap between its events is its own
-stall, which does not make the workers look silent (liveness.py).
+stall, which does not make the workers look silent (liveness.py). The connection its heartbeats
+come in on, back from an outage, is told to the core before anything else it handles
+(`_note_return`: nats-py counts a reconnect before it subscribes again): the workers up when it
+lost the bus are excused natsutil.RECONNECT_BOUND_S of silence, the longest theirs take.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import contextlib
 import functools
 import time
 import uuid
+import weakref
 from typing import Protocol
 
 from nats.aio.client import Client
@@ -121,6 +125,8 @@ class AdmissionShell:
         self.metrics = AdmissionMetrics()
         self._inflight: set[asyncio.Task] = set()
         self._ticker: asyncio.Task | None = None
+        self._reconnects: weakref.WeakKeyDictionary[Client, int] = weakref.WeakKeyDictionary()
+        """Each connection its heartbeats came in on → its reconnects counted when last looked at."""
 
     @property
     def handing_over(self) -> list[str]:
@@ -141,8 +147,8 @@ class AdmissionShell:
         await natsutil.ensure_queue_stream(nc)
         self.core.ticks_every(TICK_S)
         self._ticker = asyncio.create_task(self._tick())
-        await self.feeds.heartbeats.join(nc, self.core.on_heartbeat)
-        await self.feeds.queue_states.join(nc, self.core.on_queue_stats)
+        await self.feeds.heartbeats.join(nc, self._on_heartbeat)
+        await self.feeds.queue_states.join(nc, self._on_queue_stats)
         await service.add_endpoint(
             name="submit", subject=subjects.SUBMIT, queue_group=subjects.GROUP_ADMISSION, handler=self._on_submit
         )
@@ -157,7 +163,7 @@ class AdmissionShell:
         a request's decision has: a stall of this process just before the probe is its own blind
         time, not the workers' silence (else `no_workers` once, until the queued heartbeats are read)."""
         now, observing = time.time(), self._observing()
-        self.core.on_tick(now, observing)
+        self._awake(now)
         return self.core.fleet_health(now, observing)
 
     async def _on_health(self, msg) -> None:
@@ -177,8 +183,8 @@ class AdmissionShell:
             await asyncio.wait(list(self._handing.values()))
 
     async def stop(self) -> None:
-        await self.feeds.heartbeats.leave(self.core.on_heartbeat)
-        await self.feeds.queue_states.leave(self.core.on_queue_stats)
+        await self.feeds.heartbeats.leave(self._on_heartbeat)
+        await self.feeds.queue_states.leave(self._on_queue_stats)
         if self._ticker is not None:
             self._ticker.cancel()
         if self._inflight:
@@ -187,7 +193,36 @@ class AdmissionShell:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_S / 2)
-            self.core.on_tick(time.time(), self._observing())
+            self._awake(time.time())
+
+    def _awake(self, now: float) -> None:
+        """The core's tick at `now`, a return from an outage first told (`_note_return`)."""
+        self._note_return(now)
+        self.core.on_tick(now, self._observing())
+
+    def _on_heartbeat(self, hb: schemas.Heartbeat, now: float) -> None:
+        self._note_return(now)
+        self.core.on_heartbeat(hb, now)
+
+    def _on_queue_stats(self, stats: schemas.QueueStats, now: float) -> None:
+        self._note_return(now)
+        self.core.on_queue_stats(stats, now)
+
+    def _note_return(self, now: float) -> None:
+        """The connection its heartbeats come in on (its own, or another service's in this
+        process: shared/feed.py) counted a reconnect since last looked at: the core hears of it
+        (at natsutil.reconnected_at, or `now` until nats-py's callback has run), after a tick at
+        `now` that counts the outage's blind time, before the message in hand. Its own connection
+        alone coming back is no reason: the heartbeats were heard meanwhile, and a worker silent
+        then is silent."""
+        nc = self.feeds.heartbeats.nc
+        if nc is None:
+            return
+        count = nc.stats["reconnects"]
+        if self._reconnects.setdefault(nc, count) != count:
+            self._reconnects[nc] = count
+            self.core.on_tick(now, self._observing())
+            self.core.on_reconnected(min(natsutil.reconnected_at(nc) or now, now), natsutil.RECONNECT_BOUND_S)
 
     def _observing(self) -> bool:
         """Cut off from NATS it hears nothing — on its own connection, or on the one its
@@ -245,7 +280,7 @@ class AdmissionShell:
                 )
             else:
                 now = time.time()
-                self.core.on_tick(now, self._observing())  # after a stall of this process, the first thing it notes
+                self._awake(now)  # after a stall of this process, the first thing it notes
                 verdict = self.core.admit(  # an id is drawn only for a request that brings none
                     body, reply_to=reply_to or "", json=json, headers=headers, now=now,
                     new_id=body.request_id or uuid.uuid4().hex,

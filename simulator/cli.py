@@ -5,13 +5,15 @@
                   [--macro-size K --mode nodg|ecoserve|pd[,…]] [--no-chunked-prefill]
                   [--prefill-only-phases] [--pd-prefill K] [--max-model-len N] [--mitosis]
                   [--queue-policy Q] [--flow-control on|off] [--priority-mix a,b,c,d] [--goodput ttft:MS tpot:MS]
-                  [--seed S] [--json FILE] [--plots DIR]
+                  [--seed S | --seeds A-B|A,B,… [--jobs N]] [--json FILE] [--plots DIR]
                   [--rate R] [--burstiness K] [--rate-scale X] [--time-scale X]
                   [--num-requests N] [--duration S] [--skip-requests N] [--input-len N --output-len N] (synthetic)
 
 `--num-requests` takes the first N requests (of a trace; a synthetic workload makes N, 1000
 by default); `--duration` drops arrivals at or after S virtual seconds (after scaling). Several modes
 (`--mode ecoserve,nodg,pd`) run one after the other on the same requests, ratios to the first.
+`--seeds` runs the whole comparison once per seed (simulator/over_seeds.py) and prints the mean
+and the paired difference to the first over the seeds (simulator/seeds.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def register(sub) -> None:
@@ -68,7 +70,14 @@ def register(sub) -> None:
                         "worker at --speed X sends one every 0.1 × X of its simulated seconds)")
     p.add_argument("--priority-mix", default="0,1,0,0", help="fractions of P0..P3")
     p.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
-    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the policies: same seed, same run")
+    seed = p.add_mutually_exclusive_group()
+    seed.add_argument("--seed", type=int, default=0, help="seed of the workload and the policies: same seed, same run")
+    seed.add_argument("--seeds", default=None, metavar="A-B|A,B,...",
+                      help="run the comparison once per seed (101-112, 1,2,3) and print each policy's mean "
+                           "over the seeds and its paired difference to the first (mean ± standard error, "
+                           "seeds better); --json holds every seed's results and the summary")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="with --seeds: seeds run in N processes at once (the results are the same)")
     p.add_argument("--rate", type=float, default=None, help="base rate of a synthetic workload (req/s; default: the workload's own base rate)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of gaps; 1 = Poisson")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay X times faster")
@@ -128,72 +137,99 @@ def config_doc(args, workload, policies: list[str]) -> dict[str, Any]:
     }
 
 
-def main(args: argparse.Namespace) -> int:
+class Prepared(NamedTuple):
+    """One run's inputs, checked: what `--seed` (or one of `--seeds`) draws."""
+
+    workload: Any
+    cfg: Any  # SimConfig of the first policy / mode
+    names: list[str]  # the policies compared, or the modes where several are
+    modes: list[str]
+    goodput: dict[str, float]
+
+
+def prepare(args: argparse.Namespace, seed: int) -> Prepared:
+    """The workload and fleet of a run at `seed`; a bad option raises ValueError or KeyError
+    with its message, before anything runs."""
     from tokenyard.loadgen.config import parse_goodput, parse_priority_mix
     from tokenyard.loadgen.workloads import open_workload
-    from tokenyard.simulator import report
     from tokenyard.simulator.cluster import ClusterSim, SimConfig
+
+    policies = _policies(args)
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()] or ["nodg"]
+    goodput = parse_goodput(args.goodput)
+    mix = parse_priority_mix(args.priority_mix)
+    if args.instances < 1:
+        raise ValueError("--instances must be >= 1")
+    workload = open_workload(
+        args.workload,
+        num_requests=args.num_requests,
+        rate=args.rate,
+        burstiness=args.burstiness,
+        rate_scale=args.rate_scale,
+        time_scale=args.time_scale,
+        priority_mix=mix,
+        seed=seed,
+        duration_s=args.duration,
+        skip_requests=args.skip_requests,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        range_ratio=args.range_ratio,
+    )
+    if not workload.items():
+        raise ValueError("the workload has no requests")
+    if args.heartbeat_s <= 0:
+        raise ValueError("--heartbeat-s must be positive")
+    cfg = SimConfig(
+        instances=args.instances,
+        profile=args.profile,
+        policy=policies[0],
+        queue_policy=args.queue_policy,
+        flow_control=args.flow_control == "on",
+        heartbeat_s=args.heartbeat_s,
+        macro_size=args.macro_size,
+        mode=modes[0],
+        seed=seed,
+        chunked_prefill=args.chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        prefill_only_phases=args.prefill_only_phases,
+        pd_prefill=args.pd_prefill,
+        max_model_len=args.max_model_len,
+        mitosis=args.mitosis,
+    )
+    if len(modes) > 1 and len(policies) > 1:
+        raise ValueError("compare several modes or several policies, not both")
+    for mode in modes:  # bad profile / queue policy / mode fail here
+        ClusterSim(replace(cfg, mode=mode), workload.block_tokens)
+    return Prepared(workload, cfg, modes if len(modes) > 1 else policies, modes, goodput)
+
+
+def run(prep: Prepared, with_series: bool = False):
+    """Every policy (or mode) of `prep` on its requests: {name: result} (and series if asked)."""
     from tokenyard.simulator.run import compare, compare_modes
 
+    if len(prep.modes) > 1:
+        return compare_modes(prep.workload, prep.cfg, prep.modes, prep.goodput or None, with_series=with_series)
+    return compare(prep.workload, prep.cfg, prep.names, prep.goodput or None, with_series=with_series)
+
+
+def main(args: argparse.Namespace) -> int:
+    from tokenyard.simulator import report
+
+    if args.seeds is not None:
+        from tokenyard.simulator.over_seeds import main as over_seeds
+
+        return over_seeds(args)
     try:
-        policies = _policies(args)
-        modes = [m.strip() for m in args.mode.split(",") if m.strip()] or ["nodg"]
-        goodput = parse_goodput(args.goodput)
-        mix = parse_priority_mix(args.priority_mix)
-        if args.instances < 1:
-            raise ValueError("--instances must be >= 1")
-        workload = open_workload(
-            args.workload,
-            num_requests=args.num_requests,
-            rate=args.rate,
-            burstiness=args.burstiness,
-            rate_scale=args.rate_scale,
-            time_scale=args.time_scale,
-            priority_mix=mix,
-            seed=args.seed,
-            duration_s=args.duration,
-            skip_requests=args.skip_requests,
-            input_len=args.input_len,
-            output_len=args.output_len,
-            range_ratio=args.range_ratio,
-        )
-        if not workload.items():
-            raise ValueError("the workload has no requests")
-        if args.heartbeat_s <= 0:
-            raise ValueError("--heartbeat-s must be positive")
-        cfg = SimConfig(
-            instances=args.instances,
-            profile=args.profile,
-            policy=policies[0],
-            queue_policy=args.queue_policy,
-            flow_control=args.flow_control == "on",
-            heartbeat_s=args.heartbeat_s,
-            macro_size=args.macro_size,
-            mode=modes[0],
-            seed=args.seed,
-            chunked_prefill=args.chunked_prefill,
-            long_prefill_token_threshold=args.long_prefill_token_threshold,
-            prefill_only_phases=args.prefill_only_phases,
-            pd_prefill=args.pd_prefill,
-            max_model_len=args.max_model_len,
-            mitosis=args.mitosis,
-        )
-        if len(modes) > 1 and len(policies) > 1:
-            raise ValueError("compare several modes or several policies, not both")
-        for mode in modes:  # bad profile / queue policy / mode fail here
-            ClusterSim(replace(cfg, mode=mode), workload.block_tokens)
+        prep = prepare(args, args.seed)
     except (ValueError, KeyError) as e:
         print(f"tokenyard sim: error: {e}", file=sys.stderr)
         return 2
-    if len(modes) > 1:
-        results, series = compare_modes(workload, cfg, modes, goodput or None, with_series=True)
-        policies = modes
-    else:
-        results, series = compare(workload, cfg, policies, goodput or None, with_series=True)
+    results, series = run(prep, with_series=True)
+    policies = prep.names
     if not args.quiet:
         report.print_results(results, title=f"{args.workload} · {args.instances} × {args.profile}")
     if args.json:
-        doc: dict[str, Any] = {"config": config_doc(args, workload, policies), "policies": results}
+        doc: dict[str, Any] = {"config": config_doc(args, prep.workload, policies), "policies": results}
         if len(policies) == 1:
             doc.update(results[policies[0]])
         report.write_json(doc, args.json)

@@ -34,7 +34,8 @@ def register(sub) -> None:
         "sim",
         help="replay a workload through the cores on a virtual clock (cluster simulator)",
         description="Replay a trace or synthetic workload through admission → queue → router → "
-        "simulated engines on a virtual clock, and compare routing policies.",
+        "simulated engines on a virtual clock, and compare routing policies: on one seed, or paired over "
+        "several (--seeds).",
     )
     p.add_argument("--workload", required=True, help=workload_help())
     p.add_argument("--instances", type=int, default=16, help="simulated engine instances")

@@ -51,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
     goodput = bool(first.goodput)
     summary = summarise(runs, goodput=goodput)
     if not args.quiet:
-        print_summary(summary, title=f"{args.workload} · {args.instances} × {args.profile}", goodput=goodput)
+        title = f"{args.workload} · {args.instances} × {args.profile}"
+        print_summary(summary, title, goodput, kind="mode" if len(first.modes) > 1 else "policy")
     if args.json:
         config = config_doc(args, first.workload, first.names)
         config.update(seed=None, seeds=seeds, jobs=args.jobs)

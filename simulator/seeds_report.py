@@ -41,10 +41,10 @@ def _num(fmt: str, v: float | None) -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def mean_table(summary: dict[str, Any], figs: tuple[Figure, ...], title: str) -> Table:
+def mean_table(summary: dict[str, Any], figs: tuple[Figure, ...], title: str, kind: str = "policy") -> Table:
     names = list(summary["mean"])
     t = Table(title=title or None)
-    t.add_column("policy", no_wrap=True, min_width=max(len(n) for n in names))
+    t.add_column(kind, no_wrap=True, min_width=max(len(n) for n in names))
     for f in figs:
         t.add_column(f.label, justify="right")
     for name in names:
@@ -69,7 +69,6 @@ def _peer_width(name: str, cells: list[tuple[str, str]]) -> int:
 
 
 def diff_tables(summary: dict[str, Any], figs: tuple[Figure, ...], title: str) -> list[Table]:
-    base = summary["baseline"]
     peers = list(summary["paired"])
     cells = {name: [diff_cell(f, summary["paired"][name][f.name]) for f in figs] for name in peers}
     label_width = max(len("figure"), *(len(f.label) for f in figs)) + 4
@@ -95,27 +94,36 @@ def diff_tables(summary: dict[str, Any], figs: tuple[Figure, ...], title: str) -
                 row.extend(cells[name][i])
             t.add_row(*row)
         tables.append(t)
-    n = len(summary["seeds"])
-    tables[-1].caption = (
-        f"policy − {base} on the same seed: mean ± standard error over {n} seeds; better: on how "
-        f"many seeds it beats {base} (more met SLO, goodput, req/s; fewer refused, expired; lower "
-        "latencies)"
-    )
     return tables
 
 
+def legend(summary: dict[str, Any], kind: str = "policy") -> str:
+    """What the paired cells mean; printed under the tables at full width (as a caption it
+    would wrap to a narrow table's)."""
+    base, n = summary["baseline"], len(summary["seeds"])
+    return (
+        f"each cell: {kind} − {base} on the same seed, mean ± standard error over {n} seeds; "
+        f"better: on how many seeds it beats {base} (more met SLO, goodput, req/s; fewer refused, "
+        "expired; lower latencies)"
+    )
+
+
 def print_summary(summary: dict[str, Any], title: str = "", goodput: bool = False,
-                  console: Console | None = None) -> None:
+                  console: Console | None = None, kind: str = "policy") -> None:
+    """A headline (title, seeds), then the tables under short titles: a long title wraps
+    over a narrow table."""
     console = console or Console(width=WIDTH)
     figs = figures(goodput)
-    label = f"{len(summary['seeds'])} seeds ({seeds_text(summary['seeds'])})"
+    seeds = summary["seeds"]
     head = f"{title} · " if title else ""
+    console.print(f"{head}{len(seeds)} seeds ({seeds_text(seeds)})", style="bold", highlight=False)
     for group, names in MEAN_GROUPS:
         chosen = tuple(f for f in figs if f.name in names)
-        t = mean_table(summary, chosen, f"{head}mean over {label} · {group}")
+        t = mean_table(summary, chosen, f"mean over the seeds · {group}", kind)
         if group == "latencies":
             t.caption = "latencies in ms"
         console.print(t)
     if summary["paired"]:
-        for t in diff_tables(summary, figs, f"{head}paired difference to {summary['baseline']}"):
+        for t in diff_tables(summary, figs, f"paired difference to {summary['baseline']}"):
             console.print(t)
+        console.print(legend(summary, kind), style="italic", highlight=False)

@@ -44,7 +44,7 @@ def test_seeds_run_each_seeds_comparison_and_pair_them(tmp_path, capsys):
     assert s["mean"]["round-robin"]["mean_ttft_ms"] == pytest.approx(sum(ttft["round-robin"]) / 3, rel=1e-12)
     assert "request_goodput" in s["mean"]["round-robin"]  # --goodput given
     text = " ".join(capsys.readouterr().out.split())
-    assert "mean over 3 seeds (3-4,9)" in text and "paired difference to round-robin" in text
+    assert "3 seeds (3-4,9)" in text and "paired difference to round-robin" in text
     assert f"{pair['better']}/3" in text
 
 

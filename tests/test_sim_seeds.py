@@ -101,5 +101,5 @@ def test_the_tables_show_the_pairs_and_fit_100_columns():
     for name in names:
         assert name in text  # whole, on one line
     # llmd (i = 5): met d = 0, 35, 70 → +35.0 ± 20.2, better on 2 of 3
-    assert "+35.0 ± 20.2" in text and "2/3" in text and "mean over 3 seeds (1-3)" in text
-    assert "policy − multiplicative on the same seed" in " ".join(text.split())
+    assert "+35.0 ± 20.2" in text and "2/3" in text and "16 × a100-llama3-8b · 3 seeds (1-3)" in text
+    assert "policy − multiplicative on the same seed, mean ± standard error over 3 seeds" in " ".join(text.split())

@@ -18,6 +18,7 @@ the policy's. Pure: results in, numbers out; the runs are simulator/over_seeds.p
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +88,8 @@ def value(result: dict[str, Any], path: str) -> float | None:
 def paired(diffs: list[float], higher_is_better: bool) -> dict[str, Any]:
     """Mean, standard error (sample sd / √n; None under two pairs), seeds better and worse."""
     n = len(diffs)
-    mean = sum(diffs) / n if n else None
-    se = None
-    if n >= 2:
-        var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-        se = math.sqrt(var / n)
+    mean = statistics.fmean(diffs) if n else None
+    se = statistics.stdev(diffs) / math.sqrt(n) if n >= 2 else None
     sign = 1.0 if higher_is_better else -1.0
     return {
         "mean": mean,

@@ -150,9 +150,8 @@ class AdmissionCore:
         every request is judged by (none up: a request gets 503 "No worker is up", or waits for
         the first one), and of those, the ones up as still reconnecting. Changes nothing: a probe
         is not an event that watches the bus."""
-        up = self.fleet.up_at(now)
-        return schemas.FleetHealth(workers_up=len(up), workers_known=len(self.fleet.workers), observing=observing,
-                                   workers_reconnecting=self.fleet.live.reconnecting(up, now)[0])
+        return schemas.FleetHealth(workers_up=len(self.fleet.up_at(now)), workers_known=len(self.fleet.workers),
+                                   observing=observing, workers_reconnecting=self.fleet.reconnecting(now)[0])
 
     def admit(
         self,
@@ -277,7 +276,7 @@ class AdmissionCore:
                         f"start a worker (tokenyard worker) or retry later",
                 retry_after_s=self.fleet.stale_after_s, queue_depth=depth,
             )
-        reconnecting, due = self.fleet.live.reconnecting(self.fleet.up_at(now), now)
+        reconnecting, due = self.fleet.reconnecting(now)
         if wait != float("inf") and due > 0 and wait == due:  # the wait is theirs, not a backlog's
             return Rejected(
                 request_id=rid, status=503, code="overloaded", reason="workers_reconnecting",

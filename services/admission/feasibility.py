@@ -267,6 +267,11 @@ class FleetView:
         self.live.back(back_s, excuse_s)
         self.beats_heard += 1  # `up_at`'s kept answer is stale
 
+    def reconnecting(self, now: float) -> tuple[int, float]:
+        """Of the workers up now, how many are up only as still reconnecting after admission's
+        return from an outage, and the least excuse left when all are (liveness.Liveness.reconnecting)."""
+        return self.live.reconnecting(self.up_at(now), now)
+
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
         self.live.awake(now)
         self.live.beat(hb.worker_id, hb.interval_s, now)
@@ -476,7 +481,7 @@ class FleetView:
                 ahead, drain, self.arrival_rate(overtaking(qs[0].policy, c), now), self.overtaking_counted_s)
             # (None: no rate known at all, nothing to predict from)
         if wait != float("inf"):  # every worker up still reconnecting: serves no sooner than it is back
-            wait = max(wait, self.live.reconnecting(self.up_at(now), now)[1])
+            wait = max(wait, self.reconnecting(now)[1])
         return Verdict(wait, deadline, depth)
 
     def drain(self, qs: list[QueueStats], now: float, horizon_s: float = math.inf) -> float | None:
